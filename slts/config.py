@@ -1,0 +1,97 @@
+"""Configuration of a container instance: every limit named with its unit last.
+
+``StorageConfig`` is frozen and checks itself (and the relations between its limits)
+on construction; a bad value raises ``InvalidConfig`` naming the field.
+``StorageConfig.from_mapping`` builds one from loose keyword/TOML/env values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from slts.errors import InvalidConfig
+
+MiB = 1 << 20
+
+#: Environment variables ``SLTS_<FIELD>`` (upper case) override defaults.
+ENV_PREFIX = "SLTS_"
+
+
+@dataclass(frozen=True, slots=True)
+class StorageConfig:
+    """Limits and switches of ``ChunkedSegmentStorage``."""
+
+    #: Default ``max_rolling_length`` of new segments: a chunk is not appended past it.
+    rolling_length_bytes_default: int = 64 * MiB
+    #: Largest single ``write``; bigger writes are rejected (they are held in memory).
+    write_bytes_max: int = 256 * MiB
+    #: Largest single ``read``.
+    read_bytes_max: int = 256 * MiB
+    #: Reads at least this large that span several chunks fetch chunks in parallel.
+    read_parallel_bytes_min: int = 4 * MiB
+    #: Threads for parallel ("burst mode") reads.
+    read_threads: int = 8
+    #: Entries in the write-through metadata cache.
+    metadata_cache_entries: int = 100_000
+    #: Keep per-chunk CRC32C checksums in chunk records.
+    checksums: bool = True
+    #: Verify the checksum when a read covers a whole chunk.
+    verify_checksums_on_read: bool = True
+    #: How long a chunk waits in the GC queue before it may be deleted.
+    gc_delay_s: float = 60.0
+    #: Most queue entries (or chunks of a deleted segment) one GC batch handles.
+    gc_batch_max: int = 1000
+    #: How often a conflicting metadata commit is re-based and retried.
+    commit_retries_max: int = 3
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            kind = bool if field.type in ("bool", bool) else (float if "float" in str(field.type) else int)
+            if kind is bool:
+                if not isinstance(value, bool):
+                    raise InvalidConfig(f"{field.name} must be true or false, got {value!r}")
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
+                raise InvalidConfig(f"{field.name} must be a number, got {value!r}")
+            if value < 0 or (value == 0 and field.name not in ("gc_delay_s",)):
+                raise InvalidConfig(f"{field.name} must be > 0, got {value!r}")
+        if self.read_parallel_bytes_min > self.read_bytes_max:
+            raise InvalidConfig("read_parallel_bytes_min must not exceed read_bytes_max")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], env: Mapping[str, str] | None = None) -> StorageConfig:
+        """Defaults, overridden by ``SLTS_*`` variables of ``env`` (default ``os.environ``),
+        overridden by ``values``. Unknown keys raise ``InvalidConfig``."""
+        env = os.environ if env is None else env
+        fields = {field.name: field for field in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            raise InvalidConfig(f"unknown configuration keys: {', '.join(unknown)}")
+        merged: dict[str, Any] = {}
+        for name, field in fields.items():
+            raw = env.get(ENV_PREFIX + name.upper())
+            if raw is not None:
+                merged[name] = _parse(name, str(field.type), raw)
+        merged.update(values)
+        return cls(**merged)
+
+
+def _parse(name: str, type_name: str, raw: str) -> Any:
+    try:
+        if "bool" in type_name:
+            lowered = raw.strip().lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if "float" in type_name:
+            return float(raw)
+        return int(raw)
+    except ValueError as exc:
+        raise InvalidConfig(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid {type_name}") from exc

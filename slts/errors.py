@@ -1,0 +1,172 @@
+"""Every error SLTS raises on purpose, as one tree.
+
+::
+
+    SltsError
+    ├── InvalidArgument (ValueError)          bad input; nothing was changed
+    │   ├── InvalidName                       segment or chunk name not allowed
+    │   ├── InvalidOffset (IndexError)        offset/length outside what the operation allows
+    │   └── InvalidConfig                     a configuration value or URL is wrong
+    ├── SegmentError                          the segment's state forbids the operation
+    │   ├── SegmentNotFound (FileNotFoundError)
+    │   ├── SegmentExists (FileExistsError)
+    │   ├── SegmentSealed                     write to a sealed segment
+    │   ├── SegmentNotSealed                  operation needs a sealed segment
+    │   └── SegmentTruncated                  read below the segment's start offset
+    ├── ChunkStorageError                     raised by a binding (``slts.bindings``)
+    │   ├── ChunkNotFound (FileNotFoundError)
+    │   ├── ChunkExists (FileExistsError)
+    │   ├── ChunkInvalidOffset (IndexError)   write not at the chunk's end, read past it
+    │   ├── ChunkReadOnly (PermissionError)
+    │   ├── ChunkNameInvalid (ValueError)     the binding cannot store this name
+    │   ├── ChunkCorrupted                    checksum mismatch: bytes are not the ones written
+    │   ├── UnsupportedOperation (NotImplementedError)   capability flag is off
+    │   └── StorageUnavailable                transient: retry may succeed (``retryable``)
+    ├── MetadataError                         raised by a metadata store
+    │   ├── VersionConflict                   a conditional commit lost: re-read and retry
+    │   └── MetadataCorrupted                 a record failed its own checks on decode
+    ├── Fenced                                a newer epoch owns the container
+    └── StorageClosed                         the instance (or store, binding) was closed
+
+Rules: leaves inherit the matching builtin where the meaning matches, so callers that
+think in builtins still work. Errors carry their context as attributes (``segment``,
+``chunk``, ``offset``...). Bugs are ``AssertionError`` and are never caught. Backend
+exceptions are translated at one choke point per binding with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SltsError(Exception):
+    """Base of every error SLTS raises on purpose.
+
+    Keyword arguments become attributes (context such as ``segment=`` or ``chunk=``)
+    so that handlers need not parse messages.
+    """
+
+    retryable: bool = False
+
+    def __init__(self, message: str, **context: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.context = context
+        for key, value in context.items():
+            setattr(self, key, value)
+
+
+# --- bad input ---------------------------------------------------------------------------
+
+
+class InvalidArgument(SltsError, ValueError):
+    """An argument is malformed; the operation changed nothing."""
+
+
+class InvalidName(InvalidArgument):
+    """A segment name is empty, too long, contains NUL, ``..``, is absolute or reserved."""
+
+
+class InvalidOffset(InvalidArgument, IndexError):
+    """An offset or length is negative, not where the operation needs it, or past the end."""
+
+
+class InvalidConfig(InvalidArgument):
+    """A configuration value, or a storage URL, is not acceptable."""
+
+
+# --- segment state -----------------------------------------------------------------------
+
+
+class SegmentError(SltsError):
+    """The segment's state forbids the operation."""
+
+
+class SegmentNotFound(SegmentError, FileNotFoundError):
+    """No live segment has that name."""
+
+
+class SegmentExists(SegmentError, FileExistsError):
+    """A live segment already has that name."""
+
+
+class SegmentSealed(SegmentError):
+    """The segment is sealed: it accepts no writes until unsealed."""
+
+
+class SegmentNotSealed(SegmentError):
+    """The operation needs a sealed segment."""
+
+
+class SegmentTruncated(SegmentError, IndexError):
+    """The requested bytes lie below the segment's start offset and are gone."""
+
+
+# --- chunk storage (bindings) --------------------------------------------------------------
+
+
+class ChunkStorageError(SltsError):
+    """A chunk storage binding failed. ``retryable`` says whether trying again may help."""
+
+
+class ChunkNotFound(ChunkStorageError, FileNotFoundError):
+    """The chunk does not exist on the chunk storage."""
+
+
+class ChunkExists(ChunkStorageError, FileExistsError):
+    """A chunk with that name exists already (creates are exclusive)."""
+
+
+class ChunkInvalidOffset(ChunkStorageError, IndexError):
+    """A write not at the chunk's current end, or a read starting past it."""
+
+
+class ChunkReadOnly(ChunkStorageError, PermissionError):
+    """The chunk, or the handle, is read-only."""
+
+
+class ChunkNameInvalid(ChunkStorageError, ValueError):
+    """The binding cannot store a chunk under this name."""
+
+
+class ChunkCorrupted(ChunkStorageError):
+    """The chunk's bytes do not match its recorded checksum or length."""
+
+
+class UnsupportedOperation(ChunkStorageError, NotImplementedError):
+    """The binding does not offer this optional operation (its capability flag is off)."""
+
+
+class StorageUnavailable(ChunkStorageError):
+    """The chunk storage could not be reached or answered with a transient failure."""
+
+    retryable = True
+
+
+# --- metadata store ----------------------------------------------------------------------
+
+
+class MetadataError(SltsError):
+    """A metadata store failed."""
+
+
+class VersionConflict(MetadataError):
+    """A conditional commit found a record at another version than expected.
+
+    Nothing of the commit was applied. Re-read and decide again.
+    """
+
+
+class MetadataCorrupted(MetadataError):
+    """A stored record failed its own validation when decoded."""
+
+
+# --- ownership and life cycle --------------------------------------------------------------
+
+
+class Fenced(SltsError):
+    """A newer epoch owns the container: this instance may change nothing any more."""
+
+
+class StorageClosed(SltsError):
+    """The object was closed; no further operation is accepted."""

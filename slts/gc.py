@@ -1,0 +1,154 @@
+"""Garbage collection of chunks: a durable queue in the metadata store (DESIGN.md §7).
+
+Two sources of garbage:
+
+* **Queue entries** (table ``gc``, keyed by the time queued, then chunk name). A writer puts an
+  ``intent`` entry *before* it creates a chunk and deletes the entry in the same commit
+  that makes the chunk part of a segment; changes that drop chunks from a layout put
+  ``dropped`` entries in the commit that drops them. So a chunk on the storage is
+  always either referenced by a chunk record or named by a queue entry: leak-free by
+  construction, whatever crashes when.
+* **Tombstones** (table ``deleted``): a deleted segment's header, kept until the
+  collector has walked its chunk list, in bounded batches.
+
+The verdict comes from metadata, never from the queue's reason: an entry whose chunk
+has a record is kept (the entry is dropped), anything else is deleted. Deleting is a
+two-step protocol so that it can never race a writer's commit: the collector first
+*claims* the entry (a commit expecting the entry unchanged and the chunk record
+absent), and only then deletes the chunk; the writer's commit expects its intent entry
+unchanged, so exactly one of the two wins. A crash after the claim leaves a claimed
+entry that the next run finishes (deletes are idempotent).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from slts.bindings.base import ChunkHandle, ChunkStorage
+from slts.config import StorageConfig
+from slts.errors import ChunkNotFound, ChunkStorageError, VersionConflict
+from slts.metadata.layout import CHUNKS, DELETED, GC, INDEX, gc_key, gc_queued_stop, index_key, name_key, segment_id_key
+from slts.metadata.records import ChunkRecord, GcEntry, GcReason, SegmentRecord
+from slts.metadata.store import Delete, Expect, MetadataStore, Put
+from slts.storage.ownership import Ownership
+
+
+@dataclass(frozen=True, slots=True)
+class GcStatistics:
+    """What one ``run_once`` did."""
+
+    chunks_deleted: int = 0
+    entries_kept: int = 0
+    tombstones_finished: int = 0
+    errors: int = 0
+
+
+class GarbageCollector:
+    """Deletes due garbage chunks of one container instance."""
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        binding: ChunkStorage,
+        ownership: Ownership,
+        config: StorageConfig,
+        clock: Callable[[], float],
+    ) -> None:
+        self._store = store
+        self._binding = binding
+        self._ownership = ownership
+        self._config = config
+        self._clock = clock
+
+    # -- feeding the queue ----------------------------------------------------------------------
+
+    def entry(self, chunk: str, reason: GcReason) -> Put:
+        """The queue entry for ``chunk``, queued now, as an operation. It becomes due
+        ``gc_delay_s`` (as configured when collecting) after that."""
+        now_ms = int(self._clock() * 1000)
+        return Put(GC, gc_key(now_ms, chunk), GcEntry(chunk, reason, now_ms, False).encode())
+
+    # -- collecting -------------------------------------------------------------------------------
+
+    def run_once(self) -> GcStatistics:
+        """Handle up to ``gc_batch_max`` due queue entries and one batch of tombstones."""
+        due_ms = int(self._clock() * 1000) - int(self._config.gc_delay_s * 1000)
+        deleted = kept = errors = finished = 0
+        due = self._store.scan(GC, b"", gc_queued_stop(due_ms), limit=self._config.gc_batch_max)
+        for key, stored in due:
+            try:
+                outcome = self._collect_entry(key, stored.version, GcEntry.decode(stored.value))
+            except ChunkStorageError:
+                errors += 1
+                continue
+            deleted += outcome == "deleted"
+            kept += outcome == "kept"
+        for _, stored in self._store.scan(DELETED, limit=self._config.gc_batch_max):
+            tombstone = SegmentRecord.decode(stored.value)
+            if tombstone.modified_ms > due_ms:  # deleted less than gc_delay_s ago
+                continue
+            try:
+                count, done = self._collect_tombstone_batch(tombstone, stored.version)
+            except ChunkStorageError:
+                errors += 1
+                continue
+            deleted += count
+            finished += done
+        return GcStatistics(deleted, kept, finished, errors)
+
+    def _collect_entry(self, key: bytes, version: int, entry: GcEntry) -> str:
+        if not entry.claimed:
+            with self._store.snapshot() as view:
+                record = view.get(CHUNKS, name_key(entry.chunk))
+            try:
+                if record is not None:
+                    self._ownership.commit([Delete(GC, key)], [Expect(GC, key, version)])
+                    return "kept"
+                version = self._ownership.commit(
+                    [Put(GC, key, entry.replace(claimed=True).encode())],
+                    [Expect(GC, key, version), Expect(CHUNKS, name_key(entry.chunk), 0)],
+                )
+            except VersionConflict:
+                return "raced"  # a writer committed or another collector moved first
+        with contextlib.suppress(ChunkNotFound):
+            self._binding.delete(ChunkHandle(entry.chunk, readonly=False))
+        with contextlib.suppress(VersionConflict):
+            self._ownership.commit([Delete(GC, key)], [Expect(GC, key, version)])
+        return "deleted"
+
+    def _collect_tombstone_batch(self, tombstone: SegmentRecord, version: int) -> tuple[int, int]:
+        """Delete up to ``gc_batch_max`` chunks from the head of a deleted segment's list."""
+        batch: list[tuple[ChunkRecord, int]] = []
+        name, offset = tombstone.first_chunk, tombstone.first_chunk_start_offset
+        with self._store.snapshot() as view:
+            while name is not None and len(batch) < self._config.gc_batch_max:
+                stored = view.get(CHUNKS, name_key(name))
+                assert stored is not None, f"tombstone of {tombstone.name!r} names missing chunk {name!r}"
+                record = ChunkRecord.decode(stored.value)
+                batch.append((record, offset))
+                offset += record.length
+                name = record.next_chunk
+        for record, _ in batch:
+            with contextlib.suppress(ChunkNotFound):
+                self._binding.delete(ChunkHandle(record.name, readonly=False))
+        ops: list[Put | Delete] = []
+        for record, start in batch:
+            ops.append(Delete(CHUNKS, name_key(record.name)))
+            ops.append(Delete(INDEX, index_key(tombstone.segment_id, start)))
+        key = segment_id_key(tombstone.segment_id)
+        remaining = tombstone.chunk_count - len(batch)
+        if name is None:
+            assert remaining == 0, (tombstone, len(batch))
+            ops.append(Delete(DELETED, key))
+        else:
+            rest = tombstone.replace(
+                first_chunk=name,
+                first_chunk_start_offset=offset,
+                start_offset=max(tombstone.start_offset, offset),
+                chunk_count=remaining,
+            )
+            ops.append(Put(DELETED, key, rest.encode()))
+        self._ownership.commit(ops, [Expect(DELETED, key, version)])
+        return len(batch), int(name is None)

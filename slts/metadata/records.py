@@ -1,0 +1,199 @@
+"""Metadata records: frozen, slotted dataclasses with a versioned msgpack codec.
+
+Each record encodes as a msgpack map ``{"v": FORMAT_VERSION, <field>: <value>, ...}``.
+Fields this code does not know (written by a newer version) are kept in ``extra`` and
+written back unchanged on re-encode, so an older reader can round-trip a newer record.
+A record checks its own invariants before encoding and after decoding
+(``MetadataCorrupted`` on decode, ``AssertionError`` on encode: that is a bug).
+
+Invariants of a ``SegmentRecord`` (asserted by ``check``):
+
+* ``0 <= first_chunk_start_offset <= start_offset <= length`` when it has chunks,
+  ``start_offset <= length`` always;
+* ``first_chunk_start_offset <= last_chunk_start_offset <= length``;
+* no chunks  <=>  ``chunk_count == 0``  <=>  ``first_chunk is None``  <=>  ``last_chunk is None``;
+* one chunk  =>  ``first_chunk == last_chunk`` and both start offsets are equal;
+* ``max_rolling_length > 0``; a deleted segment is not active.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, ClassVar, TypeVar
+
+import msgpack
+
+from slts.errors import MetadataCorrupted
+
+FORMAT_VERSION = 1
+_VERSION_KEY = "v"
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+R = TypeVar("R", bound="Record")
+
+
+class SegmentStatus(enum.IntFlag):
+    """Status bits of a segment."""
+
+    ACTIVE = 1
+    SEALED = 2
+    DELETED = 4
+    SYSTEM = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """Base of every record: the codec and the ``extra`` (unknown fields) carrier."""
+
+    KIND: ClassVar[str] = "record"
+
+    def check(self) -> None:
+        """Raise ``AssertionError`` if the record breaks an invariant (override)."""
+
+    def encode(self) -> bytes:
+        """msgpack bytes of this record, unknown fields included."""
+        self.check()
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        payload = dict(self.extra)  # type: ignore[attr-defined]
+        payload.update(fields)
+        payload[_VERSION_KEY] = FORMAT_VERSION
+        return msgpack.packb(payload, use_bin_type=True)
+
+    @classmethod
+    def decode(cls: type[R], data: bytes) -> R:
+        """The record encoded in ``data``; ``MetadataCorrupted`` if it is not a valid one."""
+        try:
+            payload = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        except (ValueError, msgpack.UnpackException) as exc:
+            raise MetadataCorrupted(f"{cls.KIND} record is not valid msgpack") from exc
+        if not isinstance(payload, dict) or not isinstance(payload.get(_VERSION_KEY), int):
+            raise MetadataCorrupted(f"{cls.KIND} record has no format version")
+        payload.pop(_VERSION_KEY)
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        missing = known - payload.keys()
+        if missing:
+            raise MetadataCorrupted(f"{cls.KIND} record lacks fields {sorted(missing)}")
+        values = {name: payload.pop(name) for name in known}
+        record = cls(**values, extra=MappingProxyType(payload) if payload else _EMPTY)
+        try:
+            record.check()
+        except (AssertionError, TypeError) as exc:
+            raise MetadataCorrupted(f"{cls.KIND} record breaks an invariant: {exc}") from exc
+        return record
+
+    def replace(self: R, **changes: Any) -> R:
+        """A copy with ``changes`` applied (unknown fields carried over)."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRecord(Record):
+    """Header of one segment: its state and the ends of its chunk list."""
+
+    KIND: ClassVar[str] = "segment"
+
+    name: str
+    segment_id: int
+    status: int
+    start_offset: int
+    length: int
+    first_chunk: str | None
+    last_chunk: str | None
+    first_chunk_start_offset: int
+    last_chunk_start_offset: int
+    max_rolling_length: int
+    owner_epoch: int
+    chunk_count: int
+    created_ms: int
+    modified_ms: int
+    extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
+
+    @property
+    def sealed(self) -> bool:
+        return bool(self.status & SegmentStatus.SEALED)
+
+    @property
+    def deleted(self) -> bool:
+        return bool(self.status & SegmentStatus.DELETED)
+
+    def check(self) -> None:
+        assert isinstance(self.name, str) and self.name, self.name
+        assert isinstance(self.segment_id, int) and self.segment_id > 0, self.segment_id
+        assert 0 <= self.start_offset <= self.length, (self.start_offset, self.length)
+        assert self.max_rolling_length > 0, self.max_rolling_length
+        assert self.owner_epoch >= 0 and self.chunk_count >= 0
+        has_chunks = self.chunk_count > 0
+        assert (self.first_chunk is not None) == has_chunks == (self.last_chunk is not None), self
+        if has_chunks:
+            assert 0 <= self.first_chunk_start_offset <= self.start_offset, self
+            assert self.first_chunk_start_offset <= self.last_chunk_start_offset <= self.length, self
+        if self.chunk_count == 1:
+            assert self.first_chunk == self.last_chunk, self
+            assert self.first_chunk_start_offset == self.last_chunk_start_offset, self
+        if self.status & SegmentStatus.DELETED:
+            assert not self.status & SegmentStatus.ACTIVE, self
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRecord(Record):
+    """One chunk of a segment: a node of the segment's linked list."""
+
+    KIND: ClassVar[str] = "chunk"
+
+    name: str
+    segment_id: int
+    length: int
+    next_chunk: str | None
+    epoch: int
+    checksum: int | None
+    extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
+
+    def check(self) -> None:
+        assert isinstance(self.name, str) and self.name, self.name
+        assert self.segment_id > 0 and self.length >= 0 and self.epoch >= 0, self
+        assert self.next_chunk != self.name, self
+        assert self.checksum is None or 0 <= self.checksum < 1 << 32, self
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerRecord(Record):
+    """The container's ownership: the epoch of the instance that owns it now."""
+
+    KIND: ClassVar[str] = "container"
+
+    container_id: int
+    epoch: int
+    started_ms: int
+    extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
+
+    def check(self) -> None:
+        assert self.container_id >= 0 and self.epoch >= 1, self
+
+
+class GcReason(enum.StrEnum):
+    """Why a chunk is in the GC queue."""
+
+    #: Registered before the chunk is created; removed when its metadata commits.
+    INTENT = "intent"
+    #: Dropped from a segment's layout by a committed change.
+    DROPPED = "dropped"
+
+
+@dataclass(frozen=True, slots=True)
+class GcEntry(Record):
+    """A chunk waiting in the GC queue. ``claimed`` once the collector decided to delete it."""
+
+    KIND: ClassVar[str] = "gc"
+
+    chunk: str
+    reason: str
+    queued_ms: int
+    claimed: bool
+    extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
+
+    def check(self) -> None:
+        assert self.chunk and self.reason in GcReason.__members__.values(), self

@@ -1,0 +1,219 @@
+"""The metadata store contract: ordered tables of versioned records, conditional commits.
+
+A store holds a fixed set of named tables; each maps ``bytes`` keys (ordered bytewise)
+to ``bytes`` values. Every value carries a *version*: the store-wide sequence number of
+the commit that last wrote it. Sequence numbers start at 1 and grow by one per commit,
+so a version is never reused, even after a key is deleted and written again (no ABA).
+
+**Commits are atomic and conditional.** ``commit(ops, expect)`` checks every
+expectation (``version == 0`` means "the key must be absent") and, only if all hold,
+applies every operation, all under one new sequence number, and makes it durable
+before returning (when the store is durable). If any expectation fails it raises
+``VersionConflict`` and applies nothing. This is the only way to change a store.
+
+**Keys** are 1 to ``KEY_BYTES_MAX`` bytes (LMDB's limit, enforced by every store so
+that the memory store accepts nothing LMDB would refuse); values are any ``bytes``.
+Read bounds (``floor``'s key, ``scan``'s start and stop) may be any ``bytes``.
+
+**Reads** are consistent per call; ``snapshot()`` gives a read view in which several
+reads see one committed state. Keep snapshots short (an LMDB read transaction pins
+pages and grows the file while it is open, and growing the map waits for open
+snapshots), and never call ``commit`` inside a ``snapshot()`` block on the same thread
+(it raises ``InvalidArgument``): read, leave the block, then commit with expectations.
+
+Implementations: ``MemoryMetadataStore`` (the reference, for tests and simulation),
+``LmdbMetadataStore`` (the default, durable), and ``CachedMetadataStore`` (a bounded
+write-through cache in front of either). One test suite (``tests/metadata``) runs all.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+#: Default bound on how many entries one ``scan`` returns; callers page with ``start``.
+SCAN_LIMIT_DEFAULT = 1000
+
+#: The longest key any store accepts (LMDB's compile-time maximum key size).
+KEY_BYTES_MAX = 511
+
+
+@dataclass(frozen=True, slots=True)
+class Versioned:
+    """A stored value with the sequence number of the commit that wrote it (>= 1)."""
+
+    version: int
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    """Write ``value`` under ``key`` in ``table`` (insert or replace)."""
+
+    table: str
+    key: bytes
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """Remove ``key`` from ``table``; deleting an absent key is allowed and does nothing."""
+
+    table: str
+    key: bytes
+
+
+Operation = Put | Delete
+
+
+@dataclass(frozen=True, slots=True)
+class Expect:
+    """Commit only if ``key`` in ``table`` is at ``version`` (0: the key must be absent)."""
+
+    table: str
+    key: bytes
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStatistics:
+    """Counters a store exposes (``statistics()``); all monotonically increasing."""
+
+    commits: int
+    conflicts: int
+    reads: int
+    cache_hits: int = 0
+    cache_misses: int = 0
+    group_commits: int = 0
+
+
+class ReadView(abc.ABC):
+    """A consistent read-only view of the store (one committed state)."""
+
+    @abc.abstractmethod
+    def get(self, table: str, key: bytes) -> Versioned | None:
+        """The value under ``key``, or None."""
+
+    @abc.abstractmethod
+    def floor(self, table: str, key: bytes, lowest: bytes = b"") -> tuple[bytes, Versioned] | None:
+        """The entry with the greatest key ``k`` such that ``lowest <= k <= key``, or None.
+
+        O(log n). This is how an offset is mapped to the chunk that holds it.
+        """
+
+    @abc.abstractmethod
+    def scan(
+        self,
+        table: str,
+        start: bytes = b"",
+        stop: bytes | None = None,
+        limit: int = SCAN_LIMIT_DEFAULT,
+        reverse: bool = False,
+    ) -> list[tuple[bytes, Versioned]]:
+        """Up to ``limit`` entries with ``start <= key < stop`` (stop None: no upper bound),
+        ascending, or descending with ``reverse``. Page by passing the last key + b"\\x00"
+        as the next ``start`` (or the last key as the next ``stop`` when reversing).
+        ``limit`` must be >= 1 (``InvalidArgument`` otherwise)."""
+
+
+class MetadataStore(abc.ABC):
+    """Abstract metadata store. Thread-safe: any method may be called from many threads."""
+
+    #: The tables this store was opened with.
+    tables: tuple[str, ...]
+
+    @abc.abstractmethod
+    def snapshot(self) -> contextlib.AbstractContextManager[ReadView]:
+        """A consistent read view, valid inside the ``with`` block only."""
+
+    @abc.abstractmethod
+    def commit(self, ops: Sequence[Operation], expect: Sequence[Expect] = ()) -> int:
+        """Apply ``ops`` atomically if every ``expect`` holds; return the commit's sequence.
+
+        Raises ``VersionConflict`` (nothing applied) if an expectation fails,
+        ``InvalidArgument`` for an unknown table, a non-bytes key/value, a key of 0 or
+        more than ``KEY_BYTES_MAX`` bytes, or a call inside this thread's open
+        ``snapshot()`` block, ``StorageClosed`` after ``close``. Durable on return for
+        durable stores.
+        """
+
+    @property
+    @abc.abstractmethod
+    def last_sequence(self) -> int:
+        """The sequence number of the latest commit (0 for an empty store)."""
+
+    @abc.abstractmethod
+    def statistics(self) -> StoreStatistics:
+        """Counters since this store object was opened."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release resources. Idempotent; further calls raise ``StorageClosed``."""
+
+    # -- conveniences, each one consistent read ------------------------------------------------
+
+    def get(self, table: str, key: bytes) -> Versioned | None:
+        """``snapshot().get`` in a read of its own."""
+        with self.snapshot() as view:
+            return view.get(table, key)
+
+    def floor(self, table: str, key: bytes, lowest: bytes = b"") -> tuple[bytes, Versioned] | None:
+        """``snapshot().floor`` in a read of its own."""
+        with self.snapshot() as view:
+            return view.floor(table, key, lowest)
+
+    def scan(
+        self,
+        table: str,
+        start: bytes = b"",
+        stop: bytes | None = None,
+        limit: int = SCAN_LIMIT_DEFAULT,
+        reverse: bool = False,
+    ) -> list[tuple[bytes, Versioned]]:
+        """``snapshot().scan`` in a read of its own."""
+        with self.snapshot() as view:
+            return view.scan(table, start, stop, limit, reverse)
+
+    def iterate(
+        self, table: str, start: bytes = b"", stop: bytes | None = None, page: int = SCAN_LIMIT_DEFAULT
+    ) -> Iterator[tuple[bytes, Versioned]]:
+        """Every entry in ``[start, stop)``, ascending, read page by page (each page is one
+        consistent read; the whole iteration is not one snapshot)."""
+        while True:
+            entries = self.scan(table, start, stop, limit=page)
+            yield from entries
+            if len(entries) < page:
+                return
+            start = entries[-1][0] + b"\x00"
+
+    def dump(self) -> dict[str, dict[bytes, Versioned]]:
+        """Everything, table by table, in one snapshot (for tests and small stores)."""
+        result: dict[str, dict[bytes, Versioned]] = {}
+        with self.snapshot() as view:
+            for table in self.tables:
+                entries: dict[bytes, Versioned] = {}
+                start = b""
+                while True:
+                    page = view.scan(table, start, None, SCAN_LIMIT_DEFAULT)
+                    entries.update(page)
+                    if len(page) < SCAN_LIMIT_DEFAULT:
+                        break
+                    start = page[-1][0] + b"\x00"
+                result[table] = entries
+        return result
+
+    def __enter__(self) -> MetadataStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def prefix_stop(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key starting with ``prefix`` (None: no bound)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])

@@ -1,0 +1,649 @@
+"""ChunkedSegmentStorage: segments as linked lists of chunks (PDP-34, DESIGN.md §5).
+
+Invariants this module keeps (numbers as in DESIGN.md §5; tests cite them):
+
+1. A segment's readable bytes ``[start_offset, length)`` are its chunks' bytes in list
+   order, the first chunk trimmed by ``first_chunk_start_offset``.
+2. Data first, metadata second: a chunk's bytes are durable before the commit that
+   references them; every referenced chunk holds at least its recorded length.
+3. Chunk names are unique and never reused; this instance appends only to chunks it
+   created itself in this epoch, and never to one after a failed write or commit.
+4. Every commit is fenced by the container epoch (``Ownership``); a segment's length
+   comes only from committed metadata, never from the chunk storage.
+6. An acknowledged write is durable; a failed write leaves no visible trace and its
+   chunk (if any) stays in the GC queue as an ``intent`` entry.
+
+Locking: one lock stripe per segment name (64 stripes, so memory is bounded whatever
+the number of segments); a stripe is held while a segment's metadata is read and
+changed, including the data write of ``write``, which keeps one writer per segment.
+Reads take the stripe only to resolve the layout, never during chunk I/O.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import crc32c
+
+from slts.bindings.base import ChunkHandle, ChunkStorage
+from slts.config import StorageConfig
+from slts.errors import (
+    ChunkCorrupted,
+    InvalidArgument,
+    InvalidName,
+    InvalidOffset,
+    SegmentExists,
+    SegmentNotFound,
+    SegmentSealed,
+    SegmentTruncated,
+    StorageClosed,
+    VersionConflict,
+)
+from slts.gc import GarbageCollector
+from slts.metadata.cache import CachedMetadataStore
+from slts.metadata.layout import (
+    CHUNKS,
+    DELETED,
+    GC,
+    INDEX,
+    SEGMENTS,
+    index_key,
+    index_key_offset,
+    index_prefix,
+    name_key,
+    segment_id_key,
+)
+from slts.metadata.records import ChunkRecord, GcReason, SegmentRecord, SegmentStatus
+from slts.metadata.store import Delete, Expect, MetadataStore, Put, prefix_stop
+from slts.storage.names import chunk_name, check_segment_name
+from slts.storage.ownership import Ownership
+
+_LOCK_STRIPES = 64
+_SEGMENT_IDS_PER_EPOCH = 1 << 32
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentHandle:
+    """A segment opened for reading (``read_only``) or for writing by this instance."""
+
+    name: str
+    read_only: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    """What ``info`` tells about a segment."""
+
+    name: str
+    length: int
+    start_offset: int
+    sealed: bool
+    chunk_count: int
+    max_rolling_length: int
+    owner_epoch: int
+    created_ms: int
+    modified_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class StorageStatistics:
+    """Counters of one instance since it started."""
+
+    epoch: int
+    writes: int
+    bytes_written: int
+    appends: int
+    chunks_created: int
+    reads: int
+    bytes_read: int
+    commit_retries: int
+    write_failures: int
+
+
+@dataclass
+class _Counters:
+    writes: int = 0
+    bytes_written: int = 0
+    appends: int = 0
+    chunks_created: int = 0
+    reads: int = 0
+    bytes_read: int = 0
+    commit_retries: int = 0
+    write_failures: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, **deltas: int) -> None:
+        with self.lock:
+            for key, delta in deltas.items():
+                setattr(self, key, getattr(self, key) + delta)
+
+
+@dataclass(frozen=True, slots=True)
+class _NewChunk:
+    name: str
+    start: int  # segment offset where the chunk starts
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class _ReadPiece:
+    chunk: str
+    chunk_offset: int
+    length: int
+    whole_chunk_checksum: int | None  # set when the piece is the whole chunk
+
+
+def _checksum(data: bytes, previous: int = 0) -> int:
+    return crc32c.crc32c(data, previous)
+
+
+class ChunkedSegmentStorage:
+    """One container instance: segments on ``chunk_storage``, layout in ``metadata_store``.
+
+    Construction starts the container with ``epoch`` (``None``: one above the recorded
+    epoch) and fences every older instance (``Fenced`` if a newer epoch is recorded).
+    Thread-safe. Operations that change a segment take a ``SegmentHandle`` from
+    ``open_write``; reads take one from ``open_read`` or ``open_write``.
+    """
+
+    def __init__(
+        self,
+        container_id: int,
+        epoch: int | None,
+        chunk_storage: ChunkStorage,
+        metadata_store: MetadataStore,
+        config: StorageConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        owns_resources: bool = False,
+    ) -> None:
+        if isinstance(container_id, bool) or not isinstance(container_id, int) or container_id < 0:
+            raise InvalidArgument(f"container_id must be an integer >= 0, got {container_id!r}")
+        if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 1):
+            raise InvalidArgument(f"epoch must be an integer >= 1 or None, got {epoch!r}")
+        self.config = config or StorageConfig()
+        self.container_id = container_id
+        self.chunk_storage = chunk_storage
+        self._clock = clock
+        self._store = CachedMetadataStore(metadata_store, self.config.metadata_cache_entries)
+        self._ownership = Ownership(self._store, container_id, epoch, clock)
+        self.epoch = self._ownership.epoch
+        if self.epoch >= (1 << 31):
+            raise InvalidArgument(f"epoch {self.epoch} is too large (max 2**31 - 1)")
+        self.gc = GarbageCollector(self._store, chunk_storage, self._ownership, self.config, clock)
+        self._owns_resources = owns_resources
+        self._metadata_store = metadata_store
+        self._stripes = [threading.Lock() for _ in range(_LOCK_STRIPES)]
+        self._id_lock = threading.Lock()
+        self._next_segment_number = 1
+        self._tainted: set[str] = set()  # chunks this instance must not append to any more
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+        self._counters = _Counters()
+        self._closed = False
+
+    # -- life cycle -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop accepting operations; release threads (and the store/binding if owned).
+        Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._pool_lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+        if self._owns_resources:
+            self._metadata_store.close()
+            self.chunk_storage.close()
+
+    def __enter__(self) -> ChunkedSegmentStorage:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageClosed("this ChunkedSegmentStorage was closed")
+
+    def statistics(self) -> StorageStatistics:
+        """Counters since start, as a frozen snapshot."""
+        c = self._counters
+        with c.lock:
+            return StorageStatistics(
+                self.epoch, c.writes, c.bytes_written, c.appends, c.chunks_created,
+                c.reads, c.bytes_read, c.commit_retries, c.write_failures,
+            )  # fmt: skip
+
+    # -- helpers ------------------------------------------------------------------------------------
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def _stripe(self, name: str) -> threading.Lock:
+        return self._stripes[hash(name) % _LOCK_STRIPES]
+
+    def _new_segment_id(self) -> int:
+        with self._id_lock:
+            number = self._next_segment_number
+            self._next_segment_number += 1
+        assert number < _SEGMENT_IDS_PER_EPOCH, "segment ids of this epoch exhausted"
+        return self.epoch * _SEGMENT_IDS_PER_EPOCH + number
+
+    def _load(self, name: str) -> tuple[SegmentRecord, int]:
+        stored = self._store.get(SEGMENTS, name_key(name))
+        if stored is None:
+            raise SegmentNotFound(f"segment {name!r} does not exist", segment=name)
+        return SegmentRecord.decode(stored.value), stored.version
+
+    def _chunk(self, name: str) -> tuple[ChunkRecord, int]:
+        stored = self._store.get(CHUNKS, name_key(name))
+        assert stored is not None, f"chunk record {name!r} is referenced but missing"
+        return ChunkRecord.decode(stored.value), stored.version
+
+    @staticmethod
+    def _check_handle(handle: object, *, writable: bool) -> SegmentHandle:
+        if not isinstance(handle, SegmentHandle):
+            raise InvalidArgument(f"expected a SegmentHandle, got {type(handle).__name__}")
+        if writable and handle.read_only:
+            raise InvalidArgument(f"handle to {handle.name!r} is read-only; use open_write")
+        return handle
+
+    @staticmethod
+    def _info(record: SegmentRecord) -> SegmentInfo:
+        return SegmentInfo(
+            record.name, record.length, record.start_offset, record.sealed, record.chunk_count,
+            record.max_rolling_length, record.owner_epoch, record.created_ms, record.modified_ms,
+        )  # fmt: skip
+
+    # -- metadata-only operations ----------------------------------------------------------------
+
+    def create(self, name: str, max_rolling_length: int | None = None) -> SegmentInfo:
+        """Create an empty, active segment owned by this instance.
+
+        Raises ``InvalidName``, ``InvalidArgument`` (bad ``max_rolling_length``),
+        ``SegmentExists``, ``Fenced``. A name whose earlier segment was deleted may be
+        created again at once: the old chunks are collected under the old segment's id.
+        """
+        self._check_open()
+        check_segment_name(name)
+        rolling = self.config.rolling_length_bytes_default if max_rolling_length is None else max_rolling_length
+        if isinstance(rolling, bool) or not isinstance(rolling, int) or rolling <= 0:
+            raise InvalidArgument(f"max_rolling_length must be an integer > 0, got {rolling!r}")
+        now = self._now_ms()
+        record = SegmentRecord(
+            name=name, segment_id=self._new_segment_id(), status=SegmentStatus.ACTIVE,
+            start_offset=0, length=0, first_chunk=None, last_chunk=None,
+            first_chunk_start_offset=0, last_chunk_start_offset=0, max_rolling_length=rolling,
+            owner_epoch=self.epoch, chunk_count=0, created_ms=now, modified_ms=now,
+        )  # fmt: skip
+        key = name_key(name)
+        with self._stripe(name):
+            if self._store.get(SEGMENTS, key) is not None:
+                raise SegmentExists(f"segment {name!r} exists", segment=name)
+            try:
+                self._ownership.commit([Put(SEGMENTS, key, record.encode())], [Expect(SEGMENTS, key, 0)])
+            except VersionConflict as exc:
+                raise SegmentExists(f"segment {name!r} exists", segment=name) from exc
+        return self._info(record)
+
+    def exists(self, name: str) -> bool:
+        """True if a live (not deleted) segment has this name. ``InvalidName`` if malformed."""
+        self._check_open()
+        check_segment_name(name)
+        return self._store.get(SEGMENTS, name_key(name)) is not None
+
+    def info(self, name: str) -> SegmentInfo:
+        """The segment's length, start offset, state and chunk count. ``SegmentNotFound``."""
+        self._check_open()
+        check_segment_name(name)
+        return self._info(self._load(name)[0])
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        """Names of live segments starting with ``prefix``, ascending, read page by page.
+
+        Arguments are checked at the call, before iteration starts."""
+        self._check_open()
+        if not isinstance(prefix, str) or "\x00" in prefix:
+            raise InvalidName(f"prefix must be a string without NUL, got {prefix!r}")
+        start = name_key(prefix)
+        entries = self._store.iterate(SEGMENTS, start, prefix_stop(start) if start else None)
+        return (key.decode("utf-8") for key, _ in entries)
+
+    def open_read(self, name: str) -> SegmentHandle:
+        """A read handle to an existing segment. ``SegmentNotFound``."""
+        self._check_open()
+        check_segment_name(name)
+        self._load(name)
+        return SegmentHandle(name, read_only=True)
+
+    def open_write(self, name: str) -> SegmentHandle:
+        """A write handle; takes the segment over if an older epoch owned it.
+
+        Takeover (PDP-34 failover): the length recorded in metadata stays the length;
+        bytes an older owner wrote past it are never read, and this instance writes to
+        new chunks only. Raises ``SegmentNotFound``, ``Fenced``.
+        """
+        self._check_open()
+        check_segment_name(name)
+        with self._stripe(name):
+            record, version = self._load(name)
+            if record.owner_epoch != self.epoch:
+                assert record.owner_epoch < self.epoch, (record.owner_epoch, self.epoch)
+                taken = record.replace(owner_epoch=self.epoch, modified_ms=self._now_ms())
+                key = name_key(name)
+                self._ownership.commit([Put(SEGMENTS, key, taken.encode())], [Expect(SEGMENTS, key, version)])
+        return SegmentHandle(name, read_only=False)
+
+    def seal(self, handle: SegmentHandle) -> None:
+        """Seal the segment: no more writes until ``unseal``. Idempotent."""
+        self._set_sealed(handle, True)
+
+    def unseal(self, handle: SegmentHandle) -> None:
+        """Accept writes again. Idempotent."""
+        self._set_sealed(handle, False)
+
+    def _set_sealed(self, handle: SegmentHandle, sealed: bool) -> None:
+        self._check_open()
+        handle = self._check_handle(handle, writable=True)
+        with self._stripe(handle.name):
+            record, version = self._load(handle.name)
+            if record.sealed == sealed:
+                return
+            status = record.status | SegmentStatus.SEALED if sealed else record.status & ~SegmentStatus.SEALED
+            changed = record.replace(status=int(status), modified_ms=self._now_ms())
+            key = name_key(handle.name)
+            self._ownership.commit([Put(SEGMENTS, key, changed.encode())], [Expect(SEGMENTS, key, version)])
+
+    def delete(self, handle: SegmentHandle) -> None:
+        """Delete the segment: its name is free at once; its chunks go to GC.
+
+        One bounded commit whatever the chunk count: the header moves to the ``deleted``
+        table as a tombstone that the collector walks in batches after ``gc_delay_s``.
+        """
+        self._check_open()
+        handle = self._check_handle(handle, writable=True)
+        with self._stripe(handle.name):
+            record, version = self._load(handle.name)
+            tombstone = record.replace(
+                status=int((record.status | SegmentStatus.DELETED) & ~SegmentStatus.ACTIVE),
+                modified_ms=self._now_ms(),
+            )
+            key = name_key(handle.name)
+            self._ownership.commit(
+                [Delete(SEGMENTS, key), Put(DELETED, segment_id_key(record.segment_id), tombstone.encode())],
+                [Expect(SEGMENTS, key, version), Expect(DELETED, segment_id_key(record.segment_id), 0)],
+            )
+
+    # -- write ------------------------------------------------------------------------------------------
+
+    def write(self, handle: SegmentHandle, offset: int, data: bytes) -> None:
+        """Append ``data`` at ``offset``, which must equal the segment's length.
+
+        Atomic and durable: on return every byte is on the chunk storage (fsynced) and
+        the metadata commit that makes them readable is durable; on an error nothing of
+        the write is readable. The data goes to the last chunk when the binding can
+        append, this instance created that chunk and it is below ``max_rolling_length``;
+        otherwise (and for what does not fit) to new chunks of at most that size.
+
+        Raises ``InvalidArgument``/``InvalidOffset`` (bad input, offset != length, too
+        large), ``SegmentNotFound``, ``SegmentSealed``, ``Fenced``, ``ChunkStorageError``.
+        """
+        self._check_open()
+        handle = self._check_handle(handle, writable=True)
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidArgument(f"data must be bytes-like, got {type(data).__name__}")
+        data = bytes(data)
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise InvalidOffset(f"offset must be an integer >= 0, got {offset!r}", segment=handle.name)
+        if len(data) > self.config.write_bytes_max:
+            raise InvalidArgument(
+                f"write of {len(data)} bytes exceeds write_bytes_max {self.config.write_bytes_max}",
+                segment=handle.name,
+            )
+        with self._stripe(handle.name):
+            record, _ = self._load(handle.name)
+            if record.sealed:
+                raise SegmentSealed(f"segment {handle.name!r} is sealed", segment=handle.name)
+            if offset != record.length:
+                raise InvalidOffset(
+                    f"segment {handle.name!r}: write at {offset}, but its length is {record.length}",
+                    segment=handle.name,
+                    offset=offset,
+                )
+            if not data:
+                return
+            try:
+                self._write_locked(record, data)
+            except BaseException:
+                self._counters.add(write_failures=1)
+                if record.last_chunk is not None:
+                    self._tainted.add(record.last_chunk)
+                raise
+        self._counters.add(writes=1, bytes_written=len(data))
+
+    def _appendable(self, record: SegmentRecord) -> ChunkRecord | None:
+        """The last chunk if this write may append to it (see ``write``), else None."""
+        if not self.chunk_storage.supports_append or record.last_chunk is None:
+            return None
+        if record.last_chunk in self._tainted:
+            return None
+        last, _ = self._chunk(record.last_chunk)
+        if last.epoch != self.epoch or last.length >= record.max_rolling_length:
+            return None
+        return last
+
+    def _write_locked(self, record: SegmentRecord, data: bytes) -> None:
+        # Plan: what goes to the last chunk, what to new chunks.
+        last = self._appendable(record)
+        appended = b""
+        if last is not None:
+            appended = data[: record.max_rolling_length - last.length]
+        new_chunks: list[_NewChunk] = []
+        position = len(appended)
+        while position < len(data):
+            piece = data[position : position + record.max_rolling_length]
+            start = record.length + position
+            new_chunks.append(_NewChunk(chunk_name(self.container_id, record.name, self.epoch, start), start, piece))
+            position += len(piece)
+
+        # 1. GC intents for the chunks about to exist (leak-free whatever happens next).
+        intents = [self.gc.entry(chunk.name, GcReason.INTENT) for chunk in new_chunks]
+        intent_version = self._ownership.commit(intents, [Expect(GC, op.key, 0) for op in intents]) if intents else 0
+
+        # 2. Data, durable.
+        if appended:
+            assert last is not None
+            self.chunk_storage.write(ChunkHandle(last.name, readonly=False), last.length, appended)
+            self._counters.add(appends=1)
+        for chunk in new_chunks:
+            self.chunk_storage.create(chunk.name, chunk.data)
+            self._counters.add(chunks_created=1)
+
+        # 3. Metadata, one conditional commit, re-based on a conflict that left the
+        #    segment where this write expects it (e.g. a defrag elsewhere in the list).
+        for attempt in range(self.config.commit_retries_max + 1):
+            ops, expect = self._write_commit(record, last, appended, new_chunks, intents, intent_version)
+            try:
+                self._ownership.commit(ops, expect)
+                return
+            except VersionConflict:
+                if attempt == self.config.commit_retries_max:
+                    raise
+                self._counters.add(commit_retries=1)
+                fresh, _ = self._load(record.name)
+                if fresh.length != record.length or fresh.last_chunk != record.last_chunk or fresh.sealed:
+                    raise
+                record = fresh
+                if last is not None:
+                    fresh_last, _ = self._chunk(last.name)
+                    if fresh_last.length != last.length:
+                        raise
+                    last = fresh_last
+
+    def _write_commit(
+        self,
+        record: SegmentRecord,
+        last: ChunkRecord | None,
+        appended: bytes,
+        new_chunks: list[_NewChunk],
+        intents: list[Put],
+        intent_version: int,
+    ) -> tuple[list[Put | Delete], list[Expect]]:
+        """The operations and expectations that make a written ``data`` readable."""
+        checksums = self.config.checksums
+        ops: list[Put | Delete] = []
+        expect = [Expect(SEGMENTS, name_key(record.name), self._load(record.name)[1])]
+        previous_name = record.last_chunk
+        if previous_name is not None and (appended or new_chunks):
+            previous, previous_version = self._chunk(previous_name)
+            if appended:
+                checksum = None
+                if checksums and previous.checksum is not None:
+                    checksum = _checksum(appended, previous.checksum)
+                previous = previous.replace(length=previous.length + len(appended), checksum=checksum)
+            if new_chunks:
+                previous = previous.replace(next_chunk=new_chunks[0].name)
+            ops.append(Put(CHUNKS, name_key(previous_name), previous.encode()))
+            expect.append(Expect(CHUNKS, name_key(previous_name), previous_version))
+        for i, chunk in enumerate(new_chunks):
+            following = new_chunks[i + 1].name if i + 1 < len(new_chunks) else None
+            chunk_record = ChunkRecord(
+                name=chunk.name, segment_id=record.segment_id, length=len(chunk.data),
+                next_chunk=following, epoch=self.epoch,
+                checksum=_checksum(chunk.data) if checksums else None,
+            )  # fmt: skip
+            ops.append(Put(CHUNKS, name_key(chunk.name), chunk_record.encode()))
+            ops.append(Put(INDEX, index_key(record.segment_id, chunk.start), name_key(chunk.name)))
+        for intent in intents:
+            ops.append(Delete(GC, intent.key))
+            expect.append(Expect(GC, intent.key, intent_version))
+        total = len(appended) + sum(len(chunk.data) for chunk in new_chunks)
+        changes: dict[str, object] = {"length": record.length + total, "modified_ms": self._now_ms()}
+        if new_chunks:
+            changes["last_chunk"] = new_chunks[-1].name
+            changes["last_chunk_start_offset"] = new_chunks[-1].start
+            changes["chunk_count"] = record.chunk_count + len(new_chunks)
+            if record.first_chunk is None:
+                changes["first_chunk"] = new_chunks[0].name
+                changes["first_chunk_start_offset"] = new_chunks[0].start
+        ops.append(Put(SEGMENTS, name_key(record.name), record.replace(**changes).encode()))
+        return ops, expect
+
+    # -- read -------------------------------------------------------------------------------------------
+
+    def read(self, handle: SegmentHandle, offset: int, length: int) -> bytes:
+        """Exactly the bytes ``[offset, offset+length)`` of the segment.
+
+        ``offset`` must be >= the start offset (``SegmentTruncated`` below it) and
+        ``offset + length`` <= the length (``InvalidOffset`` past it); a zero-length
+        read at the end returns ``b""``. Chunks are located through the offset index
+        (O(log n)); large reads over several chunks fetch them in parallel. With
+        checksums on, a read covering a whole chunk verifies it (``ChunkCorrupted``).
+        """
+        self._check_open()
+        handle = self._check_handle(handle, writable=False)
+        for value, what in ((offset, "offset"), (length, "length")):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidOffset(f"{what} must be an integer >= 0, got {value!r}", segment=handle.name)
+        if length > self.config.read_bytes_max:
+            raise InvalidArgument(
+                f"read of {length} bytes exceeds read_bytes_max {self.config.read_bytes_max}",
+                segment=handle.name,
+            )
+        with self._stripe(handle.name):
+            record, _ = self._load(handle.name)
+            if offset < record.start_offset:
+                raise SegmentTruncated(
+                    f"segment {handle.name!r}: offset {offset} is below its start {record.start_offset}",
+                    segment=handle.name,
+                    offset=offset,
+                )
+            if offset + length > record.length:
+                raise InvalidOffset(
+                    f"segment {handle.name!r}: read of {length} at {offset} passes its end {record.length}",
+                    segment=handle.name,
+                    offset=offset,
+                )
+            pieces = self._locate(record, offset, length) if length else []
+        data = self._fetch(pieces, length)
+        assert len(data) == length, (len(data), length)
+        self._counters.add(reads=1, bytes_read=length)
+        return data
+
+    def _locate(self, record: SegmentRecord, offset: int, length: int) -> list[_ReadPiece]:
+        """The chunk pieces holding ``[offset, offset+length)``: one O(log n) index seek,
+        then a walk along ``next_chunk`` over the chunks the range covers only."""
+        prefix = index_prefix(record.segment_id)
+        found = self._store.floor(INDEX, index_key(record.segment_id, offset), prefix)
+        assert found is not None, f"no index entry at or below {offset} in {record.name!r}"
+        key, stored = found
+        chunk_start, name = index_key_offset(key), stored.value.decode("utf-8")
+        pieces: list[_ReadPiece] = []
+        end = offset + length
+        position = offset
+        while position < end:
+            assert name is not None, f"chunk list of {record.name!r} ends before offset {position}"
+            chunk, _ = self._chunk(name)
+            chunk_end = chunk_start + chunk.length
+            if chunk_end > position:
+                take = min(chunk_end, end) - position
+                whole = position == chunk_start and take == chunk.length
+                checksum = chunk.checksum if whole and self.config.verify_checksums_on_read else None
+                pieces.append(_ReadPiece(name, position - chunk_start, take, checksum))
+                position += take
+            chunk_start, name = chunk_end, chunk.next_chunk
+        return pieces
+
+    def _fetch(self, pieces: list[_ReadPiece], length: int) -> bytes:
+        if len(pieces) > 1 and length >= self.config.read_parallel_bytes_min:
+            parts = list(self._read_pool().map(self._fetch_piece, pieces))
+        else:
+            parts = [self._fetch_piece(piece) for piece in pieces]
+        return b"".join(parts)
+
+    def _fetch_piece(self, piece: _ReadPiece) -> bytes:
+        handle = self.chunk_storage.open_read(piece.chunk)
+        data = self.chunk_storage.read(handle, piece.chunk_offset, piece.length)
+        if len(data) != piece.length:
+            raise ChunkCorrupted(
+                f"chunk {piece.chunk!r} holds fewer bytes than its metadata records",
+                chunk=piece.chunk,
+            )
+        if piece.whole_chunk_checksum is not None and _checksum(data) != piece.whole_chunk_checksum:
+            raise ChunkCorrupted(f"chunk {piece.chunk!r} fails its CRC32C checksum", chunk=piece.chunk)
+        return data
+
+    def _read_pool(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._check_open()
+                self._pool = ThreadPoolExecutor(self.config.read_threads, thread_name_prefix="slts-read")
+            return self._pool
+
+    # -- inspection -------------------------------------------------------------------------------------
+
+    def chunks(self, name: str) -> list[tuple[int, ChunkRecord]]:
+        """The segment's chunk list as (start offset, record) pairs, walked from the head.
+
+        For tools and tests (``slts verify``); O(chunks).
+        """
+        self._check_open()
+        check_segment_name(name)
+        record, _ = self._load(name)
+        result: list[tuple[int, ChunkRecord]] = []
+        current, start = record.first_chunk, record.first_chunk_start_offset
+        while current is not None:
+            assert len(result) < record.chunk_count, f"chunk list of {name!r} is longer than recorded"
+            chunk, _ = self._chunk(current)
+            result.append((start, chunk))
+            start += chunk.length
+            current = chunk.next_chunk
+        assert len(result) == record.chunk_count, (name, len(result), record.chunk_count)
+        return result
+

@@ -1,0 +1,103 @@
+"""The ``slts`` CLI: each verb, ``--json`` output, documented exit codes."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from slts.tools import cli
+
+
+@pytest.fixture
+def store(tmp_path) -> list[str]:  # noqa: ANN001
+    return ["--store", str(tmp_path / "store")]
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_put_cat_info_ls(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str], monkeypatch) -> None:  # noqa: ANN001
+    payload = os.urandom(100_000)
+    source = tmp_path / "in.bin"
+    source.write_bytes(payload)
+    code, out, _ = run(capsys, "put", "s/one", str(source), "--write-bytes", "30000", "--json", *store)
+    assert code == 0 and json.loads(out) == {"segment": "s/one", "bytes_written": 100_000, "length": 100_000}
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"-tail")))
+    code, out, _ = run(capsys, "put", "s/one", "-", *store)
+    assert code == 0 and "length 100005" in out
+
+    stdout = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(stdout))
+    assert cli.main(["cat", "s/one", *store]) == 0
+    sys.stdout.flush()
+    assert stdout.getvalue() == payload + b"-tail"
+    monkeypatch.undo()
+
+    code, out, _ = run(capsys, "info", "s/one", "--json", *store)
+    info = json.loads(out)
+    assert code == 0 and info["length"] == 100_005 and info["sealed"] is False and info["chunk_count"] >= 1
+
+    run(capsys, "put", "s/two", str(source), *store)
+    code, out, _ = run(capsys, "ls", "s/", *store)
+    assert code == 0 and out.split() == ["s/one", "s/two"]
+    code, out, _ = run(capsys, "ls", "--json", *store)
+    assert [entry["name"] for entry in json.loads(out)] == ["s/one", "s/two"]
+
+
+def test_cat_range(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+    source = tmp_path / "in.bin"
+    source.write_bytes(b"0123456789")
+    run(capsys, "put", "r", str(source), *store)
+    result = subprocess.run(
+        [sys.executable, "-m", "slts.tools.cli", "cat", "r", "--offset", "3", "--length", "4", *store],
+        capture_output=True,
+    )
+    assert result.returncode == 0 and result.stdout == b"3456"
+
+
+def test_exit_codes(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+    source = tmp_path / "in.bin"
+    source.write_bytes(b"abc")
+    assert run(capsys, "info", "missing", *store)[0] == cli.EXIT_NOT_FOUND
+    code, _, err = run(capsys, "info", "../etc", *store)
+    assert code == cli.EXIT_INVALID and "InvalidName" in err
+    run(capsys, "put", "x", str(source), *store)
+    assert run(capsys, "cat", "x", "--offset", "5", *store)[0] == cli.EXIT_INVALID
+    assert run(capsys, "seal", "x", *store)[0] == 0
+    assert run(capsys, "put", "x", str(source), *store)[0] == cli.EXIT_STATE
+    assert run(capsys, "rm", "x", "--json", *store)[0] == 0
+    assert run(capsys, "info", "x", *store)[0] == cli.EXIT_NOT_FOUND
+    with pytest.raises(SystemExit) as usage:
+        cli.main(["cat"])
+    assert usage.value.code == cli.EXIT_USAGE
+
+
+def test_console_script_and_demo(tmp_path) -> None:  # noqa: ANN001
+    folder = tmp_path / "demo"
+    script = os.path.join(os.path.dirname(sys.executable), "slts")
+    result = subprocess.run(
+        [script, "demo", "--dir", str(folder), "--segments", "4", "--writes", "10", "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["verified"] is True and report["mismatched"] == []
+    assert report["writes"] == 40 and report["epochs"][1] == report["epochs"][0] + 1
+    assert report["chunks_per_segment_max"] >= 2, "after the restart, writes go to a new chunk"
+    assert not folder.exists(), "the demo folder is removed unless --keep"
+
+
+def test_demo_refuses_a_foreign_folder(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+    (tmp_path / "precious.txt").write_text("keep me")
+    code, _, err = run(capsys, "demo", "--dir", str(tmp_path), "--segments", "1", "--writes", "1")
+    assert code == cli.EXIT_INVALID and (tmp_path / "precious.txt").exists()

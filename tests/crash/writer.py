@@ -1,0 +1,62 @@
+"""Crash-test writer: appends deterministic writes and acknowledges each on stdout.
+
+Run as ``python writer.py FOLDER SEGMENTS``; it never stops by itself. After each
+``write`` returns it prints ``ACK <segment> <end offset>`` and flushes. The parent kills
+it with SIGKILL at a random moment. Each write's size and bytes depend only on
+(segment, offset) (``piece``), so a reader can regenerate what any prefix must hold.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+
+ROLLING_BYTES = 16 << 10
+WRITE_BYTES_MAX = 20_000
+
+
+def piece(segment: str, offset: int) -> bytes:
+    """The bytes of the write that starts at ``offset`` of ``segment``."""
+    rng = random.Random(f"{segment}@{offset}")
+    return rng.randbytes(rng.randint(1, WRITE_BYTES_MAX))
+
+
+def expected_prefix(segment: str, length: int) -> bytes | None:
+    """What the segment must hold at ``length``, or None if ``length`` is not a write boundary."""
+    parts, offset = [], 0
+    while offset < length:
+        data = piece(segment, offset)
+        parts.append(data)
+        offset += len(data)
+    return b"".join(parts) if offset == length else None
+
+
+def open_storage(folder: str):  # noqa: ANN201
+    import slts
+
+    return slts.open(f"file://{folder}/chunks", metadata=f"{folder}/metadata", gc_delay_s=3600.0,
+                     rolling_length_bytes_default=ROLLING_BYTES)  # fmt: skip
+
+
+def main() -> None:
+    folder, segments = sys.argv[1], int(sys.argv[2])
+    os.makedirs(f"{folder}/metadata", exist_ok=True)
+    storage = open_storage(folder)
+    names = [f"crash/{i}" for i in range(segments)]
+    for name in names:
+        if not storage.exists(name):
+            storage.create(name)
+    handles = {name: storage.open_write(name) for name in names}
+    print(f"READY {storage.epoch}", flush=True)
+    rng = random.Random()
+    while True:
+        name = rng.choice(names)
+        offset = storage.info(name).length
+        data = piece(name, offset)
+        storage.write(handles[name], offset, data)
+        print(f"ACK {name} {offset + len(data)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""Write and read paths (DESIGN.md §5 invariants 1, 2, 3, 7) against a bytearray reference."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from slts.errors import InvalidOffset
+from slts.storage.chunked import ChunkedSegmentStorage
+
+from .conftest import Env
+
+_NAMES = itertools.count()
+
+
+def assert_layout(storage: ChunkedSegmentStorage, name: str, expected: bytes) -> None:
+    """Invariant 1 and 2: the chunk list, in order, holds exactly the segment's bytes."""
+    info = storage.info(name)
+    chunks = storage.chunks(name)
+    assert info.length == len(expected) and info.chunk_count == len(chunks)
+    position = info.start_offset
+    for start, chunk in chunks:
+        assert start == position
+        stored = storage.chunk_storage.get_info(chunk.name).length
+        assert stored >= chunk.length, "a referenced chunk holds fewer bytes than recorded"
+        data = storage.chunk_storage.read(storage.chunk_storage.open_read(chunk.name), 0, chunk.length)
+        assert data == expected[start : start + chunk.length]
+        position += chunk.length
+    assert position == info.length
+
+
+def test_write_then_read_roundtrip(storage: ChunkedSegmentStorage) -> None:
+    storage.create("s/a")
+    handle = storage.open_write("s/a")
+    storage.write(handle, 0, b"hello ")
+    storage.write(handle, 6, b"world")
+    assert storage.read(storage.open_read("s/a"), 0, 11) == b"hello world"
+    assert storage.read(handle, 3, 5) == b"lo wo"
+    assert storage.info("s/a").length == 11
+    assert_layout(storage, "s/a", b"hello world")
+
+
+def test_appends_go_to_one_chunk_when_the_binding_can_append(storage: ChunkedSegmentStorage) -> None:
+    storage.create("a")
+    handle = storage.open_write("a")
+    for i in range(20):
+        storage.write(handle, i * 3, b"abc")
+    expected_chunks = 1 if storage.chunk_storage.supports_append else 20
+    assert storage.info("a").chunk_count == expected_chunks
+    assert_layout(storage, "a", b"abc" * 20)
+
+
+def test_write_crossing_rolling_length_is_split(storage: ChunkedSegmentStorage) -> None:
+    storage.create("r", max_rolling_length=10)
+    handle = storage.open_write("r")
+    data = bytes(range(35))
+    storage.write(handle, 0, data[:4])
+    storage.write(handle, 4, data[4:35])
+    chunks = storage.chunks("r")
+    assert all(chunk.length <= 10 for _, chunk in chunks)
+    if storage.chunk_storage.supports_append:
+        assert [chunk.length for _, chunk in chunks] == [10, 10, 10, 5]
+    assert_layout(storage, "r", data)
+    for offset in range(35):
+        for length in (0, 1, 7, 35 - offset):
+            if offset + length <= 35:
+                assert storage.read(handle, offset, length) == data[offset : offset + length]
+
+
+def test_zero_length_write_and_read_at_end(storage: ChunkedSegmentStorage) -> None:
+    storage.create("z")
+    handle = storage.open_write("z")
+    storage.write(handle, 0, b"")
+    assert storage.info("z").chunk_count == 0
+    assert storage.read(handle, 0, 0) == b""
+    storage.write(handle, 0, b"xy")
+    assert storage.read(handle, 2, 0) == b""
+    with pytest.raises(InvalidOffset):
+        storage.read(handle, 3, 0)
+
+
+def test_large_read_spanning_chunks_uses_parallel_path(env: Env) -> None:
+    storage = env.open(read_parallel_bytes_min=64)
+    storage.create("p", max_rolling_length=100)
+    handle = storage.open_write("p")
+    data = random.Random(1).randbytes(1000)
+    storage.write(handle, 0, data)
+    assert storage.info("p").chunk_count == 10
+    assert storage.read(handle, 0, 1000) == data
+    assert storage.read(handle, 55, 900) == data[55:955]
+
+
+def test_restart_takes_over_and_starts_a_new_chunk(env: Env) -> None:
+    first = env.open()
+    first.create("t")
+    handle = first.open_write("t")
+    first.write(handle, 0, b"one")
+    second = env.reopen()
+    assert second.epoch == first.epoch + 1
+    handle = second.open_write("t")
+    assert second.info("t").owner_epoch == second.epoch
+    second.write(handle, 3, b"two")
+    chunks = second.chunks("t")
+    assert len(chunks) == 2, "invariant 3: never append to a chunk another instance created"
+    assert {chunk.epoch for _, chunk in chunks} == {first.epoch, second.epoch}
+    assert second.read(handle, 0, 6) == b"onetwo"
+
+
+def test_bytes_beyond_recorded_length_are_never_read(env: Env) -> None:
+    """A zombie's or torn write's bytes past the committed length stay invisible."""
+    first = env.open()
+    first.create("g")
+    handle = first.open_write("g")
+    first.write(handle, 0, b"committed")
+    if not env.binding.supports_append:
+        pytest.skip("binding has no append: chunks cannot grow after creation")
+    last = first.chunks("g")[-1][1].name
+    env.binding.write(env.binding.open_write(last), 9, b"GARBAGE")
+    second = env.reopen()
+    assert second.info("g").length == 9
+    handle = second.open_write("g")
+    second.write(handle, 9, b"+more")
+    assert second.read(handle, 0, 14) == b"committed+more"
+
+
+def test_checksums_are_recorded_and_verified(env: Env) -> None:
+    storage = env.open()
+    storage.create("c", max_rolling_length=8)
+    handle = storage.open_write("c")
+    storage.write(handle, 0, b"abcdefgh12345678")
+    assert all(chunk.checksum is not None for _, chunk in storage.chunks("c"))
+    assert storage.read(handle, 0, 16) == b"abcdefgh12345678"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    rolling=st.integers(1, 64),
+    writes=st.lists(st.binary(min_size=0, max_size=200), min_size=1, max_size=25),
+    reads=st.lists(st.tuples(st.integers(0, 5000), st.integers(0, 400)), max_size=20),
+    restart_at=st.integers(0, 30),
+)
+def test_random_writes_and_reads_match_a_bytearray(
+    env: Env, rolling: int, writes: list[bytes], reads: list[tuple[int, int]], restart_at: int
+) -> None:
+    storage = env.open() if not env.instances else env.instances[-1]
+    name = f"prop/{next(_NAMES)}"
+    storage.create(name, max_rolling_length=rolling)
+    handle = storage.open_write(name)
+    reference = bytearray()
+    for i, data in enumerate(writes):
+        if i == restart_at:
+            storage = env.reopen()
+            handle = storage.open_write(name)
+        storage.write(handle, len(reference), data)
+        reference += data
+    assert storage.info(name).length == len(reference)
+    for offset, length in reads:
+        offset = offset % (len(reference) + 1)
+        length = min(length, len(reference) - offset)
+        assert storage.read(handle, offset, length) == reference[offset : offset + length]
+    assert_layout(storage, name, bytes(reference))
+    assert all(chunk.length <= rolling for _, chunk in storage.chunks(name))
+

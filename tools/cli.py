@@ -1,0 +1,278 @@
+"""The ``slts`` command line: one function per subcommand, each a thin call into the library.
+
+Store selection: ``--store`` is a folder (the embedded default: chunks in
+``FOLDER/chunks`` through the filesystem binding, metadata in ``FOLDER/metadata`` as
+LMDB) or a chunk storage URL together with ``--metadata FOLDER``. Default folder:
+``$SLTS_STORE`` or ``./slts-data``. Every invocation starts the container with the
+next epoch, which fences any older instance (one owner at a time).
+
+Exit codes (also in ``docs/cli.md``):
+
+== =====================================================================
+0  success
+1  any other SLTS error (``SltsError``)
+2  usage error (bad flags)
+3  segment (or chunk) not found
+4  segment already exists
+5  invalid input (name, offset, length, configuration)
+6  fenced: a newer instance owns the container
+7  chunk storage failure (I/O, unavailable, corrupted)
+8  segment state forbids it (sealed, not sealed, truncated)
+== =====================================================================
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict
+from typing import Any, BinaryIO
+
+from slts.errors import (
+    ChunkNotFound,
+    ChunkStorageError,
+    Fenced,
+    InvalidArgument,
+    SegmentError,
+    SegmentExists,
+    SegmentNotFound,
+    SltsError,
+)
+
+DEFAULT_STORE = "slts-data"
+IO_BYTES = 8 << 20
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_EXISTS = 0, 1, 2, 3, 4
+EXIT_INVALID, EXIT_FENCED, EXIT_CHUNK_STORAGE, EXIT_STATE = 5, 6, 7, 8
+
+_EXIT_BY_ERROR: tuple[tuple[type[SltsError], int], ...] = (
+    (SegmentNotFound, EXIT_NOT_FOUND),
+    (ChunkNotFound, EXIT_NOT_FOUND),
+    (SegmentExists, EXIT_EXISTS),
+    (InvalidArgument, EXIT_INVALID),
+    (Fenced, EXIT_FENCED),
+    (ChunkStorageError, EXIT_CHUNK_STORAGE),
+    (SegmentError, EXIT_STATE),
+)
+
+
+def exit_code(error: SltsError) -> int:
+    """The documented exit code for ``error``."""
+    for kind, code in _EXIT_BY_ERROR:
+        if isinstance(error, kind):
+            return code
+    return EXIT_ERROR
+
+
+def store_locations(store: str, metadata: str | None) -> tuple[str, str]:
+    """(chunk storage URL, metadata folder) for ``--store``/``--metadata``."""
+    if "://" in store:
+        if not metadata:
+            raise InvalidArgument(f"--metadata FOLDER is required with a storage URL ({store})")
+        return store, metadata
+    root = os.path.abspath(store)
+    return f"file://{os.path.join(root, 'chunks')}", metadata or os.path.join(root, "metadata")
+
+
+@contextlib.contextmanager
+def open_storage(args: argparse.Namespace) -> Iterator[Any]:
+    """The container instance the global flags name, closed afterwards."""
+    import slts
+
+    url, metadata = store_locations(args.store, args.metadata)
+    if url.startswith("file://"):
+        os.makedirs(metadata, exist_ok=True)
+    storage = slts.open(url, metadata=metadata, container_id=args.container)
+    try:
+        yield storage
+    finally:
+        storage.close()
+
+
+def emit(args: argparse.Namespace, value: Any, text: str) -> None:
+    """Print ``value`` as JSON with ``--json``, else ``text``."""
+    if args.json:
+        print(json.dumps(value, sort_keys=True))
+    elif text:
+        print(text)
+
+
+# -- subcommands ---------------------------------------------------------------------------------
+
+
+def cmd_put(args: argparse.Namespace) -> int:
+    """Append a file (or stdin) to a segment, creating the segment if needed."""
+    with open_storage(args) as storage, _input(args.file) as source:
+        if not storage.exists(args.name):
+            storage.create(args.name)
+        handle = storage.open_write(args.name)
+        offset = start = storage.info(args.name).length
+        while block := source.read(args.write_bytes):
+            storage.write(handle, offset, block)
+            offset += len(block)
+        info = storage.info(args.name)
+    emit(args, {"segment": args.name, "bytes_written": offset - start, "length": info.length},
+         f"{args.name}: wrote {offset - start} bytes, length {info.length}")  # fmt: skip
+    return EXIT_OK
+
+
+def cmd_cat(args: argparse.Namespace) -> int:
+    """Write a segment's bytes (or a range) to stdout."""
+    out = sys.stdout.buffer
+    with open_storage(args) as storage:
+        info = storage.info(args.name)
+        offset = info.start_offset if args.offset is None else args.offset
+        end = info.length if args.length is None else offset + args.length
+        handle = storage.open_read(args.name)
+        for bound in (offset, end):  # a bad range fails here, before any output
+            storage.read(handle, bound, 0)
+        while offset < end:
+            size = min(IO_BYTES, end - offset)
+            out.write(storage.read(handle, offset, size))
+            offset += size
+    out.flush()
+    return EXIT_OK
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    """List segment names (with ``--long``, their lengths and chunk counts)."""
+    with open_storage(args) as storage:
+        names = list(storage.list(args.prefix))
+        infos = [storage.info(name) for name in names] if (args.long or args.json) else []
+    if args.json:
+        emit(args, [asdict(info) for info in infos], "")
+    elif args.long:
+        for info in infos:
+            flag = "sealed" if info.sealed else "active"
+            print(f"{info.length:>14} {info.chunk_count:>8} {flag:<6} {info.name}")
+    else:
+        for name in names:
+            print(name)
+    return EXIT_OK
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    """Show one segment's metadata."""
+    with open_storage(args) as storage:
+        info = storage.info(args.name)
+    fields = asdict(info)
+    emit(args, fields, "\n".join(f"{key}: {value}" for key, value in fields.items()))
+    return EXIT_OK
+
+
+def cmd_seal(args: argparse.Namespace) -> int:
+    """Seal a segment."""
+    with open_storage(args) as storage:
+        storage.seal(storage.open_write(args.name))
+    emit(args, {"segment": args.name, "sealed": True}, f"{args.name}: sealed")
+    return EXIT_OK
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    """Delete a segment (its chunks go to garbage collection)."""
+    with open_storage(args) as storage:
+        storage.delete(storage.open_write(args.name))
+    emit(args, {"segment": args.name, "deleted": True}, f"{args.name}: deleted")
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Run the demo on the embedded default (see ``slts.tools.demo``)."""
+    from slts.tools.demo import run_demo
+
+    report = run_demo(args.dir, segments=args.segments, writes=args.writes, keep=args.keep,
+                      json_output=args.json)  # fmt: skip
+    return EXIT_OK if report["verified"] else EXIT_ERROR
+
+
+@contextlib.contextmanager
+def _input(path: str) -> Iterator[BinaryIO]:
+    if path == "-":
+        yield sys.stdin.buffer
+    else:
+        with open(path, "rb") as handle:
+            yield handle
+
+
+# -- parser --------------------------------------------------------------------------------------------
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``slts``."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--store", default=os.environ.get("SLTS_STORE", DEFAULT_STORE),
+                        help="store folder, or chunk storage URL (default: $SLTS_STORE or ./slts-data)")
+    common.add_argument("--metadata", default=None, help="LMDB metadata folder (default: STORE/metadata)")
+    common.add_argument("--container", type=_non_negative, default=0, help="container id (default 0)")
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+
+    parser = argparse.ArgumentParser(prog="slts", description="SLTS: tier-2 storage for stream engines")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, func: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:
+        command = sub.add_parser(name, parents=[common], help=help_text, description=func.__doc__)
+        command.set_defaults(func=func)
+        return command
+
+    put = add("put", cmd_put, "append a file or stdin to a segment")
+    put.add_argument("name")
+    put.add_argument("file", nargs="?", default="-", help="input file, or - for stdin (default)")
+    put.add_argument("--write-bytes", type=_positive, default=IO_BYTES, help="bytes per write")
+
+    cat = add("cat", cmd_cat, "write a segment to stdout")
+    cat.add_argument("name")
+    cat.add_argument("--offset", type=_non_negative, default=None)
+    cat.add_argument("--length", type=_non_negative, default=None)
+
+    ls = add("ls", cmd_ls, "list segments")
+    ls.add_argument("prefix", nargs="?", default="")
+    ls.add_argument("--long", "-l", action="store_true")
+
+    for name, func, help_text in (
+        ("info", cmd_info, "show a segment's metadata"),
+        ("seal", cmd_seal, "seal a segment"),
+        ("rm", cmd_rm, "delete a segment"),
+    ):
+        add(name, func, help_text).add_argument("name")
+
+    demo = add("demo", cmd_demo, "ingest, read back and verify many segments on the embedded default")
+    demo.add_argument("--dir", default="slts-demo", help="demo folder (recreated; default ./slts-demo)")
+    demo.add_argument("--segments", type=_positive, default=64)
+    demo.add_argument("--writes", type=_positive, default=200, help="small writes per segment")
+    demo.add_argument("--keep", action="store_true", help="keep the demo folder afterwards")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``slts`` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except SltsError as error:
+        print(f"slts {args.command}: {type(error).__name__}: {error}", file=sys.stderr)
+        return exit_code(error)
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
