@@ -189,6 +189,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK if report["verified"] else EXIT_ERROR
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Measure SLTS against raw baselines in the same run (see ``slts.tools.bench``)."""
+    from slts.tools import bench
+
+    figures = bench.run(args.only, quick=args.quick, directory=args.dir,
+                        out=(lambda _: None) if args.json else print)  # fmt: skip
+    document = bench.to_json(figures)
+    if args.json_file:
+        with open(args.json_file, "w") as handle:
+            handle.write(document)
+    if args.json:
+        print(document)
+    return EXIT_OK
+
+
 @contextlib.contextmanager
 def _input(path: str) -> Iterator[BinaryIO]:
     if path == "-":
@@ -258,6 +273,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--segments", type=_positive, default=64)
     demo.add_argument("--writes", type=_positive, default=200, help="small writes per segment")
     demo.add_argument("--keep", action="store_true", help="keep the demo folder afterwards")
+    bench = add("bench", cmd_bench, "measure SLTS next to raw baselines of the same work")
+    bench.add_argument("--quick", action="store_true", help="small sizes, few repetitions")
+    bench.add_argument("--only", nargs="+", default=None, metavar="NAME", help="run only these benchmarks")
+    bench.add_argument("--dir", default=None, help="scratch folder on the disk to measure (default: cwd)")
+    bench.add_argument("--json-file", default=None, metavar="FILE", help="also write the figures as JSON")
     return parser
 
 

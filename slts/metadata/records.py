@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -54,12 +55,17 @@ class Record:
     def check(self) -> None:
         """Raise ``AssertionError`` if the record breaks an invariant (override)."""
 
+    @classmethod
+    @functools.cache
+    def _field_names(cls) -> tuple[str, ...]:
+        """The record's own fields (not ``extra``), computed once per class."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name != "extra")
+
     def encode(self) -> bytes:
         """msgpack bytes of this record, unknown fields included."""
         self.check()
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
         payload = dict(self.extra)  # type: ignore[attr-defined]
-        payload.update(fields)
+        payload.update((name, getattr(self, name)) for name in self._field_names())
         payload[_VERSION_KEY] = FORMAT_VERSION
         return msgpack.packb(payload, use_bin_type=True)
 
@@ -73,11 +79,10 @@ class Record:
         if not isinstance(payload, dict) or not isinstance(payload.get(_VERSION_KEY), int):
             raise MetadataCorrupted(f"{cls.KIND} record has no format version")
         payload.pop(_VERSION_KEY)
-        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        missing = known - payload.keys()
-        if missing:
-            raise MetadataCorrupted(f"{cls.KIND} record lacks fields {sorted(missing)}")
-        values = {name: payload.pop(name) for name in known}
+        try:
+            values = {name: payload.pop(name) for name in cls._field_names()}
+        except KeyError as exc:
+            raise MetadataCorrupted(f"{cls.KIND} record lacks field {exc}") from exc
         record = cls(**values, extra=MappingProxyType(payload) if payload else _EMPTY)
         try:
             record.check()

@@ -407,7 +407,7 @@ class ChunkedSegmentStorage:
                 segment=handle.name,
             )
         with self._stripe(handle.name):
-            record, _ = self._load(handle.name)
+            record, version = self._load(handle.name)
             if record.sealed:
                 raise SegmentSealed(f"segment {handle.name!r} is sealed", segment=handle.name)
             if offset != record.length:
@@ -419,7 +419,7 @@ class ChunkedSegmentStorage:
             if not data:
                 return
             try:
-                self._write_locked(record, data)
+                self._write_locked(record, version, data)
             except BaseException:
                 self._counters.add(write_failures=1)
                 if record.last_chunk is not None:
@@ -427,20 +427,20 @@ class ChunkedSegmentStorage:
                 raise
         self._counters.add(writes=1, bytes_written=len(data))
 
-    def _appendable(self, record: SegmentRecord) -> ChunkRecord | None:
-        """The last chunk if this write may append to it (see ``write``), else None."""
-        if not self.chunk_storage.supports_append or record.last_chunk is None:
-            return None
-        if record.last_chunk in self._tainted:
-            return None
-        last, _ = self._chunk(record.last_chunk)
-        if last.epoch != self.epoch or last.length >= record.max_rolling_length:
-            return None
-        return last
+    def _appendable(self, record: SegmentRecord, last: ChunkRecord | None) -> bool:
+        """May this write append to the segment's last chunk ``last``? (see ``write``)"""
+        return (
+            last is not None
+            and self.chunk_storage.supports_append
+            and last.name not in self._tainted
+            and last.epoch == self.epoch
+            and last.length < record.max_rolling_length
+        )
 
-    def _write_locked(self, record: SegmentRecord, data: bytes) -> None:
+    def _write_locked(self, record: SegmentRecord, version: int, data: bytes) -> None:
         # Plan: what goes to the last chunk, what to new chunks.
-        last = self._appendable(record)
+        previous = self._chunk(record.last_chunk) if record.last_chunk is not None else None
+        last = previous[0] if previous is not None and self._appendable(record, previous[0]) else None
         appended = b""
         if last is not None:
             appended = data[: record.max_rolling_length - last.length]
@@ -468,7 +468,7 @@ class ChunkedSegmentStorage:
         # 3. Metadata, one conditional commit, re-based on a conflict that left the
         #    segment where this write expects it (e.g. a defrag elsewhere in the list).
         for attempt in range(self.config.commit_retries_max + 1):
-            ops, expect = self._write_commit(record, last, appended, new_chunks, intents, intent_version)
+            ops, expect = self._write_commit(record, version, previous, appended, new_chunks, intents, intent_version)
             try:
                 self._ownership.commit(ops, expect)
                 return
@@ -476,32 +476,36 @@ class ChunkedSegmentStorage:
                 if attempt == self.config.commit_retries_max:
                     raise
                 self._counters.add(commit_retries=1)
-                fresh, _ = self._load(record.name)
+                fresh, version = self._load(record.name)
                 if fresh.length != record.length or fresh.last_chunk != record.last_chunk or fresh.sealed:
                     raise
                 record = fresh
-                if last is not None:
-                    fresh_last, _ = self._chunk(last.name)
-                    if fresh_last.length != last.length:
+                if previous is not None:
+                    fresh_previous = self._chunk(previous[0].name)
+                    if fresh_previous[0].length != previous[0].length:
                         raise
-                    last = fresh_last
+                    previous = fresh_previous
 
     def _write_commit(
         self,
         record: SegmentRecord,
-        last: ChunkRecord | None,
+        version: int,
+        last: tuple[ChunkRecord, int] | None,
         appended: bytes,
         new_chunks: list[_NewChunk],
         intents: list[Put],
         intent_version: int,
     ) -> tuple[list[Put | Delete], list[Expect]]:
-        """The operations and expectations that make a written ``data`` readable."""
+        """The operations and expectations that make a written ``data`` readable.
+
+        ``record``/``version``: the segment as read; ``last``: its last chunk (record,
+        version) as read, which receives ``appended`` and points at the new chunks."""
         checksums = self.config.checksums
         ops: list[Put | Delete] = []
-        expect = [Expect(SEGMENTS, name_key(record.name), self._load(record.name)[1])]
-        previous_name = record.last_chunk
-        if previous_name is not None and (appended or new_chunks):
-            previous, previous_version = self._chunk(previous_name)
+        expect = [Expect(SEGMENTS, name_key(record.name), version)]
+        if last is not None and (appended or new_chunks):
+            previous, previous_version = last
+            previous_name = previous.name
             if appended:
                 checksum = None
                 if checksums and previous.checksum is not None:

@@ -1,0 +1,176 @@
+"""``slts bench``: each figure next to its physical baseline, measured in the same run.
+
+A benchmark is a pair of workloads doing the same amount of the same work: the SLTS
+operation (*subject*) and its *baseline* (the raw binding or LMDB operation that is the
+physical limit). Repetitions alternate subject and baseline so that drift in the
+machine hits both alike; the report gives median, min and max of each and the ratio of
+the medians (subject / baseline, 1.0 = as fast as the raw limit).
+
+Benchmarks so far (DESIGN.md §12 lists the rest, added as capabilities land):
+
+* ``write_4k``: 4 KiB durable writes to one segment vs. plain ``write`` + ``fdatasync``
+  appends of the same bytes to one file.
+* ``write_1m``: the same with 1 MiB writes (bulk ingest).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+
+from slts.storage.chunked import ChunkedSegmentStorage
+from slts.storage.factory import open as open_storage
+
+Workload = Callable[[], float]  # runs once, returns seconds spent on the measured part
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    """One benchmark's result: rates in ``unit`` (higher is better)."""
+
+    name: str
+    unit: str
+    subject_median: float
+    subject_min: float
+    subject_max: float
+    baseline_median: float
+    baseline_min: float
+    baseline_max: float
+    ratio: float
+    repetitions: int
+    work: str
+
+
+@dataclass(frozen=True, slots=True)
+class Benchmark:
+    name: str
+    description: str
+    run: Callable[[str, bool], Iterator[tuple[str, Workload, Workload, float, str]]]
+
+
+class _Folder:
+    """A scratch folder on the disk under test, removed afterwards."""
+
+    def __init__(self, parent: str) -> None:
+        self.path = tempfile.mkdtemp(prefix="slts-bench-", dir=parent)
+
+    def sub(self, name: str) -> str:
+        path = os.path.join(self.path, name)
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def close(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _durable_writes(parent: str, quick: bool, size: int, count: int) -> Iterator[tuple[str, Workload, Workload, float, str]]:
+    """Subject: ``count`` SLTS writes of ``size`` bytes; baseline: raw append + fdatasync."""
+    payload = os.urandom(size)
+    folder = _Folder(parent)
+    storage: ChunkedSegmentStorage = open_storage(
+        f"file://{folder.sub('chunks')}", metadata=folder.sub("metadata")
+    )
+    runs = 0
+
+    def subject() -> float:
+        nonlocal runs
+        runs += 1
+        name = f"bench/{runs}"
+        storage.create(name)
+        handle = storage.open_write(name)
+        started = time.perf_counter()
+        for i in range(count):
+            storage.write(handle, i * size, payload)
+        return time.perf_counter() - started
+
+    def baseline() -> float:
+        path = os.path.join(folder.sub("raw"), f"file-{runs}")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            started = time.perf_counter()
+            for _ in range(count):
+                view = memoryview(payload)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fdatasync(fd)
+            return time.perf_counter() - started
+        finally:
+            os.close(fd)
+
+    try:
+        yield (f"{count} x {size} B durable writes, one segment vs. one file", subject, baseline,
+               float(count), "writes/s")  # fmt: skip
+    finally:
+        storage.close()
+        folder.close()
+
+
+BENCHMARKS: dict[str, Benchmark] = {
+    "write_4k": Benchmark(
+        "write_4k",
+        "4 KiB durable writes: SLTS (data fdatasync + LMDB sync commit) vs. raw append + fdatasync",
+        lambda parent, quick: _durable_writes(parent, quick, 4096, 200 if quick else 2000),
+    ),
+    "write_1m": Benchmark(
+        "write_1m",
+        "1 MiB durable writes (bulk ingest): SLTS vs. raw append + fdatasync",
+        lambda parent, quick: _durable_writes(parent, quick, 1 << 20, 16 if quick else 256),
+    ),
+}
+
+
+def measure(benchmark: Benchmark, parent: str, quick: bool, repetitions: int) -> Figure:
+    """Run ``benchmark``: alternate subject and baseline ``repetitions`` times each."""
+    for work, subject, baseline, amount, unit in benchmark.run(parent, quick):
+        subject_rates, baseline_rates = [], []
+        for _ in range(repetitions):
+            subject_rates.append(amount / subject())
+            baseline_rates.append(amount / baseline())
+        subject_median = statistics.median(subject_rates)
+        baseline_median = statistics.median(baseline_rates)
+        return Figure(
+            benchmark.name, unit,
+            subject_median, min(subject_rates), max(subject_rates),
+            baseline_median, min(baseline_rates), max(baseline_rates),
+            subject_median / baseline_median, repetitions, work,
+        )  # fmt: skip
+    raise AssertionError(f"benchmark {benchmark.name} yielded no workload")
+
+
+def run(
+    only: Sequence[str] | None = None,
+    *,
+    quick: bool = False,
+    directory: str | None = None,
+    out: Callable[[str], None] = print,
+) -> list[Figure]:
+    """Run the selected benchmarks (all by default) and print a table; returns the figures."""
+    names = list(only) if only else list(BENCHMARKS)
+    unknown = [name for name in names if name not in BENCHMARKS]
+    if unknown:
+        from slts.errors import InvalidArgument
+
+        raise InvalidArgument(f"unknown benchmarks {unknown}; known: {sorted(BENCHMARKS)}")
+    parent = directory or os.getcwd()
+    repetitions = 3 if quick else 5
+    figures = []
+    out(f"{'benchmark':<10} {'unit':<9} {'SLTS median':>12} {'(min-max)':>21} {'baseline median':>16} "
+        f"{'(min-max)':>21} {'ratio':>6}")  # fmt: skip
+    for name in names:
+        figure = measure(BENCHMARKS[name], parent, quick, repetitions)
+        figures.append(figure)
+        out(f"{figure.name:<10} {figure.unit:<9} {figure.subject_median:>12.1f} "
+            f"{f'({figure.subject_min:.1f}-{figure.subject_max:.1f})':>21} {figure.baseline_median:>16.1f} "
+            f"{f'({figure.baseline_min:.1f}-{figure.baseline_max:.1f})':>21} {figure.ratio:>6.2f}")  # fmt: skip
+    return figures
+
+
+def to_json(figures: Sequence[Figure]) -> str:
+    """The figures as a JSON document (``--json FILE``)."""
+    return json.dumps({"figures": [asdict(figure) for figure in figures]}, indent=2, sort_keys=True)
