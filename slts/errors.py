@@ -26,6 +26,7 @@
     │   ├── VersionConflict                   a conditional commit lost: re-read and retry
     │   └── MetadataCorrupted                 a record failed its own checks on decode
     ├── Fenced                                a newer epoch owns the container
+    ├── ReadOnlyInstance (PermissionError)    the instance was opened read-only
     └── StorageClosed                         the instance (or store, binding) was closed
 
 Rules: leaves inherit the matching builtin where the meaning matches, so callers that
@@ -166,6 +167,10 @@ class MetadataCorrupted(MetadataError):
 
 class Fenced(SltsError):
     """A newer epoch owns the container: this instance may change nothing any more."""
+
+
+class ReadOnlyInstance(SltsError, PermissionError):
+    """The instance was opened read-only (it does not own the container) and changes nothing."""
 
 
 class StorageClosed(SltsError):

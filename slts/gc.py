@@ -28,11 +28,11 @@ from dataclasses import dataclass
 
 from slts.bindings.base import ChunkHandle, ChunkStorage
 from slts.config import StorageConfig
-from slts.errors import ChunkNotFound, ChunkStorageError, VersionConflict
+from slts.errors import ChunkNotFound, ChunkStorageError, ReadOnlyInstance, VersionConflict
 from slts.metadata.layout import CHUNKS, DELETED, GC, INDEX, gc_key, gc_queued_stop, index_key, name_key, segment_id_key
 from slts.metadata.records import ChunkRecord, GcEntry, GcReason, SegmentRecord
 from slts.metadata.store import Delete, Expect, MetadataStore, Put
-from slts.storage.ownership import Ownership
+from slts.storage.ownership import Ownership, ReadOnlyOwnership
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +52,7 @@ class GarbageCollector:
         self,
         store: MetadataStore,
         binding: ChunkStorage,
-        ownership: Ownership,
+        ownership: Ownership | ReadOnlyOwnership,
         config: StorageConfig,
         clock: Callable[[], float],
     ) -> None:
@@ -73,7 +73,14 @@ class GarbageCollector:
     # -- collecting -------------------------------------------------------------------------------
 
     def run_once(self) -> GcStatistics:
-        """Handle up to ``gc_batch_max`` due queue entries and one batch of tombstones."""
+        """Handle up to ``gc_batch_max`` due queue entries and one batch of tombstones.
+
+        Raises ``ReadOnlyInstance`` on a read-only instance and ``Fenced`` once a newer
+        epoch owns the container (before deleting anything).
+        """
+        if self._ownership.read_only:
+            raise ReadOnlyInstance("garbage collection needs the container's owner, not a read-only instance")
+        self._ownership.check()
         due_ms = int(self._clock() * 1000) - int(self._config.gc_delay_s * 1000)
         deleted = kept = errors = finished = 0
         due = self._store.scan(GC, b"", gc_queued_stop(due_ms), limit=self._config.gc_batch_max)
@@ -130,6 +137,7 @@ class GarbageCollector:
                 batch.append((record, offset))
                 offset += record.length
                 name = record.next_chunk
+        self._ownership.check()  # only chunks of a deleted segment, yet a fenced owner deletes nothing
         for record, _ in batch:
             with contextlib.suppress(ChunkNotFound):
                 self._binding.delete(ChunkHandle(record.name, readonly=False))

@@ -3,8 +3,9 @@
 Store selection: ``--store`` is a folder (the embedded default: chunks in
 ``FOLDER/chunks`` through the filesystem binding, metadata in ``FOLDER/metadata`` as
 LMDB) or a chunk storage URL together with ``--metadata FOLDER``. Default folder:
-``$SLTS_STORE`` or ``./slts-data``. Every invocation starts the container with the
-next epoch, which fences any older instance (one owner at a time).
+``$SLTS_STORE`` or ``./slts-data``. Commands that change something start the container
+with the next epoch, which fences any older instance (one owner at a time); read-only
+commands (``cat``, ``ls``, ``info``) observe without taking it over.
 
 Exit codes (also in ``docs/cli.md``):
 
@@ -79,14 +80,15 @@ def store_locations(store: str, metadata: str | None) -> tuple[str, str]:
 
 
 @contextlib.contextmanager
-def open_storage(args: argparse.Namespace) -> Iterator[Any]:
-    """The container instance the global flags name, closed afterwards."""
+def open_storage(args: argparse.Namespace, *, read_only: bool = False) -> Iterator[Any]:
+    """The container instance the global flags name, closed afterwards. Read-only
+    commands observe without taking the container over, so they fence nobody."""
     import slts
 
     url, metadata = store_locations(args.store, args.metadata)
     if url.startswith("file://"):
         os.makedirs(metadata, exist_ok=True)
-    storage = slts.open(url, metadata=metadata, container_id=args.container)
+    storage = slts.open(url, metadata=metadata, container_id=args.container, read_only=read_only)
     try:
         yield storage
     finally:
@@ -123,7 +125,7 @@ def cmd_put(args: argparse.Namespace) -> int:
 def cmd_cat(args: argparse.Namespace) -> int:
     """Write a segment's bytes (or a range) to stdout."""
     out = sys.stdout.buffer
-    with open_storage(args) as storage:
+    with open_storage(args, read_only=True) as storage:
         info = storage.info(args.name)
         offset = info.start_offset if args.offset is None else args.offset
         end = info.length if args.length is None else offset + args.length
@@ -140,7 +142,7 @@ def cmd_cat(args: argparse.Namespace) -> int:
 
 def cmd_ls(args: argparse.Namespace) -> int:
     """List segment names (with ``--long``, their lengths and chunk counts)."""
-    with open_storage(args) as storage:
+    with open_storage(args, read_only=True) as storage:
         names = list(storage.list(args.prefix))
         infos = [storage.info(name) for name in names] if (args.long or args.json) else []
     if args.json:
@@ -157,7 +159,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def cmd_info(args: argparse.Namespace) -> int:
     """Show one segment's metadata."""
-    with open_storage(args) as storage:
+    with open_storage(args, read_only=True) as storage:
         info = storage.info(args.name)
     fields = asdict(info)
     emit(args, fields, "\n".join(f"{key}: {value}" for key, value in fields.items()))

@@ -36,6 +36,7 @@ from slts.errors import (
     InvalidArgument,
     InvalidName,
     InvalidOffset,
+    ReadOnlyInstance,
     SegmentExists,
     SegmentNotFound,
     SegmentSealed,
@@ -60,7 +61,7 @@ from slts.metadata.layout import (
 from slts.metadata.records import ChunkRecord, GcReason, SegmentRecord, SegmentStatus
 from slts.metadata.store import Delete, Expect, MetadataStore, Put, prefix_stop
 from slts.storage.names import chunk_name, check_segment_name
-from slts.storage.ownership import Ownership
+from slts.storage.ownership import Ownership, ReadOnlyOwnership
 
 _LOCK_STRIPES = 64
 _SEGMENT_IDS_PER_EPOCH = 1 << 32
@@ -160,6 +161,7 @@ class ChunkedSegmentStorage:
         *,
         clock: Callable[[], float] = time.time,
         owns_resources: bool = False,
+        read_only: bool = False,
     ) -> None:
         if isinstance(container_id, bool) or not isinstance(container_id, int) or container_id < 0:
             raise InvalidArgument(f"container_id must be an integer >= 0, got {container_id!r}")
@@ -169,8 +171,18 @@ class ChunkedSegmentStorage:
         self.container_id = container_id
         self.chunk_storage = chunk_storage
         self._clock = clock
-        self._store = CachedMetadataStore(metadata_store, self.config.metadata_cache_entries)
-        self._ownership = Ownership(self._store, container_id, epoch, clock)
+        self.read_only = read_only
+        self._ownership: Ownership | ReadOnlyOwnership
+        if read_only:
+            # An observer: no epoch of its own (it fences nobody) and no cache (another
+            # process owns the container and changes records this instance would cache).
+            if epoch is not None:
+                raise InvalidArgument("a read-only instance takes no epoch")
+            self._store = metadata_store
+            self._ownership = ReadOnlyOwnership(metadata_store, container_id)
+        else:
+            self._store = CachedMetadataStore(metadata_store, self.config.metadata_cache_entries)
+            self._ownership = Ownership(self._store, container_id, epoch, clock)
         self.epoch = self._ownership.epoch
         if self.epoch >= (1 << 31):
             raise InvalidArgument(f"epoch {self.epoch} is too large (max 2**31 - 1)")
@@ -207,9 +219,11 @@ class ChunkedSegmentStorage:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _check_open(self) -> None:
+    def _check_open(self, *, changes: bool = False) -> None:
         if self._closed:
             raise StorageClosed("this ChunkedSegmentStorage was closed")
+        if changes and self.read_only:
+            raise ReadOnlyInstance("this ChunkedSegmentStorage was opened read-only")
 
     def statistics(self) -> StorageStatistics:
         """Counters since start, as a frozen snapshot."""
@@ -246,8 +260,8 @@ class ChunkedSegmentStorage:
         assert stored is not None, f"chunk record {name!r} is referenced but missing"
         return ChunkRecord.decode(stored.value), stored.version
 
-    @staticmethod
-    def _check_handle(handle: object, *, writable: bool) -> SegmentHandle:
+    def _check_handle(self, handle: object, *, writable: bool) -> SegmentHandle:
+        self._check_open(changes=writable)
         if not isinstance(handle, SegmentHandle):
             raise InvalidArgument(f"expected a SegmentHandle, got {type(handle).__name__}")
         if writable and handle.read_only:
@@ -270,7 +284,7 @@ class ChunkedSegmentStorage:
         ``SegmentExists``, ``Fenced``. A name whose earlier segment was deleted may be
         created again at once: the old chunks are collected under the old segment's id.
         """
-        self._check_open()
+        self._check_open(changes=True)
         check_segment_name(name)
         rolling = self.config.rolling_length_bytes_default if max_rolling_length is None else max_rolling_length
         if isinstance(rolling, bool) or not isinstance(rolling, int) or rolling <= 0:
@@ -329,7 +343,7 @@ class ChunkedSegmentStorage:
         bytes an older owner wrote past it are never read, and this instance writes to
         new chunks only. Raises ``SegmentNotFound``, ``Fenced``.
         """
-        self._check_open()
+        self._check_open(changes=True)
         check_segment_name(name)
         with self._stripe(name):
             record, version = self._load(name)

@@ -40,12 +40,15 @@ def open(  # noqa: A001 - the public name the design gives it: slts.open(url, ..
     epoch: int | None = None,
     container_id: int = 0,
     clock: Callable[[], float] | None = None,
+    read_only: bool = False,
     **config: Any,
 ) -> ChunkedSegmentStorage:
     """Start container ``container_id`` on the chunk storage at ``url``.
 
     ``metadata`` is required except for ``memory://`` URLs, which default to an
     in-memory store. ``epoch=None`` takes the next epoch after the recorded one.
+    ``read_only=True`` observes without taking the container over (no epoch, fences
+    nobody, every change raises ``ReadOnlyInstance``).
     Remaining keyword arguments are ``StorageConfig`` fields. The returned instance
     owns the binding and the store it opened and closes them on ``close``.
 
@@ -60,7 +63,9 @@ def open(  # noqa: A001 - the public name the design gives it: slts.open(url, ..
     store = open_metadata(metadata)
     extra = {} if clock is None else {"clock": clock}
     try:
-        return ChunkedSegmentStorage(container_id, epoch, binding, store, settings, owns_resources=True, **extra)
+        return ChunkedSegmentStorage(
+            container_id, epoch, binding, store, settings, owns_resources=True, read_only=read_only, **extra
+        )
     except BaseException:
         store.close()
         binding.close()

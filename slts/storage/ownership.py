@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
-from slts.errors import Fenced, InvalidConfig, VersionConflict
+from slts.errors import Fenced, InvalidConfig, ReadOnlyInstance, VersionConflict
 from slts.metadata.layout import CONTAINER, CONTAINER_KEY
 from slts.metadata.records import ContainerRecord
 from slts.metadata.store import Expect, MetadataStore, Operation, Put
@@ -23,6 +23,8 @@ _START_ATTEMPTS_MAX = 8
 
 class Ownership:
     """Holds the lease of ``container_id`` for one epoch."""
+
+    read_only = False
 
     def __init__(
         self,
@@ -98,3 +100,32 @@ class Ownership:
         except VersionConflict:
             self.check()
             raise
+
+
+class ReadOnlyOwnership:
+    """The stand-in for ``Ownership`` of an instance that observes without owning.
+
+    It records no epoch (so it fences nobody) and refuses every commit with
+    ``ReadOnlyInstance``. ``epoch`` is the recorded owner's, for information only.
+    """
+
+    read_only = True
+    fenced = False
+
+    def __init__(self, store: MetadataStore, container_id: int) -> None:
+        with store.snapshot() as view:
+            current = view.get(CONTAINER, CONTAINER_KEY)
+        recorded = ContainerRecord.decode(current.value) if current else None
+        if recorded is not None and recorded.container_id != container_id:
+            raise InvalidConfig(
+                f"this metadata store belongs to container {recorded.container_id}, not {container_id}"
+            )
+        self.container_id = container_id
+        self.epoch = recorded.epoch if recorded else 0
+
+    def check(self) -> None:
+        """Nothing to check: a read-only instance cannot be fenced."""
+
+    def commit(self, ops: Sequence[Operation], expect: Sequence[Expect] = ()) -> int:
+        """Always ``ReadOnlyInstance``."""
+        raise ReadOnlyInstance(f"container {self.container_id} was opened read-only")

@@ -11,6 +11,7 @@ from slts.errors import (
     InvalidArgument,
     InvalidName,
     InvalidOffset,
+    ReadOnlyInstance,
     SegmentExists,
     SegmentNotFound,
     SegmentSealed,
@@ -177,3 +178,27 @@ def test_list_prefix_validation(populated: tuple[Env, ChunkedSegmentStorage]) ->
     expect_unchanged(env, InvalidName, lambda: list(storage.list(5)))  # type: ignore[arg-type]
     assert list(storage.list("")) == ["ok", "sealed"]
     assert list(storage.list("o")) == ["ok"]
+
+
+def test_read_only_instance_observes_without_fencing(populated: tuple[Env, ChunkedSegmentStorage]) -> None:
+    env, owner = populated
+    observer = ChunkedSegmentStorage(0, None, env.binding, env.store, read_only=True)
+    env.instances.append(observer)
+    assert observer.epoch == owner.epoch
+    handle = owner.open_write("ok")
+    owner.write(handle, 10, b"AB")  # the owner is not fenced by the observer
+    assert observer.read(observer.open_read("ok"), 0, 12) == b"0123456789AB"  # no stale cache
+    assert observer.info("ok").length == 12 and list(observer.list()) == ["ok", "sealed"]
+    writable = SegmentHandle("ok", read_only=False)
+    for call in (
+        lambda: observer.create("new"),
+        lambda: observer.open_write("ok"),
+        lambda: observer.write(writable, 12, b"x"),
+        lambda: observer.seal(writable),
+        lambda: observer.unseal(writable),
+        lambda: observer.delete(writable),
+        lambda: observer.gc.run_once(),
+    ):
+        expect_unchanged(env, ReadOnlyInstance, call)
+    with pytest.raises(InvalidArgument):
+        ChunkedSegmentStorage(0, 5, env.binding, env.store, read_only=True)

@@ -1,0 +1,26 @@
+"""``slts bench`` runs and reports the documented JSON shape (no timing is asserted)."""
+
+from __future__ import annotations
+
+import json
+
+from slts.tools import cli
+
+
+def test_bench_quick_json_shape(tmp_path, capsys) -> None:  # noqa: ANN001
+    out_file = tmp_path / "bench.json"
+    code = cli.main(["bench", "--quick", "--dir", str(tmp_path), "--json-file", str(out_file), "--json"])
+    assert code == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(out_file.read_text())
+    names = [figure["name"] for figure in printed["figures"]]
+    assert names == ["write_4k", "write_1m"]
+    for figure in printed["figures"]:
+        assert figure["subject_min"] <= figure["subject_median"] <= figure["subject_max"]
+        assert figure["baseline_min"] <= figure["baseline_median"] <= figure["baseline_max"]
+        assert figure["ratio"] > 0 and figure["repetitions"] == 3 and figure["unit"] == "writes/s"
+    assert [p.name for p in tmp_path.iterdir()] == ["bench.json"], "scratch folders are removed"
+
+
+def test_bench_rejects_unknown_names(capsys) -> None:  # noqa: ANN001
+    assert cli.main(["bench", "--only", "nope"]) == cli.EXIT_INVALID
