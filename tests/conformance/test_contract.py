@@ -1,0 +1,303 @@
+"""The required operations of ``bindings/base.py``'s contract, run on every binding.
+
+Each test names the guarantee it checks. Optional operations (concat, truncate,
+read-only) are in ``test_optional.py``; names and listing in ``test_names.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from slts.bindings import ChunkHandle, ChunkInfo, ConcatSource
+from slts.errors import (
+    ChunkExists,
+    ChunkInvalidOffset,
+    ChunkNameInvalid,
+    ChunkNotFound,
+    ChunkReadOnly,
+)
+
+from .harness import (
+    CAPABILITY_FLAGS,
+    NO_APPEND,
+    NO_CONCAT,
+    content,
+    pattern,
+    require_missing,
+    require,
+)
+
+DATA = pattern(100)
+
+
+def test_capability_flags_are_booleans(storage):
+    for flag in CAPABILITY_FLAGS:
+        assert isinstance(getattr(storage, flag), bool), flag
+
+
+# -- exclusive, atomic create ------------------------------------------------------------------
+
+
+def test_create_stores_exactly_the_bytes_given(storage, raw):
+    handle = storage.create("c", DATA)
+    assert handle == ChunkHandle("c", readonly=False)
+    assert storage.exists("c")
+    assert storage.get_info("c") == ChunkInfo("c", len(DATA))
+    assert content(storage, "c") == DATA
+    assert raw.read("c") == DATA  # no header, no footer
+
+
+def test_create_without_data_makes_an_empty_chunk(storage, raw):
+    storage.create("empty")
+    assert storage.exists("empty")
+    assert storage.get_info("empty").length == 0
+    assert content(storage, "empty") == b""
+    assert raw.read("empty") == b""
+
+
+@pytest.mark.parametrize("kind", [bytearray, memoryview])
+def test_create_takes_bytes_like_data_and_copies_it(storage, kind):
+    buffer = bytearray(DATA)
+    storage.create("c", kind(buffer))
+    buffer[:] = bytes(len(buffer))  # the caller reuses its buffer
+    assert content(storage, "c") == DATA
+
+
+@pytest.mark.parametrize("second", [b"", b"other bytes", DATA])
+def test_create_is_exclusive_and_leaves_the_chunk_unchanged(storage, raw, second):
+    storage.create("c", DATA)
+    with pytest.raises(ChunkExists) as caught:
+        storage.create("c", second)
+    assert caught.value.chunk == "c"
+    assert isinstance(caught.value, FileExistsError)
+    assert content(storage, "c") == DATA
+    assert raw.read("c") == DATA
+
+
+def test_bytes_stored_by_another_writer_read_back_exactly(storage, raw):
+    raw.write("planted", DATA)
+    assert storage.exists("planted")
+    assert storage.get_info("planted").length == len(DATA)
+    assert content(storage, "planted") == DATA
+    assert list(storage.list()) == ["planted"]
+    with pytest.raises(ChunkExists):
+        storage.create("planted", b"x")
+
+
+# -- exists, open, get_info --------------------------------------------------------------------
+
+
+def test_exists_is_false_for_missing_chunks(storage):
+    storage.create("a/b", b"x")
+    assert not storage.exists("missing")
+    assert not storage.exists("a")  # a "folder" of other chunks is not a chunk
+    assert not storage.exists("a/")
+    assert not storage.exists("a/b/c")
+    assert storage.exists("a/b")
+
+
+@pytest.mark.parametrize("operation", ["open_read", "open_write", "get_info"])
+def test_missing_chunk_raises_chunk_not_found(storage, operation):
+    storage.create("other", b"x")
+    with pytest.raises(ChunkNotFound) as caught:
+        getattr(storage, operation)("missing")
+    assert caught.value.chunk == "missing"
+    assert isinstance(caught.value, FileNotFoundError)
+    assert not storage.exists("missing")
+
+
+def test_open_gives_handles_of_the_right_kind(storage):
+    storage.create("c", DATA)
+    assert storage.open_read("c") == ChunkHandle("c", readonly=True)
+    assert storage.open_write("c") == ChunkHandle("c", readonly=False)
+
+
+# -- reads are exact ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("offset", "length"),
+    [(0, 100), (0, 0), (0, 1), (10, 20), (99, 1), (99, 5), (90, 50), (100, 0), (100, 7),
+     (0, 1000), (50, 10**12)],
+)  # fmt: skip
+def test_read_returns_the_range_clipped_at_the_end(storage, offset, length):
+    writable = storage.create("c", DATA)
+    expected = DATA[offset : offset + length]
+    for handle in (writable, storage.open_read("c")):
+        result = storage.read(handle, offset, length)
+        assert isinstance(result, bytes)
+        assert result == expected
+
+
+def test_read_at_the_end_gives_nothing_and_past_it_raises(storage):
+    handle = storage.create("c", DATA)
+    assert storage.read(handle, len(DATA), 10) == b""
+    for offset in (len(DATA) + 1, 10**9):
+        with pytest.raises(ChunkInvalidOffset) as caught:
+            storage.read(handle, offset, 1)
+        assert isinstance(caught.value, IndexError)
+        assert caught.value.chunk == "c"
+    empty = storage.create("empty")
+    assert storage.read(empty, 0, 10) == b""
+    with pytest.raises(ChunkInvalidOffset):
+        storage.read(empty, 1, 0)
+
+
+@pytest.mark.parametrize(("offset", "length"), [(-1, 1), (0, -1), (-5, -5), (1.5, 1), (0, 2.0)])
+def test_read_rejects_negative_or_non_integer_ranges(storage, offset, length):
+    handle = storage.create("c", DATA)
+    with pytest.raises(ChunkInvalidOffset):
+        storage.read(handle, offset, length)
+
+
+def test_read_of_a_deleted_chunk_raises_not_found(storage):
+    handle = storage.create("c", DATA)
+    storage.delete(handle)
+    with pytest.raises(ChunkNotFound):
+        storage.read(handle, 0, 1)
+
+
+# -- writes only at the end --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("offset", [0, 1, 99, 101, 1000, -1])
+def test_write_not_at_the_end_raises_and_changes_nothing(storage, raw, offset):
+    handle = storage.create("c", DATA)
+    with pytest.raises(ChunkInvalidOffset):
+        storage.write(handle, offset, b"xyz")
+    assert content(storage, "c") == DATA
+    assert raw.read("c") == DATA
+
+
+def test_appends_build_the_chunk_in_order(storage, raw):
+    require(storage, "supports_append", NO_APPEND)
+    handle = storage.create("c")
+    expected = bytearray()
+    for seed, size in enumerate([1, 0, 7, 4096, 3, 65537, 2]):
+        piece = pattern(size, seed)
+        assert storage.write(handle, len(expected), piece) == size
+        expected += piece
+        assert storage.get_info("c").length == len(expected)
+    assert content(storage, "c") == expected
+    assert raw.read("c") == expected
+
+
+def test_append_through_a_handle_from_open_write(storage, raw):
+    require(storage, "supports_append", NO_APPEND)
+    storage.create("c", DATA)
+    handle = storage.open_write("c")
+    assert storage.write(handle, len(DATA), bytearray(b"more")) == 4
+    assert storage.write(handle, len(DATA) + 4, memoryview(b"!")) == 1
+    assert raw.read("c") == DATA + b"more!"
+
+
+def test_without_append_only_an_empty_chunk_is_written_at_zero(storage, raw):
+    require_missing(storage, "supports_append", "without append only offset 0 of an empty chunk")
+    handle = storage.create("c")
+    assert storage.write(handle, 0, DATA) == len(DATA)
+    assert raw.read("c") == DATA
+    for offset in (len(DATA), 0):
+        with pytest.raises(ChunkInvalidOffset):
+            storage.write(handle, offset, b"more")
+    assert content(storage, "c") == DATA
+
+
+def test_write_through_a_read_only_handle_raises(storage, raw):
+    storage.create("c")
+    handle = storage.open_read("c")
+    with pytest.raises(ChunkReadOnly) as caught:
+        storage.write(handle, 0, b"x")  # offset 0 of an empty chunk: valid on every binding
+    assert isinstance(caught.value, PermissionError)
+    assert raw.read("c") == b""
+
+
+def test_write_to_a_deleted_chunk_raises_and_does_not_recreate_it(storage, raw):
+    handle = storage.create("c")
+    storage.delete(handle)
+    with pytest.raises(ChunkNotFound):
+        storage.write(handle, 0, b"x")
+    assert not storage.exists("c")
+    assert not raw.exists("c")
+
+
+# -- delete ------------------------------------------------------------------------------------
+
+
+def test_delete_removes_the_chunk_and_frees_its_name(storage, raw):
+    handle = storage.create("c", DATA)
+    storage.create("keep", b"k")
+    storage.delete(handle)
+    assert not storage.exists("c")
+    assert not raw.exists("c")
+    assert list(storage.list()) == ["keep"]
+    with pytest.raises(ChunkNotFound):
+        storage.open_read("c")
+    storage.create("c", b"new")
+    assert content(storage, "c") == b"new"
+
+
+def test_delete_through_a_handle_from_open_read(storage):
+    storage.create("c", DATA)
+    storage.delete(storage.open_read("c"))
+    assert not storage.exists("c")
+
+
+def test_delete_of_a_missing_chunk_raises_not_found(storage):
+    handle = storage.create("c")
+    storage.delete(handle)
+    with pytest.raises(ChunkNotFound) as caught:
+        storage.delete(handle)
+    assert caught.value.chunk == "c"
+    with pytest.raises(ChunkNotFound):
+        storage.delete(ChunkHandle("never-created", readonly=False))
+
+
+# -- names the contract rejects ----------------------------------------------------------------
+
+INVALID_NAMES = ["", "\x00", "a\x00b", "x" * 1025, "é" * 513, "/" * 1025, None, b"bytes"]
+
+
+@pytest.mark.parametrize("name", INVALID_NAMES, ids=repr)
+@pytest.mark.parametrize("operation", ["exists", "create", "open_read", "open_write", "get_info"])
+def test_invalid_names_raise_chunk_name_invalid(storage, name, operation):
+    with pytest.raises(ChunkNameInvalid) as caught:
+        getattr(storage, operation)(name)
+    assert isinstance(caught.value, ValueError)
+    assert list(storage.list()) == []
+
+
+@pytest.mark.parametrize("name", ["", "a\x00b", "x" * 1025], ids=repr)
+def test_invalid_names_in_concat_raise_chunk_name_invalid(storage, name):
+    require(storage, "supports_concat", NO_CONCAT)
+    storage.create("a", DATA)
+    with pytest.raises(ChunkNameInvalid):
+        storage.concat(name, [ConcatSource("a", 0, 1)])
+    with pytest.raises(ChunkNameInvalid):
+        storage.concat("t", [ConcatSource(name, 0, 1)])
+    assert list(storage.list()) == ["a"]
+
+
+# -- durable on return -------------------------------------------------------------------------
+
+
+def test_a_reopened_instance_sees_every_acknowledged_change(binding):
+    storage = binding.storage
+    storage.create("created", DATA)
+    storage.delete(storage.create("deleted", b"gone"))
+    expected = {"created": DATA}
+    if storage.supports_append:
+        handle = storage.create("appended", b"head")
+        storage.write(handle, 4, b"tail")
+        expected["appended"] = b"headtail"
+    if storage.supports_concat:
+        storage.concat("concat", [ConcatSource("created", 10, 5), ConcatSource("created", 0, 2)])
+        expected["concat"] = DATA[10:15] + DATA[0:2]
+    if storage.supports_truncate:
+        storage.create("truncated", DATA)
+        storage.truncate(storage.open_write("truncated"), 30)
+        expected["truncated"] = DATA[:30]
+    reopened = binding.reopen()
+    assert list(reopened.list()) == sorted(expected)
+    for name, data in expected.items():
+        assert content(reopened, name) == data
+        assert binding.raw.read(name) == data
