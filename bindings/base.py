@@ -13,7 +13,13 @@ each of them):
   survive a crash of the process (and, where the medium allows, of the machine).
 * **Append only at the end.** ``write(handle, offset, data)`` needs ``offset`` equal to
   the chunk's current length, else ``ChunkInvalidOffset``. Without ``supports_append``
-  only an empty chunk may be written, at offset 0.
+  only an empty chunk may be written, at offset 0; any other write raises
+  ``ChunkInvalidOffset`` (not ``UnsupportedOperation``).
+* **Read-only means read-only.** ``write`` and ``truncate`` through a read-only handle
+  or on a read-only chunk raise ``ChunkReadOnly``; ``delete`` works on read-only chunks
+  (the collector deletes sealed data).
+* **Names** are non-empty, valid Unicode (no lone surrogates), without NUL, at most
+  ``CHUNK_NAME_BYTES_MAX`` UTF-8 bytes; every binding stores every such name.
 * **Reads are exact.** ``read`` returns ``min(length, chunk_length - offset)`` bytes;
   ``offset == chunk_length`` gives ``b""``; ``offset > chunk_length`` raises.
 * **One error vocabulary.** Backend failures leave a binding only as the typed errors
@@ -168,7 +174,11 @@ def check_name(name: str) -> str:
         raise ChunkNameInvalid(f"chunk name must be a non-empty string, got {name!r}", chunk=name)
     if "\x00" in name:
         raise ChunkNameInvalid(f"chunk name contains NUL: {name!r}", chunk=name)
-    if len(name.encode("utf-8", "surrogatepass")) > CHUNK_NAME_BYTES_MAX:
+    try:
+        encoded = name.encode("utf-8")
+    except UnicodeEncodeError as exc:  # lone surrogates: no object store or HDFS takes them
+        raise ChunkNameInvalid(f"chunk name is not valid Unicode text: {name!r}", chunk=name) from exc
+    if len(encoded) > CHUNK_NAME_BYTES_MAX:
         raise ChunkNameInvalid(
             f"chunk name is longer than {CHUNK_NAME_BYTES_MAX} bytes", chunk=name[:80] + "..."
         )

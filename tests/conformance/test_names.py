@@ -124,3 +124,12 @@ def test_list_forgets_deleted_chunks_and_their_folders(storage):
     storage.delete(storage.open_read("a/z"))
     assert list(storage.list()) == []
     assert list(storage.list("a")) == []
+
+
+def test_lone_surrogates_are_rejected(storage) -> None:  # noqa: ANN001
+    """Object stores and HDFS need valid UTF-8 names, so every binding refuses others."""
+    from slts.errors import ChunkNameInvalid
+
+    with pytest.raises(ChunkNameInvalid):
+        storage.create("bad\udcffname", b"x")
+    assert list(storage.list("")) == []
