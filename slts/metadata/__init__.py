@@ -1,0 +1,42 @@
+"""Metadata stores: ordered tables of versioned records with atomic conditional commits.
+
+The contract is ``slts.metadata.store``; implementations: ``MemoryMetadataStore``
+(reference), ``LmdbMetadataStore`` (durable, default) and ``CachedMetadataStore``
+(bounded write-through cache in front of either). Nothing here imports the engine.
+"""
+
+from __future__ import annotations
+
+from slts.metadata.cache import CachedMetadataStore
+from slts.metadata.lmdb_store import LmdbMetadataStore
+from slts.metadata.memory_store import MemoryMetadataStore
+from slts.metadata.store import (
+    KEY_BYTES_MAX,
+    SCAN_LIMIT_DEFAULT,
+    Delete,
+    Expect,
+    MetadataStore,
+    Operation,
+    Put,
+    ReadView,
+    StoreStatistics,
+    Versioned,
+    prefix_stop,
+)
+
+__all__ = [
+    "KEY_BYTES_MAX",
+    "SCAN_LIMIT_DEFAULT",
+    "CachedMetadataStore",
+    "Delete",
+    "Expect",
+    "LmdbMetadataStore",
+    "MemoryMetadataStore",
+    "MetadataStore",
+    "Operation",
+    "Put",
+    "ReadView",
+    "StoreStatistics",
+    "Versioned",
+    "prefix_stop",
+]

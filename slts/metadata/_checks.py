@@ -1,0 +1,112 @@
+"""Argument checks shared by every metadata store, so that all of them refuse the same input.
+
+Each check raises ``InvalidArgument`` naming what was wrong; none touches a store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from slts.errors import InvalidArgument, VersionConflict
+from slts.metadata.store import KEY_BYTES_MAX, Delete, Expect, Operation, Put
+
+#: Table names starting with this are reserved for a store's own bookkeeping.
+RESERVED_TABLE_PREFIX = "__slts"
+
+#: The most tables one store may hold (LMDB sizes its table of sub-databases up front).
+TABLES_MAX = 120
+
+#: The most operations plus expectations in one commit (one LMDB write transaction).
+COMMIT_ITEMS_MAX = 100_000
+
+
+def check_tables(tables: Iterable[str]) -> tuple[str, ...]:
+    """The table names as a tuple, after checking they are distinct, non-empty and not reserved."""
+    if isinstance(tables, str):
+        raise InvalidArgument("tables must be a sequence of names, not one string", tables=tables)
+    names = tuple(tables)
+    if not names:
+        raise InvalidArgument("a store needs at least one table")
+    if len(names) > TABLES_MAX:
+        raise InvalidArgument(f"at most {TABLES_MAX} tables", count=len(names))
+    if len(set(names)) != len(names):
+        raise InvalidArgument("table names must be distinct", tables=names)
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument("a table name must be a non-empty str", table=name)
+        if name.startswith(RESERVED_TABLE_PREFIX):
+            raise InvalidArgument(
+                f"table names starting with {RESERVED_TABLE_PREFIX!r} are reserved", table=name
+            )
+        if len(name.encode("utf-8")) > KEY_BYTES_MAX:
+            raise InvalidArgument("table name too long", table=name)
+    return names
+
+
+def check_table(tables: Iterable[str], table: object) -> str:
+    """``table`` if it is one of ``tables``."""
+    if table not in tables:
+        raise InvalidArgument(f"unknown table {table!r}", table=table)
+    assert isinstance(table, str)
+    return table
+
+
+def check_bound(name: str, value: object) -> bytes:
+    """A read bound (any ``bytes``, including empty or longer than a key may be)."""
+    if not isinstance(value, bytes):
+        raise InvalidArgument(f"{name} must be bytes, not {type(value).__name__}", **{name: value})
+    return value
+
+
+def check_key(table: str, key: object) -> bytes:
+    """A key that may be written: ``bytes`` of 1 to ``KEY_BYTES_MAX`` bytes."""
+    if not isinstance(key, bytes):
+        raise InvalidArgument(f"key must be bytes, not {type(key).__name__}", table=table, key=key)
+    if not 1 <= len(key) <= KEY_BYTES_MAX:
+        raise InvalidArgument(f"key must be 1 to {KEY_BYTES_MAX} bytes", table=table, key=key[:64])
+    return key
+
+
+def check_limit(limit: object) -> int:
+    """A scan limit: an int >= 1."""
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise InvalidArgument("scan limit must be an int >= 1", limit=limit)
+    return limit
+
+
+def check_commit(tables: Iterable[str], ops: Sequence[Operation], expect: Sequence[Expect]) -> None:
+    """Everything ``commit`` checks before it looks at the store."""
+    if isinstance(ops, (Put, Delete)) or isinstance(expect, Expect):
+        raise InvalidArgument("ops and expect must be sequences, not a single item")
+    if len(ops) + len(expect) > COMMIT_ITEMS_MAX:
+        raise InvalidArgument(f"at most {COMMIT_ITEMS_MAX} operations and expectations per commit")
+    for op in ops:
+        if isinstance(op, Put):
+            check_key(check_table(tables, op.table), op.key)
+            if not isinstance(op.value, bytes):
+                raise InvalidArgument("value must be bytes", table=op.table, key=op.key)
+        elif isinstance(op, Delete):
+            check_key(check_table(tables, op.table), op.key)
+        else:
+            raise InvalidArgument(f"not an operation: {op!r}")
+    for condition in expect:
+        if not isinstance(condition, Expect):
+            raise InvalidArgument(f"not an expectation: {condition!r}")
+        check_key(check_table(tables, condition.table), condition.key)
+        version = condition.version
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise InvalidArgument(
+                "expected version must be an int >= 0", table=condition.table, key=condition.key
+            )
+
+
+def conflict(condition: Expect, actual: int) -> VersionConflict:
+    """The error for an expectation that did not hold (``actual`` 0: the key is absent)."""
+    return VersionConflict(
+        f"{condition.table}/{condition.key!r}: expected version {condition.version}, "
+        f"found {actual}",
+        table=condition.table,
+        key=condition.key,
+        expected=condition.version,
+        actual=actual,
+    )

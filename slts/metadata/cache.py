@@ -1,0 +1,242 @@
+"""A bounded write-through cache in front of any metadata store (PDP-34: records cache well).
+
+``get`` is served from an LRU map of at most ``capacity`` entries (absent keys are cached
+too); a miss reads the inner store and fills the cache. ``commit`` goes to the inner store
+and, on success, caches what it wrote at the returned sequence (a delete caches "absent").
+``floor``, ``scan`` and ``snapshot`` always read the inner store.
+
+**Staleness rule.** The cache sees only the commits made through it. A value written by
+another process (or another store object) is not seen by ``get`` until the entry is
+evicted, invalidated, or a conditional commit naming the key fails: on ``VersionConflict``
+every key named in the commit's ops and expectations is evicted, so re-reading and
+retrying converges. Conditional commits are always checked by the inner store, so a stale
+read can make a commit fail, never make a wrong one succeed.
+
+Invariants (asserted):
+
+* ``len(_entries) <= capacity``.
+* A key with a commit in flight through this cache (``_writing``) has no entry and no
+  fill token: until every such commit has finished, its reads go to the inner store.
+* A miss may fill its key only while its token is still current (``_fills``); starting a
+  commit on the key, ``invalidate``, ``clear`` and conflict eviction withdraw the token,
+  so a read that raced with a commit never caches a value older than the commit's.
+* When the last in-flight commit on a key finishes, the key is cached at the highest
+  sequence committed through this cache during the flight, and only if every commit of
+  the flight had a known outcome (applied, or refused by a conflict).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from slts.errors import InvalidArgument, StorageClosed, VersionConflict
+from slts.metadata import _checks
+from slts.metadata.store import (
+    SCAN_LIMIT_DEFAULT,
+    Expect,
+    MetadataStore,
+    Operation,
+    Put,
+    ReadView,
+    StoreStatistics,
+    Versioned,
+)
+
+_Key = tuple[str, bytes]
+
+
+class _Flight:
+    """The commits in flight on one key, and the newest outcome among the finished ones."""
+
+    __slots__ = ("count", "newest", "value", "unknown")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.newest = 0  # highest sequence committed on the key during this flight
+        self.value: Versioned | None = None  # what that commit left under the key
+        self.unknown = False  # a commit of this flight ended with an unknown outcome
+
+
+class CachedMetadataStore(MetadataStore):
+    """``inner`` with a bounded LRU cache of ``get`` results; closing it closes ``inner``."""
+
+    def __init__(self, inner: MetadataStore, capacity: int) -> None:
+        if not isinstance(capacity, int) or capacity < 1:
+            raise InvalidArgument("cache capacity must be an int >= 1", capacity=capacity)
+        self.tables = inner.tables
+        self.capacity = capacity
+        self._inner = inner
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[_Key, Versioned | None] = OrderedDict()
+        self._fills: dict[_Key, object] = {}  # key -> token of the one miss allowed to fill it
+        self._writing: dict[_Key, _Flight] = {}
+        self._hits = 0
+        self._misses = 0
+        self._closed = False
+
+    @property
+    def inner(self) -> MetadataStore:
+        """The store behind the cache."""
+        return self._inner
+
+    @property
+    def cached_entries(self) -> int:
+        """How many keys are cached now (never more than ``capacity``)."""
+        with self._lock:
+            return len(self._entries)
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def get(self, table: str, key: bytes) -> Versioned | None:
+        """The cached value, or the inner store's (then cached unless a commit raced it)."""
+        _checks.check_table(self.tables, table)
+        _checks.check_bound("key", key)
+        self._check_open()
+        name = (table, key)
+        token: object | None = None
+        with self._lock:
+            if name in self._entries:
+                self._entries.move_to_end(name)
+                self._hits += 1
+                return self._entries[name]
+            self._misses += 1
+            if name not in self._writing:
+                token = object()
+                self._fills[name] = token
+        try:
+            value = self._inner.get(table, key)
+        except BaseException:
+            with self._lock:
+                if token is not None and self._fills.get(name) is token:
+                    del self._fills[name]
+            raise
+        with self._lock:
+            if token is not None and self._fills.get(name) is token:
+                del self._fills[name]
+                # A current token means no commit touched the key since the miss, and no
+                # other miss filled it (a later miss would have replaced the token).
+                assert name not in self._entries and name not in self._writing
+                self._insert(name, value)
+        return value
+
+    def snapshot(self) -> contextlib.AbstractContextManager[ReadView]:
+        """The inner store's snapshot (never cached)."""
+        self._check_open()
+        return self._inner.snapshot()
+
+    def floor(self, table: str, key: bytes, lowest: bytes = b"") -> tuple[bytes, Versioned] | None:
+        """The inner store's floor (never cached)."""
+        self._check_open()
+        return self._inner.floor(table, key, lowest)
+
+    def scan(
+        self,
+        table: str,
+        start: bytes = b"",
+        stop: bytes | None = None,
+        limit: int = SCAN_LIMIT_DEFAULT,
+        reverse: bool = False,
+    ) -> list[tuple[bytes, Versioned]]:
+        """The inner store's scan (never cached)."""
+        self._check_open()
+        return self._inner.scan(table, start, stop, limit, reverse)
+
+    @property
+    def last_sequence(self) -> int:
+        """The inner store's latest sequence."""
+        self._check_open()
+        return self._inner.last_sequence
+
+    # -- commits ---------------------------------------------------------------------------
+
+    def commit(self, ops: Sequence[Operation], expect: Sequence[Expect] = ()) -> int:
+        """Commit through the inner store, then cache what was written (see module doc)."""
+        _checks.check_commit(self.tables, ops, expect)
+        self._check_open()
+        written: dict[_Key, bytes | None] = {}  # the last op per key wins; None: deleted
+        for op in ops:
+            written[(op.table, op.key)] = op.value if isinstance(op, Put) else None
+        with self._lock:
+            for name in written:
+                self._entries.pop(name, None)
+                self._fills.pop(name, None)
+                self._writing.setdefault(name, _Flight()).count += 1
+        outcome_known = False
+        sequence = 0
+        try:
+            sequence = self._inner.commit(ops, expect)
+            outcome_known = True
+        except VersionConflict:
+            outcome_known = True
+            with self._lock:
+                for name in [*written, *((c.table, c.key) for c in expect)]:
+                    self._entries.pop(name, None)
+                    self._fills.pop(name, None)
+            raise
+        finally:
+            with self._lock:
+                self._land(written, sequence, outcome_known)
+        return sequence
+
+    def _land(self, written: dict[_Key, bytes | None], sequence: int, known: bool) -> None:
+        """One commit on ``written`` finished (``sequence`` 0: not applied). Lock held."""
+        for name, value in written.items():
+            flight = self._writing[name]
+            flight.count -= 1
+            flight.unknown |= not known
+            if sequence > flight.newest:
+                flight.newest = sequence
+                flight.value = None if value is None else Versioned(sequence, value)
+            if flight.count == 0:
+                del self._writing[name]
+                assert name not in self._entries and name not in self._fills
+                if flight.newest and not flight.unknown:
+                    self._insert(name, flight.value)
+
+    # -- cache management ------------------------------------------------------------------
+
+    def invalidate(self, table: str, key: bytes) -> None:
+        """Forget the cached value of one key (the next ``get`` reads the inner store)."""
+        with self._lock:
+            self._entries.pop((table, key), None)
+            self._fills.pop((table, key), None)
+
+    def clear(self) -> None:
+        """Forget every cached value."""
+        with self._lock:
+            self._entries.clear()
+            self._fills.clear()
+
+    def _insert(self, name: _Key, value: Versioned | None) -> None:
+        """Cache ``value`` as the most recently used entry, evicting beyond capacity. Lock held."""
+        self._entries[name] = value
+        self._entries.move_to_end(name)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+        assert len(self._entries) <= self.capacity
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def statistics(self) -> StoreStatistics:
+        """The inner store's counters, with this cache's hits and misses."""
+        inner = self._inner.statistics()
+        with self._lock:
+            return dataclasses.replace(inner, cache_hits=self._hits, cache_misses=self._misses)
+
+    def close(self) -> None:
+        """Drop the cache and close the inner store. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._entries.clear()
+            self._fills.clear()
+        self._inner.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageClosed("metadata store is closed")

@@ -1,0 +1,676 @@
+"""The durable metadata store: one LMDB environment (a folder), one sub-database per table.
+
+Layout (see ``docs/metadata.md``): every table is a named sub-database whose keys are the
+table's keys and whose values are ``8-byte big-endian version || payload``. The internal
+sub-database ``__slts_internal__`` holds ``sequence`` (the last commit's sequence, 8 bytes
+big-endian) and ``format`` (``LAYOUT_FORMAT``).
+
+Invariants:
+
+* The stored sequence only grows, by one per successful commit, inside the write
+  transaction that applies that commit; every value written by it carries it as version.
+* Within a process there is one ``lmdb.Environment`` per folder (LMDB forbids opening the
+  same files twice in a process, py-lmdb refuses it): store objects opened on the same
+  folder share it (``_Environment``, reference counted), and share its group committer.
+* ``set_mapsize`` (map growth, or adopting another process's growth) runs only while no
+  transaction of this process is open (``_Gate`` exclusive); every transaction holds the
+  gate shared.
+* An environment is used only by the process that opened it: a store object checks the
+  process id on every call, and a forked child gets ``MetadataError``, never LMDB access.
+
+Rules from LMDB (py-lmdb docs): one write transaction at a time per environment (the
+group committer's leader is the only writer in this process; LMDB serialises processes);
+every transaction in a ``with``; read transactions short; never across ``fork()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import lmdb
+
+from slts.errors import (
+    InvalidArgument,
+    MetadataCorrupted,
+    MetadataError,
+    StorageClosed,
+    VersionConflict,
+)
+from slts.metadata import _checks
+from slts.metadata.group_commit import GroupCommitter
+from slts.metadata.store import (
+    KEY_BYTES_MAX,
+    SCAN_LIMIT_DEFAULT,
+    Expect,
+    MetadataStore,
+    Operation,
+    Put,
+    ReadView,
+    StoreStatistics,
+    Versioned,
+)
+
+#: Version of the on-disk layout, stored under ``format`` in the internal sub-database.
+LAYOUT_FORMAT = b"1"
+INTERNAL_DB = b"__slts_internal__"
+SEQUENCE_KEY = b"sequence"
+FORMAT_KEY = b"format"
+
+MAP_SIZE_BYTES_DEFAULT = 64 << 30
+#: Map growth doubles the map, never beyond this.
+MAP_SIZE_BYTES_MAX = 1 << 44
+#: After a group, the map doubles if more than this fraction of it is in use.
+MAP_FILL_RATIO_MAX = 0.75
+#: How many times one group may grow the map (or adopt another process's growth).
+MAP_RESIZE_ATTEMPTS_MAX = 24
+#: Concurrent read transactions per environment, all processes together.
+READERS_MAX = 1024
+
+_VERSION = struct.Struct(">Q")
+
+_process_id = os.getpid()
+
+
+def _after_fork_in_child() -> None:
+    global _process_id
+    _process_id = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _frame(version: int, value: bytes) -> bytes:
+    assert version >= 1
+    return _VERSION.pack(version) + value
+
+
+def _unframe(raw: bytes, table: str, key: bytes) -> Versioned:
+    """Decode a stored value, checking its framing."""
+    if len(raw) < _VERSION.size:
+        raise MetadataCorrupted(
+            "stored value shorter than its version header", table=table, key=key
+        )
+    (version,) = _VERSION.unpack_from(raw)
+    if version < 1:
+        raise MetadataCorrupted("stored value has version 0", table=table, key=key)
+    return Versioned(version, raw[_VERSION.size :])
+
+
+class _Gate:
+    """Readers-writer gate: transactions enter shared, ``set_mapsize`` exclusive.
+
+    Shared entry is re-entrant per thread (nested snapshots never wait for a queued
+    exclusive entry, which would deadlock); exclusive entries are preferred over new
+    shared ones so that a resize is not starved.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._shared = 0
+        self._exclusive = False
+        self._exclusive_waiting = 0
+        self._local = threading.local()
+
+    def depth(self) -> int:
+        """How many shared entries this thread holds."""
+        return getattr(self._local, "depth", 0)
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        depth = self.depth()
+        if depth == 0:
+            with self._cond:
+                while self._exclusive or self._exclusive_waiting:
+                    self._cond.wait()
+                self._shared += 1
+        self._local.depth = depth + 1
+        try:
+            yield
+        finally:
+            self._local.depth = depth
+            if depth == 0:
+                with self._cond:
+                    self._shared -= 1
+                    assert self._shared >= 0
+                    if self._shared == 0:
+                        self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        assert self.depth() == 0, "exclusive entry while holding the gate shared would deadlock"
+        with self._cond:
+            self._exclusive_waiting += 1
+            while self._exclusive or self._shared:
+                self._cond.wait()
+            self._exclusive_waiting -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """One commit waiting for its group."""
+
+    store: LmdbMetadataStore
+    ops: Sequence[Operation]
+    expect: Sequence[Expect]
+
+
+class _Environment:
+    """One open LMDB environment, shared by the store objects of this process on its folder."""
+
+    def __init__(
+        self,
+        path: str,
+        identity: tuple[int, int],
+        map_size_bytes: int,
+        durable: bool,
+        readonly: bool,
+    ) -> None:
+        self.path = path
+        self.identity = identity
+        self.durable = durable
+        self.readonly = readonly
+        self.pid = _process_id
+        self.references = 1
+        self.closed = False
+        self.gate = _Gate()
+        self.write_lock = threading.Lock()  # the one writer of this process; also guards dbi opens
+        try:
+            self.env = lmdb.Environment(
+                path,
+                map_size=map_size_bytes,
+                subdir=True,
+                readonly=readonly,
+                create=not readonly,
+                sync=durable,
+                metasync=durable,
+                max_dbs=_checks.TABLES_MAX + 8,
+                max_readers=READERS_MAX,
+            )
+        except lmdb.Error as exc:
+            raise MetadataError(f"cannot open LMDB environment {path!r}: {exc}", path=path) from exc
+        self.dbs: dict[str, object | None] = {}
+        self.page_bytes = int(self.env.stat()["psize"])
+        try:
+            with _translated(self):
+                self.env.reader_check()  # free reader slots of dead processes (they pin pages)
+                self.internal = self._open_db(INTERNAL_DB)
+                self._check_format()
+        except BaseException:
+            self.env.close()
+            raise
+        self.committer: GroupCommitter[_Pending, int] = GroupCommitter(self._run_group)
+
+    # -- set up ----------------------------------------------------------------------------
+
+    def _open_db(self, name: bytes) -> object | None:
+        """A sub-database handle (None: read-only and the sub-database does not exist)."""
+        try:
+            return self.env.open_db(name, create=not self.readonly)
+        except lmdb.NotFoundError:
+            assert self.readonly
+            return None
+
+    def _check_format(self) -> None:
+        """Check the layout format (and record it in a new environment)."""
+        if self.internal is None:
+            return
+        with self.env.begin(write=not self.readonly) as txn:
+            stored = txn.get(FORMAT_KEY, db=self.internal)
+            if stored is None and not self.readonly:
+                txn.put(FORMAT_KEY, LAYOUT_FORMAT, db=self.internal)
+        if stored is not None and stored != LAYOUT_FORMAT:
+            raise MetadataCorrupted(f"unknown metadata layout format {stored!r}", path=self.path)
+
+    def open_tables(self, tables: Sequence[str]) -> None:
+        """Open the sub-databases of ``tables`` not opened yet."""
+        with self.write_lock, self.gate.shared():
+            for table in tables:
+                if table not in self.dbs:
+                    with _translated(self):
+                        self.dbs[table] = self._open_db(table.encode("utf-8"))
+
+    # -- reads -----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[lmdb.Transaction]:
+        """A read transaction; adopts another process's map growth if LMDB asks for it."""
+        for _ in range(MAP_RESIZE_ATTEMPTS_MAX):
+            with self.gate.shared():
+                if self.closed:
+                    raise StorageClosed("metadata store is closed", path=self.path)
+                txn = None
+                with _translated(self):
+                    try:
+                        txn = self.env.begin()
+                    except lmdb.MapResizedError:
+                        if self.gate.depth() > 1:
+                            raise MetadataError(
+                                "another process grew the LMDB map while this thread holds a "
+                                "snapshot; retry outside the snapshot",
+                                path=self.path,
+                            ) from None
+                if txn is not None:
+                    with txn, _translated(self):
+                        yield txn
+                    return
+            self.resize(adopt=True)
+        raise MetadataError("LMDB map kept changing size; giving up", path=self.path)
+
+    # -- commits ---------------------------------------------------------------------------
+
+    def _run_group(self, group: Sequence[_Pending]) -> list[int | BaseException]:
+        """Apply a group in one write transaction (called by the group's leader only)."""
+        for _ in range(MAP_RESIZE_ATTEMPTS_MAX):
+            try:
+                results = self._apply_group(group)
+            except lmdb.MapFullError:
+                self.resize(adopt=False)
+            except lmdb.MapResizedError:
+                self.resize(adopt=True)
+            except lmdb.Error as exc:
+                error = MetadataError(f"LMDB write failed: {exc}", path=self.path)
+                error.__cause__ = exc
+                return [error] * len(group)
+            else:
+                carried = {
+                    id(p.store): p.store
+                    for p, r in zip(group, results, strict=True)
+                    if isinstance(r, int)
+                }
+                for store in carried.values():  # each store object counts the groups it was in
+                    store._count(group_commits=1)
+                self._grow_if_nearly_full()
+                return results
+        error = MetadataError("LMDB map still full after growing it", path=self.path)
+        return [error] * len(group)
+
+    def _apply_group(self, group: Sequence[_Pending]) -> list[int | BaseException]:
+        """Check and apply each commit in order in one write transaction; its outcomes."""
+        assert not self.readonly
+        with self.write_lock:
+            if self.closed:
+                return [StorageClosed("metadata store is closed", path=self.path)] * len(group)
+            with self.gate.shared(), self.env.begin(write=True) as txn:
+                raw = txn.get(SEQUENCE_KEY, db=self.internal)
+                first = sequence = _VERSION.unpack(raw)[0] if raw is not None else 0
+                results: list[int | BaseException] = []
+                for pending in group:
+                    failed = self._failed_expectation(txn, pending.expect)
+                    if failed is not None:
+                        results.append(failed)
+                        continue
+                    sequence += 1
+                    for op in pending.ops:
+                        db = self.dbs[op.table]
+                        if isinstance(op, Put):
+                            txn.put(op.key, _frame(sequence, op.value), db=db)
+                        else:
+                            txn.delete(op.key, db=db)
+                    results.append(sequence)
+                assert sequence >= first
+                if sequence > first:
+                    txn.put(SEQUENCE_KEY, _VERSION.pack(sequence), db=self.internal)
+            return results
+
+    def _failed_expectation(
+        self, txn: lmdb.Transaction, expect: Sequence[Expect]
+    ) -> MetadataError | None:
+        """Why this commit may not apply (a conflict, or an unreadable record), or None."""
+        for condition in expect:
+            raw = txn.get(condition.key, db=self.dbs[condition.table])
+            try:
+                actual = 0 if raw is None else _unframe(raw, condition.table, condition.key).version
+            except MetadataCorrupted as exc:
+                return exc  # this commit's caller learns it; the rest of the group goes on
+            if actual != condition.version:
+                return _checks.conflict(condition, actual)
+        return None
+
+    def _grow_if_nearly_full(self) -> None:
+        """Double the map once more than MAP_FILL_RATIO_MAX of it is used: LMDB's page
+        allocation slows down sharply in a nearly full map (it searches a fragmented free
+        list, and values of more than a page need contiguous pages). Best effort: the
+        group's commits are already durable, so nothing here may fail them."""
+        with self.gate.shared():
+            if self.closed:
+                return
+            info = self.env.info()
+        used_bytes = (info["last_pgno"] + 1) * self.page_bytes
+        if used_bytes <= info["map_size"] * MAP_FILL_RATIO_MAX:
+            return
+        with contextlib.suppress(MetadataError):  # at its maximum: a full map fails later
+            self.resize(adopt=False)
+
+    def resize(self, adopt: bool) -> None:
+        """Grow the map (double it), or adopt the size another process grew it to."""
+        with self.gate.exclusive():
+            if self.closed:
+                return
+            with _translated(self):
+                if adopt:
+                    self.env.set_mapsize(0)
+                    return
+                current = self.env.info()["map_size"]
+                if current >= MAP_SIZE_BYTES_MAX:
+                    raise MetadataError(
+                        "LMDB map is at its maximum size", path=self.path, map_size=current
+                    )
+                self.env.set_mapsize(min(current * 2, MAP_SIZE_BYTES_MAX))
+
+    def map_size_bytes(self) -> int:
+        with self.gate.shared():
+            return int(self.env.info()["map_size"])
+
+    def close(self) -> None:
+        """Close the LMDB environment once the writer and every reader of this process left."""
+        with self.write_lock, self.gate.exclusive():
+            if not self.closed:
+                self.closed = True
+                self.env.close()
+
+
+@contextlib.contextmanager
+def _translated(env: _Environment) -> Iterator[None]:
+    """The one place LMDB exceptions become SLTS errors."""
+    try:
+        yield
+    except lmdb.CorruptedError as exc:
+        raise MetadataCorrupted(f"LMDB reports corruption: {exc}", path=env.path) from exc
+    except lmdb.Error as exc:
+        if env.closed:
+            raise StorageClosed("metadata store is closed", path=env.path) from exc
+        raise MetadataError(f"LMDB error: {exc}", path=env.path) from exc
+
+
+_registry: dict[tuple[int, int, int], _Environment] = {}  # (pid, st_dev, st_ino) -> environment
+_registry_lock = threading.Lock()
+
+
+def _acquire(path: str, map_size_bytes: int, durable: bool, readonly: bool) -> _Environment:
+    """The environment of ``path`` in this process: the open one, or a new one."""
+    if not readonly:
+        os.makedirs(path, exist_ok=True)
+    try:
+        status = os.stat(path)
+    except FileNotFoundError:
+        raise InvalidArgument(f"no LMDB environment at {path!r}", path=path) from None
+    identity = (status.st_dev, status.st_ino)
+    with _registry_lock:
+        for (pid, *other), env in _registry.items():
+            if tuple(other) == identity and pid != _process_id and not env.closed:
+                raise MetadataError(
+                    f"LMDB environment {path!r} was opened by process {pid} before this process "
+                    "forked; a forked child must not use or reopen it (open it in a process "
+                    "started with 'spawn', or before opening it in the parent)",
+                    path=path,
+                )
+        env = _registry.get((_process_id, *identity))
+        if env is None or env.closed:
+            env = _Environment(path, identity, map_size_bytes, durable, readonly)
+            _registry[(_process_id, *identity)] = env
+            return env
+        if env.durable != durable:
+            raise InvalidArgument(
+                "this folder is already open in this process with another durable flag", path=path
+            )
+        if env.readonly and not readonly:
+            raise InvalidArgument(
+                "this folder is already open read-only in this process", path=path
+            )
+        env.references += 1
+        return env
+
+
+def _release(env: _Environment) -> None:
+    with _registry_lock:
+        env.references -= 1
+        assert env.references >= 0
+        if env.references:
+            return
+        del _registry[(env.pid, *env.identity)]
+    env.close()
+
+
+class _LmdbView(ReadView):
+    """Reads inside one LMDB read transaction."""
+
+    def __init__(self, env: _Environment, txn: lmdb.Transaction, tables: tuple[str, ...]) -> None:
+        self._env = env
+        self._txn: lmdb.Transaction | None = txn
+        self._tables = tables
+
+    def _db(self, table: str) -> object | None:
+        if self._txn is None:
+            raise StorageClosed("snapshot used outside its with block")
+        return self._env.dbs[_checks.check_table(self._tables, table)]
+
+    def get(self, table: str, key: bytes) -> Versioned | None:
+        db = self._db(table)
+        _checks.check_bound("key", key)
+        if db is None or not 1 <= len(key) <= KEY_BYTES_MAX:
+            return None  # no such key can be stored
+        assert self._txn is not None
+        with _translated(self._env):
+            raw = self._txn.get(key, db=db)
+        return None if raw is None else _unframe(raw, table, key)
+
+    def floor(self, table: str, key: bytes, lowest: bytes = b"") -> tuple[bytes, Versioned] | None:
+        db = self._db(table)
+        _checks.check_bound("key", key)
+        _checks.check_bound("lowest", lowest)
+        # Every stored key k (<= KEY_BYTES_MAX bytes) has k <= key iff k <= key[:KEY_BYTES_MAX].
+        key = key[:KEY_BYTES_MAX]
+        if db is None or not key or lowest > key:
+            return None
+        assert self._txn is not None
+        with _translated(self._env), self._txn.cursor(db) as cursor:
+            if cursor.set_range(key):
+                if cursor.key() != key and not cursor.prev():
+                    return None
+            elif not cursor.last():
+                return None
+            found_key, raw = cursor.item()
+        assert found_key <= key
+        if found_key < lowest:
+            return None
+        return found_key, _unframe(raw, table, found_key)
+
+    def scan(
+        self,
+        table: str,
+        start: bytes = b"",
+        stop: bytes | None = None,
+        limit: int = SCAN_LIMIT_DEFAULT,
+        reverse: bool = False,
+    ) -> list[tuple[bytes, Versioned]]:
+        db = self._db(table)
+        _checks.check_bound("start", start)
+        if stop is not None:
+            _checks.check_bound("stop", stop)
+        _checks.check_limit(limit)
+        if db is None or (stop is not None and stop <= start):
+            return []
+        assert self._txn is not None
+        entries: list[tuple[bytes, bytes]] = []
+        with _translated(self._env), self._txn.cursor(db) as cursor:
+            if not reverse:
+                positioned = _seek(cursor, start)
+                while positioned and len(entries) < limit:
+                    key = cursor.key()
+                    if stop is not None and key >= stop:
+                        break
+                    entries.append((key, cursor.value()))
+                    positioned = cursor.next()
+            else:
+                if stop is None:
+                    positioned = cursor.last()
+                else:
+                    positioned = cursor.prev() if _seek(cursor, stop) else cursor.last()
+                while positioned and len(entries) < limit:
+                    key = cursor.key()
+                    if key < start:
+                        break
+                    entries.append((key, cursor.value()))
+                    positioned = cursor.prev()
+        return [(key, _unframe(raw, table, key)) for key, raw in entries]
+
+    def close(self) -> None:
+        self._txn = None
+
+
+def _seek(cursor: lmdb.Cursor, bound: bytes) -> bool:
+    """Position ``cursor`` at the first key >= ``bound`` (any length); False if none."""
+    if not bound:
+        return cursor.first()
+    positioned = cursor.set_range(bound[:KEY_BYTES_MAX])
+    if positioned and cursor.key() < bound:
+        # Only bound[:KEY_BYTES_MAX] itself can sort between the truncated and the full bound.
+        assert len(bound) > KEY_BYTES_MAX and cursor.key() == bound[:KEY_BYTES_MAX]
+        positioned = cursor.next()
+    return positioned
+
+
+class LmdbMetadataStore(MetadataStore):
+    """``MetadataStore`` on an LMDB environment in folder ``path``.
+
+    ``durable``: every commit is synced (LMDB ``sync`` and ``metasync``) before it returns;
+    otherwise a commit survives a process crash but not an OS crash. ``readonly``: commits
+    raise ``InvalidArgument``; tables created after opening appear only after reopening.
+    ``map_size_bytes`` is the initial map; it doubles whenever it fills up (up to
+    ``MAP_SIZE_BYTES_MAX``), so a commit never fails for lack of map.
+
+    Several processes may open the same folder (LMDB serialises their writers; a commit's
+    expectations are checked inside the write transaction, so conflicts are detected across
+    processes). Store objects of one process on one folder share one environment and one
+    group committer. Never use a store across ``fork()``: a child process gets
+    ``MetadataError``; open the store in the child (started with ``spawn``) instead.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        tables: Sequence[str],
+        *,
+        map_size_bytes: int = MAP_SIZE_BYTES_DEFAULT,
+        durable: bool = True,
+        readonly: bool = False,
+    ) -> None:
+        self.tables = _checks.check_tables(tables)
+        page_bytes = os.sysconf("SC_PAGE_SIZE")
+        if not isinstance(map_size_bytes, int) or not 0 < map_size_bytes <= MAP_SIZE_BYTES_MAX:
+            raise InvalidArgument(
+                f"map_size_bytes must be in (0, {MAP_SIZE_BYTES_MAX}]",
+                map_size_bytes=map_size_bytes,
+            )
+        map_size_bytes = -(-map_size_bytes // page_bytes) * page_bytes
+        self.path = os.path.abspath(os.fspath(path))
+        self.durable = durable
+        self.readonly = readonly
+        self._pid = _process_id
+        self._closed = False
+        self._counters_lock = threading.Lock()
+        self._counters = {"commits": 0, "conflicts": 0, "reads": 0, "group_commits": 0}
+        self._env = _acquire(self.path, map_size_bytes, durable, readonly)
+        try:
+            self._env.open_tables(self.tables)
+        except BaseException:
+            _release(self._env)
+            raise
+
+    # -- reads -----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[ReadView]:
+        """One LMDB read transaction, open for the ``with`` block only: keep it short."""
+        self._check_usable()
+        self._count(reads=1)
+        with self._env.reading() as txn:
+            view = _LmdbView(self._env, txn, self.tables)
+            try:
+                yield view
+            finally:
+                view.close()
+
+    @property
+    def last_sequence(self) -> int:
+        """The sequence of the latest commit by any process (0 before the first)."""
+        self._check_usable()
+        with self._env.reading() as txn:
+            raw = (
+                txn.get(SEQUENCE_KEY, db=self._env.internal)
+                if self._env.internal is not None
+                else None
+            )
+        return _VERSION.unpack(raw)[0] if raw is not None else 0
+
+    @property
+    def map_size_bytes(self) -> int:
+        """The current size of the memory map (grows on demand)."""
+        self._check_usable()
+        return self._env.map_size_bytes()
+
+    # -- commits ---------------------------------------------------------------------------
+
+    def commit(self, ops: Sequence[Operation], expect: Sequence[Expect] = ()) -> int:
+        """Queue the commit for the next group (run at once when no group is running)."""
+        _checks.check_commit(self.tables, ops, expect)
+        self._check_usable()
+        if self.readonly:
+            raise InvalidArgument("metadata store opened read-only", path=self.path)
+        if self._env.gate.depth():
+            raise InvalidArgument("commit inside an open snapshot() block of the same thread")
+        try:
+            sequence = self._env.committer.submit(_Pending(self, tuple(ops), tuple(expect)))
+        except VersionConflict:
+            self._count(conflicts=1)
+            raise
+        self._count(commits=1)
+        return sequence
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def statistics(self) -> StoreStatistics:
+        """Counters of this store object (``group_commits``: write transactions that
+        carried at least one of its commits)."""
+        with self._counters_lock:
+            return StoreStatistics(**self._counters)
+
+    def close(self) -> None:
+        """Release the environment (closed when the last store object of this process on
+        the folder closes). Idempotent. In a forked child it only marks the object closed."""
+        if self._closed:
+            return
+        if self._pid != _process_id:
+            self._closed = True
+            return
+        if self._env.gate.depth():
+            raise InvalidArgument("close inside an open snapshot() block of the same thread")
+        self._closed = True
+        _release(self._env)
+
+    def _count(self, **increments: int) -> None:
+        with self._counters_lock:
+            for name, increment in increments.items():
+                self._counters[name] += increment
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise StorageClosed("metadata store is closed", path=self.path)
+        if self._pid != _process_id:
+            raise MetadataError(
+                f"LMDB store {self.path!r} opened in process {self._pid} used in process "
+                f"{_process_id} after fork(); open a new store in the child instead",
+                path=self.path,
+            )

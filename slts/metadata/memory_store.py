@@ -1,0 +1,244 @@
+"""The reference metadata store: sorted dictionaries in memory, one lock.
+
+Invariants (asserted where they are established):
+
+* ``_sequence`` is the version of the newest value anywhere; it only grows.
+* A table dictionary that an open snapshot references (``_pins``) is never mutated:
+  a commit that would write to it writes to a copy instead (copy-on-write), so a
+  snapshot sees one committed state without holding the lock and never blocks a commit.
+* ``floor`` bisects the sorted keys (O(log n)); nothing scans a table linearly.
+
+Not durable: ``close`` forgets everything. Used by tests, simulations and as the model
+the other stores are checked against.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+from collections.abc import Iterator, Sequence
+
+from sortedcontainers import SortedDict
+
+from slts.errors import InvalidArgument, StorageClosed
+from slts.metadata import _checks
+from slts.metadata.store import (
+    SCAN_LIMIT_DEFAULT,
+    Delete,
+    Expect,
+    MetadataStore,
+    Operation,
+    Put,
+    ReadView,
+    StoreStatistics,
+    Versioned,
+)
+
+_Table = SortedDict  # bytes -> Versioned
+
+
+def floor_entry(table: _Table, key: bytes, lowest: bytes) -> tuple[bytes, Versioned] | None:
+    """The entry with the greatest key in ``[lowest, key]`` of a sorted table, by bisection."""
+    index = table.bisect_right(key) - 1
+    if index < 0:
+        return None
+    found_key, found = table.peekitem(index)
+    assert found_key <= key
+    if found_key < lowest:
+        return None
+    return found_key, found
+
+
+def scan_entries(
+    table: _Table, start: bytes, stop: bytes | None, limit: int, reverse: bool
+) -> list[tuple[bytes, Versioned]]:
+    """Up to ``limit`` entries of a sorted table with ``start <= key < stop``."""
+    if stop is not None and stop <= start:
+        return []
+    keys = table.irange(start, stop, inclusive=(True, False), reverse=reverse)
+    return [(key, table[key]) for key in itertools.islice(keys, limit)]
+
+
+class _MemoryView(ReadView):
+    """A read view over table dictionaries that no commit mutates while the view is open."""
+
+    def __init__(self, tables: dict[str, _Table]) -> None:
+        self._tables = tables
+        self._open = True
+
+    def _table(self, table: str) -> _Table:
+        if not self._open:
+            raise StorageClosed("snapshot used outside its with block")
+        return self._tables[_checks.check_table(self._tables, table)]
+
+    def get(self, table: str, key: bytes) -> Versioned | None:
+        data = self._table(table)
+        return data.get(_checks.check_bound("key", key))
+
+    def floor(self, table: str, key: bytes, lowest: bytes = b"") -> tuple[bytes, Versioned] | None:
+        data = self._table(table)
+        return floor_entry(
+            data, _checks.check_bound("key", key), _checks.check_bound("lowest", lowest)
+        )
+
+    def scan(
+        self,
+        table: str,
+        start: bytes = b"",
+        stop: bytes | None = None,
+        limit: int = SCAN_LIMIT_DEFAULT,
+        reverse: bool = False,
+    ) -> list[tuple[bytes, Versioned]]:
+        data = self._table(table)
+        _checks.check_bound("start", start)
+        if stop is not None:
+            _checks.check_bound("stop", stop)
+        return scan_entries(data, start, stop, _checks.check_limit(limit), reverse)
+
+    def close(self) -> None:
+        self._open = False
+
+
+class MemoryMetadataStore(MetadataStore):
+    """In-memory ``MetadataStore`` with the exact semantics of the durable ones (not durable)."""
+
+    def __init__(self, tables: Sequence[str]) -> None:
+        self.tables = _checks.check_tables(tables)
+        self._lock = threading.Lock()
+        self._data: dict[str, _Table] = {name: SortedDict() for name in self.tables}
+        self._pins: dict[int, int] = {}  # id(table dictionary) -> open snapshots using it
+        self._in_snapshot = threading.local()  # .depth: this thread's open snapshot blocks
+        self._sequence = 0
+        self._closed = False
+        self._commits = 0
+        self._conflicts = 0
+        self._reads = 0
+
+    # -- reads -----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[ReadView]:
+        """A consistent read view; commits made while it is open copy what they change."""
+        with self._lock:
+            self._check_open()
+            tables = dict(self._data)
+            for data in tables.values():
+                self._pins[id(data)] = self._pins.get(id(data), 0) + 1
+            self._reads += 1
+        view = _MemoryView(tables)
+        depth = getattr(self._in_snapshot, "depth", 0)
+        self._in_snapshot.depth = depth + 1
+        try:
+            yield view
+        finally:
+            self._in_snapshot.depth = depth
+            view.close()
+            with self._lock:
+                for data in tables.values():
+                    remaining = self._pins[id(data)] - 1
+                    assert remaining >= 0
+                    if remaining:
+                        self._pins[id(data)] = remaining
+                    else:
+                        del self._pins[id(data)]
+
+    def get(self, table: str, key: bytes) -> Versioned | None:
+        """The value under ``key``, read under the lock (no snapshot needed)."""
+        _checks.check_table(self.tables, table)
+        _checks.check_bound("key", key)
+        with self._lock:
+            self._check_open()
+            self._reads += 1
+            return self._data[table].get(key)
+
+    def floor(self, table: str, key: bytes, lowest: bytes = b"") -> tuple[bytes, Versioned] | None:
+        """``ReadView.floor`` under the lock, O(log n)."""
+        _checks.check_table(self.tables, table)
+        _checks.check_bound("key", key)
+        _checks.check_bound("lowest", lowest)
+        with self._lock:
+            self._check_open()
+            self._reads += 1
+            return floor_entry(self._data[table], key, lowest)
+
+    def scan(
+        self,
+        table: str,
+        start: bytes = b"",
+        stop: bytes | None = None,
+        limit: int = SCAN_LIMIT_DEFAULT,
+        reverse: bool = False,
+    ) -> list[tuple[bytes, Versioned]]:
+        """``ReadView.scan`` under the lock."""
+        _checks.check_table(self.tables, table)
+        _checks.check_bound("start", start)
+        if stop is not None:
+            _checks.check_bound("stop", stop)
+        _checks.check_limit(limit)
+        with self._lock:
+            self._check_open()
+            self._reads += 1
+            return scan_entries(self._data[table], start, stop, limit, reverse)
+
+    # -- commits ---------------------------------------------------------------------------
+
+    def commit(self, ops: Sequence[Operation], expect: Sequence[Expect] = ()) -> int:
+        """Check every expectation, then apply every operation under one new sequence."""
+        _checks.check_commit(self.tables, ops, expect)
+        if getattr(self._in_snapshot, "depth", 0):
+            raise InvalidArgument("commit inside an open snapshot() block of the same thread")
+        with self._lock:
+            self._check_open()
+            for condition in expect:
+                current = self._data[condition.table].get(condition.key)
+                actual = current.version if current is not None else 0
+                if actual != condition.version:
+                    self._conflicts += 1
+                    raise _checks.conflict(condition, actual)
+            sequence = self._sequence + 1
+            for op in ops:
+                data = self._writable(op.table)
+                if isinstance(op, Put):
+                    data[op.key] = Versioned(sequence, op.value)
+                else:
+                    assert isinstance(op, Delete)
+                    data.pop(op.key, None)
+            assert sequence > self._sequence
+            self._sequence = sequence
+            self._commits += 1
+            return sequence
+
+    def _writable(self, table: str) -> _Table:
+        """The dictionary of ``table``, copied first if an open snapshot still reads it."""
+        data = self._data[table]
+        if id(data) in self._pins:
+            data = data.copy()
+            self._data[table] = data
+        assert id(data) not in self._pins
+        return data
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    @property
+    def last_sequence(self) -> int:
+        """The sequence of the latest commit (0 before the first)."""
+        self._check_open()
+        return self._sequence
+
+    def statistics(self) -> StoreStatistics:
+        """Commits, conflicts and reads since the store was created."""
+        with self._lock:
+            return StoreStatistics(
+                commits=self._commits, conflicts=self._conflicts, reads=self._reads
+            )
+
+    def close(self) -> None:
+        """Mark the store closed (idempotent); its contents are dropped."""
+        with self._lock:
+            self._closed = True
+            self._data = {name: SortedDict() for name in self.tables}
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageClosed("metadata store is closed")

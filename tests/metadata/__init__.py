@@ -1,0 +1,1 @@
+"""The metadata store suite (one contract, every store)."""

@@ -1,0 +1,388 @@
+"""The metadata store contract (``slts.metadata.store``), run against every store."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from slts.errors import InvalidArgument, StorageClosed, VersionConflict
+from slts.metadata import KEY_BYTES_MAX, Delete, Expect, MetadataStore, Put, Versioned, prefix_stop
+
+from .conftest import TABLES, StoreFactory
+
+T = TABLES[0]
+U = TABLES[1]
+
+
+def put_many(store: MetadataStore, table: str, keys: list[bytes]) -> int:
+    return store.commit([Put(table, key, b"v:" + key) for key in keys])
+
+
+# -- basic reads and writes -----------------------------------------------------------------
+
+
+def test_put_get_delete(store: MetadataStore) -> None:
+    assert store.get(T, b"k") is None
+    sequence = store.commit([Put(T, b"k", b"one")])
+    assert store.get(T, b"k") == Versioned(sequence, b"one")
+    assert store.get(U, b"k") is None  # tables are separate
+    replaced = store.commit([Put(T, b"k", b"two")])
+    assert replaced == sequence + 1
+    assert store.get(T, b"k") == Versioned(replaced, b"two")
+    deleted = store.commit([Delete(T, b"k")])
+    assert store.get(T, b"k") is None
+    assert store.commit([Delete(T, b"never-there")]) == deleted + 1  # deleting absent is allowed
+    assert store.get(T, b"x" * KEY_BYTES_MAX) is None
+
+
+def test_values_may_be_empty_or_large(store: MetadataStore) -> None:
+    big = bytes(range(256)) * 4096
+    sequence = store.commit([Put(T, b"empty", b""), Put(T, b"big", big)])
+    assert store.get(T, b"empty") == Versioned(sequence, b"")
+    assert store.get(T, b"big") == Versioned(sequence, big)
+
+
+def test_versions_are_the_commit_sequence(store: MetadataStore) -> None:
+    assert store.last_sequence == 0
+    first = store.commit([Put(T, b"a", b"1"), Put(U, b"b", b"2")])
+    assert first == 1 and store.last_sequence == 1
+    assert store.get(T, b"a").version == store.get(U, b"b").version == first
+    second = store.commit([Put(T, b"c", b"3")])
+    assert second == 2 and store.last_sequence == 2
+    assert store.get(T, b"a").version == first  # untouched keys keep their version
+
+
+def test_versions_never_reused_after_delete_and_put_again(store: MetadataStore) -> None:
+    seen = set()
+    for _ in range(5):
+        put = store.commit([Put(T, b"k", b"same")])
+        seen.add(store.get(T, b"k").version)
+        store.commit([Delete(T, b"k")])
+        assert put in seen
+    assert len(seen) == 5
+    assert store.commit([Put(T, b"k", b"same")]) > max(seen)
+
+
+def test_empty_commit_takes_a_sequence_and_checks_expectations(store: MetadataStore) -> None:
+    sequence = store.commit([Put(T, b"k", b"v")])
+    assert store.commit([], [Expect(T, b"k", sequence)]) == sequence + 1
+    with pytest.raises(VersionConflict):
+        store.commit([], [Expect(T, b"k", 0)])
+    assert store.last_sequence == sequence + 1
+
+
+def test_operations_apply_in_order(store: MetadataStore) -> None:
+    sequence = store.commit(
+        [Put(T, b"a", b"1"), Delete(T, b"a"), Delete(T, b"b"), Put(T, b"b", b"2")]
+    )
+    assert store.get(T, b"a") is None
+    assert store.get(T, b"b") == Versioned(sequence, b"2")
+
+
+# -- conditional commits --------------------------------------------------------------------
+
+
+def test_failing_expectation_applies_nothing(store: MetadataStore) -> None:
+    base = store.commit([Put(T, b"a", b"1"), Put(U, b"b", b"2")])
+    before = store.dump()
+    with pytest.raises(VersionConflict) as caught:
+        store.commit(
+            [Put(T, b"a", b"changed"), Delete(U, b"b"), Put(T, b"new", b"x")],
+            [Expect(T, b"a", base), Expect(U, b"b", base + 7)],
+        )
+    assert caught.value.table == U and caught.value.key == b"b"
+    assert caught.value.expected == base + 7 and caught.value.actual == base
+    assert store.dump() == before
+    assert store.last_sequence == base  # a failed commit takes no sequence
+    assert store.statistics().conflicts == 1
+
+
+def test_expect_version_zero_means_absent(store: MetadataStore) -> None:
+    created = store.commit([Put(T, b"k", b"v")], [Expect(T, b"k", 0)])
+    with pytest.raises(VersionConflict) as caught:
+        store.commit([Put(T, b"k", b"again")], [Expect(T, b"k", 0)])
+    assert caught.value.actual == created
+    store.commit([Delete(T, b"k")], [Expect(T, b"k", created)])
+    recreated = store.commit([Put(T, b"k", b"again")], [Expect(T, b"k", 0)])
+    assert store.get(T, b"k") == Versioned(recreated, b"again")
+
+
+def test_expectations_on_keys_not_written(store: MetadataStore) -> None:
+    guard = store.commit([Put(U, b"guard", b"g")])
+    done = store.commit(
+        [Put(T, b"k", b"v")], [Expect(U, b"guard", guard), Expect(U, b"missing", 0)]
+    )
+    assert store.get(T, b"k").version == done
+    assert store.get(U, b"guard").version == guard
+
+
+def test_two_handles_on_one_folder_conflict(store_factory: StoreFactory) -> None:
+    if not store_factory.persistent:
+        pytest.skip("only LMDB folders can be opened twice")
+    first, second = store_factory.open(), store_factory.open()
+    created = first.commit([Put(T, b"k", b"first")])
+    assert second.get(T, b"k") == Versioned(created, b"first")
+    updated = second.commit([Put(T, b"k", b"second")], [Expect(T, b"k", created)])
+    assert first.last_sequence == updated
+    with pytest.raises(VersionConflict):
+        first.commit([Put(T, b"k", b"stale")], [Expect(T, b"k", created)])
+    current = first.get(T, b"k")
+    assert current is not None and current.version == updated  # a cache evicts on conflict
+    final = first.commit([Put(T, b"k", b"fresh")], [Expect(T, b"k", current.version)])
+    with second.snapshot() as view:  # snapshots are never cached: a cached get may be stale
+        assert view.get(T, b"k") == Versioned(final, b"fresh")
+
+
+# -- floor -----------------------------------------------------------------------------------
+
+
+def test_floor(store: MetadataStore) -> None:
+    assert store.floor(T, b"anything") is None  # empty table
+    sequence = put_many(store, T, [b"b", b"d", b"d\x00", b"f"])
+    entry = lambda key: (key, Versioned(sequence, b"v:" + key))  # noqa: E731
+    assert store.floor(T, b"a") is None
+    assert store.floor(T, b"b") == entry(b"b")
+    assert store.floor(T, b"c") == entry(b"b")
+    assert store.floor(T, b"d") == entry(b"d")
+    assert store.floor(T, b"d\x00\x00") == entry(b"d\x00")
+    assert store.floor(T, b"e\xff") == entry(b"d\x00")
+    assert store.floor(T, b"zzz") == entry(b"f")
+    assert store.floor(T, b"") is None
+    assert store.floor(U, b"zzz") is None  # other table empty
+
+
+def test_floor_lowest_bound(store: MetadataStore) -> None:
+    sequence = put_many(store, T, [b"a/1", b"b/1", b"b/5"])
+    assert store.floor(T, b"b/4", lowest=b"b/") == (b"b/1", Versioned(sequence, b"v:b/1"))
+    assert store.floor(T, b"b/0", lowest=b"b/") is None  # greatest <= key is a/1, below lowest
+    assert store.floor(T, b"b/1", lowest=b"b/1") == (b"b/1", Versioned(sequence, b"v:b/1"))
+    assert store.floor(T, b"b/1", lowest=b"b/2") is None  # lowest above key
+    assert store.floor(T, b"b/9", lowest=b"b/5") == (b"b/5", Versioned(sequence, b"v:b/5"))
+
+
+def test_floor_with_bounds_longer_than_any_key(store: MetadataStore) -> None:
+    longest = b"k" * KEY_BYTES_MAX
+    sequence = put_many(store, T, [longest, b"k" * 10, b"l"])
+    assert store.floor(T, longest + b"\x00") == (longest, Versioned(sequence, b"v:" + longest))
+    assert store.floor(T, b"k" * (KEY_BYTES_MAX + 40)) == (
+        longest,
+        Versioned(sequence, b"v:" + longest),
+    )
+    assert store.floor(T, b"k" * (KEY_BYTES_MAX - 1) + b"\x00" * 9)[0] == b"k" * 10
+
+
+# -- scan ------------------------------------------------------------------------------------
+
+
+def test_scan_forward_reverse_limit_stop(store: MetadataStore) -> None:
+    keys = [b"a", b"b", b"b\x00", b"c", b"d"]
+    put_many(store, T, keys)
+    put_many(store, U, [b"zz"])
+    names = lambda entries: [key for key, _ in entries]  # noqa: E731
+    assert names(store.scan(T)) == keys
+    assert names(store.scan(T, reverse=True)) == keys[::-1]
+    assert names(store.scan(T, b"b", b"d")) == [b"b", b"b\x00", b"c"]
+    assert names(store.scan(T, b"b", b"d", reverse=True)) == [b"c", b"b\x00", b"b"]
+    assert names(store.scan(T, b"b\x00\x00")) == [b"c", b"d"]
+    assert names(store.scan(T, limit=2)) == [b"a", b"b"]
+    assert names(store.scan(T, limit=2, reverse=True)) == [b"d", b"c"]
+    assert names(store.scan(T, b"c", b"c")) == []
+    assert names(store.scan(T, b"d", b"a")) == []
+    assert names(store.scan(T, b"e")) == []
+    assert names(store.scan(T, b"", b"a")) == []
+    assert names(store.scan(T, b"", b"a\x00", reverse=True)) == [b"a"]
+    assert names(store.scan(T, b"zz", None, reverse=True)) == []
+    for _, value in store.scan(T):
+        assert value.version >= 1
+
+
+def test_scan_pages_forward_and_backward(store: MetadataStore) -> None:
+    keys = sorted(b"%03d" % i for i in range(0, 300, 2))
+    for chunk in range(0, len(keys), 50):
+        put_many(store, T, keys[chunk : chunk + 50])
+    forward, start = [], b""
+    while True:
+        page = store.scan(T, start, None, limit=7)
+        forward += [key for key, _ in page]
+        if len(page) < 7:
+            break
+        start = page[-1][0] + b"\x00"
+    assert forward == keys
+    backward, stop = [], None
+    while True:
+        page = store.scan(T, b"", stop, limit=7, reverse=True)
+        backward += [key for key, _ in page]
+        if len(page) < 7:
+            break
+        stop = page[-1][0]
+    assert backward == keys[::-1]
+
+
+def test_scan_paging_past_a_longest_key(store: MetadataStore) -> None:
+    longest = b"m" * KEY_BYTES_MAX
+    put_many(store, T, [b"a", longest, b"n"])
+    page = store.scan(T, limit=2)
+    assert [key for key, _ in page] == [b"a", longest]
+    rest = store.scan(T, page[-1][0] + b"\x00", limit=2)  # a start longer than any key
+    assert [key for key, _ in rest] == [b"n"]
+    assert [key for key, _ in store.scan(T, b"", longest + b"\x00", reverse=True)] == [
+        longest,
+        b"a",
+    ]
+    assert [key for key, _ in store.scan(T, longest + b"\x00", None, reverse=True)] == [b"n"]
+
+
+def test_iterate_and_prefix_stop(store: MetadataStore) -> None:
+    keys = [b"seg/%04d" % i for i in range(25)]
+    put_many(store, T, keys + [b"seg0", b"sef", b"seg\xff\xff"])
+    prefix = b"seg/"
+    assert [key for key, _ in store.iterate(T, prefix, prefix_stop(prefix), page=4)] == keys
+    assert [key for key, _ in store.iterate(T, b"seg/0020", None, page=3)][:5] == keys[20:25]
+    assert len(list(store.iterate(T, page=1))) == 28
+    assert [key for key, _ in store.iterate(T, b"seg", prefix_stop(b"seg"))][-1] == b"seg\xff\xff"
+
+
+def test_prefix_stop() -> None:
+    assert prefix_stop(b"abc") == b"abd"
+    assert prefix_stop(b"a\xff") == b"b"
+    assert prefix_stop(b"a\xfe\xff\xff") == b"a\xff"
+    assert prefix_stop(b"\xff\xff") is None
+    assert prefix_stop(b"") is None
+
+
+# -- snapshots -------------------------------------------------------------------------------
+
+
+def test_snapshot_does_not_see_a_commit_made_while_open(store: MetadataStore) -> None:
+    first = store.commit([Put(T, b"a", b"1"), Put(T, b"c", b"3")])
+    with store.snapshot() as view:
+        assert view.get(T, b"a") == Versioned(first, b"1")
+        # Another thread commits while the view is open; it must neither block nor show.
+        result: list[int] = []
+        writer = threading.Thread(
+            target=lambda: result.append(
+                store.commit([Put(T, b"a", b"2"), Put(T, b"b", b"new"), Delete(T, b"c")])
+            )
+        )
+        writer.start()
+        writer.join()
+        assert result and result[0] == first + 1
+        assert view.get(T, b"a") == Versioned(first, b"1")
+        assert view.get(T, b"b") is None
+        assert view.floor(T, b"b") == (b"a", Versioned(first, b"1"))
+        assert [key for key, _ in view.scan(T)] == [b"a", b"c"]
+    assert store.get(T, b"a") == Versioned(first + 1, b"2")
+    assert [key for key, _ in store.scan(T)] == [b"a", b"b"]
+
+
+def test_snapshot_view_is_dead_after_its_block(store: MetadataStore) -> None:
+    with store.snapshot() as view:
+        assert view.get(T, b"x") is None
+    with pytest.raises(StorageClosed):
+        view.get(T, b"x")
+
+
+def test_commit_inside_own_snapshot_block_is_refused(store: MetadataStore) -> None:
+    with store.snapshot() as view:
+        assert view.get(T, b"k") is None
+        with pytest.raises(InvalidArgument):
+            store.commit([Put(T, b"k", b"v")])
+        with store.snapshot() as nested:  # nesting reads is fine
+            assert nested.get(T, b"k") is None
+    assert store.commit([Put(T, b"k", b"v")]) == 1
+
+
+def test_dump(store: MetadataStore) -> None:
+    first = store.commit([Put(T, b"a", b"1"), Put(U, b"b", b"2")])
+    assert store.dump() == {
+        T: {b"a": Versioned(first, b"1")},
+        U: {b"b": Versioned(first, b"2")},
+        TABLES[2]: {},
+    }
+
+
+# -- arguments and life cycle --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda s: s.get("nope", b"k"),
+        lambda s: s.get(T, "k"),
+        lambda s: s.floor("nope", b"k"),
+        lambda s: s.floor(T, "k"),
+        lambda s: s.floor(T, b"k", lowest="a"),
+        lambda s: s.scan("nope"),
+        lambda s: s.scan(T, "a"),
+        lambda s: s.scan(T, b"a", "b"),
+        lambda s: s.scan(T, limit=0),
+        lambda s: s.commit([Put("nope", b"k", b"v")]),
+        lambda s: s.commit([Put(T, "k", b"v")]),
+        lambda s: s.commit([Put(T, b"k", "v")]),
+        lambda s: s.commit([Put(T, bytearray(b"k"), b"v")]),
+        lambda s: s.commit([Put(T, b"", b"v")]),
+        lambda s: s.commit([Put(T, b"k" * (KEY_BYTES_MAX + 1), b"v")]),
+        lambda s: s.commit([Delete(T, "k")]),
+        lambda s: s.commit([("put", T, b"k", b"v")]),
+        lambda s: s.commit(Put(T, b"k", b"v")),
+        lambda s: s.commit([], [Expect(T, b"k", -1)]),
+        lambda s: s.commit([], [Expect("nope", b"k", 0)]),
+        lambda s: s.commit([], [Expect(T, "k", 0)]),
+    ],
+)
+def test_invalid_arguments(store: MetadataStore, call) -> None:
+    with pytest.raises(InvalidArgument):
+        call(store)
+    assert store.last_sequence == 0
+    assert store.dump() == {table: {} for table in TABLES}
+
+
+@pytest.mark.parametrize("tables", [(), ("a", "a"), ("",), ("__slts_x",), "abc", (b"a",)])
+def test_invalid_tables(store_factory: StoreFactory, tables) -> None:
+    with pytest.raises(InvalidArgument):
+        store_factory.open(tables)
+
+
+def test_closed_store_raises(store: MetadataStore) -> None:
+    store.commit([Put(T, b"k", b"v")])
+    store.close()
+    store.close()  # idempotent
+    for call in (
+        lambda: store.get(T, b"k"),
+        lambda: store.floor(T, b"k"),
+        lambda: store.scan(T),
+        lambda: store.commit([Put(T, b"k", b"v")]),
+        lambda: store.last_sequence,
+        lambda: store.snapshot().__enter__(),
+        lambda: list(store.iterate(T)),
+    ):
+        with pytest.raises(StorageClosed):
+            call()
+
+
+def test_persistence_across_reopen(store_factory: StoreFactory) -> None:
+    if not store_factory.persistent:
+        pytest.skip("memory stores forget on close")
+    store = store_factory.open()
+    first = store.commit([Put(T, b"a", b"1"), Put(U, b"b", b"2")])
+    second = store.commit([Delete(T, b"a")])
+    store.close()
+    reopened = store_factory.open()
+    assert reopened.last_sequence == second
+    assert reopened.dump()[U] == {b"b": Versioned(first, b"2")}
+    assert reopened.get(T, b"a") is None
+    assert reopened.commit([Put(T, b"a", b"1")]) == second + 1  # the sequence continues
+
+
+def test_statistics_count(store: MetadataStore) -> None:
+    base = store.statistics()
+    sequence = store.commit([Put(T, b"k", b"v")])
+    with pytest.raises(VersionConflict):
+        store.commit([], [Expect(T, b"k", sequence + 1)])
+    store.get(T, b"k")
+    store.get(T, b"k")
+    stats = store.statistics()
+    assert stats.commits == base.commits + 1
+    assert stats.conflicts == base.conflicts + 1
+    assert stats.reads + stats.cache_hits >= base.reads + 2
