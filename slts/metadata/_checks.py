@@ -74,6 +74,14 @@ def check_limit(limit: object) -> int:
     return limit
 
 
+def check_scan(start: object, stop: object, limit: object) -> None:
+    """The arguments of ``scan``: bytes bounds (``stop`` may be None) and a limit >= 1."""
+    check_bound("start", start)
+    if stop is not None:
+        check_bound("stop", stop)
+    check_limit(limit)
+
+
 def check_commit(tables: Iterable[str], ops: Sequence[Operation], expect: Sequence[Expect]) -> None:
     """Everything ``commit`` checks before it looks at the store."""
     if isinstance(ops, (Put, Delete)) or isinstance(expect, Expect):

@@ -496,10 +496,7 @@ class _LmdbView(ReadView):
         reverse: bool = False,
     ) -> list[tuple[bytes, Versioned]]:
         db = self._db(table)
-        _checks.check_bound("start", start)
-        if stop is not None:
-            _checks.check_bound("stop", stop)
-        _checks.check_limit(limit)
+        _checks.check_scan(start, stop, limit)
         if db is None or (stop is not None and stop <= start):
             return []
         assert self._txn is not None

@@ -91,10 +91,8 @@ class _MemoryView(ReadView):
         reverse: bool = False,
     ) -> list[tuple[bytes, Versioned]]:
         data = self._table(table)
-        _checks.check_bound("start", start)
-        if stop is not None:
-            _checks.check_bound("stop", stop)
-        return scan_entries(data, start, stop, _checks.check_limit(limit), reverse)
+        _checks.check_scan(start, stop, limit)
+        return scan_entries(data, start, stop, limit, reverse)
 
     def close(self) -> None:
         self._open = False
@@ -172,10 +170,7 @@ class MemoryMetadataStore(MetadataStore):
     ) -> list[tuple[bytes, Versioned]]:
         """``ReadView.scan`` under the lock."""
         _checks.check_table(self.tables, table)
-        _checks.check_bound("start", start)
-        if stop is not None:
-            _checks.check_bound("stop", stop)
-        _checks.check_limit(limit)
+        _checks.check_scan(start, stop, limit)
         with self._lock:
             self._check_open()
             self._reads += 1
