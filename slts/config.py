@@ -47,6 +47,14 @@ class StorageConfig:
     gc_batch_max: int = 1000
     #: How often a conflicting metadata commit is re-based and retried.
     commit_retries_max: int = 3
+    #: Defrag merges runs of consecutive chunks each smaller than this.
+    defrag_small_chunk_bytes: int = 8 * MiB
+    #: Largest chunk defrag makes (also bounded by the segment's ``max_rolling_length``).
+    defrag_run_bytes_max: int = 64 * MiB
+    #: Most chunks one defrag run merges (bounds the commit).
+    defrag_run_chunks_max: int = 1000
+    #: After a concat, merge the chunks on both sides of the seam if both are small.
+    concat_merge_seam: bool = True
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

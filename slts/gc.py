@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from slts.bindings.base import ChunkHandle, ChunkStorage
 from slts.config import StorageConfig
 from slts.errors import ChunkNotFound, ChunkStorageError, ReadOnlyInstance, VersionConflict
-from slts.metadata.layout import CHUNKS, DELETED, GC, INDEX, gc_key, gc_queued_stop, index_key, name_key, segment_id_key
+from slts.metadata.layout import CHUNKS, DELETED, GC, INDEX, gc_key, gc_queued_stop, name_key, segment_id_key
 from slts.metadata.records import ChunkRecord, GcEntry, GcReason, SegmentRecord
 from slts.metadata.store import Delete, Expect, MetadataStore, Put
+from slts.storage import index
 from slts.storage.ownership import Ownership, ReadOnlyOwnership
 
 
@@ -142,14 +143,25 @@ class GarbageCollector:
             with contextlib.suppress(ChunkNotFound):
                 self._binding.delete(ChunkHandle(record.name, readonly=False))
         ops: list[Put | Delete] = []
-        for record, start in batch:
+        for record, _ in batch:
             ops.append(Delete(CHUNKS, name_key(record.name)))
-            ops.append(Delete(INDEX, index_key(tombstone.segment_id, start)))
+            ops.append(index.chunk_entry_delete(record))
         key = segment_id_key(tombstone.segment_id)
         remaining = tombstone.chunk_count - len(batch)
+        finished = False
         if name is None:
             assert remaining == 0, (tombstone, len(batch))
-            ops.append(Delete(DELETED, key))
+            # The chunks are gone; what is left of the index are links. Clear them, and the
+            # namespaces they point to (spliced in by concat), in bounded batches.
+            keys = self._namespace_keys(tombstone.segment_id)
+            ops.extend(Delete(INDEX, key_) for key_ in keys)
+            finished = len(keys) < self._config.gc_batch_max
+            if finished:
+                ops.append(Delete(DELETED, key))
+            else:
+                rest = tombstone.replace(first_chunk=None, last_chunk=None, chunk_count=0,
+                                         start_offset=tombstone.length)  # fmt: skip
+                ops.append(Put(DELETED, key, rest.encode()))
         else:
             rest = tombstone.replace(
                 first_chunk=name,
@@ -159,4 +171,20 @@ class GarbageCollector:
             )
             ops.append(Put(DELETED, key, rest.encode()))
         self._ownership.commit(ops, [Expect(DELETED, key, version)])
-        return len(batch), int(name is None)
+        return len(batch), int(finished)
+
+    def _namespace_keys(self, segment_id: int) -> list[bytes]:
+        """Up to ``gc_batch_max`` index keys of a deleted segment's namespace and of the
+        namespaces its links lead to (followed breadth-first within the same bound)."""
+        limit = self._config.gc_batch_max
+        keys: list[bytes] = []
+        pending, seen = [segment_id], {segment_id}
+        with self._store.snapshot() as view:
+            while pending and len(keys) < limit:
+                found, targets = index.linked_namespaces(view, pending.pop(0), limit - len(keys))
+                keys.extend(found)
+                for target in targets:
+                    if target not in seen:
+                        seen.add(target)
+                        pending.append(target)
+        return keys

@@ -145,12 +145,18 @@ class SegmentRecord(Record):
 
 @dataclass(frozen=True, slots=True)
 class ChunkRecord(Record):
-    """One chunk of a segment: a node of the segment's linked list."""
+    """One chunk of a segment: a node of the segment's linked list.
+
+    ``index_id``/``index_offset``: where the chunk's own offset-index entry lives (the
+    namespace of the segment it was written to, and its offset there); they never
+    change, even when a concat moves the chunk into another segment.
+    """
 
     KIND: ClassVar[str] = "chunk"
 
     name: str
-    segment_id: int
+    index_id: int
+    index_offset: int
     length: int
     next_chunk: str | None
     epoch: int
@@ -159,7 +165,8 @@ class ChunkRecord(Record):
 
     def check(self) -> None:
         assert isinstance(self.name, str) and self.name, self.name
-        assert self.segment_id > 0 and self.length >= 0 and self.epoch >= 0, self
+        assert self.index_id > 0 and self.index_offset >= 0, self
+        assert self.length >= 0 and self.epoch >= 0, self
         assert self.next_chunk != self.name, self
         assert self.checksum is None or 0 <= self.checksum < 1 << 32, self
 

@@ -1,0 +1,103 @@
+"""Checks of DESIGN.md §5's invariants on a live store (tests, and later ``slts verify``).
+
+``verify_segment`` checks one segment: its record's invariants, a well-formed chunk
+list (count, offsets, no cycle), every chunk present on the chunk storage with at least
+its recorded length (invariant 2), and the offset index resolving each chunk's first
+and last byte to that chunk. ``verify_container`` does that for every segment and then
+checks that no chunk of the container lies on storage unaccounted for: each is
+referenced by a live list, by a deleted segment's list awaiting GC, or by a GC queue
+entry (invariant 5/6: leak-free). Both return a list of problems; empty means healthy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from slts.errors import ChunkNotFound
+from slts.metadata.layout import CHUNKS, DELETED, GC, name_key
+from slts.metadata.records import ChunkRecord, GcEntry, SegmentRecord
+from slts.storage import index
+from slts.storage.chunked import ChunkedSegmentStorage
+from slts.storage.names import chunk_prefix
+
+
+@dataclass
+class ContainerReport:
+    """What ``verify_container`` found."""
+
+    segments: int = 0
+    chunks: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def _walk(storage: ChunkedSegmentStorage, record: SegmentRecord) -> tuple[list[tuple[int, ChunkRecord]], list[str]]:
+    problems: list[str] = []
+    listed: list[tuple[int, ChunkRecord]] = []
+    name, start = record.first_chunk, record.first_chunk_start_offset
+    while name is not None:
+        if len(listed) > record.chunk_count:
+            problems.append(f"{record.name}: chunk list longer than chunk_count {record.chunk_count} (cycle?)")
+            break
+        stored = storage._store.get(CHUNKS, name_key(name))  # noqa: SLF001 - verification reads raw
+        if stored is None:
+            problems.append(f"{record.name}: chunk {name!r} is referenced but has no record")
+            break
+        chunk = ChunkRecord.decode(stored.value)
+        listed.append((start, chunk))
+        start += chunk.length
+        name = chunk.next_chunk
+    if not problems:
+        if len(listed) != record.chunk_count:
+            problems.append(f"{record.name}: {len(listed)} chunks listed, chunk_count says {record.chunk_count}")
+        if listed and start != record.length:
+            problems.append(f"{record.name}: chunks end at {start}, length is {record.length}")
+        if listed and (listed[-1][1].name != record.last_chunk or listed[-1][0] != record.last_chunk_start_offset):
+            problems.append(f"{record.name}: last_chunk / last_chunk_start_offset disagree with the list")
+    return listed, problems
+
+
+def verify_segment(storage: ChunkedSegmentStorage, name: str) -> list[str]:
+    """Problems found in segment ``name`` (empty list: healthy)."""
+    record, _ = storage._load(name)  # noqa: SLF001
+    listed, problems = _walk(storage, record)
+    binding = storage.chunk_storage
+    for start, chunk in listed:
+        try:
+            stored_length = binding.get_info(chunk.name).length
+        except ChunkNotFound:
+            problems.append(f"{name}: chunk {chunk.name!r} is missing from the chunk storage")
+            continue
+        if stored_length < chunk.length:
+            problems.append(f"{name}: chunk {chunk.name!r} holds {stored_length} bytes, {chunk.length} recorded")
+        if chunk.length == 0:
+            continue
+        for offset in {max(start, record.start_offset), start + chunk.length - 1}:
+            if offset < record.start_offset or offset >= record.length:
+                continue
+            found, found_start = index.resolve(storage._store, record.segment_id, offset)  # noqa: SLF001
+            if (found, found_start) != (chunk.name, start):
+                problems.append(
+                    f"{name}: index maps offset {offset} to {found!r}@{found_start}, list says {chunk.name!r}@{start}"
+                )
+    return problems
+
+
+def verify_container(storage: ChunkedSegmentStorage) -> ContainerReport:
+    """Every segment healthy, and every chunk on storage accounted for."""
+    report = ContainerReport()
+    referenced: set[str] = set()
+    for name in storage.list():
+        report.segments += 1
+        report.problems.extend(verify_segment(storage, name))
+        record, _ = storage._load(name)  # noqa: SLF001
+        referenced.update(chunk.name for _, chunk in _walk(storage, record)[0])
+    store = storage._store  # noqa: SLF001
+    for _, stored in store.iterate(DELETED):
+        tombstone = SegmentRecord.decode(stored.value)
+        referenced.update(chunk.name for _, chunk in _walk(storage, tombstone)[0])
+    queued = {GcEntry.decode(stored.value).chunk for _, stored in store.iterate(GC)}
+    report.chunks = len(referenced)
+    for chunk in storage.chunk_storage.list(chunk_prefix(storage.container_id)):
+        if chunk not in referenced and chunk not in queued:
+            report.problems.append(f"chunk {chunk!r} is on the chunk storage but nothing references it (leak)")
+    return report
