@@ -45,6 +45,9 @@ class StorageConfig:
     gc_delay_s: float = 60.0
     #: Most queue entries (or chunks of a deleted segment) one GC batch handles.
     gc_batch_max: int = 1000
+    #: Seconds between background GC passes; 0 turns the background worker off
+    #: (``storage.gc.run_once()`` still works on demand).
+    gc_interval_s: float = 30.0
     #: How often a conflicting metadata commit is re-based and retried.
     commit_retries_max: int = 3
     #: Defrag merges runs of consecutive chunks each smaller than this.
@@ -66,7 +69,7 @@ class StorageConfig:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
                 raise InvalidConfig(f"{field.name} must be a number, got {value!r}")
-            if value < 0 or (value == 0 and field.name not in ("gc_delay_s",)):
+            if value < 0 or (value == 0 and field.name not in ("gc_delay_s", "gc_interval_s")):
                 raise InvalidConfig(f"{field.name} must be > 0, got {value!r}")
         if self.read_parallel_bytes_min > self.read_bytes_max:
             raise InvalidConfig("read_parallel_bytes_min must not exceed read_bytes_max")

@@ -23,17 +23,22 @@ entry that the next run finishes (deletes are idempotent).
 from __future__ import annotations
 
 import contextlib
+import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from slts.bindings.base import ChunkHandle, ChunkStorage
 from slts.config import StorageConfig
-from slts.errors import ChunkNotFound, ChunkStorageError, ReadOnlyInstance, VersionConflict
+from slts.errors import ChunkNotFound, ChunkStorageError, Fenced, ReadOnlyInstance, SltsError, VersionConflict
 from slts.metadata.layout import CHUNKS, DELETED, GC, INDEX, gc_key, gc_queued_stop, name_key, segment_id_key
 from slts.metadata.records import ChunkRecord, GcEntry, GcReason, SegmentRecord
 from slts.metadata.store import Delete, Expect, MetadataStore, Put
 from slts.storage import index
 from slts.storage.ownership import Ownership, ReadOnlyOwnership
+
+
+_log = logging.getLogger("slts.gc")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +52,12 @@ class GcStatistics:
 
 
 class GarbageCollector:
-    """Deletes due garbage chunks of one container instance."""
+    """Deletes due garbage chunks of one container instance.
+
+    ``run_once`` does one bounded pass; ``start`` runs passes in a background thread
+    every ``interval_s`` until ``stop`` (or until the instance is fenced).
+    ``statistics`` sums every pass so far.
+    """
 
     def __init__(
         self,
@@ -62,6 +72,44 @@ class GarbageCollector:
         self._ownership = ownership
         self._config = config
         self._clock = clock
+        self._totals = GcStatistics()
+        self._totals_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- background worker -----------------------------------------------------------------------
+
+    def start(self, interval_s: float) -> None:
+        """Run ``run_once`` every ``interval_s`` seconds in a daemon thread. Idempotent."""
+        assert interval_s > 0, interval_s
+        if self._thread is not None:
+            return
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._loop, args=(interval_s,), name="slts-gc", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the background thread (waits for a pass in progress). Idempotent."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _loop(self, interval_s: float) -> None:
+        while not self._stopping.wait(interval_s):
+            try:
+                while not self._stopping.is_set() and self.run_once().chunks_deleted:
+                    pass  # a full batch: keep going
+            except Fenced:
+                _log.warning("garbage collector stops: the container was fenced")
+                return
+            except (SltsError, OSError):
+                _log.exception("garbage collection pass failed; retrying in %s s", interval_s)
+
+    def statistics(self) -> GcStatistics:
+        """Totals of every pass since this collector was made."""
+        with self._totals_lock:
+            return self._totals
 
     # -- feeding the queue ----------------------------------------------------------------------
 
@@ -104,7 +152,14 @@ class GarbageCollector:
                 continue
             deleted += count
             finished += done
-        return GcStatistics(deleted, kept, finished, errors)
+        result = GcStatistics(deleted, kept, finished, errors)
+        with self._totals_lock:
+            totals = self._totals
+            self._totals = GcStatistics(
+                totals.chunks_deleted + deleted, totals.entries_kept + kept,
+                totals.tombstones_finished + finished, totals.errors + errors,
+            )  # fmt: skip
+        return result
 
     def _collect_entry(self, key: bytes, version: int, entry: GcEntry) -> str:
         if not entry.claimed:

@@ -205,6 +205,8 @@ class ChunkedSegmentStorage:
         self._pool_lock = threading.Lock()
         self._counters = _Counters()
         self._closed = False
+        if not read_only and self.config.gc_interval_s > 0:
+            self.gc.start(self.config.gc_interval_s)
 
     # -- life cycle -------------------------------------------------------------------------------
 
@@ -214,6 +216,7 @@ class ChunkedSegmentStorage:
         if self._closed:
             return
         self._closed = True
+        self.gc.stop()
         with self._pool_lock:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)

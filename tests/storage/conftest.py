@@ -51,7 +51,7 @@ class Env:
     instances: list[ChunkedSegmentStorage] = field(default_factory=list)
 
     def open(self, epoch: int | None = None, **config: object) -> ChunkedSegmentStorage:
-        settings = StorageConfig(**{"gc_delay_s": 10.0, **config})  # type: ignore[arg-type]
+        settings = StorageConfig(**{"gc_delay_s": 10.0, "gc_interval_s": 0.0, **config})  # type: ignore[arg-type]
         storage = ChunkedSegmentStorage(0, epoch, self.binding, self.store, settings, clock=self.clock)
         self.instances.append(storage)
         return storage

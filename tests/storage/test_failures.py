@@ -13,6 +13,7 @@ import pytest
 
 from slts.bindings.faulty import FaultyChunkStorage
 from slts.bindings.memory import MemoryChunkStorage
+from slts.config import StorageConfig
 from slts.errors import MetadataError, SltsError, StorageUnavailable
 from slts.metadata.layout import TABLES
 from slts.metadata.memory_store import MemoryMetadataStore
@@ -54,6 +55,9 @@ class FailingCommitStore(MetadataStore):
         self.inner.close()
 
 
+NO_BACKGROUND_GC = StorageConfig(gc_interval_s=0.0)
+
+
 def referenced_chunks(storage: ChunkedSegmentStorage) -> set[str]:
     return {chunk.name for name in storage.list() for _, chunk in storage.chunks(name)}
 
@@ -75,7 +79,7 @@ def make(inner_binding: MemoryChunkStorage) -> tuple[FaultyChunkStorage, Failing
 def test_sweep_chunk_storage_failures(binding_class: type[MemoryChunkStorage], op: str) -> None:
     for n in range(1, 6):
         binding, store, clock = make(binding_class())
-        storage = ChunkedSegmentStorage(0, None, binding, store, clock=clock)
+        storage = ChunkedSegmentStorage(0, None, binding, store, NO_BACKGROUND_GC, clock=clock)
         storage.create("s", max_rolling_length=4)
         handle = storage.open_write("s")
         storage.write(handle, 0, b"ab")
@@ -100,7 +104,7 @@ def test_sweep_chunk_storage_failures(binding_class: type[MemoryChunkStorage], o
 
 def test_partial_append_is_never_visible_and_next_write_starts_a_new_chunk() -> None:
     binding, store, clock = make(MemoryChunkStorage())
-    storage = ChunkedSegmentStorage(0, None, binding, store, clock=clock)
+    storage = ChunkedSegmentStorage(0, None, binding, store, NO_BACKGROUND_GC, clock=clock)
     storage.create("t")
     handle = storage.open_write("t")
     storage.write(handle, 0, b"first")
@@ -117,7 +121,7 @@ def test_partial_append_is_never_visible_and_next_write_starts_a_new_chunk() -> 
 def test_sweep_metadata_commit_failures(apply_then_fail: bool) -> None:
     for n in range(1, 4):
         binding, store, clock = make(MemoryChunkStorage())
-        storage = ChunkedSegmentStorage(0, None, binding, store, clock=clock)
+        storage = ChunkedSegmentStorage(0, None, binding, store, NO_BACKGROUND_GC, clock=clock)
         storage.create("m", max_rolling_length=4)
         handle = storage.open_write("m")
         storage.write(handle, 0, b"xy")
@@ -147,7 +151,7 @@ def test_sweep_metadata_commit_failures(apply_then_fail: bool) -> None:
 
 def test_random_faults_keep_store_and_model_in_agreement() -> None:
     binding, store, clock = make(MemoryChunkStorage())
-    storage = ChunkedSegmentStorage(0, None, binding, store, clock=clock)
+    storage = ChunkedSegmentStorage(0, None, binding, store, NO_BACKGROUND_GC, clock=clock)
     for op in ("create", "write", "read", "open_read"):
         binding.fail_probability(op, 0.15)
     models: dict[str, bytearray] = {}

@@ -155,3 +155,19 @@ def test_concurrent_writers_on_one_segment_serialize_by_offset(storage: ChunkedS
         thread.join()
     assert len(wins) == 1
     assert storage.read(handle, 0, 5) == bytes([wins[0]]) * 5
+
+
+def test_background_gc_collects_and_stops_when_fenced(env: Env) -> None:
+    old = env.open(gc_delay_s=0.0)
+    old.create("bg", max_rolling_length=2)
+    handle = old.open_write("bg")
+    old.write(handle, 0, b"abcdef")
+    old.delete(handle)
+    old.gc.start(0.001)
+    thread = old.gc._thread
+    assert thread is not None and thread.is_alive()
+    env.open()  # a newer epoch: the old collector's next pass is fenced and it stops
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "a fenced collector must stop by itself"
+    old.gc.stop()
+    old.gc.stop()
