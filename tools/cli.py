@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from typing import Any, BinaryIO
 
+from tqdm import tqdm
+
 from slts.errors import (
     ChunkNotFound,
     ChunkStorageError,
@@ -182,6 +184,66 @@ def cmd_rm(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_concat(args: argparse.Namespace) -> int:
+    """Append sealed segment SOURCE to TARGET (at its current length); SOURCE is gone."""
+    with open_storage(args) as storage:
+        handle = storage.open_write(args.target)
+        offset = storage.info(args.target).length if args.offset is None else args.offset
+        storage.concat(handle, offset, args.source)
+        info = storage.info(args.target)
+    emit(args, {"target": args.target, "source": args.source, "offset": offset, "length": info.length},
+         f"{args.source} -> {args.target} at {offset}: length {info.length}")  # fmt: skip
+    return EXIT_OK
+
+
+def cmd_truncate(args: argparse.Namespace) -> int:
+    """Make everything below OFFSET unreadable; whole chunks below it go to GC."""
+    with open_storage(args) as storage:
+        storage.truncate(storage.open_write(args.name), args.offset)
+        info = storage.info(args.name)
+    emit(args, {"segment": args.name, "start_offset": info.start_offset, "chunk_count": info.chunk_count},
+         f"{args.name}: starts at {info.start_offset}, {info.chunk_count} chunks")  # fmt: skip
+    return EXIT_OK
+
+
+def cmd_defrag(args: argparse.Namespace) -> int:
+    """Merge runs of small consecutive chunks of one segment, or of every segment."""
+    if (args.name is None) == (not args.all):
+        raise InvalidArgument("give a segment NAME or --all, not both")
+    with open_storage(args) as storage:
+        names = list(storage.list(args.prefix)) if args.all else [args.name]
+        results = []
+        for name in tqdm(names, desc="defrag", unit="segment", disable=args.json or not sys.stderr.isatty()):
+            results.append(storage.defrag(name))
+    totals = {
+        "segments": len(results),
+        "chunks_before": sum(r.chunks_before for r in results),
+        "chunks_after": sum(r.chunks_after for r in results),
+        "runs_committed": sum(r.runs_committed for r in results),
+        "runs_dropped": sum(r.runs_dropped for r in results),
+        "bytes_native": sum(r.bytes_native for r in results),
+        "bytes_copied": sum(r.bytes_copied for r in results),
+    }
+    emit(args, totals, f"defrag: {totals['segments']} segments, chunks {totals['chunks_before']} -> "
+         f"{totals['chunks_after']}, {totals['runs_committed']} runs merged ({totals['runs_dropped']} dropped), "
+         f"{totals['bytes_native']} bytes concatenated natively, {totals['bytes_copied']} copied")  # fmt: skip
+    return EXIT_OK
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    """Run garbage collection passes until nothing due is left (bounded passes)."""
+    with open_storage(args) as storage:
+        for _ in range(args.passes_max):
+            if not storage.gc.run_once().chunks_deleted:
+                break
+        totals = storage.gc.statistics()
+    emit(args, {"chunks_deleted": totals.chunks_deleted, "entries_kept": totals.entries_kept,
+                "tombstones_finished": totals.tombstones_finished, "errors": totals.errors},
+         f"gc: {totals.chunks_deleted} chunks deleted, {totals.tombstones_finished} deleted segments finished,"
+         f" {totals.errors} errors")  # fmt: skip
+    return EXIT_OK if not totals.errors else EXIT_CHUNK_STORAGE
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the demo on the embedded default (see ``slts.tools.demo``)."""
     from slts.tools.demo import run_demo
@@ -269,6 +331,23 @@ def build_parser() -> argparse.ArgumentParser:
         ("rm", cmd_rm, "delete a segment"),
     ):
         add(name, func, help_text).add_argument("name")
+
+    concat = add("concat", cmd_concat, "append a sealed segment to another")
+    concat.add_argument("target")
+    concat.add_argument("source")
+    concat.add_argument("--offset", type=_non_negative, default=None, help="expected target length (default: current)")
+
+    truncate = add("truncate", cmd_truncate, "drop a segment's bytes below an offset")
+    truncate.add_argument("name")
+    truncate.add_argument("offset", type=_non_negative)
+
+    defrag = add("defrag", cmd_defrag, "merge small consecutive chunks")
+    defrag.add_argument("name", nargs="?", default=None)
+    defrag.add_argument("--all", action="store_true", help="every segment (with --prefix: those under it)")
+    defrag.add_argument("--prefix", default="", help="with --all: only segments starting with this")
+
+    gc = add("gc", cmd_gc, "collect garbage chunks that are due")
+    gc.add_argument("--passes-max", type=_positive, default=1000, help="bound on passes (default 1000)")
 
     demo = add("demo", cmd_demo, "ingest, read back and verify many segments on the embedded default")
     demo.add_argument("--dir", default="slts-demo", help="demo folder (recreated; default ./slts-demo)")

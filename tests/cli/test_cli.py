@@ -101,3 +101,27 @@ def test_demo_refuses_a_foreign_folder(tmp_path, capsys: pytest.CaptureFixture[s
     (tmp_path / "precious.txt").write_text("keep me")
     code, _, err = run(capsys, "demo", "--dir", str(tmp_path), "--segments", "1", "--writes", "1")
     assert code == cli.EXIT_INVALID and (tmp_path / "precious.txt").exists()
+
+
+def test_concat_truncate_defrag_gc(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+    source = tmp_path / "in.bin"
+    for i in range(4):
+        source.write_bytes(bytes([65 + i]) * 10)
+        run(capsys, "put", f"txn{i}", str(source), *store)
+        assert run(capsys, "seal", f"txn{i}", *store)[0] == 0
+    run(capsys, "put", "main", str(source), *store)
+    for i in range(4):
+        code, out, _ = run(capsys, "concat", "main", f"txn{i}", "--json", *store)
+        assert code == 0 and json.loads(out)["length"] == 10 * (i + 2)
+    assert run(capsys, "concat", "main", "missing", *store)[0] == cli.EXIT_NOT_FOUND
+    code, out, _ = run(capsys, "truncate", "main", "15", "--json", *store)
+    assert code == 0 and json.loads(out)["start_offset"] == 15
+    code, out, _ = run(capsys, "defrag", "main", "--json", *store)
+    assert code == 0 and json.loads(out)["segments"] == 1
+    code, out, _ = run(capsys, "defrag", "--all", "--json", *store)
+    assert code == 0 and json.loads(out)["runs_dropped"] == 0
+    assert run(capsys, "defrag", *store)[0] == cli.EXIT_INVALID
+    code, out, _ = run(capsys, "gc", "--json", *store)
+    assert code == 0 and json.loads(out)["errors"] == 0
+    result = subprocess.run([sys.executable, "-m", "slts.tools.cli", "cat", "main", *store], capture_output=True)
+    assert result.stdout == (b"D" * 10 + b"A" * 10 + b"B" * 10 + b"C" * 10 + b"D" * 10)[15:]
