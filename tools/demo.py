@@ -1,21 +1,25 @@
 """``slts demo``: the main job on the embedded default, end to end, with its figures.
 
-Filesystem binding + LMDB in one local folder. Steps: ingest many segments with many
-small durable writes from several threads; restart the container (a new epoch, as
-after a crash or failover) and keep writing (the takeover starts new chunks); read every
-segment back and compare it byte for byte (SHA-256) with what was written; print the
-figures. Later capabilities (concat, truncate, defrag, snapshot/restore) extend it.
+Filesystem binding + LMDB in one local folder. Steps:
+
+1. ingest: many segments, many small durable writes, from several threads;
+2. restart: a new epoch takes the container over (as after a crash) and keeps writing;
+3. transactions: small segments written, sealed and concatenated into the streams;
+4. truncate: the older half of some streams is dropped;
+5. defrag: runs of small chunks are merged, in process;
+6. verify: every segment read back and compared byte for byte with what was written,
+   every invariant checked (``slts.storage.verify``), garbage collected, no leak.
+
+Later capabilities (Spark defrag, snapshot/restore) extend it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
 import shutil
 import sys
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -26,10 +30,12 @@ from tqdm import tqdm
 from slts.errors import InvalidArgument
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.factory import open as open_storage
+from slts.storage.verify import verify_container
 
 MARKER = ".slts-demo"
 THREADS = 4
 WRITE_BYTES_MIN, WRITE_BYTES_MAX = 256, 4096
+TXNS_PER_STREAM = 8
 SEED = 20261122
 
 
@@ -43,60 +49,80 @@ def _prepare(folder: str) -> None:
         marker.write("created by slts demo; removed and recreated by the next run\n")
 
 
-def _open(folder: str) -> ChunkedSegmentStorage:
-    return open_storage(f"file://{os.path.join(folder, 'chunks')}", metadata=os.path.join(folder, "metadata"))
+def _open(folder: str, **config: Any) -> ChunkedSegmentStorage:
+    return open_storage(f"file://{os.path.join(folder, 'chunks')}", metadata=os.path.join(folder, "metadata"),
+                        **config)  # fmt: skip
 
 
 class _Expected:
-    """What each segment must hold: running SHA-256 and length, per segment."""
+    """What each segment must hold: its bytes from offset 0 and its start offset."""
 
-    def __init__(self, names: list[str]) -> None:
-        self.digests = {name: hashlib.sha256() for name in names}
-        self.lengths = dict.fromkeys(names, 0)
+    def __init__(self) -> None:
+        self.data: dict[str, bytearray] = {}
+        self.start: dict[str, int] = {}
 
     def add(self, name: str, data: bytes) -> None:
-        self.digests[name].update(data)
-        self.lengths[name] += len(data)
+        self.data.setdefault(name, bytearray()).extend(data)
+        self.start.setdefault(name, 0)
 
 
-def _ingest(
-    storage: ChunkedSegmentStorage, names: list[str], writes: int, expected: _Expected, seed: int, progress: tqdm
-) -> int:
-    """Each thread owns a slice of the segments and appends ``writes`` small writes to each."""
+def _parallel(names: list[str], work: Callable[[str, random.Random], None], seed: int, bar: tqdm) -> None:
+    """Run ``work`` on every name, a slice of names per thread, each with its own RNG."""
 
-    def work(slice_index: int) -> int:
-        rng = random.Random(seed + slice_index)
-        done = 0
-        for name in names[slice_index::THREADS]:
-            handle = storage.open_write(name)
-            offset = storage.info(name).length
-            for _ in range(writes):
-                data = rng.randbytes(rng.randint(WRITE_BYTES_MIN, WRITE_BYTES_MAX))
-                storage.write(handle, offset, data)
-                expected.add(name, data)
-                offset += len(data)
-                done += 1
-            progress.update(writes)
-        return done
+    def run_slice(index: int) -> None:
+        rng = random.Random(seed + index)
+        for name in names[index::THREADS]:
+            work(name, rng)
+            bar.update(1)
 
     with ThreadPoolExecutor(THREADS) as pool:
-        return sum(pool.map(work, range(THREADS)))
+        list(pool.map(run_slice, range(THREADS)))
 
 
-def _verify(storage: ChunkedSegmentStorage, expected: _Expected, progress: tqdm) -> list[str]:
+def _small_writes(storage: ChunkedSegmentStorage, expected: _Expected, writes: int) -> Callable[[str, random.Random], None]:
+    def work(name: str, rng: random.Random) -> None:
+        handle = storage.open_write(name)
+        offset = storage.info(name).length
+        for _ in range(writes):
+            data = rng.randbytes(rng.randint(WRITE_BYTES_MIN, WRITE_BYTES_MAX))
+            storage.write(handle, offset, data)
+            expected.add(name, data)
+            offset += len(data)
+
+    return work
+
+
+def _transactions(storage: ChunkedSegmentStorage, expected: _Expected, counter: list[int]) -> Callable[[str, random.Random], None]:
+    def work(name: str, rng: random.Random) -> None:
+        for i in range(TXNS_PER_STREAM):
+            txn = f"{name}#txn{i}"
+            storage.create(txn)
+            handle = storage.open_write(txn)
+            data = rng.randbytes(rng.randint(WRITE_BYTES_MIN, WRITE_BYTES_MAX * 4))
+            storage.write(handle, 0, data)
+            storage.seal(handle)
+            storage.concat(storage.open_write(name), storage.info(name).length, txn)
+            expected.add(name, data)
+            counter.append(1)
+
+    return work
+
+
+def _verify(storage: ChunkedSegmentStorage, expected: _Expected, bar: tqdm) -> list[str]:
     mismatched = []
-    for name, digest in expected.digests.items():
+    for name, data in expected.data.items():
         info = storage.info(name)
         handle = storage.open_read(name)
-        actual = hashlib.sha256()
+        start = expected.start[name]
+        actual = bytearray()
         offset = info.start_offset
         while offset < info.length:
             size = min(8 << 20, info.length - offset)
-            actual.update(storage.read(handle, offset, size))
+            actual += storage.read(handle, offset, size)
             offset += size
-        if info.length != expected.lengths[name] or actual.digest() != digest.digest():
+        if (info.start_offset, info.length) != (start, len(data)) or actual != data[start:]:
             mismatched.append(name)
-        progress.update(1)
+        bar.update(1)
     return mismatched
 
 
@@ -111,72 +137,108 @@ def run_demo(
 ) -> dict[str, Any]:
     """Run the demo in ``folder`` (recreated) and return its report.
 
-    ``report["verified"]`` is True only if every segment read back byte-identical.
+    ``report["verified"]`` is True only if every segment read back byte-identical and
+    the container has no invariant violation and no leaked chunk.
     """
     _prepare(folder)
     names = [f"demo/stream-{i:03d}/0" for i in range(segments)]
-    expected = _Expected(names)
+    expected = _Expected()
     quiet = json_output or not sys.stderr.isatty()
+    report: dict[str, Any] = {"segments": segments}
+
+    def bar(total: int, desc: str) -> tqdm:
+        return tqdm(total=total, desc=desc, unit="segment", disable=quiet)
+
     try:
         with _open(folder) as storage:
             for name in names:
                 storage.create(name)
-            with tqdm(total=segments * writes, desc="ingest", unit="write", disable=quiet) as bar:
+            with bar(segments, "ingest") as progress:
                 started = time.perf_counter()
-                first_writes = _ingest(storage, names, writes, expected, SEED, bar)
+                _parallel(names, _small_writes(storage, expected, writes), SEED, progress)
                 ingest_s = time.perf_counter() - started
-            first_epoch = storage.epoch
-            ingest_bytes = sum(expected.lengths.values())
+            ingest_bytes = sum(len(data) for data in expected.data.values())
+            report.update(
+                writes=segments * writes, ingest_bytes=ingest_bytes, ingest_s=round(ingest_s, 3),
+                writes_per_s=round(segments * writes / ingest_s, 1),
+                ingest_mb_per_s=round(ingest_bytes / ingest_s / 1e6, 2), epochs=[storage.epoch],
+            )  # fmt: skip
 
-        # Restart as after a crash: a new epoch fences the old one and takes the segments over.
-        with _open(folder) as storage:
-            takeover_writes = max(1, writes // 10)
-            with tqdm(total=segments * takeover_writes, desc="after restart", unit="write", disable=quiet) as bar:
-                _ingest(storage, names, takeover_writes, expected, SEED + 1000, bar)
-            with tqdm(total=segments, desc="verify", unit="segment", disable=quiet) as bar:
+        # Restart as after a crash: the new epoch fences the old one and takes the segments over.
+        with _open(folder, concat_merge_seam=False) as storage:
+            report["epochs"].append(storage.epoch)
+            with bar(segments, "after restart") as progress:
+                _parallel(names, _small_writes(storage, expected, max(1, writes // 10)), SEED + 1, progress)
+
+            concats: list[int] = []
+            with bar(segments // 2, "transactions") as progress:
                 started = time.perf_counter()
-                mismatched = _verify(storage, expected, bar)
+                _parallel(names[: segments // 2], _transactions(storage, expected, concats), SEED + 2, progress)
+                concat_s = time.perf_counter() - started
+            report.update(transactions=len(concats), transactions_per_s=round(len(concats) / concat_s, 1))
+
+            for name in names[: segments // 4]:
+                cut = storage.info(name).length // 2
+                storage.truncate(storage.open_write(name), cut)
+                expected.start[name] = cut
+            report["truncated"] = segments // 4
+
+            chunks_before = sum(storage.info(name).chunk_count for name in names)
+            started = time.perf_counter()
+            results = [storage.defrag(name) for name in names]
+            defrag_s = time.perf_counter() - started
+            report.update(
+                chunks_before_defrag=chunks_before,
+                chunks_after_defrag=sum(result.chunks_after for result in results),
+                defrag_runs=sum(result.runs_committed for result in results),
+                defrag_bytes_native=sum(result.bytes_native for result in results),
+                defrag_s=round(defrag_s, 3),
+            )  # fmt: skip
+
+        # Verify on a fresh instance, collect garbage at once, verify again: no leak.
+        with _open(folder, gc_delay_s=0.0) as storage:
+            report["epochs"].append(storage.epoch)
+            with bar(segments, "verify") as progress:
+                started = time.perf_counter()
+                mismatched = _verify(storage, expected, progress)
                 verify_s = time.perf_counter() - started
-            chunk_counts = [storage.info(name).chunk_count for name in names]
-            second_epoch = storage.epoch
-            total_bytes = sum(expected.lengths.values())
+            total_bytes = sum(len(data) - expected.start[name] for name, data in expected.data.items())
+            while storage.gc.run_once().chunks_deleted:
+                pass
+            problems = verify_container(storage).problems
+            report.update(
+                readable_bytes=total_bytes, verify_mb_per_s=round(total_bytes / verify_s / 1e6, 2),
+                gc_chunks_deleted=storage.gc.statistics().chunks_deleted,
+                mismatched=mismatched, problems=problems[:20], verified=not mismatched and not problems,
+                folder=os.path.abspath(folder) if keep else None,
+            )  # fmt: skip
     finally:
         if not keep:
             shutil.rmtree(folder, ignore_errors=True)
 
-    report = {
-        "segments": segments,
-        "writes": first_writes,
-        "ingest_bytes": ingest_bytes,
-        "ingest_s": round(ingest_s, 3),
-        "writes_per_s": round(first_writes / ingest_s, 1),
-        "ingest_mb_per_s": round(ingest_bytes / ingest_s / 1e6, 2),
-        "epochs": [first_epoch, second_epoch],
-        "total_bytes": total_bytes,
-        "verify_mb_per_s": round(total_bytes / verify_s / 1e6, 2),
-        "chunks_per_segment_mean": round(sum(chunk_counts) / segments, 2),
-        "chunks_per_segment_max": max(chunk_counts),
-        "mismatched": mismatched,
-        "verified": not mismatched,
-        "folder": os.path.abspath(folder) if keep else None,
-    }
-    if json_output:
-        out(json.dumps(report, sort_keys=True))
-    else:
-        out(_format(report, threads=THREADS))
+    out(json.dumps(report, sort_keys=True) if json_output else _format(report))
     return report
 
 
-def _format(report: dict[str, Any], *, threads: int) -> str:
-    verdict = "every segment byte-identical" if report["verified"] else f"MISMATCH in {report['mismatched']}"
+def _format(report: dict[str, Any]) -> str:
+    verdict = "every segment byte-identical, no invariant broken, no chunk leaked"
+    if not report["verified"]:
+        verdict = f"FAILED: mismatched {report['mismatched']}, problems {report['problems']}"
+    per_segment = report["writes"] // report["segments"]
     return "\n".join([
         "SLTS demo: filesystem binding + LMDB metadata, durable writes (fsync data, sync metadata)",
-        f"  ingest          {report['segments']} segments x {report['writes'] // report['segments']} small writes"
-        f" ({WRITE_BYTES_MIN}-{WRITE_BYTES_MAX} B) from {threads} threads",
-        f"                  {report['writes']} writes, {report['ingest_bytes'] / 1e6:.2f} MB in {report['ingest_s']} s:"
+        f"  ingest        {report['segments']} segments x {per_segment} small writes"
+        f" ({WRITE_BYTES_MIN}-{WRITE_BYTES_MAX} B) from {THREADS} threads",
+        f"                {report['writes']} writes, {report['ingest_bytes'] / 1e6:.2f} MB in {report['ingest_s']} s:"
         f" {report['writes_per_s']} writes/s, {report['ingest_mb_per_s']} MB/s",
-        f"  restart         epoch {report['epochs'][0]} -> {report['epochs'][1]}: segments taken over, more writes",
-        f"  layout          chunks per segment: mean {report['chunks_per_segment_mean']},"
-        f" max {report['chunks_per_segment_max']}",
-        f"  verify          {report['total_bytes'] / 1e6:.2f} MB read back at {report['verify_mb_per_s']} MB/s: {verdict}",
+        f"  restart       epoch {report['epochs'][0]} -> {report['epochs'][1]}: segments taken over, more writes",
+        f"  transactions  {report['transactions']} written, sealed and concatenated into streams"
+        f" ({report['transactions_per_s']}/s)",
+        f"  truncate      {report['truncated']} streams cut in half",
+        f"  defrag        chunks {report['chunks_before_defrag']} -> {report['chunks_after_defrag']}"
+        f" ({report['defrag_runs']} runs, {report['defrag_bytes_native'] / 1e6:.2f} MB concatenated natively,"
+        f" {report['defrag_s']} s)",
+        f"  gc            {report['gc_chunks_deleted']} chunks deleted",
+        f"  verify        {report['readable_bytes'] / 1e6:.2f} MB read back at {report['verify_mb_per_s']} MB/s:"
+        f" {verdict}",
     ])  # fmt: skip
