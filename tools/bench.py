@@ -111,6 +111,102 @@ def _durable_writes(parent: str, quick: bool, size: int, count: int) -> Iterator
         folder.close()
 
 
+def _concat(parent: str, quick: bool, source_chunks: int) -> Iterator[tuple[str, Workload, Workload, float, str]]:
+    """Subject: one concat of a sealed source of ``source_chunks`` chunks (metadata only,
+    durable LMDB); baseline: one raw durable LMDB transaction writing as many records as
+    that concat's commit (4)."""
+    import lmdb
+
+    folder = _Folder(parent)
+    storage: ChunkedSegmentStorage = open_storage("memory://bench-concat-" + os.path.basename(folder.path),
+                                                  metadata=folder.sub("metadata"), concat_merge_seam=False,
+                                                  gc_interval_s=0.0)  # fmt: skip
+    storage.create("target")
+    target = storage.open_write("target")
+    storage.write(target, 0, b"t")
+    raw = lmdb.open(folder.sub("raw"), map_size=1 << 30)
+    runs = 0
+
+    def subject() -> float:
+        nonlocal runs
+        runs += 1
+        source = f"source/{runs}"
+        storage.create(source, max_rolling_length=1)  # one write of N bytes makes N chunks
+        storage.write(storage.open_write(source), 0, bytes(source_chunks))
+        storage.seal(storage.open_write(source))
+        started = time.perf_counter()
+        storage.concat(target, storage.info("target").length, source)
+        return time.perf_counter() - started
+
+    def baseline() -> float:
+        started = time.perf_counter()
+        with raw.begin(write=True) as txn:
+            for i in range(4):
+                txn.put(b"key-%d-%d" % (runs, i), b"v" * 200)
+        return time.perf_counter() - started
+
+    try:
+        yield (f"concat of a {source_chunks}-chunk source vs. a raw durable 4-record LMDB commit", subject, baseline,
+               1.0, "ops/s")  # fmt: skip
+    finally:
+        storage.close()
+        raw.close()
+        folder.close()
+
+
+def _defrag(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
+    """Subject: in-process defrag of a segment of small chunks (filesystem: native concat
+    by copy_file_range); baseline: a raw copy of the same bytes into one file + fsync."""
+    chunks, chunk_bytes = (32, 64 << 10) if quick else (256, 64 << 10)
+    payload = os.urandom(chunk_bytes)
+    folder = _Folder(parent)
+    storage: ChunkedSegmentStorage = open_storage(
+        f"file://{folder.sub('chunks')}", metadata=folder.sub("metadata"), concat_merge_seam=False,
+        defrag_small_chunk_bytes=chunk_bytes + 1, gc_interval_s=0.0,
+    )  # fmt: skip
+    runs = 0
+    sources: list[str] = []
+
+    def subject() -> float:
+        nonlocal runs, sources
+        runs += 1
+        name = f"fragmented/{runs}"
+        storage.create(name)
+        for i in range(chunks):
+            part = f"{name}.part{i}"
+            storage.create(part)
+            storage.write(storage.open_write(part), 0, payload)
+            storage.seal(storage.open_write(part))
+            storage.concat(storage.open_write(name), i * chunk_bytes, part)
+        storage.seal(storage.open_write(name))
+        sources = [chunk.name for _, chunk in storage.chunks(name)]
+        started = time.perf_counter()
+        result = storage.defrag(name)
+        elapsed = time.perf_counter() - started
+        assert result.chunks_after < result.chunks_before, result
+        return elapsed
+
+    def baseline() -> float:
+        target = os.path.join(folder.sub("raw"), f"copy-{runs}")
+        started = time.perf_counter()
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            for name in sources:
+                handle = storage.chunk_storage.open_read(name)
+                os.write(fd, storage.chunk_storage.read(handle, 0, chunk_bytes))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return time.perf_counter() - started
+
+    try:
+        yield (f"defrag of {chunks} x {chunk_bytes >> 10} KiB chunks vs. raw copy of the same bytes", subject,
+               baseline, chunks * chunk_bytes / 1e6, "MB/s")  # fmt: skip
+    finally:
+        storage.close()
+        folder.close()
+
+
 BENCHMARKS: dict[str, Benchmark] = {
     "write_4k": Benchmark(
         "write_4k",
@@ -122,6 +218,13 @@ BENCHMARKS: dict[str, Benchmark] = {
         "1 MiB durable writes (bulk ingest): SLTS vs. raw append + fdatasync",
         lambda parent, quick: _durable_writes(parent, quick, 1 << 20, 16 if quick else 256),
     ),
+    "concat_10": Benchmark("concat_10", "concat of a 10-chunk source", lambda p, q: _concat(p, q, 10)),
+    "concat_1k": Benchmark("concat_1k", "concat of a 1,000-chunk source", lambda p, q: _concat(p, q, 1000)),
+    "concat_100k": Benchmark(
+        "concat_100k", "concat of a 100,000-chunk source (10,000 with --quick)",
+        lambda p, q: _concat(p, q, 10_000 if q else 100_000),
+    ),
+    "defrag": Benchmark("defrag", "in-process defrag vs. raw copy of the same bytes", _defrag),
 }
 
 

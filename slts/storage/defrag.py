@@ -19,6 +19,7 @@ Three steps, kept apart so that the same logic serves the in-process driver
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -190,7 +191,7 @@ def commit_ops(
 _CASTAGNOLI_REVERSED = 0x82F63B78
 
 
-def _gf2_times(matrix: list[int], vector: int) -> int:
+def _gf2_times(matrix: list[int] | tuple[int, ...], vector: int) -> int:
     total, i = 0, 0
     while vector:
         if vector & 1:
@@ -200,28 +201,29 @@ def _gf2_times(matrix: list[int], vector: int) -> int:
     return total
 
 
-def _gf2_square(matrix: list[int]) -> list[int]:
+def _gf2_square(matrix: list[int] | tuple[int, ...]) -> list[int]:
     return [_gf2_times(matrix, row) for row in matrix]
 
 
+@functools.cache
+def _zeros_operator(power: int) -> tuple[int, ...]:
+    """The GF(2) matrix that advances a CRC32C register over ``2**power`` zero bytes."""
+    if power == 0:
+        one_bit = [_CASTAGNOLI_REVERSED] + [1 << i for i in range(31)]
+        two_bits = _gf2_square(one_bit)
+        four_bits = _gf2_square(two_bits)
+        return tuple(_gf2_square(four_bits))  # eight bits: one byte
+    return tuple(_gf2_square(_zeros_operator(power - 1)))
+
+
 def crc32c_combine(crc_a: int, crc_b: int, length_b: int) -> int:
-    """CRC32C of ``a + b`` from ``crc(a)``, ``crc(b)`` and ``len(b)``: O(log len(b))."""
-    if length_b == 0:
-        return crc_a
-    odd = [_CASTAGNOLI_REVERSED] + [1 << i for i in range(31)]  # operator for one zero bit
-    even = _gf2_square(odd)  # two zero bits
-    odd = _gf2_square(even)  # four zero bits
-    while True:
-        even = _gf2_square(odd)  # first pass: one zero byte
+    """CRC32C of ``a + b`` from ``crc(a)``, ``crc(b)`` and ``len(b)``: advance ``crc(a)``
+    over ``len(b)`` zero bytes (one cached operator per bit of the length), then xor."""
+    assert length_b >= 0
+    power = 0
+    while length_b:
         if length_b & 1:
-            crc_a = _gf2_times(even, crc_a)
+            crc_a = _gf2_times(_zeros_operator(power), crc_a)
         length_b >>= 1
-        if not length_b:
-            break
-        odd = _gf2_square(even)
-        if length_b & 1:
-            crc_a = _gf2_times(odd, crc_a)
-        length_b >>= 1
-        if not length_b:
-            break
+        power += 1
     return crc_a ^ crc_b
