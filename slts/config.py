@@ -29,6 +29,9 @@ class StorageConfig:
     rolling_length_bytes_default: int = 64 * MiB
     #: Largest single ``write``; bigger writes are rejected (they are held in memory).
     write_bytes_max: int = 256 * MiB
+    #: Most new chunks one ``write`` may need (a write that would need more, for its
+    #: size and the segment's ``max_rolling_length``, is rejected): bounds its commit.
+    write_chunks_max: int = 10_000
     #: Largest single ``read``.
     read_bytes_max: int = 256 * MiB
     #: Reads at least this large that span several chunks fetch chunks in parallel.

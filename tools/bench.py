@@ -131,8 +131,10 @@ def _concat(parent: str, quick: bool, source_chunks: int) -> Iterator[tuple[str,
         nonlocal runs
         runs += 1
         source = f"source/{runs}"
-        storage.create(source, max_rolling_length=1)  # one write of N bytes makes N chunks
-        storage.write(storage.open_write(source), 0, bytes(source_chunks))
+        storage.create(source, max_rolling_length=1)  # a write of N bytes makes N chunks
+        handle = storage.open_write(source)
+        for offset in range(0, source_chunks, 10_000):
+            storage.write(handle, offset, bytes(min(10_000, source_chunks - offset)))
         storage.seal(storage.open_write(source))
         started = time.perf_counter()
         storage.concat(target, storage.info("target").length, source)

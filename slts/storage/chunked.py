@@ -457,6 +457,12 @@ class ChunkedSegmentStorage:
                 )
             if not data:
                 return
+            if len(data) > self.config.write_chunks_max * record.max_rolling_length:
+                raise InvalidArgument(
+                    f"write of {len(data)} bytes needs more than write_chunks_max "
+                    f"({self.config.write_chunks_max}) chunks of max_rolling_length {record.max_rolling_length}",
+                    segment=handle.name,
+                )
             try:
                 self._write_locked(record, version, data)
             except BaseException:

@@ -202,3 +202,12 @@ def test_read_only_instance_observes_without_fencing(populated: tuple[Env, Chunk
         expect_unchanged(env, ReadOnlyInstance, call)
     with pytest.raises(InvalidArgument):
         ChunkedSegmentStorage(0, 5, env.binding, env.store, read_only=True)
+
+
+def test_a_write_needing_too_many_chunks_is_rejected(env: Env) -> None:
+    storage = env.open(write_chunks_max=4)
+    storage.create("tiny", max_rolling_length=2)
+    handle = storage.open_write("tiny")
+    expect_unchanged(env, InvalidArgument, lambda: storage.write(handle, 0, b"123456789"))
+    storage.write(handle, 0, b"12345678")
+    assert storage.info("tiny").length == 8
