@@ -49,12 +49,20 @@ class Figure:
 
 @dataclass(frozen=True, slots=True)
 class Benchmark:
+    """A named pair of workloads. ``run(parent, quick)`` sets them up (in a generator, so
+    teardown runs after measuring) and yields (work, subject, baseline, amount, unit).
+
+    With ``measures="rate"`` a workload returns the seconds it spent and the figure is
+    ``amount / seconds`` (higher is better). With ``measures="value"`` a workload returns
+    the figure itself (e.g. peak RSS in MB; lower is better)."""
+
     name: str
     description: str
     run: Callable[[str, bool], Iterator[tuple[str, Workload, Workload, float, str]]]
+    measures: str = "rate"
 
 
-class _Folder:
+class Folder:
     """A scratch folder on the disk under test, removed afterwards."""
 
     def __init__(self, parent: str) -> None:
@@ -69,10 +77,10 @@ class _Folder:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def _durable_writes(parent: str, quick: bool, size: int, count: int) -> Iterator[tuple[str, Workload, Workload, float, str]]:
+def durable_writes(parent: str, quick: bool, size: int, count: int) -> Iterator[tuple[str, Workload, Workload, float, str]]:
     """Subject: ``count`` SLTS writes of ``size`` bytes; baseline: raw append + fdatasync."""
     payload = os.urandom(size)
-    folder = _Folder(parent)
+    folder = Folder(parent)
     storage: ChunkedSegmentStorage = open_storage(
         f"file://{folder.sub('chunks')}", metadata=folder.sub("metadata")
     )
@@ -117,7 +125,7 @@ def _concat(parent: str, quick: bool, source_chunks: int) -> Iterator[tuple[str,
     that concat's commit (4)."""
     import lmdb
 
-    folder = _Folder(parent)
+    folder = Folder(parent)
     storage: ChunkedSegmentStorage = open_storage("memory://bench-concat-" + os.path.basename(folder.path),
                                                   metadata=folder.sub("metadata"), concat_merge_seam=False,
                                                   gc_interval_s=0.0)  # fmt: skip
@@ -161,7 +169,7 @@ def _defrag(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload,
     by copy_file_range); baseline: a raw copy of the same bytes into one file + fsync."""
     chunks, chunk_bytes = (32, 64 << 10) if quick else (256, 64 << 10)
     payload = os.urandom(chunk_bytes)
-    folder = _Folder(parent)
+    folder = Folder(parent)
     storage: ChunkedSegmentStorage = open_storage(
         f"file://{folder.sub('chunks')}", metadata=folder.sub("metadata"), concat_merge_seam=False,
         defrag_small_chunk_bytes=chunk_bytes + 1, gc_interval_s=0.0,
@@ -213,12 +221,12 @@ BENCHMARKS: dict[str, Benchmark] = {
     "write_4k": Benchmark(
         "write_4k",
         "4 KiB durable writes: SLTS (data fdatasync + LMDB sync commit) vs. raw append + fdatasync",
-        lambda parent, quick: _durable_writes(parent, quick, 4096, 200 if quick else 2000),
+        lambda parent, quick: durable_writes(parent, quick, 4096, 200 if quick else 2000),
     ),
     "write_1m": Benchmark(
         "write_1m",
         "1 MiB durable writes (bulk ingest): SLTS vs. raw append + fdatasync",
-        lambda parent, quick: _durable_writes(parent, quick, 1 << 20, 16 if quick else 256),
+        lambda parent, quick: durable_writes(parent, quick, 1 << 20, 16 if quick else 256),
     ),
     "concat_10": Benchmark("concat_10", "concat of a 10-chunk source", lambda p, q: _concat(p, q, 10)),
     "concat_1k": Benchmark("concat_1k", "concat of a 1,000-chunk source", lambda p, q: _concat(p, q, 1000)),
@@ -235,8 +243,12 @@ def measure(benchmark: Benchmark, parent: str, quick: bool, repetitions: int) ->
     for work, subject, baseline, amount, unit in benchmark.run(parent, quick):
         subject_rates, baseline_rates = [], []
         for _ in range(repetitions):
-            subject_rates.append(amount / subject())
-            baseline_rates.append(amount / baseline())
+            if benchmark.measures == "value":
+                subject_rates.append(subject())
+                baseline_rates.append(baseline())
+            else:
+                subject_rates.append(amount / subject())
+                baseline_rates.append(amount / baseline())
         subject_median = statistics.median(subject_rates)
         baseline_median = statistics.median(baseline_rates)
         return Figure(
@@ -256,6 +268,7 @@ def run(
     out: Callable[[str], None] = print,
 ) -> list[Figure]:
     """Run the selected benchmarks (all by default) and print a table; returns the figures."""
+    _register_suites()
     names = list(only) if only else list(BENCHMARKS)
     unknown = [name for name in names if name not in BENCHMARKS]
     if unknown:
@@ -265,15 +278,25 @@ def run(
     parent = directory or os.getcwd()
     repetitions = 3 if quick else 5
     figures = []
-    out(f"{'benchmark':<10} {'unit':<9} {'SLTS median':>12} {'(min-max)':>21} {'baseline median':>16} "
+    out(f"{'benchmark':<17} {'unit':<9} {'SLTS median':>12} {'(min-max)':>21} {'baseline median':>16} "
         f"{'(min-max)':>21} {'ratio':>6}")  # fmt: skip
     for name in names:
         figure = measure(BENCHMARKS[name], parent, quick, repetitions)
         figures.append(figure)
-        out(f"{figure.name:<10} {figure.unit:<9} {figure.subject_median:>12.1f} "
+        out(f"{figure.name:<17} {figure.unit:<9} {figure.subject_median:>12.1f} "
             f"{f'({figure.subject_min:.1f}-{figure.subject_max:.1f})':>21} {figure.baseline_median:>16.1f} "
             f"{f'({figure.baseline_min:.1f}-{figure.baseline_max:.1f})':>21} {figure.ratio:>6.2f}")  # fmt: skip
     return figures
+
+
+def _register_suites() -> None:
+    """Add the benchmark suites kept in ``slts.tools.benchmarks`` (imported late: they
+    build on the helpers above)."""
+    from slts.tools.benchmarks import SUITES
+
+    for suite in SUITES:
+        for name, benchmark in suite.items():
+            BENCHMARKS.setdefault(name, benchmark)
 
 
 def to_json(figures: Sequence[Figure]) -> str:

@@ -1,0 +1,10 @@
+"""Benchmark suites for ``slts bench`` beyond the basic write/concat/defrag figures.
+
+Each module exposes ``BENCHMARKS``: name -> ``slts.tools.bench.Benchmark``.
+"""
+
+from __future__ import annotations
+
+from slts.tools.benchmarks import concurrency, metadata, reads
+
+SUITES = (concurrency.BENCHMARKS, reads.BENCHMARKS, metadata.BENCHMARKS)

@@ -1,0 +1,194 @@
+"""Metadata-heavy work: create/delete, truncate, garbage collection, memory at scale."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import lmdb
+
+from slts.metadata.layout import SEGMENTS, TABLES, name_key
+from slts.metadata.lmdb_store import LmdbMetadataStore
+from slts.metadata.records import SegmentRecord, SegmentStatus
+from slts.metadata.store import Put
+from slts.storage.factory import open as open_storage
+from slts.tools.bench import Benchmark, Folder, Workload
+
+BATCH = 1000
+
+
+def _raw_durable_txns(env: lmdb.Environment, count: int, tag: bytes) -> float:
+    started = time.perf_counter()
+    for i in range(count):
+        with env.begin(write=True) as txn:
+            txn.put(tag + b"%d" % i, b"v" * 200)
+    return time.perf_counter() - started
+
+
+def create_delete(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
+    """Subject: create then delete N segments (two durable commits each); baseline: 2N raw
+    durable LMDB transactions of one record."""
+    count = 100 if quick else 1000
+    folder = Folder(parent)
+    storage = open_storage(f"file://{folder.sub('chunks')}", metadata=folder.sub("metadata"), gc_interval_s=0.0)
+    raw = lmdb.open(folder.sub("raw"), map_size=1 << 30)
+    runs = 0
+
+    def subject() -> float:
+        nonlocal runs
+        runs += 1
+        started = time.perf_counter()
+        for i in range(count):
+            storage.create(f"cd{runs}/{i}")
+            storage.delete(storage.open_write(f"cd{runs}/{i}"))
+        return time.perf_counter() - started
+
+    def baseline() -> float:
+        return _raw_durable_txns(raw, 2 * count, b"r%d-" % runs)
+
+    try:
+        yield (f"create + delete of {count} segments vs. {2 * count} raw durable LMDB txns", subject, baseline,
+               float(count), "segments/s")  # fmt: skip
+    finally:
+        storage.close()
+        raw.close()
+        folder.close()
+
+
+def truncate(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
+    """Subject: one truncate dropping N chunks (in commits of gc_batch_max); baseline: raw
+    durable LMDB transactions deleting N keys in the same batches."""
+    chunks = 2000 if quick else 20_000
+    folder = Folder(parent)
+    storage = open_storage("memory://bench-truncate-" + os.path.basename(folder.path), metadata=folder.sub("metadata"),
+                           gc_interval_s=0.0)  # fmt: skip
+    raw = lmdb.open(folder.sub("raw"), map_size=1 << 32)
+    runs = 0
+
+    def subject() -> float:
+        nonlocal runs
+        runs += 1
+        name = f"t{runs}"
+        storage.create(name, max_rolling_length=1)
+        handle = storage.open_write(name)
+        for offset in range(0, chunks, 10_000):
+            storage.write(handle, offset, bytes(min(10_000, chunks - offset)))
+        started = time.perf_counter()
+        storage.truncate(handle, chunks - 1)
+        return time.perf_counter() - started
+
+    def baseline() -> float:
+        with raw.begin(write=True) as txn:
+            for i in range(chunks):
+                txn.put(b"k%d-%d" % (runs, i), b"v" * 120)
+        started = time.perf_counter()
+        for first in range(0, chunks, BATCH):
+            with raw.begin(write=True) as txn:
+                for i in range(first, min(first + BATCH, chunks)):
+                    txn.delete(b"k%d-%d" % (runs, i))
+        return time.perf_counter() - started
+
+    try:
+        yield (f"truncate dropping {chunks} chunks vs. raw LMDB deletes in batches of {BATCH}", subject, baseline,
+               float(chunks), "chunks/s")  # fmt: skip
+    finally:
+        storage.close()
+        raw.close()
+        folder.close()
+
+
+def garbage_collection(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
+    """Subject: GC of a deleted segment of N chunks on the filesystem, to the end;
+    baseline: unlink of N files of the same size."""
+    chunks = 500 if quick else 5000
+    folder = Folder(parent)
+    storage = open_storage(f"file://{folder.sub('chunks')}", metadata=folder.sub("metadata"), gc_delay_s=0.0,
+                           gc_interval_s=0.0)  # fmt: skip
+    runs = 0
+
+    def subject() -> float:
+        nonlocal runs
+        runs += 1
+        name = f"g{runs}"
+        storage.create(name, max_rolling_length=64)
+        handle = storage.open_write(name)
+        storage.write(handle, 0, bytes(64 * chunks))
+        storage.delete(handle)
+        started = time.perf_counter()
+        while storage.gc.run_once().chunks_deleted:
+            pass
+        return time.perf_counter() - started
+
+    def baseline() -> float:
+        raw = folder.sub(f"raw{runs}")
+        paths = [os.path.join(raw, str(i)) for i in range(chunks)]
+        for path in paths:
+            with open(path, "wb") as handle:
+                handle.write(bytes(64))
+        started = time.perf_counter()
+        for path in paths:
+            os.unlink(path)
+        return time.perf_counter() - started
+
+    try:
+        yield (f"GC of a deleted segment of {chunks} chunks vs. unlink of {chunks} files", subject, baseline,
+               float(chunks), "chunks/s")  # fmt: skip
+    finally:
+        storage.close()
+        folder.close()
+
+
+_RSS_PROBE = """
+import sys
+import slts
+storage = slts.open("memory://rss", metadata=sys.argv[1], gc_interval_s=0.0, read_only={read_only})
+if {touch}:
+    for name in storage.list():
+        storage.info(name)
+status = dict(line.split(":", 1) for line in open("/proc/self/status") if line.startswith("Rss"))
+storage.close()
+print(int(status["RssAnon"].split()[0]) // 1024, int(status["RssFile"].split()[0]) // 1024)
+"""
+
+
+def memory_at_scale(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
+    """Subject: resident anonymous memory (MB) of a process that opens a container of N
+    segments and has read every segment's info (the metadata cache stays bounded);
+    baseline: the same process opening the container without touching the segments.
+    LMDB's file-backed mapped pages (page cache the kernel may drop) are not counted."""
+    segments = 100_000 if quick else 1_000_000
+    folder = Folder(parent)
+    metadata = folder.sub("metadata")
+    store = LmdbMetadataStore(metadata, TABLES, durable=False)
+    for first in range(0, segments, 10_000):
+        ops = []
+        for i in range(first, min(first + 10_000, segments)):
+            name = f"scope/stream-{i:07d}/0"
+            record = SegmentRecord(name, i + 1, int(SegmentStatus.ACTIVE), 0, 0, None, None, 0, 0, 64 << 20, 0, 0, 0, 0)
+            ops.append(Put(SEGMENTS, name_key(name), record.encode()))
+        store.commit(ops)
+    store.close()
+
+    def probe(touch: bool) -> float:
+        code = _RSS_PROBE.format(read_only=not touch, touch=touch)
+        out = subprocess.run([sys.executable, "-c", code, metadata], capture_output=True, text=True, check=True)
+        anonymous_mb, _file_mb = out.stdout.split()
+        return float(anonymous_mb)
+
+    try:
+        yield (f"anonymous RSS with {segments} segments, every info read, vs. opening only", lambda: probe(True),
+               lambda: probe(False), 1.0, "MB (lower)")  # fmt: skip
+    finally:
+        folder.close()
+
+
+BENCHMARKS = {
+    "create_delete": Benchmark("create_delete", "create + delete of many segments vs. raw LMDB txns", create_delete),
+    "truncate": Benchmark("truncate", "truncate dropping many chunks vs. raw LMDB deletes", truncate),
+    "gc": Benchmark("gc", "GC rate vs. raw unlinks", garbage_collection),
+    "rss_1m": Benchmark("rss_1m", "peak RSS with 1,000,000 segments (100,000 with --quick)", memory_at_scale,
+                        measures="value"),
+}

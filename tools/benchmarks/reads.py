@@ -1,0 +1,117 @@
+"""Reads: sequential throughput and random-read lookup cost against raw binding reads."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Iterator
+
+from slts.bindings.memory import MemoryChunkStorage
+from slts.config import StorageConfig
+from slts.metadata.layout import TABLES
+from slts.metadata.lmdb_store import LmdbMetadataStore
+from slts.storage.chunked import ChunkedSegmentStorage
+from slts.storage.factory import open as open_storage
+from slts.tools.bench import Benchmark, Folder, Workload
+
+READ_BYTES = 8 << 20
+RANDOM_READS = 2000
+CHUNK_BYTES = 4096
+
+
+def sequential_read(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
+    """Subject: read a large segment front to back in 8 MiB reads; baseline: ``pread`` of
+    the same bytes from the chunk files (both from the page cache after the first pass)."""
+    total = (32 if quick else 256) << 20
+    folder = Folder(parent)
+    storage = open_storage(f"file://{folder.sub('chunks')}", metadata=folder.sub("metadata"), gc_interval_s=0.0)
+    storage.create("seq")
+    handle = storage.open_write("seq")
+    block = os.urandom(READ_BYTES)
+    for offset in range(0, total, READ_BYTES):
+        storage.write(handle, offset, block)
+    binding = storage.chunk_storage
+    chunks = [(chunk.name, chunk.length) for _, chunk in storage.chunks("seq")]
+
+    def subject() -> float:
+        started = time.perf_counter()
+        for offset in range(0, total, READ_BYTES):
+            storage.read(handle, offset, READ_BYTES)
+        return time.perf_counter() - started
+
+    def baseline() -> float:
+        started = time.perf_counter()
+        for name, length in chunks:
+            chunk = binding.open_read(name)
+            for offset in range(0, length, READ_BYTES):
+                binding.read(chunk, offset, READ_BYTES)
+        return time.perf_counter() - started
+
+    try:
+        yield (f"{total >> 20} MiB segment ({len(chunks)} chunks) read in 8 MiB reads vs. raw chunk reads",
+               subject, baseline, total / 1e6, "MB/s")  # fmt: skip
+    finally:
+        storage.close()
+        folder.close()
+
+
+def random_reads(parent: str, quick: bool, chunks: int, cold: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
+    """Subject: 4 KiB reads of random chunks of a segment of ``chunks`` chunks (memory
+    binding, LMDB metadata, so the figure isolates the lookup); ``cold`` uses a fresh
+    instance (empty metadata cache) per repetition. Baseline: raw binding reads of the
+    same chunks."""
+    folder = Folder(parent)
+    binding = MemoryChunkStorage("memory://bench-random")
+    store = LmdbMetadataStore(folder.sub("metadata"), TABLES)
+    config = StorageConfig(gc_interval_s=0.0, write_chunks_max=10_000)
+    writer = ChunkedSegmentStorage(0, None, binding, store, config)
+    writer.create("r", max_rolling_length=CHUNK_BYTES)
+    handle = writer.open_write("r")
+    step = 10_000 * CHUNK_BYTES
+    for offset in range(0, chunks * CHUNK_BYTES, step):
+        writer.write(handle, offset, bytes(min(step, chunks * CHUNK_BYTES - offset)))
+    names = [chunk.name for _, chunk in writer.chunks("r")]
+    rng = random.Random(chunks)
+    picks = [rng.randrange(chunks) for _ in range(RANDOM_READS)]
+    writer.close()
+    reader = ChunkedSegmentStorage(0, None, binding, store, config, read_only=True)
+
+    def subject() -> float:
+        instance = ChunkedSegmentStorage(0, None, binding, store, config, read_only=True) if cold else reader
+        read_handle = instance.open_read("r")
+        started = time.perf_counter()
+        for pick in picks:
+            instance.read(read_handle, pick * CHUNK_BYTES, CHUNK_BYTES)
+        return time.perf_counter() - started
+
+    def baseline() -> float:
+        started = time.perf_counter()
+        for pick in picks:
+            binding.read(binding.open_read(names[pick]), 0, CHUNK_BYTES)
+        return time.perf_counter() - started
+
+    try:
+        state = "cold" if cold else "warm"
+        yield (f"{RANDOM_READS} random 4 KiB reads, {chunks} chunks, {state} vs. raw binding reads", subject,
+               baseline, float(RANDOM_READS), "reads/s")  # fmt: skip
+    finally:
+        reader.close()
+        store.close()
+        folder.close()
+
+
+def _random(chunks: int, quick_chunks: int, cold: bool) -> Benchmark:
+    label = {10: "10", 1000: "1k", 100_000: "100k"}[chunks]
+    name = f"read_random_{label}" + ("_cold" if cold else "")
+    return Benchmark(
+        name, f"random 4 KiB reads at {chunks} chunks ({quick_chunks} with --quick), {'cold' if cold else 'warm'}",
+        lambda parent, quick: random_reads(parent, quick, quick_chunks if quick else chunks, cold),
+    )
+
+
+BENCHMARKS = {
+    "read_seq": Benchmark("read_seq", "sequential read vs. raw chunk reads", sequential_read),
+    **{b.name: b for b in (_random(10, 10, False), _random(1000, 1000, False), _random(100_000, 10_000, False),
+                           _random(10, 10, True), _random(100_000, 10_000, True))},
+}  # fmt: skip
