@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -209,3 +211,34 @@ class GcEntry(Record):
 
     def check(self) -> None:
         assert self.chunk and self.reason in GcReason.__members__.values(), self
+
+
+class DecodedRecords:
+    """A bounded memo of decoded records, keyed by (table, key) and valid for one version.
+
+    Versions are store-wide commit sequence numbers, never reused, so a memo entry whose
+    version equals the stored one holds exactly the stored bytes, decoded. It saves the
+    decode (and its self-check) on hot reads. At most ``capacity`` entries (LRU).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        assert capacity > 0, capacity
+        self._capacity = capacity
+        self._entries: OrderedDict[tuple[str, bytes], tuple[int, Record]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def decode(self, table: str, key: bytes, version: int, value: bytes, kind: type[R]) -> R:
+        """``kind.decode(value)``, from the memo when ``version`` matches."""
+        name = (table, key)
+        with self._lock:
+            hit = self._entries.get(name)
+            if hit is not None and hit[0] == version:
+                self._entries.move_to_end(name)
+                return hit[1]  # type: ignore[return-value]
+        record = kind.decode(value)
+        with self._lock:
+            self._entries[name] = (version, record)
+            self._entries.move_to_end(name)
+            while len(self._entries) > self._capacity:
+                self._entries.popitem(last=False)
+        return record

@@ -51,7 +51,7 @@ from slts.errors import (
 from slts.gc import GarbageCollector
 from slts.metadata.cache import CachedMetadataStore
 from slts.metadata.layout import CHUNKS, DELETED, GC, SEGMENTS, name_key, segment_id_key
-from slts.metadata.records import ChunkRecord, GcReason, SegmentRecord, SegmentStatus
+from slts.metadata.records import ChunkRecord, DecodedRecords, GcReason, SegmentRecord, SegmentStatus
 from slts.metadata.store import Delete, Expect, MetadataStore, Operation, Put, prefix_stop
 from slts.storage import defrag, index
 from slts.storage.names import chunk_name, check_segment_name
@@ -194,6 +194,7 @@ class ChunkedSegmentStorage:
         self.epoch = self._ownership.epoch
         if self.epoch >= (1 << 31):
             raise InvalidArgument(f"epoch {self.epoch} is too large (max 2**31 - 1)")
+        self._decoded = DecodedRecords(self.config.metadata_cache_entries)
         self.gc = GarbageCollector(self._store, chunk_storage, self._ownership, self.config, clock)
         self._owns_resources = owns_resources
         self._metadata_store = metadata_store
@@ -275,15 +276,17 @@ class ChunkedSegmentStorage:
         return self.epoch * _SEGMENT_IDS_PER_EPOCH + number
 
     def _load(self, name: str) -> tuple[SegmentRecord, int]:
-        stored = self._store.get(SEGMENTS, name_key(name))
+        key = name_key(name)
+        stored = self._store.get(SEGMENTS, key)
         if stored is None:
             raise SegmentNotFound(f"segment {name!r} does not exist", segment=name)
-        return SegmentRecord.decode(stored.value), stored.version
+        return self._decoded.decode(SEGMENTS, key, stored.version, stored.value, SegmentRecord), stored.version
 
     def _chunk(self, name: str) -> tuple[ChunkRecord, int]:
-        stored = self._store.get(CHUNKS, name_key(name))
+        key = name_key(name)
+        stored = self._store.get(CHUNKS, key)
         assert stored is not None, f"chunk record {name!r} is referenced but missing"
-        return ChunkRecord.decode(stored.value), stored.version
+        return self._decoded.decode(CHUNKS, key, stored.version, stored.value, ChunkRecord), stored.version
 
     def _check_handle(self, handle: object, *, writable: bool) -> SegmentHandle:
         self._check_open(changes=writable)
