@@ -231,7 +231,23 @@ def cmd_defrag(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    """Run garbage collection passes until nothing due is left (bounded passes)."""
+    """Run garbage collection passes until nothing due is left (bounded passes).
+    With --orphans, first find chunks nothing accounts for and queue them (--dry-run:
+    only list them)."""
+    if args.dry_run and not args.orphans:
+        raise InvalidArgument("--dry-run goes with --orphans")
+    if args.orphans:
+        from slts.orphans import reconcile
+
+        with open_storage(args, read_only=args.dry_run) as storage:
+            report = reconcile(storage, dry_run=args.dry_run)
+        emit(args, {"listed": report.listed, "orphans": report.orphans, "foreign": report.foreign,
+                    "queued": report.queued},
+             f"orphans: {len(report.orphans)} of {report.listed} chunks"
+             f" ({'dry run' if args.dry_run else f'{report.queued} queued for GC'}),"
+             f" {len(report.foreign)} foreign names left alone")  # fmt: skip
+        if args.dry_run:
+            return EXIT_OK
     with open_storage(args) as storage:
         for _ in range(args.passes_max):
             if not storage.gc.run_once().chunks_deleted:
@@ -242,6 +258,24 @@ def cmd_gc(args: argparse.Namespace) -> int:
          f"gc: {totals.chunks_deleted} chunks deleted, {totals.tombstones_finished} deleted segments finished,"
          f" {totals.errors} errors")  # fmt: skip
     return EXIT_OK if not totals.errors else EXIT_CHUNK_STORAGE
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Check the invariants of every segment (lists, index, chunks present) and that no
+    chunk is leaked; exit 1 if anything is wrong."""
+    from slts.storage.verify import verify_container, verify_segment
+
+    with open_storage(args, read_only=True) as storage:
+        if args.prefix:
+            names = list(storage.list(args.prefix))
+            problems = [problem for name in names for problem in verify_segment(storage, name)]
+            segments = len(names)
+        else:
+            report = verify_container(storage)
+            problems, segments = report.problems, report.segments
+    emit(args, {"segments": segments, "problems": problems},
+         "\n".join([f"verify: {segments} segments, {len(problems)} problems", *problems]))  # fmt: skip
+    return EXIT_OK if not problems else EXIT_ERROR
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -348,6 +382,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     gc = add("gc", cmd_gc, "collect garbage chunks that are due")
     gc.add_argument("--passes-max", type=_positive, default=1000, help="bound on passes (default 1000)")
+    gc.add_argument("--orphans", action="store_true", help="first queue chunks nothing references")
+    gc.add_argument("--dry-run", action="store_true", help="with --orphans: only list them")
+
+    verify = add("verify", cmd_verify, "check every invariant of the stored segments")
+    verify.add_argument("prefix", nargs="?", default="", help="only segments starting with this")
 
     demo = add("demo", cmd_demo, "ingest, read back and verify many segments on the embedded default")
     demo.add_argument("--dir", default="slts-demo", help="demo folder (recreated; default ./slts-demo)")

@@ -195,6 +195,8 @@ class GcReason(enum.StrEnum):
     INTENT = "intent"
     #: Dropped from a segment's layout by a committed change.
     DROPPED = "dropped"
+    #: Found on the chunk storage with nothing referencing it (the orphan reconciler).
+    ORPHAN = "orphan"
 
 
 @dataclass(frozen=True, slots=True)

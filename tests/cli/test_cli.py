@@ -127,3 +127,21 @@ def test_concat_truncate_defrag_gc(tmp_path, store: list[str], capsys: pytest.Ca
     assert code == 0 and json.loads(out)["errors"] == 0
     result = subprocess.run([sys.executable, "-m", "slts.tools.cli", "cat", "main", *store], capture_output=True)
     assert result.stdout == (b"D" * 10 + b"A" * 10 + b"B" * 10 + b"C" * 10 + b"D" * 10)[15:]
+
+
+def test_verify_and_orphans(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+    source = tmp_path / "in.bin"
+    source.write_bytes(b"payload")
+    run(capsys, "put", "v", str(source), *store)
+    code, out, _ = run(capsys, "verify", "--json", *store)
+    assert code == 0 and json.loads(out) == {"segments": 1, "problems": []}
+    leaked = tmp_path / "store" / "chunks" / "0%" / "v%" / "E1.O7.0123456789abcdef0123456789abcdef"
+    leaked.write_bytes(b"nobody references me")
+    code, out, _ = run(capsys, "verify", "--json", *store)
+    assert code == cli.EXIT_ERROR and "leak" in json.loads(out)["problems"][0]
+    run(capsys, "seal", "v", *store)  # a newer epoch owns the container: epoch 1's leftovers are orphans
+    code, out, _ = run(capsys, "gc", "--orphans", "--dry-run", "--json", *store)
+    assert code == 0 and len(json.loads(out)["orphans"]) == 1 and leaked.exists()
+    assert run(capsys, "gc", "--dry-run", *store)[0] == cli.EXIT_INVALID
+    assert run(capsys, "gc", "--orphans", *store)[0] == 0
+    assert leaked.exists(), "queued orphans wait gc_delay_s like any garbage"
