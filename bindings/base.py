@@ -142,6 +142,11 @@ class ChunkStorage(abc.ABC):
         """
         raise UnsupportedOperation(f"{type(self).__name__} has no native concat", binding=self.url)
 
+    def concat_bytes_through_client(self, sources: Sequence[ConcatSource]) -> int:
+        """How many bytes a ``concat`` of ``sources`` would read and send through this
+        process (the rest the storage copies itself). 0 unless a binding says otherwise."""
+        return 0
+
     def truncate(self, handle: ChunkHandle, length: int) -> None:
         """Shorten the chunk to ``length`` bytes (``length`` <= current length)."""
         raise UnsupportedOperation(f"{type(self).__name__} cannot truncate", binding=self.url)

@@ -266,22 +266,34 @@ def run(
     quick: bool = False,
     directory: str | None = None,
     out: Callable[[str], None] = print,
+    store: str | None = None,
 ) -> list[Figure]:
-    """Run the selected benchmarks (all by default) and print a table; returns the figures."""
+    """Run the selected benchmarks (all by default) and print a table; returns the figures.
+
+    With an ``s3://`` ``store`` the S3 benchmarks (``slts.tools.benchmarks.s3``) against
+    it are available too, and are the default selection; otherwise they do not exist.
+    """
     _register_suites()
-    names = list(only) if only else list(BENCHMARKS)
-    unknown = [name for name in names if name not in BENCHMARKS]
+    available = dict(BENCHMARKS)
+    from slts.tools.benchmarks import s3
+
+    if s3.is_s3_url(store):
+        assert store is not None
+        available.update(s3.benchmarks(store))
+    names = list(only) if only else (list(s3.benchmarks(store)) if s3.is_s3_url(store) else list(BENCHMARKS))
+    unknown = [name for name in names if name not in available]
     if unknown:
         from slts.errors import InvalidArgument
 
-        raise InvalidArgument(f"unknown benchmarks {unknown}; known: {sorted(BENCHMARKS)}")
+        hint = "" if s3.is_s3_url(store) else " (the s3_* benchmarks need --store s3://...)"
+        raise InvalidArgument(f"unknown benchmarks {unknown}; known: {sorted(available)}{hint}")
     parent = directory or os.getcwd()
     repetitions = 3 if quick else 5
     figures = []
     out(f"{'benchmark':<17} {'unit':<9} {'SLTS median':>12} {'(min-max)':>21} {'baseline median':>16} "
         f"{'(min-max)':>21} {'ratio':>6}")  # fmt: skip
     for name in names:
-        figure = measure(BENCHMARKS[name], parent, quick, repetitions)
+        figure = measure(available[name], parent, quick, repetitions)
         figures.append(figure)
         out(f"{figure.name:<17} {figure.unit:<9} {figure.subject_median:>12.1f} "
             f"{f'({figure.subject_min:.1f}-{figure.subject_max:.1f})':>21} {figure.baseline_median:>16.1f} "

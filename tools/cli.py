@@ -291,7 +291,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Measure SLTS against raw baselines in the same run (see ``slts.tools.bench``)."""
     from slts.tools import bench
 
-    figures = bench.run(args.only, quick=args.quick, directory=args.dir,
+    figures = bench.run(args.only, quick=args.quick, directory=args.dir, store=args.store,
                         out=(lambda _: None) if args.json else print)  # fmt: skip
     document = bench.to_json(figures)
     if args.json_file:
@@ -393,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--segments", type=_positive, default=64)
     demo.add_argument("--writes", type=_positive, default=200, help="small writes per segment")
     demo.add_argument("--keep", action="store_true", help="keep the demo folder afterwards")
-    bench = add("bench", cmd_bench, "measure SLTS next to raw baselines of the same work")
+    bench = add("bench", cmd_bench, "measure SLTS next to raw baselines of the same work (--store s3://...: on S3)")
     bench.add_argument("--quick", action="store_true", help="small sizes, few repetitions")
     bench.add_argument("--only", nargs="+", default=None, metavar="NAME", help="run only these benchmarks")
     bench.add_argument("--dir", default=None, help="scratch folder on the disk to measure (default: cwd)")

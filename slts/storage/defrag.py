@@ -114,9 +114,11 @@ def build_chunk(binding: ChunkStorage, run: Run, new_name: str, *, checksums: bo
     """Create chunk ``new_name`` holding the run's bytes (recorded lengths only)."""
     sources = [ConcatSource(chunk.record.name, 0, chunk.record.length) for chunk in run.chunks]
     if binding.supports_concat:
+        copied = binding.concat_bytes_through_client(sources)
         info = binding.concat(new_name, sources)
         assert info.length == run.length, (info, run.length)
-        return BuiltChunk(new_name, run.length, _combined_checksum(run) if checksums else None, run.length, 0)
+        checksum = _combined_checksum(run) if checksums else None
+        return BuiltChunk(new_name, run.length, checksum, run.length - copied, copied)
     parts = [binding.read(binding.open_read(s.name), s.offset, s.length) for s in sources]
     data = b"".join(parts)
     if len(data) != run.length:

@@ -29,6 +29,8 @@ from slts.bindings.filesystem import FileSystemChunkStorage, chunk_relpath
 from slts.bindings.memory import MemoryChunkStorage, _Chunk
 
 from .harness import BindingUnderTest, remove_tree
+from tests.hdfs.harness import hdfs_binding, hdfs_real_binding, real_cluster_configured
+from tests.s3.harness import s3_binding
 
 # -- raw access hooks ------------------------------------------------------------------------
 
@@ -125,6 +127,10 @@ BINDINGS: dict[str, Callable[[Path], BindingUnderTest]] = {
     "memory-minimal": _memory_minimal,
     "filesystem": _filesystem,
     "faulty-memory": _faulty_memory,
+    "hdfs": hdfs_binding,  # the WebHDFS test server (tests/webhdfs_server.py)
+    # A real cluster if SLTS_HDFS_URL is set (else tests/hdfs/test_real_cluster.py skips).
+    **({"hdfs-real": hdfs_real_binding} if real_cluster_configured() else {}),
+    "s3": s3_binding,  # the session's SeaweedFS server (tests/s3server.py)
 }
 
 

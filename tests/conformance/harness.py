@@ -54,6 +54,9 @@ class BindingUnderTest:
     reopen: Callable[[], ChunkStorage]
     #: Removes what the binding left behind (run after ``storage.close()``).
     cleanup: Callable[[], None] = field(default=lambda: None)
+    #: Programs the model test (``test_model.py``) runs: fewer for a binding behind a
+    #: network server, where every step costs dozens of requests.
+    model_examples: int = 100
 
 
 def require(storage: ChunkStorage, flag: str, reason: str) -> None:

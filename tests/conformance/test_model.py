@@ -221,7 +221,7 @@ def test_binding_matches_the_model(make_binding):
     run_state_machine_as_test(
         Machine,
         settings=settings(
-            max_examples=100,
+            max_examples=make_binding().model_examples,
             stateful_step_count=40,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],

@@ -21,6 +21,7 @@ from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.memory_store import MemoryMetadataStore
 from slts.metadata.store import MetadataStore
 from slts.storage.chunked import ChunkedSegmentStorage
+from tests.s3.harness import s3_storage_binding
 
 
 class FakeClock:
@@ -72,12 +73,13 @@ BINDINGS: dict[str, Callable[[object], ChunkStorage]] = {
     "memory": lambda tmp: MemoryChunkStorage(),
     "filesystem": lambda tmp: FileSystemChunkStorage(str(tmp / "chunks")),
     "no-append": lambda tmp: NoAppendMemoryChunkStorage(),
+    "s3": s3_storage_binding,  # a new bucket on the session's SeaweedFS server per test
 }
 STORES: dict[str, Callable[[object], MetadataStore]] = {
     "memory": lambda tmp: MemoryMetadataStore(TABLES),
     "lmdb": lambda tmp: LmdbMetadataStore(str(tmp / "metadata"), TABLES),
 }
-PAIRS = [("memory", "memory"), ("filesystem", "lmdb"), ("no-append", "memory")]
+PAIRS = [("memory", "memory"), ("filesystem", "lmdb"), ("no-append", "memory"), ("s3", "lmdb")]
 
 
 @pytest.fixture(params=PAIRS, ids=[f"{b}+{s}" for b, s in PAIRS])

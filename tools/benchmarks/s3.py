@@ -1,0 +1,177 @@
+"""S3 benchmarks, run by ``slts bench --store s3://bucket/prefix?endpoint_url=...``.
+
+Each figure next to raw boto3 against the same server, bucket and run:
+
+* ``s3_write_64k`` / ``s3_write_1m`` / ``s3_write_8m``: SLTS writes of that size to one
+  segment (S3 has no append: each write is one ``PutObject`` of a new chunk plus the
+  LMDB commits) vs. raw ``put_object`` calls of the same sizes with a default boto3
+  client. MB/s.
+* ``s3_concat``: defrag of a sealed segment of 5 MiB chunks: server-side (multipart
+  upload with ``UploadPartCopy``: no chunk byte through this process) vs. the same
+  defrag through the client (the engine's read-and-create path, the binding's concat
+  turned off). MB/s of defragmented data; a ratio above 1 means server-side is faster.
+
+Credentials come from the usual AWS environment variables or profile (``?profile=``).
+Every object a benchmark writes is below ``<prefix>/slts-bench-<random>/`` and deleted
+afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from slts.storage.chunked import ChunkedSegmentStorage
+from slts.storage.factory import open as open_storage
+from slts.tools.bench import Benchmark, Folder, Workload
+
+Setup = Iterator[tuple[str, Workload, Workload, float, str]]
+#: S3's smallest multipart part (``slts.bindings.s3.PART_BYTES_MIN``; not imported here so
+#: that ``slts bench`` without boto3 still runs).
+PART_BYTES_MIN = 5 << 20
+
+
+def is_s3_url(store: str | None) -> bool:
+    return isinstance(store, str) and store.startswith("s3://")
+
+
+class _Target:
+    """A scratch prefix below the store URL's prefix, with a raw boto3 client for it."""
+
+    def __init__(self, url: str) -> None:
+        import boto3
+        import botocore.config
+        from slts.bindings.s3 import S3ChunkStorage
+
+        probe = S3ChunkStorage.from_url(url)
+        probe.close()
+        self.bucket = probe.bucket
+        self.prefix = "/".join(p for p in (probe.prefix, f"slts-bench-{uuid.uuid4().hex[:12]}") if p)
+        self._query = url.partition("?")[2]
+        self.url = self.sub_url("")
+        session = boto3.session.Session(profile_name=probe.profile, region_name=probe.region)
+        style = {"s3": {"addressing_style": "path"}} if probe.endpoint_url else {}
+        self.client: Any = session.client("s3", endpoint_url=probe.endpoint_url,
+                                          config=botocore.config.Config(max_pool_connections=32, **style))  # fmt: skip
+
+    def sub_url(self, name: str) -> str:
+        """The store URL of the scratch prefix (or of ``name`` below it)."""
+        path = f"{self.prefix}/{name}" if name else self.prefix
+        return f"s3://{self.bucket}/{path}" + (f"?{self._query}" if self._query else "")
+
+    def clean(self) -> None:
+        """Delete every object below the scratch prefix (bounded by the listing's pages)."""
+        token = None
+        for _ in range(100_000):
+            arguments = {"Bucket": self.bucket, "Prefix": self.prefix + "/"}
+            if token:
+                arguments["ContinuationToken"] = token
+            page = self.client.list_objects_v2(**arguments)
+            for entry in page.get("Contents", []):
+                with contextlib.suppress(Exception):
+                    self.client.delete_object(Bucket=self.bucket, Key=entry["Key"])
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+
+
+def _writes(url: str, parent: str, quick: bool, size: int, count: int) -> Setup:
+    """Subject: ``count`` SLTS writes of ``size`` bytes to one segment on S3; baseline:
+    ``count`` raw ``put_object`` calls of ``size`` bytes."""
+    payload = os.urandom(size)
+    target = _Target(url)
+    folder = Folder(parent)
+    storage: ChunkedSegmentStorage = open_storage(target.url, metadata=folder.sub("metadata"), gc_interval_s=0.0)
+    runs = 0
+
+    def subject() -> float:
+        nonlocal runs
+        runs += 1
+        name = f"bench/{runs}"
+        storage.create(name)
+        handle = storage.open_write(name)
+        started = time.perf_counter()
+        for i in range(count):
+            storage.write(handle, i * size, payload)
+        return time.perf_counter() - started
+
+    def baseline() -> float:
+        started = time.perf_counter()
+        for i in range(count):
+            target.client.put_object(Bucket=target.bucket, Key=f"{target.prefix}/raw/{runs}/{i}", Body=payload)
+        return time.perf_counter() - started
+
+    try:
+        yield (f"{count} x {size >> 10} KiB writes to one segment on S3 vs. raw boto3 put_object", subject, baseline,
+               count * size / 1e6, "MB/s")  # fmt: skip
+    finally:
+        storage.close()
+        folder.close()
+        target.clean()
+
+
+def _concat(url: str, parent: str, quick: bool) -> Setup:
+    """Subject: defrag of a segment of 5 MiB chunks, server-side; baseline: the same
+    defrag with the binding's concat turned off (read and create through the client)."""
+    chunks = 2 if quick else 8
+    payload = os.urandom(PART_BYTES_MIN)
+    target = _Target(url)
+    folder = Folder(parent)
+    instances = {}
+    for mode, native in (("server", True), ("client", False)):
+        storage = open_storage(target.sub_url(mode), metadata=folder.sub(f"metadata-{mode}"), concat_merge_seam=False,
+                               gc_interval_s=0.0)  # fmt: skip
+        storage.chunk_storage.supports_concat = native  # an instance flag: the engine branches on it
+        instances[mode] = storage
+    runs = 0
+
+    def fragmented(storage: ChunkedSegmentStorage) -> str:
+        nonlocal runs
+        runs += 1
+        name = f"fragmented/{runs}"
+        storage.create(name)
+        for i in range(chunks):
+            part = f"{name}.part{i}"
+            storage.create(part)
+            handle = storage.open_write(part)
+            storage.write(handle, 0, payload)
+            storage.seal(handle)
+            storage.concat(storage.open_write(name), i * PART_BYTES_MIN, part)
+        storage.seal(storage.open_write(name))
+        return name
+
+    def defrag(mode: str) -> float:
+        storage = instances[mode]
+        name = fragmented(storage)
+        started = time.perf_counter()
+        result = storage.defrag(name)
+        elapsed = time.perf_counter() - started
+        assert result.chunks_after == 1, result
+        return elapsed
+
+    try:
+        yield (f"defrag of {chunks} x 5 MiB chunks on S3: server-side UploadPartCopy vs. through the client",
+               lambda: defrag("server"), lambda: defrag("client"), chunks * PART_BYTES_MIN / 1e6, "MB/s")  # fmt: skip
+    finally:
+        for storage in instances.values():
+            storage.close()
+        folder.close()
+        target.clean()
+
+
+def benchmarks(url: str) -> dict[str, Benchmark]:
+    """The S3 benchmarks against the store at ``url``."""
+    return {
+        "s3_write_64k": Benchmark("s3_write_64k", "64 KiB writes on S3: SLTS vs. raw boto3 put_object",
+                                  lambda p, q: _writes(url, p, q, 64 << 10, 32 if q else 256)),
+        "s3_write_1m": Benchmark("s3_write_1m", "1 MiB writes on S3: SLTS vs. raw boto3 put_object",
+                                 lambda p, q: _writes(url, p, q, 1 << 20, 8 if q else 64)),
+        "s3_write_8m": Benchmark("s3_write_8m", "8 MiB writes on S3: SLTS vs. raw boto3 put_object",
+                                 lambda p, q: _writes(url, p, q, 8 << 20, 2 if q else 16)),
+        "s3_concat": Benchmark("s3_concat", "defrag on S3: server-side concat vs. through the client",
+                               lambda p, q: _concat(url, p, q)),
+    }  # fmt: skip
