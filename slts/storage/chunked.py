@@ -35,10 +35,13 @@ from slts.bindings.base import ChunkHandle, ChunkStorage
 from slts.config import StorageConfig
 from slts.errors import (
     ChunkCorrupted,
+    ChunkNotFound,
     ChunkStorageError,
+    Fenced,
     InvalidArgument,
     InvalidName,
     InvalidOffset,
+    MetadataCorrupted,
     ReadOnlyInstance,
     SegmentExists,
     SegmentNotFound,
@@ -285,7 +288,8 @@ class ChunkedSegmentStorage:
     def _chunk(self, name: str) -> tuple[ChunkRecord, int]:
         key = name_key(name)
         stored = self._store.get(CHUNKS, key)
-        assert stored is not None, f"chunk record {name!r} is referenced but missing"
+        if stored is None:  # a stale cached layout, or a damaged store
+            raise MetadataCorrupted(f"chunk record {name!r} is referenced but missing", chunk=name)
         return self._decoded.decode(CHUNKS, key, stored.version, stored.value, ChunkRecord), stored.version
 
     def _check_handle(self, handle: object, *, writable: bool) -> SegmentHandle:
@@ -375,8 +379,10 @@ class ChunkedSegmentStorage:
         check_segment_name(name)
         with self._stripe(name):
             record, version = self._load(name)
+            if record.owner_epoch > self.epoch:
+                self._ownership.check()  # a newer epoch took the segment: this instance is fenced
+                raise Fenced(f"segment {name!r} is owned by epoch {record.owner_epoch}", segment=name)
             if record.owner_epoch != self.epoch:
-                assert record.owner_epoch < self.epoch, (record.owner_epoch, self.epoch)
                 taken = record.replace(owner_epoch=self.epoch, modified_ms=self._now_ms())
                 key = name_key(name)
                 self._ownership.commit([Put(SEGMENTS, key, taken.encode())], [Expect(SEGMENTS, key, version)])
@@ -838,25 +844,38 @@ class ChunkedSegmentStorage:
                 f"read of {length} bytes exceeds read_bytes_max {self.config.read_bytes_max}",
                 segment=handle.name,
             )
-        with self._stripe(handle.name):
-            record, _ = self._load(handle.name)
+        try:
+            data = self._read_once(handle.name, offset, length)
+        except (ChunkNotFound, MetadataCorrupted):
+            # The layout this instance had cached is gone: another instance changed it
+            # (and GC collected its chunks). Fenced if a newer epoch owns the container;
+            # otherwise forget every cached record and read once more from the store.
+            self._ownership.check()
+            self._store.clear()
+            data = self._read_once(handle.name, offset, length)
+        assert len(data) == length, (len(data), length)
+        self._counters.add(reads=1, bytes_read=length)
+        return data
+
+    def _read_once(self, name: str, offset: int, length: int) -> bytes:
+        """Check the range against the segment's record, resolve the pieces under the
+        segment's lock, fetch them without it."""
+        with self._stripe(name):
+            record, _ = self._load(name)
             if offset < record.start_offset:
                 raise SegmentTruncated(
-                    f"segment {handle.name!r}: offset {offset} is below its start {record.start_offset}",
-                    segment=handle.name,
+                    f"segment {name!r}: offset {offset} is below its start {record.start_offset}",
+                    segment=name,
                     offset=offset,
                 )
             if offset + length > record.length:
                 raise InvalidOffset(
-                    f"segment {handle.name!r}: read of {length} at {offset} passes its end {record.length}",
-                    segment=handle.name,
+                    f"segment {name!r}: read of {length} at {offset} passes its end {record.length}",
+                    segment=name,
                     offset=offset,
                 )
             pieces = self._locate(record, offset, length) if length else []
-        data = self._fetch(pieces, length)
-        assert len(data) == length, (len(data), length)
-        self._counters.add(reads=1, bytes_read=length)
-        return data
+        return self._fetch(pieces, length)
 
     def _locate(self, record: SegmentRecord, offset: int, length: int) -> list[_ReadPiece]:
         """The chunk pieces holding ``[offset, offset+length)``: one O(log n) index lookup,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import struct
 
+from slts.errors import MetadataCorrupted
 from slts.metadata.layout import INDEX, index_key, index_key_offset, index_prefix
 from slts.metadata.records import ChunkRecord
 from slts.metadata.store import Delete, Put, ReadView
@@ -63,7 +64,8 @@ def chunk_entry_delete(chunk: ChunkRecord) -> Delete:
 
 def _floor(view: ReadView, namespace: int, offset: int) -> tuple[int, str | None, tuple[int, int] | None]:
     found = view.floor(INDEX, index_key(namespace, offset), index_prefix(namespace))
-    assert found is not None, f"index namespace {namespace} has no entry at or below {offset}"
+    if found is None:  # a stale cached layout, or a damaged store
+        raise MetadataCorrupted(f"index namespace {namespace} has no entry at or below {offset}")
     key, stored = found
     name, link = parse_value(stored.value)
     return index_key_offset(key), name, link

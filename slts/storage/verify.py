@@ -69,8 +69,8 @@ def verify_segment(storage: ChunkedSegmentStorage, name: str) -> list[str]:
             continue
         if stored_length < chunk.length:
             problems.append(f"{name}: chunk {chunk.name!r} holds {stored_length} bytes, {chunk.length} recorded")
-        if chunk.length == 0:
-            continue
+        if chunk.length == 0 or start + chunk.length <= record.start_offset:
+            continue  # empty, or wholly below the start (an interrupted truncate leaves such)
         for offset in {max(start, record.start_offset), start + chunk.length - 1}:
             if offset < record.start_offset or offset >= record.length:
                 continue
