@@ -77,6 +77,16 @@ class Folder:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
+def timed_segment_writes(storage: ChunkedSegmentStorage, name: str, payload: bytes, count: int) -> float:
+    """Create segment ``name`` and append ``payload`` ``count`` times; seconds the writes took."""
+    storage.create(name)
+    handle = storage.open_write(name)
+    started = time.perf_counter()
+    for i in range(count):
+        storage.write(handle, i * len(payload), payload)
+    return time.perf_counter() - started
+
+
 def durable_writes(parent: str, quick: bool, size: int, count: int) -> Iterator[tuple[str, Workload, Workload, float, str]]:
     """Subject: ``count`` SLTS writes of ``size`` bytes; baseline: raw append + fdatasync."""
     payload = os.urandom(size)
@@ -89,13 +99,7 @@ def durable_writes(parent: str, quick: bool, size: int, count: int) -> Iterator[
     def subject() -> float:
         nonlocal runs
         runs += 1
-        name = f"bench/{runs}"
-        storage.create(name)
-        handle = storage.open_write(name)
-        started = time.perf_counter()
-        for i in range(count):
-            storage.write(handle, i * size, payload)
-        return time.perf_counter() - started
+        return timed_segment_writes(storage, f"bench/{runs}", payload, count)
 
     def baseline() -> float:
         path = os.path.join(folder.sub("raw"), f"file-{runs}")

@@ -27,7 +27,7 @@ from typing import Any
 
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.factory import open as open_storage
-from slts.tools.bench import Benchmark, Folder, Workload
+from slts.tools.bench import Benchmark, Folder, Workload, timed_segment_writes
 
 Setup = Iterator[tuple[str, Workload, Workload, float, str]]
 #: S3's smallest multipart part (``slts.bindings.s3.PART_BYTES_MIN``; not imported here so
@@ -91,13 +91,7 @@ def _writes(url: str, parent: str, quick: bool, size: int, count: int) -> Setup:
     def subject() -> float:
         nonlocal runs
         runs += 1
-        name = f"bench/{runs}"
-        storage.create(name)
-        handle = storage.open_write(name)
-        started = time.perf_counter()
-        for i in range(count):
-            storage.write(handle, i * size, payload)
-        return time.perf_counter() - started
+        return timed_segment_writes(storage, f"bench/{runs}", payload, count)
 
     def baseline() -> float:
         started = time.perf_counter()
