@@ -278,6 +278,50 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_OK if not problems else EXIT_ERROR
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """Export a segment's metadata to FILE (or stdout), or with --format rolling write a
+    Pravega RollingStorage header (NAME$header) next to its chunks."""
+    if args.format == "rolling":
+        from slts.storage.rolling import export_segment as export_header
+
+        with open_storage(args) as storage:
+            header = export_header(storage, args.name, replace=args.replace)
+        emit(args, {"segment": args.name, "header": header}, f"{args.name}: wrote {header}")
+        return EXIT_OK
+    from slts.storage.backup import export_segment
+
+    with open_storage(args, read_only=True) as storage:
+        document = export_segment(storage, args.name)
+    if args.file == "-":
+        sys.stdout.buffer.write(document)
+        sys.stdout.flush()
+    else:
+        with open(args.file, "wb") as handle:
+            handle.write(document)
+        emit(args, {"segment": args.name, "file": args.file, "bytes": len(document)},
+             f"{args.name}: metadata exported to {args.file} ({len(document)} bytes)")  # fmt: skip
+    return EXIT_OK
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    """Create a segment from an export FILE (or stdin), or with --format rolling from the
+    RollingStorage header NAME$header on the chunk storage."""
+    with open_storage(args) as storage:
+        if args.format == "rolling":
+            if not args.name:
+                raise InvalidArgument("--format rolling needs --name SEGMENT")
+            from slts.storage.rolling import import_segment as import_header
+
+            info = import_header(storage, args.name)
+        else:
+            from slts.storage.backup import import_segment
+
+            with _input(args.file) as source:
+                info = import_segment(storage, source.read(), name=args.name)
+    emit(args, asdict(info), f"{info.name}: imported, length {info.length}, {info.chunk_count} chunks")
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the demo on the embedded default (see ``slts.tools.demo``)."""
     from slts.tools.demo import run_demo
@@ -387,6 +431,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     verify = add("verify", cmd_verify, "check every invariant of the stored segments")
     verify.add_argument("prefix", nargs="?", default="", help="only segments starting with this")
+
+    export = add("export", cmd_export, "export a segment's metadata (or a RollingStorage header)")
+    export.add_argument("name")
+    export.add_argument("file", nargs="?", default="-", help="output file, or - for stdout (default)")
+    export.add_argument("--format", choices=("slts", "rolling"), default="slts")
+    export.add_argument("--replace", action="store_true", help="with --format rolling: overwrite the header")
+
+    import_ = add("import", cmd_import, "create a segment from an export (or a RollingStorage header)")
+    import_.add_argument("file", nargs="?", default="-", help="export file, or - for stdin (default)")
+    import_.add_argument("--name", default=None, help="segment name (default: the exported one)")
+    import_.add_argument("--format", choices=("slts", "rolling"), default="slts")
 
     demo = add("demo", cmd_demo, "ingest, read back and verify many segments on the embedded default")
     demo.add_argument("--dir", default="slts-demo", help="demo folder (recreated; default ./slts-demo)")

@@ -29,6 +29,7 @@ from slts.metadata.layout import CHUNKS, SEGMENTS, name_key
 from slts.metadata.records import ChunkRecord, SegmentRecord, SegmentStatus
 from slts.metadata.store import Expect, Operation, Put
 from slts.storage import index
+from slts.storage.backup import check_unreferenced
 from slts.storage.chunked import ChunkedSegmentStorage, SegmentInfo
 from slts.storage.names import check_segment_name
 
@@ -106,7 +107,7 @@ def import_segment(storage: ChunkedSegmentStorage, name: str, *, sealed: bool = 
     """Create segment ``name`` from its RollingStorage header on the chunk storage.
 
     Raises ``InvalidName``, ``SegmentExists``, ``ChunkNotFound`` (no header or a chunk
-    missing), ``MetadataCorrupted`` (bad header, or a chunk shorter than the header
+    missing), ``InvalidArgument`` (a chunk another segment references), ``MetadataCorrupted`` (bad header, or a chunk shorter than the header
     implies). One commit; nothing is written to the chunk storage.
     """
     check_segment_name(name)
@@ -114,6 +115,7 @@ def import_segment(storage: ChunkedSegmentStorage, name: str, *, sealed: bool = 
     header = parse_header(_read_all(binding, header_name(name)).decode("utf-8"))
     if storage.exists(name):
         raise SegmentExists(f"segment {name!r} exists", segment=name)
+    check_unreferenced(storage, [chunk for _, chunk in header.chunks])
     lengths = []
     for position, (start, chunk) in enumerate(header.chunks):
         stored = binding.get_info(chunk).length

@@ -145,3 +145,18 @@ def test_verify_and_orphans(tmp_path, store: list[str], capsys: pytest.CaptureFi
     assert run(capsys, "gc", "--dry-run", *store)[0] == cli.EXIT_INVALID
     assert run(capsys, "gc", "--orphans", *store)[0] == 0
     assert leaked.exists(), "queued orphans wait gc_delay_s like any garbage"
+
+
+def test_export_import(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+    source = tmp_path / "in.bin"
+    source.write_bytes(b"exported bytes")
+    run(capsys, "put", "e", str(source), *store)
+    backup = tmp_path / "e.slts"
+    assert run(capsys, "export", "e", str(backup), *store)[0] == 0
+    assert run(capsys, "import", str(backup), *store)[0] == cli.EXIT_EXISTS
+    code, out, _ = run(capsys, "export", "e", "--format", "rolling", "--json", *store)
+    assert code == 0 and json.loads(out)["header"] == "e$header"
+    assert run(capsys, "rm", "e", *store)[0] == 0
+    code, out, _ = run(capsys, "import", "--format", "rolling", "--name", "e", "--json", *store)
+    assert code == cli.EXIT_INVALID, "the chunks still belong to the deleted segment until GC"
+    assert run(capsys, "import", "--format", "rolling", *store)[0] == cli.EXIT_INVALID
