@@ -1,5 +1,7 @@
 """System segments, the epoch-fenced system journal and snapshots (``slts.journal``).
 
-DESIGN.md §6. Not built yet: the foundation stores metadata in the local LMDB store
-only; the journal that makes it restorable from tier-2 is its own piece of work.
+DESIGN.md §6. Built so far: ``framing`` (the ``[length][crc32c][msgpack]`` record format
+and a reader that survives torn tails and corrupt records). The system segments, the
+journal with its snapshots and boot, and restore from tier-2 are still to come: until
+then the local LMDB store is the only copy of the metadata.
 """

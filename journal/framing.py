@@ -1,0 +1,89 @@
+"""Record framing for the metadata log and the system journal (DESIGN.md §6).
+
+A record on tier-2 is ``[length u32 BE][crc32c u32 BE][msgpack payload]``: ``length``
+counts the payload bytes, the CRC covers them. Records are appended back to back.
+
+Reading (``read_records``) is what boot and restore rely on, so it is defensive:
+
+* a **torn tail** (the last record's header or payload cut short, as a crash mid-append
+  leaves it) ends the scan; everything before it is returned;
+* a **CRC mismatch** skips that record (its length still frames the next one) and is
+  counted, because a record whose bytes are wrong must never be applied;
+* a **length beyond ``RECORD_BYTES_MAX``** cannot be a record this code wrote: the rest
+  of the data cannot be framed, so the scan ends there and reports it;
+* a payload that passes its CRC but is not a msgpack map is counted as corrupt too.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import crc32c
+import msgpack
+
+from slts.errors import InvalidArgument
+
+_HEADER = struct.Struct(">II")
+HEADER_BYTES = _HEADER.size
+#: Largest payload one record may hold.
+RECORD_BYTES_MAX = 64 << 20
+
+
+def encode_record(payload: Mapping[str, Any]) -> bytes:
+    """The framed bytes of one record. ``InvalidArgument`` if it is too large or not a map."""
+    if not isinstance(payload, Mapping):
+        raise InvalidArgument(f"a journal record is a map, got {type(payload).__name__}")
+    try:
+        body = msgpack.packb(dict(payload), use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidArgument(f"a journal record must hold msgpack values: {exc}") from exc
+    if len(body) > RECORD_BYTES_MAX:
+        raise InvalidArgument(f"journal record of {len(body)} bytes exceeds {RECORD_BYTES_MAX}")
+    return _HEADER.pack(len(body), crc32c.crc32c(body)) + body
+
+
+@dataclass
+class ReadResult:
+    """The records of one byte string, and what was wrong with the rest of it."""
+
+    records: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # (offset, payload)
+    corrupt: int = 0  # records skipped for a bad CRC or a payload that is not a map
+    torn_at: int | None = None  # offset of a torn tail, if any
+    unframeable_at: int | None = None  # offset where an impossible length stopped the scan
+    end: int = 0  # offset just past the last whole record (valid or skipped)
+
+
+def read_records(data: bytes) -> ReadResult:
+    """Every whole, valid record in ``data``, in order (see module doc)."""
+    result = ReadResult()
+    offset, size = 0, len(data)
+    while offset < size:
+        if size - offset < HEADER_BYTES:
+            result.torn_at = offset
+            break
+        length, checksum = _HEADER.unpack_from(data, offset)
+        if length > RECORD_BYTES_MAX:
+            result.unframeable_at = offset
+            break
+        start, stop = offset + HEADER_BYTES, offset + HEADER_BYTES + length
+        if stop > size:
+            result.torn_at = offset
+            break
+        body = bytes(data[start:stop])
+        offset = stop
+        result.end = offset
+        if crc32c.crc32c(body) != checksum:
+            result.corrupt += 1
+            continue
+        try:
+            payload = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        except (ValueError, msgpack.UnpackException):
+            payload = None
+        if not isinstance(payload, dict):
+            result.corrupt += 1
+            continue
+        result.records.append((start - HEADER_BYTES, payload))
+    return result
