@@ -14,10 +14,10 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "open": ("slts.storage.factory", "open"),
-    "SegmentHandle": ("slts.storage.chunked", "SegmentHandle"),
+    "SegmentHandle": ("slts.storage.types", "SegmentHandle"),
     "ChunkedSegmentStorage": ("slts.storage.chunked", "ChunkedSegmentStorage"),
     "StorageConfig": ("slts.config", "StorageConfig"),
-    "SegmentInfo": ("slts.storage.chunked", "SegmentInfo"),
+    "SegmentInfo": ("slts.storage.types", "SegmentInfo"),
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
