@@ -1,6 +1,6 @@
 """HDFS chunk storage over WebHDFS (``pyhdfs``): one HDFS file per chunk below a root folder.
 
-URL: ``hdfs://HOST:PORT[,HOST2:PORT]/root/folder?user=NAME&...``. The port is the
+URL: ``hdfs://HOST:PORT[,HOST2:PORT]/base/folder?user=NAME&...``. The port is the
 NameNode's **HTTP** (WebHDFS) port, 9870 by default in Hadoop 3, not its RPC port 8020;
 several comma-separated hosts are the NameNodes of an HA pair (a standby one is skipped).
 Options: ``user`` (HDFS user, default ``$HADOOP_USER_NAME`` or the login name),
