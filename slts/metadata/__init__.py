@@ -2,7 +2,9 @@
 
 The contract is ``slts.metadata.store``; implementations: ``MemoryMetadataStore``
 (reference), ``LmdbMetadataStore`` (durable, default) and ``CachedMetadataStore``
-(bounded write-through cache in front of either). Nothing here imports the engine.
+(bounded write-through cache in front of either). Every store can capture its commits
+(``Change``) for the metadata log and ``replicate`` them back. Nothing here imports the
+engine.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from slts.metadata.memory_store import MemoryMetadataStore
 from slts.metadata.store import (
     KEY_BYTES_MAX,
     SCAN_LIMIT_DEFAULT,
+    SEQUENCE_MAX,
+    Change,
     Delete,
     Expect,
     MetadataStore,
@@ -27,7 +31,9 @@ from slts.metadata.store import (
 __all__ = [
     "KEY_BYTES_MAX",
     "SCAN_LIMIT_DEFAULT",
+    "SEQUENCE_MAX",
     "CachedMetadataStore",
+    "Change",
     "Delete",
     "Expect",
     "LmdbMetadataStore",

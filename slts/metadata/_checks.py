@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from slts.errors import InvalidArgument, VersionConflict
-from slts.metadata.store import KEY_BYTES_MAX, Delete, Expect, Operation, Put
+from slts.metadata.store import KEY_BYTES_MAX, SEQUENCE_MAX, Delete, Expect, Operation, Put
 
 #: Table names starting with this are reserved for a store's own bookkeeping.
 RESERVED_TABLE_PREFIX = "__slts"
@@ -67,11 +67,25 @@ def check_key(table: str, key: object) -> bytes:
     return key
 
 
-def check_limit(limit: object) -> int:
-    """A scan limit: an int >= 1."""
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-        raise InvalidArgument("scan limit must be an int >= 1", limit=limit)
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_limit(limit: object, what: str = "scan") -> int:
+    """A scan (or ``changes``) limit: an int >= 1."""
+    if not _is_int(limit) or limit < 1:  # type: ignore[operator]
+        raise InvalidArgument(f"{what} limit must be an int >= 1", limit=limit)
+    assert isinstance(limit, int)
     return limit
+
+
+def check_sequence_bound(name: str, value: object) -> int:
+    """A sequence used as a bound (``changes``' after, ``discard_changes``' through): an int
+    >= 0 (any size; stores clamp it to ``SEQUENCE_MAX``)."""
+    if not _is_int(value) or value < 0:  # type: ignore[operator]
+        raise InvalidArgument(f"{name} must be an int >= 0", **{name: value})
+    assert isinstance(value, int)
+    return value
 
 
 def check_scan(start: object, stop: object, limit: object) -> None:
@@ -106,6 +120,54 @@ def check_commit(tables: Iterable[str], ops: Sequence[Operation], expect: Sequen
             raise InvalidArgument(
                 "expected version must be an int >= 0", table=condition.table, key=condition.key
             )
+
+
+def check_replicate(
+    tables: Iterable[str],
+    sequence: object,
+    ops: Sequence[Operation],
+    versions: Sequence[int] | None,
+) -> tuple[int, ...]:
+    """Everything ``replicate`` checks before it looks at the store (all but ``sequence >=
+    last_sequence``); the version each op writes (``sequence`` where none was given)."""
+    check_commit(tables, ops, ())
+    if not _is_int(sequence) or not 1 <= sequence <= SEQUENCE_MAX:  # type: ignore[operator]
+        raise InvalidArgument(
+            f"replicated sequence must be an int in [1, {SEQUENCE_MAX}]", sequence=sequence
+        )
+    assert isinstance(sequence, int)
+    if versions is None:
+        return (sequence,) * len(ops)
+    if isinstance(versions, (bytes, str)) or not isinstance(versions, Sequence):
+        raise InvalidArgument("versions must be a sequence of ints (one per op) or None")
+    if len(versions) != len(ops):
+        raise InvalidArgument(
+            f"versions has {len(versions)} entries for {len(ops)} ops (one per op)",
+            versions=len(versions),
+            ops=len(ops),
+        )
+    for index, (op, version) in enumerate(zip(ops, versions, strict=True)):
+        if not _is_int(version):
+            raise InvalidArgument(f"versions[{index}] is not an int", version=version)
+        if isinstance(op, Put) and not 1 <= version <= sequence:
+            raise InvalidArgument(
+                f"versions[{index}] = {version} is outside [1, sequence={sequence}]",
+                table=op.table,
+                key=op.key,
+                version=version,
+                sequence=sequence,
+            )
+    return tuple(versions)
+
+
+def check_replicate_order(sequence: int, last: int) -> None:
+    """A replicated ``sequence`` may not go below the store's ``last_sequence``."""
+    if sequence < last:
+        raise InvalidArgument(
+            f"replicated sequence {sequence} is lower than the store's last sequence {last}",
+            sequence=sequence,
+            last_sequence=last,
+        )
 
 
 def conflict(condition: Expect, actual: int) -> VersionConflict:

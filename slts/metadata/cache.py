@@ -3,7 +3,9 @@
 ``get`` is served from an LRU map of at most ``capacity`` entries (absent keys are cached
 too); a miss reads the inner store and fills the cache. ``commit`` goes to the inner store
 and, on success, caches what it wrote at the returned sequence (a delete caches "absent").
-``floor``, ``scan`` and ``snapshot`` always read the inner store.
+``floor``, ``scan`` and ``snapshot`` always read the inner store. Change capture
+(``enable_change_capture``, ``changes``, ``discard_changes``) is the inner store's;
+``replicate`` goes to the inner store and leaves the keys it wrote uncached.
 
 **Staleness rule.** The cache sees only the commits made through it. A value written by
 another process (or another store object) is not seen by ``get`` until the entry is
@@ -22,7 +24,9 @@ Invariants (asserted):
   so a read that raced with a commit never caches a value older than the commit's.
 * When the last in-flight commit on a key finishes, the key is cached at the highest
   sequence committed through this cache during the flight, and only if every commit of
-  the flight had a known outcome (applied, or refused by a conflict).
+  the flight had a known outcome (applied, or refused by a conflict). A ``replicate`` on
+  the key counts as a flight member without a known outcome: its versions are not its
+  sequence, and a commit racing it may have landed on either side of it.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from slts.errors import InvalidArgument, StorageClosed, VersionConflict
 from slts.metadata import _checks
 from slts.metadata.store import (
     SCAN_LIMIT_DEFAULT,
+    Change,
     Expect,
     MetadataStore,
     Operation,
@@ -181,6 +186,49 @@ class CachedMetadataStore(MetadataStore):
             with self._lock:
                 self._land(written, sequence, outcome_known)
         return sequence
+
+    def replicate(
+        self, sequence: int, ops: Sequence[Operation], versions: Sequence[int] | None = None
+    ) -> None:
+        """The inner store's ``replicate``; the keys it writes are not cached (they are read
+        from the inner store until a later commit through the cache caches them)."""
+        _checks.check_replicate(self.tables, sequence, ops, versions)
+        self._check_open()
+        written: dict[_Key, bytes | None] = {(op.table, op.key): None for op in ops}
+        with self._lock:
+            for name in written:
+                self._entries.pop(name, None)
+                self._fills.pop(name, None)
+                self._writing.setdefault(name, _Flight()).count += 1
+        try:
+            self._inner.replicate(sequence, ops, versions)
+        finally:
+            with self._lock:
+                # Landing as "outcome unknown" keeps every key of this flight uncached.
+                self._land(written, 0, known=False)
+
+    # -- change capture: the inner store's -------------------------------------------------
+
+    def enable_change_capture(self) -> None:
+        """The inner store's ``enable_change_capture``."""
+        self._check_open()
+        self._inner.enable_change_capture()
+
+    @property
+    def change_capture_enabled(self) -> bool:
+        """The inner store's ``change_capture_enabled``."""
+        self._check_open()
+        return self._inner.change_capture_enabled
+
+    def changes(self, after: int, limit: int = SCAN_LIMIT_DEFAULT) -> list[Change]:
+        """The inner store's ``changes``."""
+        self._check_open()
+        return self._inner.changes(after, limit)
+
+    def discard_changes(self, through: int) -> int:
+        """The inner store's ``discard_changes``."""
+        self._check_open()
+        return self._inner.discard_changes(through)
 
     def _land(self, written: dict[_Key, bytes | None], sequence: int, known: bool) -> None:
         """One commit on ``written`` finished (``sequence`` 0: not applied). Lock held."""

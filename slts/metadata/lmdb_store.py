@@ -3,12 +3,18 @@
 Layout (see ``docs/metadata.md``): every table is a named sub-database whose keys are the
 table's keys and whose values are ``8-byte big-endian version || payload``. The internal
 sub-database ``__slts_internal__`` holds ``sequence`` (the last commit's sequence, 8 bytes
-big-endian) and ``format`` (``LAYOUT_FORMAT``).
+big-endian), ``format`` (``LAYOUT_FORMAT``) and, once change capture is enabled,
+``capture``. The change log is the sub-database ``__slts_changes__``: key the commit's
+sequence (8 bytes big-endian), value a msgpack list of ``[table, key, value or nil]``.
 
 Invariants:
 
 * The stored sequence only grows, by one per successful commit, inside the write
   transaction that applies that commit; every value written by it carries it as version.
+  (``replicate`` sets it to a given sequence >= the stored one, and the versions given.)
+* While ``capture`` is set, the write transaction that applies a commit also writes its
+  change under its sequence; ``capture`` is read inside that very transaction, so every
+  process captures, whichever one enabled it. Change keys only ever grow.
 * Within a process there is one ``lmdb.Environment`` per folder (LMDB forbids opening the
   same files twice in a process, py-lmdb refuses it): store objects opened on the same
   folder share it (``_Environment``, reference counted), and share its group committer.
@@ -26,13 +32,16 @@ every transaction in a ``with``; read transactions short; never across ``fork()`
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import struct
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import lmdb
+import msgpack
 
 from slts.errors import (
     InvalidArgument,
@@ -46,6 +55,9 @@ from slts.metadata.group_commit import GroupCommitter
 from slts.metadata.store import (
     KEY_BYTES_MAX,
     SCAN_LIMIT_DEFAULT,
+    SEQUENCE_MAX,
+    Change,
+    Delete,
     Expect,
     MetadataStore,
     Operation,
@@ -55,11 +67,19 @@ from slts.metadata.store import (
     Versioned,
 )
 
+_T = TypeVar("_T")
+
 #: Version of the on-disk layout, stored under ``format`` in the internal sub-database.
 LAYOUT_FORMAT = b"1"
 INTERNAL_DB = b"__slts_internal__"
 SEQUENCE_KEY = b"sequence"
 FORMAT_KEY = b"format"
+#: Present in the internal sub-database once change capture is enabled (by any process).
+CAPTURE_KEY = b"capture"
+#: The change log: 8-byte big-endian sequence -> msgpack ``[[table, key, value|nil], ...]``.
+CHANGES_DB = b"__slts_changes__"
+#: The most change-log entries one ``discard_changes`` write transaction removes.
+DISCARD_BATCH_MAX = 10_000
 
 MAP_SIZE_BYTES_DEFAULT = 64 << 30
 #: Map growth doubles the map, never beyond this.
@@ -87,6 +107,50 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 def _frame(version: int, value: bytes) -> bytes:
     assert version >= 1
     return _VERSION.pack(version) + value
+
+
+def _read_sequence(txn: lmdb.Transaction, internal: object | None) -> int:
+    """The stored last sequence as ``txn`` sees it (0 if none)."""
+    raw = txn.get(SEQUENCE_KEY, db=internal) if internal is not None else None
+    if raw is None:
+        return 0
+    if len(raw) != _VERSION.size:
+        raise MetadataCorrupted("stored sequence is not 8 bytes", length=len(raw))
+    return int(_VERSION.unpack(raw)[0])
+
+
+def _encode_ops(ops: Sequence[Operation]) -> bytes:
+    """A change-log value: msgpack ``[[table, key, value or nil], ...]``."""
+    return msgpack.packb(
+        [[op.table, op.key, op.value if isinstance(op, Put) else None] for op in ops],
+        use_bin_type=True,
+    )
+
+
+def _decode_change(raw_key: bytes, raw: bytes) -> Change:
+    """A change-log entry, checking its framing."""
+    if len(raw_key) != _VERSION.size:
+        raise MetadataCorrupted("change-log key is not 8 bytes", key=raw_key)
+    (sequence,) = _VERSION.unpack(raw_key)
+    try:
+        items = msgpack.unpackb(raw, raw=False)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise MetadataCorrupted("change-log entry is not valid msgpack", sequence=sequence) from exc
+    if not isinstance(items, list):
+        raise MetadataCorrupted("change-log entry is not a list", sequence=sequence)
+    ops: list[Operation] = []
+    for item in items:
+        if (
+            not isinstance(item, list)
+            or len(item) != 3
+            or not isinstance(item[0], str)
+            or not isinstance(item[1], bytes)
+            or not (item[2] is None or isinstance(item[2], bytes))
+        ):
+            raise MetadataCorrupted("malformed operation in change-log entry", sequence=sequence)
+        table, key, value = item
+        ops.append(Delete(table, key) if value is None else Put(table, key, value))
+    return Change(sequence, tuple(ops))
 
 
 def _unframe(raw: bytes, table: str, key: bytes) -> Versioned:
@@ -206,6 +270,7 @@ class _Environment:
             with _translated(self):
                 self.env.reader_check()  # free reader slots of dead processes (they pin pages)
                 self.internal = self._open_db(INTERNAL_DB)
+                self.changes = self._open_db(CHANGES_DB)
                 self._check_format()
         except BaseException:
             self.env.close()
@@ -303,8 +368,10 @@ class _Environment:
             if self.closed:
                 return [StorageClosed("metadata store is closed", path=self.path)] * len(group)
             with self.gate.shared(), self.env.begin(write=True) as txn:
-                raw = txn.get(SEQUENCE_KEY, db=self.internal)
-                first = sequence = _VERSION.unpack(raw)[0] if raw is not None else 0
+                first = sequence = _read_sequence(txn, self.internal)
+                # Read in this transaction: whichever process enabled capture, it holds here.
+                capture = txn.get(CAPTURE_KEY, db=self.internal) is not None
+                assert not capture or self.changes is not None
                 results: list[int | BaseException] = []
                 for pending in group:
                     failed = self._failed_expectation(txn, pending.expect)
@@ -318,6 +385,14 @@ class _Environment:
                             txn.put(op.key, _frame(sequence, op.value), db=db)
                         else:
                             txn.delete(op.key, db=db)
+                    if capture:
+                        added = txn.put(
+                            _VERSION.pack(sequence),
+                            _encode_ops(pending.ops),
+                            db=self.changes,
+                            overwrite=False,
+                        )
+                        assert added, f"change {sequence} already in the change log"
                     results.append(sequence)
                 assert sequence >= first
                 if sequence > first:
@@ -337,6 +412,33 @@ class _Environment:
             if actual != condition.version:
                 return _checks.conflict(condition, actual)
         return None
+
+    def write(self, action: Callable[[lmdb.Transaction], _T]) -> _T:
+        """Run ``action`` in a write transaction of its own (not a commit: for replication and
+        change-log maintenance), under the writer lock, growing or adopting the map and
+        retrying as a group does. An exception from ``action`` aborts the transaction (and
+        propagates); LMDB errors become ``MetadataError``. The caller holds no gate."""
+        assert not self.readonly
+        assert self.gate.depth() == 0, "a write inside a snapshot could deadlock a resize"
+        for _ in range(MAP_RESIZE_ATTEMPTS_MAX):
+            try:
+                with self.write_lock:
+                    if self.closed:
+                        raise StorageClosed("metadata store is closed", path=self.path)
+                    with self.gate.shared(), self.env.begin(write=True) as txn:
+                        result = action(txn)
+            except lmdb.MapFullError:
+                self.resize(adopt=False)
+            except lmdb.MapResizedError:
+                self.resize(adopt=True)
+            except lmdb.CorruptedError as exc:
+                raise MetadataCorrupted(f"LMDB reports corruption: {exc}", path=self.path) from exc
+            except lmdb.Error as exc:
+                raise MetadataError(f"LMDB write failed: {exc}", path=self.path) from exc
+            else:
+                self._grow_if_nearly_full()
+                return result
+        raise MetadataError("LMDB map still full after growing it", path=self.path)
 
     def _grow_if_nearly_full(self) -> None:
         """Double the map once more than MAP_FILL_RATIO_MAX of it is used: LMDB's page
@@ -450,6 +552,16 @@ class _LmdbView(ReadView):
         self._env = env
         self._txn: lmdb.Transaction | None = txn
         self._tables = tables
+        self._sequence: int | None = None  # read from the transaction on first use
+
+    @property
+    def sequence(self) -> int:
+        if self._txn is None:
+            raise StorageClosed("snapshot used outside its with block")
+        if self._sequence is None:
+            with _translated(self._env):
+                self._sequence = _read_sequence(self._txn, self._env.internal)
+        return self._sequence
 
     def _db(self, table: str) -> object | None:
         if self._txn is None:
@@ -605,12 +717,7 @@ class LmdbMetadataStore(MetadataStore):
         """The sequence of the latest commit by any process (0 before the first)."""
         self._check_usable()
         with self._env.reading() as txn:
-            raw = (
-                txn.get(SEQUENCE_KEY, db=self._env.internal)
-                if self._env.internal is not None
-                else None
-            )
-        return _VERSION.unpack(raw)[0] if raw is not None else 0
+            return _read_sequence(txn, self._env.internal)
 
     @property
     def map_size_bytes(self) -> int:
@@ -623,11 +730,7 @@ class LmdbMetadataStore(MetadataStore):
     def commit(self, ops: Sequence[Operation], expect: Sequence[Expect] = ()) -> int:
         """Queue the commit for the next group (run at once when no group is running)."""
         _checks.check_commit(self.tables, ops, expect)
-        self._check_usable()
-        if self.readonly:
-            raise InvalidArgument("metadata store opened read-only", path=self.path)
-        if self._env.gate.depth():
-            raise InvalidArgument("commit inside an open snapshot() block of the same thread")
+        self._check_writable("commit")
         try:
             sequence = self._env.committer.submit(_Pending(self, tuple(ops), tuple(expect)))
         except VersionConflict:
@@ -635,6 +738,99 @@ class LmdbMetadataStore(MetadataStore):
             raise
         self._count(commits=1)
         return sequence
+
+    def replicate(
+        self, sequence: int, ops: Sequence[Operation], versions: Sequence[int] | None = None
+    ) -> None:
+        """Apply ``ops`` at ``sequence`` in one write transaction of its own (see
+        ``MetadataStore``); the order check reads the stored sequence inside it."""
+        resolved = _checks.check_replicate(self.tables, sequence, ops, versions)
+        self._check_writable("replicate")
+        ops = tuple(ops)
+
+        def apply(txn: lmdb.Transaction) -> None:
+            _checks.check_replicate_order(sequence, _read_sequence(txn, self._env.internal))
+            for op, version in zip(ops, resolved, strict=True):
+                db = self._env.dbs[op.table]
+                if isinstance(op, Put):
+                    assert 1 <= version <= sequence
+                    txn.put(op.key, _frame(version, op.value), db=db)
+                else:
+                    txn.delete(op.key, db=db)
+            txn.put(SEQUENCE_KEY, _VERSION.pack(sequence), db=self._env.internal)
+
+        self._env.write(apply)
+
+    # -- change capture --------------------------------------------------------------------
+
+    def enable_change_capture(self) -> None:
+        """Persist the ``capture`` flag (every process's next write transaction sees it)."""
+        self._check_usable()
+        if self._env.gate.depth():
+            raise InvalidArgument(
+                "enable_change_capture inside an open snapshot() block of the same thread"
+            )
+        if self.change_capture_enabled:
+            return  # nothing to write (also on a read-only store)
+        self._check_writable("enable_change_capture")
+        self._env.write(lambda txn: txn.put(CAPTURE_KEY, b"1", db=self._env.internal))
+
+    @property
+    def change_capture_enabled(self) -> bool:
+        """Whether the ``capture`` flag is set (by any process, now or before)."""
+        self._check_usable()
+        if self._env.internal is None:
+            return False
+        with self._env.reading() as txn:
+            return txn.get(CAPTURE_KEY, db=self._env.internal) is not None
+
+    def changes(self, after: int, limit: int = SCAN_LIMIT_DEFAULT) -> list[Change]:
+        """Captured changes with ``sequence > after``, ascending, from one read transaction."""
+        _checks.check_sequence_bound("after", after)
+        _checks.check_limit(limit, "changes")
+        self._check_usable()
+        db = self._env.changes
+        if db is None or after >= SEQUENCE_MAX:
+            return []
+        found: list[tuple[bytes, bytes]] = []
+        with self._env.reading() as txn, txn.cursor(db) as cursor:
+            positioned = cursor.set_range(_VERSION.pack(after + 1))
+            while positioned and len(found) < limit:
+                found.append(cursor.item())
+                positioned = cursor.next()
+        changes = [_decode_change(key, raw) for key, raw in found]
+        assert all(a.sequence < b.sequence for a, b in itertools.pairwise(changes))
+        assert not changes or changes[0].sequence > after
+        return changes
+
+    def discard_changes(self, through: int) -> int:
+        """Delete change-log entries ``<= through`` from the start of the log, at most
+        ``DISCARD_BATCH_MAX`` per write transaction (between them commits go on)."""
+        _checks.check_sequence_bound("through", through)
+        self._check_writable("discard_changes")
+        db = self._env.changes
+        assert db is not None
+        bound = _VERSION.pack(min(through, SEQUENCE_MAX))
+        batch_max = DISCARD_BATCH_MAX
+        assert batch_max >= 1
+
+        def discard_batch(txn: lmdb.Transaction) -> int:
+            removed = 0
+            with txn.cursor(db) as cursor:
+                positioned = cursor.first()
+                while positioned and removed < batch_max and cursor.key() <= bound:
+                    deleted = cursor.delete()  # moves to the next entry, if any
+                    assert deleted
+                    removed += 1
+                    positioned = bool(cursor.key())
+            return removed
+
+        total = 0
+        while True:
+            removed = self._env.write(discard_batch)
+            total += removed
+            if removed < batch_max:
+                return total
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -661,6 +857,14 @@ class LmdbMetadataStore(MetadataStore):
         with self._counters_lock:
             for name, increment in increments.items():
                 self._counters[name] += increment
+
+    def _check_writable(self, call: str) -> None:
+        """Checks before any write: usable, not read-only, not inside a snapshot."""
+        self._check_usable()
+        if self.readonly:
+            raise InvalidArgument("metadata store opened read-only", path=self.path)
+        if self._env.gate.depth():
+            raise InvalidArgument(f"{call} inside an open snapshot() block of the same thread")
 
     def _check_usable(self) -> None:
         if self._closed:

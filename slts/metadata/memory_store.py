@@ -7,6 +7,9 @@ Invariants (asserted where they are established):
   a commit that would write to it writes to a copy instead (copy-on-write), so a
   snapshot sees one committed state without holding the lock and never blocks a commit.
 * ``floor`` bisects the sorted keys (O(log n)); nothing scans a table linearly.
+* With capture on, ``_changes`` holds one ``Change`` per commit, added under the lock in
+  the same step that applies the commit; its keys (sequences) ascend and never exceed
+  ``_sequence``.
 
 Not durable: ``close`` forgets everything. Used by tests, simulations and as the model
 the other stores are checked against.
@@ -25,6 +28,8 @@ from slts.errors import InvalidArgument, StorageClosed
 from slts.metadata import _checks
 from slts.metadata.store import (
     SCAN_LIMIT_DEFAULT,
+    SEQUENCE_MAX,
+    Change,
     Delete,
     Expect,
     MetadataStore,
@@ -63,9 +68,16 @@ def scan_entries(
 class _MemoryView(ReadView):
     """A read view over table dictionaries that no commit mutates while the view is open."""
 
-    def __init__(self, tables: dict[str, _Table]) -> None:
+    def __init__(self, tables: dict[str, _Table], sequence: int) -> None:
         self._tables = tables
+        self._sequence = sequence
         self._open = True
+
+    @property
+    def sequence(self) -> int:
+        if not self._open:
+            raise StorageClosed("snapshot used outside its with block")
+        return self._sequence
 
     def _table(self, table: str) -> _Table:
         if not self._open:
@@ -108,6 +120,8 @@ class MemoryMetadataStore(MetadataStore):
         self._pins: dict[int, int] = {}  # id(table dictionary) -> open snapshots using it
         self._in_snapshot = threading.local()  # .depth: this thread's open snapshot blocks
         self._sequence = 0
+        self._capture = False
+        self._changes: SortedDict = SortedDict()  # sequence -> Change
         self._closed = False
         self._commits = 0
         self._conflicts = 0
@@ -124,7 +138,8 @@ class MemoryMetadataStore(MetadataStore):
             for data in tables.values():
                 self._pins[id(data)] = self._pins.get(id(data), 0) + 1
             self._reads += 1
-        view = _MemoryView(tables)
+            sequence = self._sequence
+        view = _MemoryView(tables, sequence)
         depth = getattr(self._in_snapshot, "depth", 0)
         self._in_snapshot.depth = depth + 1
         try:
@@ -181,8 +196,7 @@ class MemoryMetadataStore(MetadataStore):
     def commit(self, ops: Sequence[Operation], expect: Sequence[Expect] = ()) -> int:
         """Check every expectation, then apply every operation under one new sequence."""
         _checks.check_commit(self.tables, ops, expect)
-        if getattr(self._in_snapshot, "depth", 0):
-            raise InvalidArgument("commit inside an open snapshot() block of the same thread")
+        self._check_not_in_snapshot("commit")
         with self._lock:
             self._check_open()
             for condition in expect:
@@ -201,8 +215,71 @@ class MemoryMetadataStore(MetadataStore):
                     data.pop(op.key, None)
             assert sequence > self._sequence
             self._sequence = sequence
+            if self._capture:
+                assert not self._changes or self._changes.peekitem(-1)[0] < sequence
+                self._changes[sequence] = Change(sequence, tuple(ops))
             self._commits += 1
             return sequence
+
+    def replicate(
+        self, sequence: int, ops: Sequence[Operation], versions: Sequence[int] | None = None
+    ) -> None:
+        """Apply ``ops`` at ``sequence`` with the given versions (see ``MetadataStore``)."""
+        resolved = _checks.check_replicate(self.tables, sequence, ops, versions)
+        self._check_not_in_snapshot("replicate")
+        with self._lock:
+            self._check_open()
+            _checks.check_replicate_order(sequence, self._sequence)
+            for op, version in zip(ops, resolved, strict=True):
+                data = self._writable(op.table)
+                if isinstance(op, Put):
+                    assert 1 <= version <= sequence
+                    data[op.key] = Versioned(version, op.value)
+                else:
+                    assert isinstance(op, Delete)
+                    data.pop(op.key, None)
+            assert sequence >= self._sequence
+            self._sequence = sequence
+
+    # -- change capture --------------------------------------------------------------------
+
+    def enable_change_capture(self) -> None:
+        """Capture every later commit in memory (forgotten on ``close`` like the data)."""
+        self._check_not_in_snapshot("enable_change_capture")
+        with self._lock:
+            self._check_open()
+            self._capture = True
+
+    @property
+    def change_capture_enabled(self) -> bool:
+        """Whether commits are captured."""
+        with self._lock:
+            self._check_open()
+            return self._capture
+
+    def changes(self, after: int, limit: int = SCAN_LIMIT_DEFAULT) -> list[Change]:
+        """Captured changes with ``sequence > after``, ascending, at most ``limit``."""
+        _checks.check_sequence_bound("after", after)
+        _checks.check_limit(limit, "changes")
+        with self._lock:
+            self._check_open()
+            if after >= SEQUENCE_MAX:
+                return []
+            sequences = self._changes.irange(minimum=after, inclusive=(False, True))
+            return [self._changes[sequence] for sequence in itertools.islice(sequences, limit)]
+
+    def discard_changes(self, through: int) -> int:
+        """Drop captured changes with ``sequence <= through``; how many were dropped."""
+        _checks.check_sequence_bound("through", through)
+        self._check_not_in_snapshot("discard_changes")
+        with self._lock:
+            self._check_open()
+            removed = 0
+            while self._changes and self._changes.peekitem(0)[0] <= through:
+                self._changes.popitem(0)
+                removed += 1
+            assert not self._changes or self._changes.peekitem(0)[0] > through
+            return removed
 
     def _writable(self, table: str) -> _Table:
         """The dictionary of ``table``, copied first if an open snapshot still reads it."""
@@ -233,7 +310,12 @@ class MemoryMetadataStore(MetadataStore):
         with self._lock:
             self._closed = True
             self._data = {name: SortedDict() for name in self.tables}
+            self._changes = SortedDict()
 
     def _check_open(self) -> None:
         if self._closed:
             raise StorageClosed("metadata store is closed")
+
+    def _check_not_in_snapshot(self, call: str) -> None:
+        if getattr(self._in_snapshot, "depth", 0):
+            raise InvalidArgument(f"{call} inside an open snapshot() block of the same thread")

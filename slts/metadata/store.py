@@ -21,6 +21,14 @@ pages and grows the file while it is open, and growing the map waits for open
 snapshots), and never call ``commit`` inside a ``snapshot()`` block on the same thread
 (it raises ``InvalidArgument``): read, leave the block, then commit with expectations.
 
+**Change capture** (``enable_change_capture``, ``changes``, ``discard_changes``): once
+enabled, every commit also records ``Change(sequence, ops)`` in the store's change log, in
+the same atomic (and, for durable stores, durable) step as the commit itself, whoever made
+it (every store object, and for LMDB every process on the folder). The engine ships this
+log to tier-2 as the metadata log; ``discard_changes`` trims what has been shipped.
+``replicate`` applies changes with given sequence and versions (restore into a fresh store);
+it is not captured. ``ReadView.sequence`` tells which commit a snapshot reflects.
+
 Implementations: ``MemoryMetadataStore`` (the reference, for tests and simulation),
 ``LmdbMetadataStore`` (the default, durable), and ``CachedMetadataStore`` (a bounded
 write-through cache in front of either). One test suite (``tests/metadata``) runs all.
@@ -38,6 +46,9 @@ SCAN_LIMIT_DEFAULT = 1000
 
 #: The longest key any store accepts (LMDB's compile-time maximum key size).
 KEY_BYTES_MAX = 511
+
+#: The greatest sequence number a store can hold (LMDB stores it as 8 bytes big-endian).
+SEQUENCE_MAX = (1 << 64) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +80,14 @@ Operation = Put | Delete
 
 
 @dataclass(frozen=True, slots=True)
+class Change:
+    """One captured commit: its sequence and its operations, in commit order."""
+
+    sequence: int
+    ops: tuple[Operation, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Expect:
     """Commit only if ``key`` in ``table`` is at ``version`` (0: the key must be absent)."""
 
@@ -91,6 +110,12 @@ class StoreStatistics:
 
 class ReadView(abc.ABC):
     """A consistent read-only view of the store (one committed state)."""
+
+    @property
+    @abc.abstractmethod
+    def sequence(self) -> int:
+        """The sequence of the last commit (or ``replicate``) this view sees; 0 for an empty
+        store. Fixed for the life of the view, whatever is committed meanwhile."""
 
     @abc.abstractmethod
     def get(self, table: str, key: bytes) -> Versioned | None:
@@ -143,6 +168,70 @@ class MetadataStore(abc.ABC):
     @abc.abstractmethod
     def last_sequence(self) -> int:
         """The sequence number of the latest commit (0 for an empty store)."""
+
+    # -- change capture and replication ----------------------------------------------------
+    # Concrete (raising NotImplementedError) rather than abstract so that delegating test
+    # doubles written before change capture existed still instantiate; every store of this
+    # package implements them.
+
+    def enable_change_capture(self) -> None:
+        """Capture every commit from now on, in this store's change log. Idempotent.
+
+        From the moment this returns, every commit (through any store object and, for a
+        persistent store, any process on it, including ones that never called this) also
+        records ``Change(sequence, ops)`` in the same transaction as the commit: a commit
+        is captured if and only if it is applied. Commits that finished before this call
+        returned may or may not be captured. Persistent stores remember the setting (it
+        survives reopening). Failed commits capture nothing; ``replicate`` and
+        ``discard_changes`` are not captured. ``InvalidArgument`` on a read-only store
+        (unless already enabled) or inside this thread's open ``snapshot()`` block,
+        ``StorageClosed`` after ``close``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support change capture")
+
+    @property
+    def change_capture_enabled(self) -> bool:
+        """Whether commits are being captured (see ``enable_change_capture``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not support change capture")
+
+    def changes(self, after: int, limit: int = SCAN_LIMIT_DEFAULT) -> list[Change]:
+        """Up to ``limit`` captured changes with ``sequence > after``, ascending; page by
+        passing the last one's sequence as the next ``after``. Sequences are contiguous
+        from the first change captured after ``enable_change_capture`` (except around
+        ``replicate``, which takes sequences without capturing them) up to what
+        ``discard_changes`` removed. ``InvalidArgument`` unless ``after`` is an int >= 0 and
+        ``limit`` an int >= 1."""
+        raise NotImplementedError(f"{type(self).__name__} does not support change capture")
+
+    def discard_changes(self, through: int) -> int:
+        """Remove the captured changes with ``sequence <= through``; return how many.
+
+        Maintenance of the change log, not a commit: it takes no sequence number, is not
+        captured and changes no table. Safe concurrently with commits (which keep being
+        captured). Persistent stores remove a large backlog in bounded transactions, so an
+        interrupted call may have removed a prefix of it. ``InvalidArgument`` unless
+        ``through`` is an int >= 0, on a read-only store, or inside this thread's open
+        ``snapshot()`` block; ``StorageClosed`` after ``close``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support change capture")
+
+    def replicate(
+        self, sequence: int, ops: Sequence[Operation], versions: Sequence[int] | None = None
+    ) -> None:
+        """Apply ``ops`` as if committed with number ``sequence`` (restore, replication).
+
+        Requires ``1 <= sequence`` and ``sequence >= last_sequence`` (equal is allowed, so
+        that a large snapshot can be loaded in several calls at one sequence).
+        ``versions``, if given, has one int per op: the version stored with that op's
+        ``Put`` (``1 <= version <= sequence``); the entry of a ``Delete`` is ignored (any
+        int). Without ``versions`` every ``Put`` gets version ``sequence``. Afterwards
+        ``last_sequence == sequence``. Applied atomically, no expectations, not captured
+        into the change log. Raises ``InvalidArgument`` (nothing applied) for what
+        ``commit`` refuses, for a bad ``sequence`` or ``versions`` (the message says what was
+        wrong), on a read-only store or inside this thread's open ``snapshot()`` block;
+        ``StorageClosed`` after ``close``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support replication")
 
     @abc.abstractmethod
     def statistics(self) -> StoreStatistics:
