@@ -17,14 +17,14 @@ Reading (``read_records``) is what boot and restore rely on, so it is defensive:
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import crc32c
 import msgpack
 
-from slts.errors import InvalidArgument
+from slts.errors import InvalidArgument, MetadataCorrupted
 
 _HEADER = struct.Struct(">II")
 HEADER_BYTES = _HEADER.size
@@ -87,3 +87,37 @@ def read_records(data: bytes) -> ReadResult:
             continue
         result.records.append((start - HEADER_BYTES, payload))
     return result
+
+
+def iter_records_strict(pieces: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    """The records of a byte stream given as ``pieces`` that must hold only whole, valid
+    records (a system segment's journaled range: its length is known to be durable, so
+    a bad record there is real damage). Raises ``MetadataCorrupted`` on a CRC mismatch,
+    a payload that is not a map, or bytes left over at the end."""
+    buffer = bytearray()
+    consumed = 0
+    for piece in pieces:
+        buffer += piece
+        offset = 0
+        while len(buffer) - offset >= HEADER_BYTES:
+            length, checksum = _HEADER.unpack_from(buffer, offset)
+            if length > RECORD_BYTES_MAX:
+                raise MetadataCorrupted(f"impossible record length {length} at offset {consumed + offset}")
+            stop = offset + HEADER_BYTES + length
+            if stop > len(buffer):
+                break
+            body = bytes(buffer[offset + HEADER_BYTES : stop])
+            if crc32c.crc32c(body) != checksum:
+                raise MetadataCorrupted(f"record at offset {consumed + offset} fails its CRC")
+            try:
+                payload = msgpack.unpackb(body, raw=False, strict_map_key=False)
+            except (ValueError, msgpack.UnpackException) as exc:
+                raise MetadataCorrupted(f"record at offset {consumed + offset} is not msgpack") from exc
+            if not isinstance(payload, dict):
+                raise MetadataCorrupted(f"record at offset {consumed + offset} is not a map")
+            yield payload
+            offset = stop
+        del buffer[:offset]
+        consumed += offset
+    if buffer:
+        raise MetadataCorrupted(f"{len(buffer)} bytes of a partial record at offset {consumed}")

@@ -17,6 +17,9 @@ from slts.errors import InvalidConfig
 
 MiB = 1 << 20
 
+#: Fields where 0 means "off" (or "no delay") rather than a bad value.
+_ZERO_ALLOWED = ("gc_delay_s", "gc_interval_s", "metadata_log_flush_interval_s")
+
 #: Environment variables ``SLTS_<FIELD>`` (upper case) override defaults.
 ENV_PREFIX = "SLTS_"
 
@@ -61,6 +64,28 @@ class StorageConfig:
     defrag_run_chunks_max: int = 1000
     #: After a concat, merge the chunks on both sides of the seam if both are small.
     concat_merge_seam: bool = True
+    #: Keep the durable copy of the metadata on tier-2 (system journal, metadata log and
+    #: snapshots, DESIGN.md §6). Off, only the local store holds the metadata.
+    journal: bool = True
+    #: Seconds between flushes of the metadata log to tier-2: the recovery point
+    #: objective for the loss of the machine. 0 turns the background flusher off
+    #: (``storage.durable.flush()`` still works; GC flushes before deleting).
+    metadata_log_flush_interval_s: float = 1.0
+    #: Most bytes of log records one flush appends at once.
+    metadata_log_batch_bytes: int = 4 * MiB
+    #: Take a metadata snapshot (and truncate the log) once the log holds this much.
+    metadata_snapshot_log_bytes: int = 64 * MiB
+    #: ... or once this long passed since the last snapshot (and the log is not empty).
+    metadata_snapshot_interval_s: float = 3600.0
+    #: The system journal takes a snapshot of the system segments' layout every this
+    #: many records (PDP-34 default 100) ...
+    journal_snapshot_records: int = 100
+    #: ... or every this many seconds (PDP-34 default 5 minutes).
+    journal_snapshot_interval_s: float = 300.0
+    #: A new journal file is started once the active one holds this much.
+    journal_file_bytes_max: int = 4 * MiB
+    #: A system segment's chunk is not appended past this length.
+    system_rolling_length_bytes: int = 64 * MiB
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -72,7 +97,7 @@ class StorageConfig:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
                 raise InvalidConfig(f"{field.name} must be a number, got {value!r}")
-            if value < 0 or (value == 0 and field.name not in ("gc_delay_s", "gc_interval_s")):
+            if value < 0 or (value == 0 and field.name not in _ZERO_ALLOWED):
                 raise InvalidConfig(f"{field.name} must be > 0, got {value!r}")
         if self.read_parallel_bytes_min > self.read_bytes_max:
             raise InvalidConfig("read_parallel_bytes_min must not exceed read_bytes_max")

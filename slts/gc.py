@@ -76,6 +76,10 @@ class GarbageCollector:
         self._totals_lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        #: Called with a store sequence before any chunk is deleted; returns once the
+        #: tier-2 copy of the metadata includes that sequence (DESIGN.md §5 invariant 5:
+        #: tier-2 alone must stay restorable). The owner sets it to its ``DurableCopy``'s.
+        self.barrier: Callable[[int], None] = lambda sequence: None
 
     # -- background worker -----------------------------------------------------------------------
 
@@ -175,6 +179,8 @@ class GarbageCollector:
                 )
             except VersionConflict:
                 return "raced"  # a writer committed or another collector moved first
+        # The claim proves the chunk unreferenced at ``version``; tier-2's copy must know it too.
+        self.barrier(version)
         with contextlib.suppress(ChunkNotFound):
             self._binding.delete(ChunkHandle(entry.chunk, readonly=False))
         with contextlib.suppress(VersionConflict):
@@ -194,6 +200,7 @@ class GarbageCollector:
                 offset += record.length
                 name = record.next_chunk
         self._ownership.check()  # only chunks of a deleted segment, yet a fenced owner deletes nothing
+        self.barrier(version)  # the deletion of the segment is in tier-2's copy before its chunks go
         for record, _ in batch:
             with contextlib.suppress(ChunkNotFound):
                 self._binding.delete(ChunkHandle(record.name, readonly=False))

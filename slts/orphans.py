@@ -7,7 +7,9 @@ container's prefix is an **orphan** when it has no chunk record (no live or dele
 segment references it), no GC queue entry names it, and it was created by an *older*
 epoch than this instance's: an older instance is fenced and can never commit a
 reference to it, while a chunk of this epoch may belong to a write in flight. Names
-SLTS did not make are reported as foreign and never touched.
+SLTS did not make are reported as foreign and never touched. System objects (under
+``<container>/_system/``: the journal and the system segments' chunks) are not the
+metadata's to judge; the journal removes its own stale objects at boot.
 
 ``reconcile`` queues each orphan for GC (reason ``orphan``, conditional on the chunk
 still having no record), so the usual delay and verdict apply; ``dry_run`` only
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from slts.journal.names import system_prefix
 from slts.metadata.layout import CHUNKS, GC, name_key
 from slts.metadata.records import GcEntry, GcReason
 from slts.metadata.store import Expect
@@ -30,6 +33,7 @@ class OrphanReport:
     """What ``reconcile`` found. ``orphans`` is the leak count a metric exports."""
 
     listed: int = 0
+    system: int = 0  # system objects seen and left to the journal
     orphans: list[str] = field(default_factory=list)
     foreign: list[str] = field(default_factory=list)
     queued: int = 0
@@ -44,8 +48,12 @@ def reconcile(storage: ChunkedSegmentStorage, *, dry_run: bool = False, limit: i
     store = storage._store  # noqa: SLF001 - the reconciler is part of the engine
     queued = {GcEntry.decode(stored.value).chunk for _, stored in store.iterate(GC)}
     report = OrphanReport()
+    system = system_prefix(storage.container_id)
     for name in storage.chunk_storage.list(chunk_prefix(storage.container_id)):
         report.listed += 1
+        if name.startswith(system):
+            report.system += 1
+            continue
         epoch = chunk_epoch(name)
         if epoch is None:
             report.foreign.append(name)

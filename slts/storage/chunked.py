@@ -49,6 +49,7 @@ from slts.errors import (
     VersionConflict,
 )
 from slts.gc import GarbageCollector
+from slts.journal.durable_copy import DurableCopy
 from slts.metadata.cache import CachedMetadataStore
 from slts.metadata.layout import CHUNKS, DELETED, GC, SEGMENTS, name_key, segment_id_key
 from slts.metadata.records import ChunkRecord, DecodedRecords, GcReason, SegmentRecord, SegmentStatus
@@ -139,6 +140,9 @@ class ChunkedSegmentStorage(LayoutOperations):
             self._store = metadata_store
             self._ownership = ReadOnlyOwnership(metadata_store, container_id)
         else:
+            if self.config.journal:
+                # Before the epoch commit, so that the tier-2 copy sees every commit from here on.
+                metadata_store.enable_change_capture()
             self._store = CachedMetadataStore(metadata_store, self.config.metadata_cache_entries)
             self._ownership = Ownership(self._store, container_id, epoch, clock)
         self.epoch = self._ownership.epoch
@@ -156,6 +160,17 @@ class ChunkedSegmentStorage(LayoutOperations):
         self._pool_lock = threading.Lock()
         self._counters = _Counters()
         self._closed = False
+        #: The metadata's durable copy on tier-2 (DESIGN.md §6); None when read-only or
+        #: when ``journal`` is off.
+        self.durable: DurableCopy | None = None
+        if not read_only and self.config.journal:
+            self.durable = DurableCopy(
+                self._store, chunk_storage, container_id, self.epoch, self.config,
+                clock=clock, fence_check=self._ownership.check,
+            )  # fmt: skip
+            self.gc.barrier = self.durable.barrier
+            if self.config.metadata_log_flush_interval_s > 0:
+                self.durable.start(self.config.metadata_log_flush_interval_s)
         if not read_only and self.config.gc_interval_s > 0:
             self.gc.start(self.config.gc_interval_s)
 
@@ -168,6 +183,8 @@ class ChunkedSegmentStorage(LayoutOperations):
             return
         self._closed = True
         self.gc.stop()
+        if self.durable is not None:
+            self.durable.close()
         with self._pool_lock:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)

@@ -14,9 +14,7 @@ epoch of the instance that created the chunk and the segment offset where it sta
 
 from __future__ import annotations
 
-import re
-import uuid
-
+from slts.chunk_names import chunk_leaf, leaf_epoch
 from slts.errors import InvalidName
 
 SEGMENT_NAME_BYTES_MAX = 256
@@ -68,14 +66,9 @@ def chunk_prefix(container_id: int) -> str:
 
 def chunk_name(container_id: int, segment: str, epoch: int, offset: int) -> str:
     """A new, globally unique chunk name for ``segment`` starting at ``offset``."""
-    assert container_id >= 0 and epoch >= 1 and offset >= 0
-    return f"{container_id}/{segment}/E{epoch}.O{offset}.{uuid.uuid4().hex}"
+    assert container_id >= 0
+    return f"{container_id}/{segment}/{chunk_leaf(epoch, offset)}"
 
 
-_CHUNK_LEAF = re.compile(r"E(?P<epoch>[0-9]+)\.O(?P<offset>[0-9]+)\.[0-9a-f]{32}")
-
-
-def chunk_epoch(name: str) -> int | None:
-    """The epoch encoded in a chunk name made by ``chunk_name``, or None for other names."""
-    match = _CHUNK_LEAF.fullmatch(name.rsplit("/", 1)[-1])
-    return int(match["epoch"]) if match else None
+#: The epoch encoded in a chunk name made by ``chunk_name``, or None for other names.
+chunk_epoch = leaf_epoch

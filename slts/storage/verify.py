@@ -6,7 +6,10 @@ its recorded length (invariant 2), and the offset index resolving each chunk's f
 and last byte to that chunk. ``verify_container`` does that for every segment and then
 checks that no chunk of the container lies on storage unaccounted for: each is
 referenced by a live list, by a deleted segment's list awaiting GC, or by a GC queue
-entry (invariant 5/6: leak-free). Both return a list of problems; empty means healthy.
+entry (invariant 5/6: leak-free); and it checks the tier-2 copy of the metadata
+(``slts.journal.restore.verify_copy``: the journal replays, the system segments are
+whole, a restore from tier-2 alone succeeds, no stale system chunk). Both return a list
+of problems; empty means healthy.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from slts.errors import ChunkNotFound
+from slts.journal.names import system_prefix
+from slts.journal.restore import verify_copy
 from slts.metadata.layout import CHUNKS, DELETED, GC, name_key
 from slts.metadata.records import ChunkRecord, GcEntry, SegmentRecord
 from slts.storage import index
@@ -27,6 +32,7 @@ class ContainerReport:
 
     segments: int = 0
     chunks: int = 0
+    copy_sequence: int | None = None  # the sequence a restore from tier-2 reaches (None: no copy)
     problems: list[str] = field(default_factory=list)
 
 
@@ -97,7 +103,11 @@ def verify_container(storage: ChunkedSegmentStorage) -> ContainerReport:
         referenced.update(chunk.name for _, chunk in _walk(storage, tombstone)[0])
     queued = {GcEntry.decode(stored.value).chunk for _, stored in store.iterate(GC)}
     report.chunks = len(referenced)
+    system = system_prefix(storage.container_id)
     for chunk in storage.chunk_storage.list(chunk_prefix(storage.container_id)):
-        if chunk not in referenced and chunk not in queued:
+        if chunk not in referenced and chunk not in queued and not chunk.startswith(system):
             report.problems.append(f"chunk {chunk!r} is on the chunk storage but nothing references it (leak)")
+    copy = verify_copy(storage.chunk_storage, storage.container_id)
+    report.problems.extend(copy.problems)
+    report.copy_sequence = copy.sequence if copy.exists else None
     return report

@@ -1,0 +1,210 @@
+"""The metadata log and metadata snapshots: the metadata store's copy on tier-2 (DESIGN.md §6).
+
+Two system segments per container hold it:
+
+* ``_system/metadata-log``: every committed metadata transaction, one framed record
+  ``{"s": sequence, "o": [[table, key, value or None], ...]}`` each, in sequence order.
+  The store captures each commit atomically with the commit itself (change capture,
+  ``MetadataStore.changes``), whichever process made it, so a crash loses nothing
+  and ``flush`` ships the captured changes in batches, then discards them locally.
+  The log's last durable sequence is an attribute of its journal records
+  (``last_sequence``), never read back from the data.
+* ``_system/metadata-snapshots``: a consistent copy of the whole store: a header
+  ``{"k": "metadata-snapshot", "sequence": S, "tables": [...]}``, pages
+  ``{"t": table, "e": [[key, version, value], ...]}`` and a trailer
+  ``{"k": "end", "entries": N}``. It is written to a new chunk, read back and checked,
+  and only then does a ``truncate`` record move the segment's start to it with
+  attributes ``sequence`` and ``end`` (a snapshot whose write failed half-way is never
+  pointed at: the previous one stays). Then the log is truncated to its end: every
+  record in it is covered by the snapshot.
+
+The restorable state on tier-2 is therefore "snapshot at S, then log records S+1.. in
+order", and ``durable_sequence`` is the newest sequence it includes.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+
+from slts.errors import MetadataCorrupted
+from slts.journal import framing
+from slts.journal.names import METADATA_LOG, METADATA_SNAPSHOTS
+from slts.journal.system_segments import SystemSegments, iter_range
+from slts.metadata.store import Delete, MetadataStore, Operation, Put
+
+SNAPSHOT_KIND = "metadata-snapshot"
+END_KIND = "end"
+#: Entries per snapshot page record.
+PAGE_ENTRIES = 1000
+#: A snapshot is spooled in memory up to this size, then on local disk.
+SPOOL_MEMORY_BYTES = 64 << 20
+
+LOG_LAST = "last_sequence"
+SNAPSHOT_SEQUENCE = "sequence"
+SNAPSHOT_END = "end"
+
+
+class LogGap(MetadataCorrupted):
+    """Changes between the log's durable sequence and the store's are no longer captured
+    (capture was off, or another instance discarded them): only a snapshot can cover them."""
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotInfo:
+    """A metadata snapshot on tier-2: store sequence ``sequence``, bytes ``[start, end)``
+    of the snapshot segment, ``entries`` records of all tables."""
+
+    sequence: int
+    start: int
+    end: int
+    entries: int
+
+
+def encode_change(sequence: int, ops: Sequence[Operation]) -> bytes:
+    """The framed log record of one commit."""
+    encoded = [[op.table, op.key, op.value if isinstance(op, Put) else None] for op in ops]
+    return framing.encode_record({"s": sequence, "o": encoded})
+
+
+def decode_change(record: dict[str, Any]) -> tuple[int, list[Operation]]:
+    """(sequence, operations) of a log record; ``MetadataCorrupted`` if malformed."""
+    try:
+        sequence = int(record["s"])
+        ops: list[Operation] = [
+            Put(str(table), bytes(key), bytes(value)) if value is not None else Delete(str(table), bytes(key))
+            for table, key, value in record["o"]
+        ]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise MetadataCorrupted(f"malformed metadata log record: {exc!r}") from exc
+    return sequence, ops
+
+
+class MetadataLog:
+    """Ships captured commits to the log segment. Not thread-safe: the caller serialises
+    ``flush`` and ``write_snapshot`` (``DurableCopy`` holds one lock for both)."""
+
+    def __init__(self, store: MetadataStore, segments: SystemSegments, batch_bytes: int) -> None:
+        self.store = store
+        self.segments = segments
+        self.batch_bytes = batch_bytes
+        log = segments.layout(METADATA_LOG)
+        snapshots = segments.layout(METADATA_SNAPSHOTS)
+        self.durable_sequence = max(log.attrs.get(LOG_LAST, 0), snapshots.attrs.get(SNAPSHOT_SEQUENCE, 0))
+
+    def pending(self) -> bool:
+        """True if the store has commits the log does not hold yet."""
+        return self.store.last_sequence > self.durable_sequence
+
+    def flush_batch(self) -> int:
+        """Ship one batch of captured changes; return how many commits it held (0: none
+        pending). Raises ``LogGap`` if the next change is no longer captured,
+        ``ChunkStorageError`` if tier-2 fails (nothing is discarded then)."""
+        durable = self.durable_sequence
+        newest = self.store.last_sequence  # read before the changes: no false gap from a later commit
+        changes = self.store.changes(after=durable, limit=PAGE_ENTRIES)
+        if newest > durable and (not changes or changes[0].sequence != durable + 1):
+            raise LogGap(f"metadata log holds up to {durable}, next captured change is "
+                         f"{changes[0].sequence if changes else 'none'} (store at {newest})")  # fmt: skip
+        pieces: list[bytes] = []
+        size, last = 0, durable
+        for change in changes:
+            if change.sequence != last + 1 or (pieces and size >= self.batch_bytes):
+                break
+            piece = encode_change(change.sequence, change.ops)
+            pieces.append(piece)
+            size += len(piece)
+            last = change.sequence
+        if not pieces:
+            return 0
+        self.segments.append(METADATA_LOG, b"".join(pieces), {LOG_LAST: last})
+        self.durable_sequence = last
+        self.store.discard_changes(last)
+        return len(pieces)
+
+    def write_snapshot(self, piece_bytes: int) -> SnapshotInfo:
+        """Write, read back and adopt a snapshot of the whole store, then truncate the log.
+
+        Raises ``ChunkStorageError`` or ``MetadataCorrupted`` (the read-back failed); the
+        previous snapshot then stays the one restore uses.
+        """
+        with tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES) as spool:
+            sequence, entries = _dump(self.store, spool)
+            spool.seek(0)
+            start = None
+            while piece := spool.read(piece_bytes):
+                offset = self.segments.append(METADATA_SNAPSHOTS, piece, new_chunk=start is None)
+                start = offset if start is None else start
+        assert start is not None
+        layout = self.segments.layout(METADATA_SNAPSHOTS)
+        end = layout.length
+        checked = check_snapshot(iter_range(self.segments.binding, layout, start, end))
+        if checked != (sequence, entries):
+            raise MetadataCorrupted(f"metadata snapshot read back as {checked}, wrote {(sequence, entries)}")
+        self.segments.truncate(METADATA_SNAPSHOTS, start, {SNAPSHOT_SEQUENCE: sequence, SNAPSHOT_END: end})
+        log = self.segments.layout(METADATA_LOG)
+        assert sequence >= self.durable_sequence, (sequence, self.durable_sequence)
+        if log.length > log.start_offset:
+            self.segments.truncate(METADATA_LOG, log.length)  # every log record is <= sequence
+        self.durable_sequence = sequence
+        self.store.discard_changes(sequence)
+        return SnapshotInfo(sequence, start, end, entries)
+
+
+def _dump(store: MetadataStore, out: IO[bytes]) -> tuple[int, int]:
+    """Write the framed snapshot of one consistent view to ``out``; (sequence, entries)."""
+    entries = 0
+    with store.snapshot() as view:
+        sequence = view.sequence
+        out.write(framing.encode_record({"k": SNAPSHOT_KIND, "sequence": sequence, "tables": list(store.tables)}))
+        for table in store.tables:
+            start = b""
+            while True:
+                page = view.scan(table, start, None, PAGE_ENTRIES)
+                if page:
+                    rows = [[key, stored.version, stored.value] for key, stored in page]
+                    out.write(framing.encode_record({"t": table, "e": rows}))
+                    entries += len(page)
+                if len(page) < PAGE_ENTRIES:
+                    break
+                start = page[-1][0] + b"\x00"
+    out.write(framing.encode_record({"k": END_KIND, "entries": entries}))
+    return sequence, entries
+
+
+def iter_snapshot(pieces: Iterable[bytes]) -> Iterator[tuple[int, str, list[tuple[bytes, int, bytes]]]]:
+    """(sequence, table, rows) for each page of a snapshot stream, after one
+    ``(sequence, "", [])`` for the header; the header and trailer are checked.
+    Raises ``MetadataCorrupted`` for anything but one whole snapshot."""
+    records = framing.iter_records_strict(pieces)
+    header = next(records, None)
+    if header is None or header.get("k") != SNAPSHOT_KIND or not isinstance(header.get("sequence"), int):
+        raise MetadataCorrupted(f"metadata snapshot has no valid header: {header!r}"[:200])
+    sequence, entries, ended = header["sequence"], 0, False
+    yield sequence, "", []
+    for record in records:
+        if ended:
+            raise MetadataCorrupted("metadata snapshot has records after its trailer")
+        if record.get("k") == END_KIND:
+            if record.get("entries") != entries:
+                raise MetadataCorrupted(f"metadata snapshot trailer says {record.get('entries')} entries, read {entries}")
+            ended = True
+            continue
+        try:
+            table, rows = str(record["t"]), [(bytes(k), int(v), bytes(value)) for k, v, value in record["e"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MetadataCorrupted(f"malformed metadata snapshot page: {exc!r}") from exc
+        entries += len(rows)
+        yield sequence, table, rows
+    if not ended:
+        raise MetadataCorrupted("metadata snapshot has no trailer (cut short)")
+
+
+def check_snapshot(pieces: Iterable[bytes]) -> tuple[int, int]:
+    """(sequence, entries) of a whole, valid snapshot stream (``MetadataCorrupted`` if not)."""
+    sequence, entries = 0, 0
+    for sequence, _, rows in iter_snapshot(pieces):
+        entries += len(rows)
+    return sequence, entries

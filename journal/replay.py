@@ -1,0 +1,179 @@
+"""Reading the system journal back: the boot replay of DESIGN.md §6, without side effects.
+
+``replay(binding, container_id)`` rebuilds the layout of the system segments from
+tier-2 alone. It is what a booting owner, a restore and ``slts journal show`` share:
+
+1. **Latest valid snapshot**: checkpoints in descending (epoch, number, attempt) order;
+   the first one that decodes and names a journal snapshot that decodes and validates
+   is the base (a snapshot whose write failed half-way has no checkpoint, or fails
+   validation, and the previous one is used). No valid checkpoint: an empty base.
+2. **Journal files after it**, in (epoch, file number) order, records in file order.
+   Ignored, and counted: torn or CRC-bad records (``framing``), duplicates (an id not
+   newer than the last applied of its epoch: a retried write that had landed), records
+   that do not fit the layout, files that vanished between listing and reading, gaps
+   in file numbering (a failed create).
+3. **Zombies** need no special case: every epoch's journal starts with a full
+   ``snapshot`` record (the boot record), and epochs replay in order, so whatever an
+   older epoch appended after a newer one booted is replaced by the newer one's boot
+   record (Pravega #6200).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from slts.bindings.base import ChunkStorage
+from slts.errors import ChunkNotFound, ChunkStorageError
+from slts.journal import framing, names
+from slts.journal.layout import SNAPSHOT, InconsistentRecord, SystemLayout, record_id
+
+CHECKPOINT = "checkpoint"
+
+
+@dataclass
+class Replay:
+    """The rebuilt layout and what replay met on the way (for boot, restore, operators)."""
+
+    layout: SystemLayout = field(default_factory=SystemLayout)
+    checkpoint: str | None = None  # the checkpoint the base came from
+    snapshot: str | None = None  # the journal snapshot it named
+    covered: tuple[int, int] = (0, 0)  # (epoch, file) the base snapshot covers
+    invalid_checkpoints: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)  # journal files replayed, in order
+    records: int = 0  # records applied
+    bytes_read: int = 0
+    duplicates: int = 0
+    inconsistent: int = 0
+    corrupt: int = 0
+    torn: int = 0
+    vanished: int = 0
+    # Highest numbers seen per kind, so a (re)booting writer never reuses a name.
+    max_epoch: int = 0
+    max_file: dict[int, int] = field(default_factory=dict)
+    max_snapshot: dict[int, int] = field(default_factory=dict)
+    max_record: dict[int, int] = field(default_factory=dict)
+    all_files: list[names.Numbered] = field(default_factory=list)
+    all_snapshots: list[names.Numbered] = field(default_factory=list)
+    all_checkpoints: list[names.Numbered] = field(default_factory=list)
+
+
+def read_object(binding: ChunkStorage, name: str) -> bytes:
+    """All bytes of object ``name`` (``ChunkNotFound`` if missing)."""
+    length = binding.get_info(name).length
+    return binding.read(binding.open_read(name), 0, length) if length else b""
+
+
+def read_single_record(binding: ChunkStorage, name: str) -> dict[str, Any] | None:
+    """The one valid record object ``name`` holds, or None (missing, torn, corrupt, extra bytes)."""
+    try:
+        data = read_object(binding, name)
+    except ChunkNotFound:
+        return None
+    result = framing.read_records(data)
+    if len(result.records) != 1 or result.corrupt or result.torn_at is not None or result.end != len(data):
+        return None
+    return result.records[0][1]
+
+
+def listing(binding: ChunkStorage, container_id: int) -> tuple[list[names.Numbered], ...]:
+    """(journal files, journal snapshots, checkpoints) of the container, each sorted."""
+    files = [n for name in binding.list(names.journal_prefix(container_id))
+             if (n := names.parse_journal_file(container_id, name))]  # fmt: skip
+    snapshots = [n for name in binding.list(names.snapshots_prefix(container_id))
+                 if (n := names.parse_journal_snapshot(container_id, name))]  # fmt: skip
+    checkpoints = [n for name in binding.list(names.checkpoints_prefix(container_id))
+                   if (n := names.parse_checkpoint(container_id, name))]  # fmt: skip
+    return sorted(files), sorted(snapshots), sorted(checkpoints)
+
+
+def valid_snapshot(record: Mapping[str, Any] | None, epoch: int) -> bool:
+    """True if ``record`` is a journal snapshot of ``epoch`` whose layout validates."""
+    if record is None or record.get("k") != SNAPSHOT:
+        return False
+    try:
+        if record_id(record)[0] != epoch:
+            return False
+        SystemLayout().apply(record)
+    except InconsistentRecord:
+        return False
+    covered = record.get("journal")
+    return isinstance(covered, list) and len(covered) == 2 and covered[0] == epoch
+
+
+def replay(
+    binding: ChunkStorage,
+    container_id: int,
+    on_record: Callable[[str, dict[str, Any]], None] | None = None,
+) -> Replay:
+    """Rebuild the system segments' layout from tier-2 (see module doc).
+
+    ``on_record(file, record)`` is called for every applied record (inspection). Raises
+    ``ChunkStorageError`` only when listing fails or an object cannot be read for a
+    reason other than having vanished.
+    """
+    result = Replay()
+    files, snapshots, checkpoints = listing(binding, container_id)
+    result.all_files, result.all_snapshots, result.all_checkpoints = files, snapshots, checkpoints
+    for numbered in (*files, *snapshots, *checkpoints):
+        result.max_epoch = max(result.max_epoch, numbered.epoch)
+    for numbered in files:
+        result.max_file[numbered.epoch] = max(result.max_file.get(numbered.epoch, 0), numbered.number)
+    for numbered in (*snapshots, *checkpoints):
+        result.max_snapshot[numbered.epoch] = max(result.max_snapshot.get(numbered.epoch, 0), numbered.number)
+    _load_base(binding, checkpoints, result)
+    for numbered in files:
+        if (numbered.epoch, numbered.number) <= result.covered:
+            continue
+        try:
+            data = read_object(binding, numbered.name)
+        except ChunkNotFound:
+            result.vanished += 1
+            continue
+        result.bytes_read += len(data)
+        result.files.append(numbered.name)
+        framed = framing.read_records(data)
+        result.corrupt += framed.corrupt
+        result.torn += framed.torn_at is not None or framed.unframeable_at is not None
+        for _, record in framed.records:
+            _apply(result, numbered.name, record, on_record)
+    return result
+
+
+def _apply(
+    result: Replay, file: str, record: dict[str, Any], on_record: Callable[[str, dict[str, Any]], None] | None
+) -> None:
+    try:
+        epoch, number = record_id(record)
+        if result.layout.is_duplicate(record):
+            result.duplicates += 1
+            return
+        result.layout.apply(record)
+    except InconsistentRecord:
+        result.inconsistent += 1
+        return
+    result.max_record[epoch] = max(result.max_record.get(epoch, 0), number)
+    result.records += 1
+    if on_record is not None:
+        on_record(file, record)
+
+
+def _load_base(binding: ChunkStorage, checkpoints: list[names.Numbered], result: Replay) -> None:
+    for numbered in reversed(checkpoints):
+        try:
+            pointer = read_single_record(binding, numbered.name)
+            snapshot_name = pointer.get("snapshot") if pointer and pointer.get("k") == CHECKPOINT else None
+            record = read_single_record(binding, snapshot_name) if isinstance(snapshot_name, str) else None
+        except ChunkStorageError:
+            record = None
+        if not valid_snapshot(record, numbered.epoch):
+            result.invalid_checkpoints.append(numbered.name)
+            continue
+        assert record is not None
+        result.layout.apply(record)
+        result.covered = (int(record["journal"][0]), int(record["journal"][1]))
+        epoch, number = record_id(record)
+        result.max_record[epoch] = max(result.max_record.get(epoch, 0), number)
+        result.checkpoint, result.snapshot = numbered.name, snapshot_name
+        return

@@ -1,0 +1,157 @@
+"""System segments: append-only byte sequences whose layout is pinned in memory and
+journaled (DESIGN.md §6; PDP-34 "The solution: Log Structured Snapshotting Metadata Store").
+
+``SystemSegments`` writes and truncates the container's system segments through one
+``SystemJournal``. The order of every change is data first, journal second:
+
+* **append**: to the last chunk when the binding can append, this instance created that
+  chunk in this boot, nothing failed on it, and it stays within ``rolling_bytes``;
+  otherwise a new chunk (named like every chunk: container, segment, epoch, offset,
+  random part) is created holding the data. Then an ``append`` or ``add`` record. A
+  failed append taints the chunk (bytes past its recorded length are garbage), so the
+  next append starts a new chunk. ``new_chunk=True`` forces a new chunk (a metadata
+  snapshot starts one, so that truncation later drops whole chunks).
+* **truncate**: a ``truncate`` record first; then the chunks wholly before the new start
+  are deleted (an owner check first: a fenced instance deletes nothing).
+
+Reads (``read_range``, a free function) take the layout, so restore reads a replayed
+layout with the same code. All changes run under the journal's lock: one group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from slts.bindings.base import ChunkHandle, ChunkStorage
+from slts.errors import ChunkNotFound, ChunkStorageError, InvalidOffset, MetadataCorrupted
+from slts.journal import names
+from slts.journal.journal import SystemJournal
+from slts.journal.layout import ADD, APPEND, TRUNCATE, SystemSegmentLayout
+
+READ_PIECE_BYTES = 8 << 20
+
+
+class SystemSegments:
+    """Append, truncate and read the system segments of one container instance."""
+
+    def __init__(self, journal: SystemJournal, rolling_bytes: int, fence_check: Callable[[], None]) -> None:
+        assert rolling_bytes > 0
+        self.journal = journal
+        self.binding = journal.binding
+        self.rolling_bytes = rolling_bytes
+        self._fence_check = fence_check
+        self._own: set[str] = set()  # chunks this instance created and may append to
+
+    @property
+    def lock(self) -> Any:
+        return self.journal.lock
+
+    def layout(self, segment: str) -> SystemSegmentLayout:
+        """A copy of ``segment``'s current layout."""
+        with self.lock:
+            self.journal.ensure_ready()
+            return SystemSegmentLayout.decode(segment, self.journal.layout.segment(segment).encode())
+
+    def append(self, segment: str, data: bytes, attrs: dict[str, int] | None = None, *, new_chunk: bool = False) -> int:
+        """Append ``data`` durably; return the segment offset it starts at.
+
+        ``attrs`` are stored with the record. Raises ``ChunkStorageError`` (nothing
+        recorded; an orphan chunk may remain and is removed at a later boot).
+        """
+        assert data, "appending nothing"
+        with self.lock:
+            self.journal.ensure_ready()
+            layout = self.journal.layout.segment(segment)
+            offset, last = layout.length, layout.last_chunk
+            extra = {"attrs": dict(attrs)} if attrs else {}
+            if not new_chunk and self._appendable(last, len(data)):
+                assert last is not None
+                try:
+                    self.binding.write(self.binding.open_write(last.name), last.length, data)
+                except ChunkStorageError:
+                    self._own.discard(last.name)  # tainted: never append to it again
+                    raise
+                record = {"k": APPEND, "seg": segment, "chunk": last.name, "offset": offset, "length": len(data)}
+            else:
+                name = names.system_chunk(self.journal.container_id, segment, self.journal.epoch, offset)
+                self.binding.create(name, data)
+                self._own.add(name)
+                record = {"k": ADD, "seg": segment, "chunk": name, "offset": offset,
+                          "prev": last.name if last else None, "length": len(data)}  # fmt: skip
+            self.journal.write({**record, **extra})
+            return offset
+
+    def _appendable(self, last: Any, size: int) -> bool:
+        return (
+            self.binding.supports_append
+            and last is not None
+            and last.name in self._own
+            and last.length + size <= self.rolling_bytes
+        )
+
+    def truncate(self, segment: str, offset: int, attrs: dict[str, int] | None = None) -> None:
+        """Move ``segment``'s start to ``offset`` (``start <= offset <= length``) and delete
+        the chunks wholly before it. ``attrs`` are stored with the record."""
+        with self.lock:
+            self.journal.ensure_ready()
+            layout = self.journal.layout.segment(segment)
+            if not layout.start_offset <= offset <= layout.length:
+                raise InvalidOffset(
+                    f"truncate {segment!r} to {offset}: outside [{layout.start_offset}, {layout.length}]",
+                    segment=segment,
+                )
+            holder = next((c for c in layout.chunks if c.start <= offset < c.end), layout.last_chunk)
+            dropped = [c.name for c in layout.chunks if holder is not None and c.end <= holder.start]
+            record: dict[str, Any] = {"k": TRUNCATE, "seg": segment, "chunk": holder.name if holder else "",
+                                      "start": offset}  # fmt: skip
+            if attrs:
+                record["attrs"] = dict(attrs)
+            self.journal.write(record)
+            if dropped:
+                self._fence_check()
+                for name in dropped:
+                    self._own.discard(name)
+                    with contextlib.suppress(ChunkNotFound):
+                        self.binding.delete(ChunkHandle(name, readonly=False))
+
+    def read(self, segment: str, offset: int, length: int) -> bytes:
+        """Bytes ``[offset, offset + length)`` of ``segment`` (within its readable range)."""
+        return read_range(self.binding, self.layout(segment), offset, offset + length)
+
+
+def read_range(binding: ChunkStorage, layout: SystemSegmentLayout, start: int, stop: int) -> bytes:
+    """Bytes ``[start, stop)`` of a system segment with ``layout``.
+
+    Raises ``InvalidOffset`` outside ``[start_offset, length]``, ``MetadataCorrupted`` if
+    a chunk holds fewer bytes than its layout says, ``ChunkNotFound`` if one is missing.
+    """
+    return b"".join(iter_range(binding, layout, start, stop))
+
+
+def iter_range(
+    binding: ChunkStorage, layout: SystemSegmentLayout, start: int, stop: int, piece_bytes: int = READ_PIECE_BYTES
+) -> Iterator[bytes]:
+    """``read_range`` as pieces of at most ``piece_bytes``, for streaming large segments."""
+    if not layout.start_offset <= start <= stop <= layout.length:
+        raise InvalidOffset(
+            f"system segment {layout.name!r}: range [{start}, {stop}) outside "
+            f"[{layout.start_offset}, {layout.length})",
+            segment=layout.name,
+        )
+    for chunk in layout.chunks:
+        lo, hi = max(start, chunk.start), min(stop, chunk.end)
+        if lo >= hi:
+            continue
+        handle = binding.open_read(chunk.name)
+        while lo < hi:
+            size = min(piece_bytes, hi - lo)
+            data = binding.read(handle, lo - chunk.start, size)
+            if len(data) != size:
+                raise MetadataCorrupted(
+                    f"system chunk {chunk.name!r} holds fewer bytes than its journaled length {chunk.length}",
+                    chunk=chunk.name,
+                )
+            yield data
+            lo += size

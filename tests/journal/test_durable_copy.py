@@ -1,0 +1,244 @@
+"""The container's copy of its metadata on tier-2, and restore from it (DESIGN.md §6).
+
+A "lost machine" is simulated by stopping an instance without its final flush and
+throwing its metadata store away; ``restore`` then rebuilds a new store from the
+chunk storage alone, and the restored container must read byte-identical to the
+state at the last flush (the RPO), pass ``verify_container`` (which also checks the
+copy itself), and accept a new owner.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from slts.bindings.faulty import FaultyChunkStorage
+from slts.config import StorageConfig
+from slts.errors import Fenced, InvalidArgument, MetadataCorrupted, StorageUnavailable
+from slts.journal.names import METADATA_SNAPSHOTS
+from slts.journal.restore import restore, verify_copy
+from slts.metadata.layout import TABLES
+from slts.metadata.memory_store import MemoryMetadataStore
+from slts.metadata.store import MetadataStore
+from slts.orphans import reconcile
+from slts.storage.chunked import ChunkedSegmentStorage
+from slts.storage.verify import verify_container
+from tests.storage.conftest import Env
+
+MANUAL = {"metadata_log_flush_interval_s": 0.0, "journal_snapshot_records": 20}
+
+
+def contents(storage: ChunkedSegmentStorage) -> dict[str, bytes]:
+    result = {}
+    for name in storage.list():
+        info = storage.info(name)
+        result[name] = storage.read(storage.open_read(name), info.start_offset, info.length - info.start_offset)
+    return result
+
+
+def churn(storage: ChunkedSegmentStorage, rng: random.Random, steps: int, prefix: str = "s") -> None:
+    """Creates, small writes, seals, concats, truncates, deletes and defrags."""
+    for step in range(steps):
+        name = f"{prefix}{rng.randrange(12)}"
+        if not storage.exists(name):
+            storage.create(name, max_rolling_length=rng.choice([64, 1000]))
+        handle = storage.open_write(name)
+        info = storage.info(name)
+        action = rng.random()
+        if info.sealed:
+            storage.unseal(handle)
+        elif action < 0.6:
+            storage.write(handle, info.length, os.urandom(rng.randrange(1, 200)))
+        elif action < 0.7 and info.length:
+            storage.truncate(handle, rng.randrange(info.start_offset, info.length + 1))
+        elif action < 0.8:
+            source = f"{prefix}src{step}"
+            storage.create(source)
+            storage.write(storage.open_write(source), 0, os.urandom(rng.randrange(1, 100)))
+            storage.seal(storage.open_write(source))
+            storage.concat(handle, info.length, source)
+        elif action < 0.9:
+            storage.defrag(name)
+        else:
+            storage.delete(handle)
+
+
+def lose_machine(storage: ChunkedSegmentStorage) -> None:
+    """Stop the instance the way a lost machine does: no final flush, nothing closed cleanly."""
+    storage.gc.stop()
+    assert storage.durable is not None
+    storage.durable.close(flush=False)
+    storage.durable = None
+    storage.close()
+
+
+def restored_instance(env: Env, tmp_path, **config: object) -> tuple[ChunkedSegmentStorage, MetadataStore]:  # noqa: ANN001
+    target = fresh_store(env, tmp_path)
+    report = restore(env.binding, 0, target)
+    assert report.sequence >= report.snapshot_sequence
+    settings = StorageConfig(**{"gc_delay_s": 10.0, "gc_interval_s": 0.0, **MANUAL, **config})  # type: ignore[arg-type]
+    return ChunkedSegmentStorage(0, None, env.binding, target, settings, clock=env.clock), target
+
+
+def fresh_store(env: Env, tmp_path) -> MetadataStore:  # noqa: ANN001
+    if type(env.store).__name__ == "LmdbMetadataStore":
+        from slts.metadata.lmdb_store import LmdbMetadataStore
+
+        return LmdbMetadataStore(str(tmp_path / f"restored-{os.urandom(4).hex()}"), TABLES)
+    return MemoryMetadataStore(TABLES)
+
+
+def test_restore_is_byte_identical_up_to_the_last_flush(env: Env, tmp_path) -> None:  # noqa: ANN001
+    storage = env.open(**MANUAL)
+    rng = random.Random(1)
+    churn(storage, rng, 120)
+    assert storage.durable is not None
+    storage.durable.snapshot()
+    churn(storage, rng, 60)  # after the snapshot: only in the metadata log
+    storage.durable.flush()
+    expected = contents(storage)
+    churn(storage, rng, 40, prefix="late")  # never flushed: beyond the RPO
+    lose_machine(storage)
+    restored, target = restored_instance(env, tmp_path)
+    try:
+        assert contents(restored) == expected
+        # Chunks written after the RPO are on tier-2 with nothing restored referencing
+        # them: exactly those are leaks, and the orphan reconciler collects them.
+        leaks = verify_container(restored).problems
+        assert leaks and all("/late" in problem and "(leak)" in problem for problem in leaks)
+        assert len(reconcile(restored).orphans) == len(leaks)
+        env.clock.advance(60)
+        while restored.gc.run_once().chunks_deleted:
+            pass
+        assert verify_container(restored).problems == []
+        assert restored.epoch > storage.epoch
+        churn(restored, rng, 30)  # the restored container is a working one
+        restored.durable.flush()
+        assert verify_copy(env.binding, 0).problems == []
+    finally:
+        restored.close()
+        target.close()
+
+
+def test_gc_never_deletes_a_chunk_the_restorable_state_needs(env: Env, tmp_path) -> None:  # noqa: ANN001
+    storage = env.open(**MANUAL)
+    rng = random.Random(2)
+    churn(storage, rng, 150)
+    env.clock.advance(60)
+    churn(storage, rng, 150)  # drops more chunks; none of it flushed yet
+    env.clock.advance(60)
+    deleted = 0
+    while (done := storage.gc.run_once().chunks_deleted):
+        deleted += done
+    assert deleted > 20, "the churn must give GC real work"
+    expected = contents(storage)
+    lose_machine(storage)  # right after heavy GC, without the final flush
+    restored, target = restored_instance(env, tmp_path)
+    try:
+        assert verify_container(restored).problems == []  # every referenced chunk is there
+        assert contents(restored) == expected
+    finally:
+        restored.close()
+        target.close()
+
+
+def test_failed_metadata_snapshot_keeps_the_previous_one(env: Env, tmp_path) -> None:  # noqa: ANN001
+    faulty = FaultyChunkStorage(env.binding)
+    env.binding = faulty
+    storage = env.open(**MANUAL)
+    churn(storage, random.Random(3), 80)
+    first = storage.durable.snapshot()
+    churn(storage, random.Random(4), 40)
+    faulty.partial_write(3)  # piece 1 (data, journal record) lands; the data of piece 2 is torn
+    with pytest.raises(StorageUnavailable):
+        storage.durable.log.write_snapshot(piece_bytes=512)
+    faulty.clear()
+    layout = storage.durable.segments.layout(METADATA_SNAPSHOTS)
+    assert layout.attrs["sequence"] == first.sequence, "the failed snapshot is never pointed at"
+    storage.durable.flush()
+    expected = contents(storage)
+    lose_machine(storage)
+    env.binding = faulty.inner
+    restored, target = restored_instance(env, tmp_path)
+    try:
+        assert contents(restored) == expected
+        assert verify_container(restored).problems == []
+    finally:
+        restored.close()
+        target.close()
+
+
+def test_a_store_older_than_its_copy_is_snapshotted_at_boot(env: Env, tmp_path) -> None:  # noqa: ANN001
+    plain = env.open(journal=False)
+    churn(plain, random.Random(5), 60)
+    plain.close()
+    storage = env.open(**MANUAL)  # boot: the log cannot hold the past, a snapshot does
+    assert storage.durable is not None and storage.durable.statistics().snapshots == 1
+    expected = contents(storage)
+    lose_machine(storage)
+    restored, target = restored_instance(env, tmp_path)
+    try:
+        assert contents(restored) == expected
+    finally:
+        restored.close()
+        target.close()
+
+
+def test_restarts_keep_the_copy_contiguous(env: Env, tmp_path) -> None:  # noqa: ANN001
+    rng = random.Random(6)
+    for _ in range(4):
+        storage = env.reopen(**MANUAL)
+        churn(storage, rng, 40)
+    env.instances[-1].close()  # a clean close flushes
+    storage = env.open(**MANUAL)
+    expected = contents(storage)
+    assert storage.durable.statistics().snapshots == 0, "a clean history needs no snapshot at boot"
+    lose_machine(storage)
+    restored, target = restored_instance(env, tmp_path)
+    try:
+        assert contents(restored) == expected
+    finally:
+        restored.close()
+        target.close()
+
+
+def test_a_fenced_instance_stops_copying(env: Env, tmp_path) -> None:  # noqa: ANN001
+    old = env.open(**MANUAL)
+    churn(old, random.Random(7), 30)
+    new = env.open(**MANUAL)
+    churn(new, random.Random(8), 30)
+    with pytest.raises(Fenced):
+        old.durable.flush()
+    with pytest.raises(Fenced):
+        old.durable.snapshot()
+    new.durable.flush()
+    expected = contents(new)
+    lose_machine(new)
+    old.close()
+    restored, target = restored_instance(env, tmp_path)
+    try:
+        assert contents(restored) == expected
+    finally:
+        restored.close()
+        target.close()
+
+
+def test_restore_bad_input_changes_nothing(env: Env, tmp_path) -> None:  # noqa: ANN001
+    target = fresh_store(env, tmp_path)
+    try:
+        with pytest.raises(MetadataCorrupted, match="no system journal"):
+            restore(env.binding, 0, target)  # nothing on tier-2 yet
+        assert target.last_sequence == 0
+        storage = env.open(**MANUAL)
+        storage.close()
+        with pytest.raises(MetadataCorrupted, match="no system journal"):
+            restore(env.binding, 7, target)  # another container
+        target.commit([])  # not empty any more
+        before = target.dump()
+        with pytest.raises(InvalidArgument, match="empty metadata store"):
+            restore(env.binding, 0, target)
+        assert target.dump() == before
+    finally:
+        target.close()
