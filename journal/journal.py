@@ -146,7 +146,10 @@ class SystemJournal:
         self._snapshot_number = found.max_snapshot.get(self.epoch, 0)
         self._active, self._active_bytes = None, 0
         self._broken = False
-        self._kept = []
+        # The checkpoint booted from is the oldest one kept: once this epoch has its own,
+        # everything older than the base's coverage is removed (restarts do not pile up).
+        base = names.parse_checkpoint(self.container_id, found.checkpoint) if found.checkpoint else None
+        self._kept = [((base.epoch, base.number), found.covered)] if base else []
         # The boot record: a full snapshot heads this epoch's journal (a new file).
         self.write({"k": SNAPSHOT, "layouts": self.layout.snapshot_record((0, 0))["layouts"]}, new_file=True)
         self._snapshot_quietly()

@@ -19,6 +19,7 @@ reads byte-identical to the source up to it (``slts verify`` proves it).
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -181,4 +182,41 @@ def verify_copy(binding: ChunkStorage, container_id: int) -> CopyReport:
             return report
         report.sequence = restored.sequence
         report.segments = sum(1 for _ in target.iterate(SEGMENTS))
+    return report
+
+
+def restore_to_folder(binding: ChunkStorage, container_id: int, folder: str) -> RestoreReport:
+    """``restore`` into a new LMDB store in ``folder`` (absent or empty), made durable at the
+    end: loaded without a sync per commit, then the data file is synced once.
+
+    Raises ``InvalidArgument`` if ``folder`` holds anything; on any error the partial
+    store is removed again, so a failed restore can be retried as is.
+    """
+    import shutil
+
+    from slts.metadata.layout import TABLES
+    from slts.metadata.lmdb_store import LmdbMetadataStore
+
+    if not isinstance(folder, str) or not folder:
+        raise InvalidArgument(f"restore needs a target folder, got {folder!r}")
+    if os.path.exists(folder) and (not os.path.isdir(folder) or os.listdir(folder)):
+        raise InvalidArgument(f"restore target {folder!r} exists and is not an empty folder")
+    created = not os.path.exists(folder)
+    os.makedirs(folder, exist_ok=True)
+    try:
+        with LmdbMetadataStore(folder, TABLES, durable=False) as target:
+            report = restore(binding, container_id, target)
+        for name in sorted(os.listdir(folder)):
+            descriptor = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+    except BaseException:
+        if created:
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            for name in os.listdir(folder):
+                os.unlink(os.path.join(folder, name))
+        raise
     return report

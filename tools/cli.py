@@ -261,8 +261,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    """Check the invariants of every segment (lists, index, chunks present) and that no
-    chunk is leaked; exit 1 if anything is wrong."""
+    """Check the invariants of every segment (lists, index, chunks present), that no chunk
+    is leaked, and that the tier-2 copy of the metadata restores; exit 1 if anything is wrong."""
     from slts.storage.verify import verify_container, verify_segment
 
     with open_storage(args, read_only=True) as storage:
@@ -272,10 +272,92 @@ def cmd_verify(args: argparse.Namespace) -> int:
             segments = len(names)
         else:
             report = verify_container(storage)
-            problems, segments = report.problems, report.segments
-    emit(args, {"segments": segments, "problems": problems},
-         "\n".join([f"verify: {segments} segments, {len(problems)} problems", *problems]))  # fmt: skip
+            problems, segments, copy = report.problems, report.segments, report.copy_sequence
+    summary = f"verify: {segments} segments, {len(problems)} problems"
+    if not args.prefix:
+        summary += "; tier-2 copy " + (f"restores to sequence {copy}" if copy is not None else "absent")
+    emit(args, {"segments": segments, "problems": problems, **({} if args.prefix else {"copy_sequence": copy})},
+         "\n".join([summary, *problems]))  # fmt: skip
     return EXIT_OK if not problems else EXIT_ERROR
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    """Take a metadata snapshot on tier-2 now (the metadata log is truncated after it)."""
+    with open_storage(args) as storage:
+        if storage.durable is None:
+            raise InvalidArgument("this container keeps no copy on tier-2 (journal = false)")
+        info = storage.durable.snapshot()
+        stats = storage.durable.statistics()
+    emit(args, {**asdict(info), "durable_sequence": stats.durable_sequence},
+         f"snapshot: sequence {info.sequence}, {info.entries} entries, {info.end - info.start} bytes "
+         f"on tier-2; tier-2 copy now reaches sequence {stats.durable_sequence}")  # fmt: skip
+    return EXIT_OK
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    """Rebuild the metadata from tier-2 alone (journal, latest metadata snapshot, metadata
+    log after it) into a new LMDB folder, as after the loss of the machine."""
+    from slts.bindings import from_url
+    from slts.journal.restore import restore_to_folder
+
+    source = args.source if args.source is not None else args.store
+    url, _ = store_locations(source, "-") if "://" in source else store_locations(source, None)
+    with from_url(url) as binding:
+        report = restore_to_folder(binding, args.container, os.path.abspath(args.target))
+    emit(args, {**asdict(report), "from": url, "to": args.target},
+         f"restore: {args.target} rebuilt from {url} up to sequence {report.sequence} "
+         f"(snapshot at {report.snapshot_sequence} with {report.snapshot_entries} entries, "
+         f"{report.log_records} log records) in {report.seconds:.2f} s; next owner's epoch > {report.epoch}\n"
+         f"start it with --store {url} --metadata {args.target}; chunks written after the restore "
+         "point are orphans: `slts gc --orphans` collects them")  # fmt: skip
+    return EXIT_OK
+
+
+def cmd_journal(args: argparse.Namespace) -> int:
+    """Decode the system journal for an operator: checkpoints, the snapshot used, the
+    journal files replayed, every system segment's layout (and with --records, every record)."""
+    from slts.bindings import from_url
+    from slts.journal.replay import replay
+
+    url, _ = store_locations(args.store, args.metadata or "-")
+    records: list[dict[str, Any]] = []
+    with from_url(url) as binding:
+        found = replay(binding, args.container,
+                       on_record=(lambda file, record: records.append({"file": file, **record})) if args.records
+                       else None)  # fmt: skip
+    layouts = {name: layout.encode() for name, layout in sorted(found.layout.segments.items())}
+    document = {
+        "checkpoint": found.checkpoint, "snapshot": found.snapshot, "covered": list(found.covered),
+        "invalid_checkpoints": found.invalid_checkpoints, "files_replayed": found.files,
+        "journal_files": len(found.all_files), "journal_snapshots": len(found.all_snapshots),
+        "checkpoints": len(found.all_checkpoints), "records": found.records, "duplicates": found.duplicates,
+        "inconsistent": found.inconsistent, "corrupt": found.corrupt, "torn": found.torn,
+        "vanished": found.vanished, "newest_epoch": found.max_epoch, "layouts": layouts,
+    }  # fmt: skip
+    if args.records:
+        document["record_list"] = [_printable(record) for record in records]
+    lines = [
+        f"journal of container {args.container} on {url}: newest epoch {found.max_epoch}",
+        f"  base: {found.checkpoint or 'no valid checkpoint'} -> {found.snapshot or '-'} (covers {found.covered})",
+        f"  {len(found.all_files)} journal files, {len(found.all_snapshots)} snapshots, "
+        f"{len(found.all_checkpoints)} checkpoints; replayed {found.records} records from {len(found.files)} files",
+        f"  ignored: {found.duplicates} duplicates, {found.corrupt} corrupt, {found.torn} torn, "
+        f"{found.inconsistent} inconsistent, {len(found.invalid_checkpoints)} invalid checkpoints",
+    ]
+    for name, layout in layouts.items():
+        attrs = ", ".join(f"{k}={v}" for k, v in sorted(layout["attrs"].items()))
+        lines.append(f"  {name}: [{layout['start']}, {layout['length']}) in {len(layout['chunks'])} chunks; {attrs}")
+    lines.extend(f"    {record['file'].rsplit('/', 1)[-1]} {_printable(record)}" for record in records)
+    emit(args, document, "\n".join(lines))
+    return EXIT_OK
+
+
+def _printable(record: dict[str, Any]) -> dict[str, Any]:
+    """A journal record without its bulky parts (a snapshot's layouts become a summary)."""
+    shown = {key: value for key, value in record.items() if key not in ("file", "layouts")}
+    if "layouts" in record:
+        shown["layouts"] = {name: f"{raw['length'] - raw['start']} bytes" for name, raw in record["layouts"].items()}
+    return shown
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -431,6 +513,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     verify = add("verify", cmd_verify, "check every invariant of the stored segments")
     verify.add_argument("prefix", nargs="?", default="", help="only segments starting with this")
+
+    add("snapshot", cmd_snapshot, "take a metadata snapshot on tier-2 now")
+
+    restore = add("restore", cmd_restore, "rebuild the metadata from tier-2 alone into a new folder")
+    restore.add_argument("--from", dest="source", default=None,
+                         help="store folder or chunk storage URL to restore from (default: --store)")
+    restore.add_argument("--to", dest="target", required=True, help="new LMDB metadata folder (absent or empty)")
+
+    journal = add("journal", cmd_journal, "inspect the system journal, snapshots and checkpoints")
+    journal.add_argument("action", choices=("show",))
+    journal.add_argument("--records", action="store_true", help="also list every replayed record")
 
     export = add("export", cmd_export, "export a segment's metadata (or a RollingStorage header)")
     export.add_argument("name")

@@ -92,10 +92,11 @@ def test_console_script_and_demo(tmp_path) -> None:  # noqa: ANN001
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["verified"] is True and report["mismatched"] == []
-    assert report["writes"] == 40 and report["epochs"] == [1, 2, 3]
+    assert report["writes"] == 40 and report["epochs"] == [1, 2, 3, 4]  # 4: after the restore
     assert report["transactions"] == 2 * 8 and report["truncated"] == 1
     assert report["chunks_after_defrag"] < report["chunks_before_defrag"]
     assert report["gc_chunks_deleted"] > 0 and report["problems"] == []
+    assert report["snapshot_entries"] > 0 and report["restore_sequence"] >= report["snapshot_sequence"]
     assert not folder.exists(), "the demo folder is removed unless --keep"
 
 
@@ -134,7 +135,8 @@ def test_verify_and_orphans(tmp_path, store: list[str], capsys: pytest.CaptureFi
     source.write_bytes(b"payload")
     run(capsys, "put", "v", str(source), *store)
     code, out, _ = run(capsys, "verify", "--json", *store)
-    assert code == 0 and json.loads(out) == {"segments": 1, "problems": []}
+    assert code == 0 and json.loads(out) == {"segments": 1, "problems": [], "copy_sequence": json.loads(out)["copy_sequence"]}
+    assert json.loads(out)["copy_sequence"] > 0
     leaked = tmp_path / "store" / "chunks" / "0%" / "v%" / "E1.O7.0123456789abcdef0123456789abcdef"
     leaked.write_bytes(b"nobody references me")
     code, out, _ = run(capsys, "verify", "--json", *store)
@@ -160,3 +162,61 @@ def test_export_import(tmp_path, store: list[str], capsys: pytest.CaptureFixture
     code, out, _ = run(capsys, "import", "--format", "rolling", "--name", "e", "--json", *store)
     assert code == cli.EXIT_INVALID, "the chunks still belong to the deleted segment until GC"
     assert run(capsys, "import", "--format", "rolling", *store)[0] == cli.EXIT_INVALID
+
+
+def test_snapshot_restore_journal_show(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+    source = tmp_path / "in.bin"
+    payloads = {f"dr/{i}": os.urandom(5000 + i) for i in range(5)}
+    for name, payload in payloads.items():
+        source.write_bytes(payload)
+        assert run(capsys, "put", name, str(source), "--write-bytes", "1000", *store)[0] == 0
+    code, out, _ = run(capsys, "snapshot", "--json", *store)
+    snapshot = json.loads(out)
+    assert code == 0 and snapshot["entries"] > 0 and snapshot["durable_sequence"] >= snapshot["sequence"]
+    source.write_bytes(b"after the snapshot")
+    run(capsys, "put", "dr/0", str(source), *store)
+    payloads["dr/0"] += b"after the snapshot"
+
+    code, out, _ = run(capsys, "journal", "show", "--records", "--json", *store)
+    shown = json.loads(out)
+    assert code == 0 and shown["checkpoint"] and shown["corrupt"] == 0 and shown["record_list"]
+    assert shown["layouts"]["_system/metadata-snapshots"]["attrs"]["sequence"] == snapshot["sequence"]
+
+    # The machine is lost: only the chunk storage is left.
+    chunks = f"file://{tmp_path / 'store' / 'chunks'}"
+    import shutil
+
+    shutil.rmtree(tmp_path / "store" / "metadata")
+    restored = str(tmp_path / "restored")
+    code, out, _ = run(capsys, "restore", "--from", str(tmp_path / "store"), "--to", restored, "--json")
+    report = json.loads(out)
+    assert code == 0 and report["snapshot_sequence"] == snapshot["sequence"] and report["log_records"] > 0
+    moved = ["--store", chunks, "--metadata", restored]
+    for name, payload in payloads.items():
+        result = subprocess.run([sys.executable, "-m", "slts.tools.cli", "cat", name, *moved],
+                                capture_output=True, check=True)  # fmt: skip
+        assert result.stdout == payload
+    code, out, _ = run(capsys, "verify", "--json", *moved)
+    assert code == 0 and json.loads(out)["problems"] == [] and json.loads(out)["copy_sequence"] >= report["sequence"]
+
+
+def test_restore_and_snapshot_bad_input(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+    occupied = tmp_path / "occupied"
+    occupied.mkdir()
+    (occupied / "keep.txt").write_text("mine")
+    code, _, err = run(capsys, "restore", "--to", str(occupied), *store)
+    assert code == cli.EXIT_INVALID and "not an empty folder" in err
+    assert os.listdir(occupied) == ["keep.txt"]
+    empty_target = tmp_path / "fresh"
+    code, _, err = run(capsys, "restore", "--to", str(empty_target), *store)  # nothing on tier-2 yet
+    assert code == cli.EXIT_ERROR and "no system journal" in err and not empty_target.exists()
+    run(capsys, "put", "x", str(occupied / "keep.txt"), *store)
+    os.environ["SLTS_JOURNAL"] = "false"
+    try:
+        code, _, err = run(capsys, "snapshot", *store)
+    finally:
+        del os.environ["SLTS_JOURNAL"]
+    assert code == cli.EXIT_INVALID and "journal" in err
+    with pytest.raises(SystemExit) as exited:  # argparse: a usage error
+        cli.main(["journal", "list", *store])
+    assert exited.value.code == cli.EXIT_USAGE

@@ -26,13 +26,18 @@ import sys
 
 import pytest
 
+from slts.bindings import from_url
 from slts.bindings.memory import MemoryChunkStorage
 from slts.config import StorageConfig
 from slts.errors import MetadataError
+from slts.journal.restore import restore_to_folder
 from slts.metadata.layout import TABLES
+from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.memory_store import MemoryMetadataStore
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.verify import verify_container, verify_segment
+
+from tests.storage.conftest import segment_chunks
 
 from . import layout_writer
 from .layout_writer import State, apply
@@ -193,15 +198,29 @@ def test_acknowledged_layout_changes_survive_sigkill(tmp_path, seed: int) -> Non
         else:
             raise AssertionError("GC did not converge")
         referenced = {chunk.name for name in storage.list() for _, chunk in storage.chunks(name)}
-        assert set(storage.chunk_storage.list("")) == referenced, (
+        assert set(segment_chunks(storage.chunk_storage)) == referenced, (
             "orphans of killed operations were not collected"
         )
         dump = storage._store.dump()
         assert dump["gc"] == {} and dump["deleted"] == {}
+        restorable = {name: storage.read(storage.open_read(name), storage.info(name).start_offset,
+                                       storage.info(name).length - storage.info(name).start_offset)
+                    for name in storage.list()}  # fmt: skip
         assert observed(storage) == expected(state), "GC changed what the segments hold"
         assert verify_container(storage).problems == []
     finally:
         storage.close()
+    # The machine is lost after all those kills: tier-2 alone restores the same segments.
+    restored = os.path.join(folder, "restored-metadata")
+    with from_url(f"file://{folder}/chunks") as binding:
+        restore_to_folder(binding, 0, restored)
+        with LmdbMetadataStore(restored, TABLES) as store, ChunkedSegmentStorage(
+            0, None, binding, store, StorageConfig(gc_interval_s=0.0, metadata_log_flush_interval_s=0.0)
+        ) as after:
+            assert {name: after.read(after.open_read(name), after.info(name).start_offset,
+                                     after.info(name).length - after.info(name).start_offset)
+                    for name in after.list()} == restorable  # fmt: skip
+            assert verify_container(after).problems == []
 
 
 class _FailingStore(MemoryMetadataStore):

@@ -11,10 +11,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
-
 from slts.bindings.base import ChunkStorage
 from slts.bindings.filesystem import FileSystemChunkStorage
 from slts.bindings.memory import MemoryChunkStorage
+from slts.journal.names import system_prefix
+
 from slts.config import StorageConfig
 from slts.metadata.layout import TABLES
 from slts.metadata.lmdb_store import LmdbMetadataStore
@@ -22,6 +23,13 @@ from slts.metadata.memory_store import MemoryMetadataStore
 from slts.metadata.store import MetadataStore
 from slts.storage.chunked import ChunkedSegmentStorage
 from tests.s3.harness import s3_storage_binding
+
+
+def segment_chunks(binding: ChunkStorage, container_id: int = 0) -> list[str]:
+    """The container's segment chunks on ``binding``, sorted: every name under its prefix
+    but the system objects (journal, system segments), which the journal tests cover."""
+    system = system_prefix(container_id)
+    return sorted(name for name in binding.list(f"{container_id}/") if not name.startswith(system))
 
 
 class FakeClock:
@@ -52,7 +60,9 @@ class Env:
     instances: list[ChunkedSegmentStorage] = field(default_factory=list)
 
     def open(self, epoch: int | None = None, **config: object) -> ChunkedSegmentStorage:
-        settings = StorageConfig(**{"gc_delay_s": 10.0, "gc_interval_s": 0.0, **config})  # type: ignore[arg-type]
+        # No background threads: the metadata log is flushed by GC's barrier and on close only.
+        defaults = {"gc_delay_s": 10.0, "gc_interval_s": 0.0, "metadata_log_flush_interval_s": 0.0}
+        settings = StorageConfig(**{**defaults, **config})  # type: ignore[arg-type]
         storage = ChunkedSegmentStorage(0, epoch, self.binding, self.store, settings, clock=self.clock)
         self.instances.append(storage)
         return storage
@@ -83,7 +93,7 @@ PAIRS = [("memory", "memory"), ("filesystem", "lmdb"), ("no-append", "memory"), 
 
 
 @pytest.fixture(params=PAIRS, ids=[f"{b}+{s}" for b, s in PAIRS])
-def env(request: pytest.FixtureRequest, tmp_path) -> Iterator[Env]:  # noqa: ANN001
+def env(request: pytest.FixtureRequest, tmp_path) -> Iterator[Env]:
     binding_name, store_name = request.param
     environment = Env(BINDINGS[binding_name](tmp_path), STORES[store_name](tmp_path))
     yield environment

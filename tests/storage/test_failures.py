@@ -10,31 +10,28 @@ import contextlib
 from collections.abc import Sequence
 
 import pytest
-
 from slts.bindings.faulty import FaultyChunkStorage
 from slts.bindings.memory import MemoryChunkStorage
+
 from slts.config import StorageConfig
 from slts.errors import MetadataError, SltsError, StorageUnavailable
 from slts.metadata.layout import TABLES
 from slts.metadata.memory_store import MemoryMetadataStore
-from slts.metadata.store import Expect, MetadataStore, Operation, ReadView, StoreStatistics
+from slts.metadata.store import Expect, MetadataStore, Operation
 from slts.storage.chunked import ChunkedSegmentStorage
 
-from .conftest import FakeClock, NoAppendMemoryChunkStorage
+from .conftest import FakeClock, NoAppendMemoryChunkStorage, segment_chunks
+from .delegating import DelegatingStore
 
 
-class FailingCommitStore(MetadataStore):
+class FailingCommitStore(DelegatingStore):
     """Delegates to ``inner``; the ``fail_at``-th commit raises (before or after applying)."""
 
     def __init__(self, inner: MetadataStore) -> None:
-        self.inner = inner
-        self.tables = inner.tables
+        super().__init__(inner)
         self.commits = 0
         self.fail_at = 0
         self.apply_then_fail = False
-
-    def snapshot(self) -> contextlib.AbstractContextManager[ReadView]:
-        return self.inner.snapshot()
 
     def commit(self, ops: Sequence[Operation], expect: Sequence[Expect] = ()) -> int:
         self.commits += 1
@@ -43,16 +40,6 @@ class FailingCommitStore(MetadataStore):
                 self.inner.commit(ops, expect)
             raise MetadataError(f"injected commit failure #{self.commits}")
         return self.inner.commit(ops, expect)
-
-    @property
-    def last_sequence(self) -> int:
-        return self.inner.last_sequence
-
-    def statistics(self) -> StoreStatistics:
-        return self.inner.statistics()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 NO_BACKGROUND_GC = StorageConfig(gc_interval_s=0.0)
@@ -99,7 +86,7 @@ def test_sweep_chunk_storage_failures(binding_class: type[MemoryChunkStorage], o
         assert storage.read(handle, 0, len(expected)) == expected
         clock.advance(120)
         collect_all(storage)
-        assert set(binding.inner.list("")) == referenced_chunks(storage), f"leak after failing {op} #{n}"
+        assert set(segment_chunks(binding.inner)) == referenced_chunks(storage), f"leak after failing {op} #{n}"
 
 
 def test_partial_append_is_never_visible_and_next_write_starts_a_new_chunk() -> None:
@@ -146,7 +133,7 @@ def test_sweep_metadata_commit_failures(apply_then_fail: bool) -> None:
         storage.write(handle, length, b"!")
         clock.advance(120)
         collect_all(storage)
-        assert set(binding.inner.list("")) == referenced_chunks(storage)
+        assert set(segment_chunks(binding.inner)) == referenced_chunks(storage)
 
 
 def test_random_faults_keep_store_and_model_in_agreement() -> None:
@@ -174,4 +161,4 @@ def test_random_faults_keep_store_and_model_in_agreement() -> None:
         assert storage.read(storage.open_read(name), 0, len(model)) == model
     clock.advance(120)
     collect_all(storage)
-    assert set(binding.inner.list("")) == referenced_chunks(storage)
+    assert set(segment_chunks(binding.inner)) == referenced_chunks(storage)

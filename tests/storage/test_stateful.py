@@ -32,12 +32,10 @@ number of programs up for a longer soak.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import itertools
 import os
 import random
-import re
 import shutil
 import struct
 import tempfile
@@ -56,11 +54,11 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-
 from slts.bindings.base import ChunkStorage
 from slts.bindings.faulty import FaultyChunkStorage
 from slts.bindings.filesystem import FileSystemChunkStorage
 from slts.bindings.memory import MemoryChunkStorage
+
 from slts.config import StorageConfig
 from slts.errors import (
     InvalidArgument,
@@ -78,13 +76,13 @@ from slts.metadata.layout import CHUNKS, INDEX, SEGMENTS, TABLES
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.memory_store import MemoryMetadataStore
 from slts.metadata.records import SegmentRecord
-from slts.metadata.store import Expect, MetadataStore, Operation, ReadView, StoreStatistics
+from slts.metadata.store import Expect, MetadataStore, Operation
 from slts.storage.chunked import ChunkedSegmentStorage, SegmentHandle
 from slts.storage.index import parse_value
-from slts.storage.names import chunk_prefix
 from slts.storage.verify import verify_container, verify_segment
 
-from .conftest import FakeClock, NoAppendMemoryChunkStorage
+from .conftest import FakeClock, NoAppendMemoryChunkStorage, segment_chunks
+from .delegating import DelegatingStore
 
 NAMES = ("s/a", "s/b", "s/c", "t/x", "t/y")
 GC_DELAY_S = 10.0
@@ -121,14 +119,13 @@ Initial = list[tuple[int, list[int]]]
 INITIAL = st.lists(st.tuples(ROLLING, st.lists(st.integers(1, 24), max_size=6)), max_size=3)
 
 
-class CrashableStore(MetadataStore):
+class CrashableStore(DelegatingStore):
     """Delegates to ``inner``; once armed, the ``nth`` next commit raises ``MetadataError``
     (after applying it if ``landed``: the commit is durable, its acknowledgement lost),
     standing for a process that dies right there."""
 
     def __init__(self, inner: MetadataStore) -> None:
-        self.inner = inner
-        self.tables = inner.tables
+        super().__init__(inner)
         self._countdown = 0
         self._landed = False
 
@@ -138,9 +135,6 @@ class CrashableStore(MetadataStore):
     def disarm(self) -> None:
         self._countdown = 0
 
-    def snapshot(self) -> contextlib.AbstractContextManager[ReadView]:
-        return self.inner.snapshot()
-
     def commit(self, ops: Sequence[Operation], expect: Sequence[Expect] = ()) -> int:
         if self._countdown:
             self._countdown -= 1
@@ -149,16 +143,6 @@ class CrashableStore(MetadataStore):
                     self.inner.commit(ops, expect)
                 raise MetadataError("injected crash at a commit", injected=True)
         return self.inner.commit(ops, expect)
-
-    @property
-    def last_sequence(self) -> int:
-        return self.inner.last_sequence
-
-    def statistics(self) -> StoreStatistics:
-        return self.inner.statistics()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def expected_state(model: dict[str, Model]) -> dict[str, tuple[int, int, bool, bytes]]:
@@ -612,7 +596,7 @@ class StorageMachine(RuleBasedStateMachine):
         else:
             raise AssertionError("GC did not converge")
         referenced = self.referenced()
-        on_storage = set(self.binding.list(chunk_prefix(0)))
+        on_storage = set(segment_chunks(self.binding))
         assert on_storage == referenced, (
             f"after GC: orphans {sorted(on_storage - referenced)}, missing {sorted(referenced - on_storage)}"
         )

@@ -20,17 +20,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-
 from slts.bindings.base import ChunkHandle, ChunkStorage
 from slts.bindings.faulty import FaultyChunkStorage
+
 from slts.config import StorageConfig
 from slts.errors import Fenced
 from slts.metadata.layout import GC
 from slts.storage.chunked import ChunkedSegmentStorage
-from slts.storage.names import chunk_prefix
 from slts.storage.verify import verify_container, verify_segment
 
-from .conftest import Env
+from .conftest import Env, segment_chunks
 
 MARKER = b"<<ZOMBIE-BYTES>>"
 GC_DELAY_S = 10.0
@@ -137,7 +136,7 @@ def test_every_change_by_the_old_epoch_raises_fenced(env: Env, takeover: bool) -
         for name in expected:
             new.open_write(name)
     metadata_before = env.store.dump()
-    chunks_before = sorted(env.binding.list(""))
+    chunks_before = segment_chunks(env.binding)
 
     attempts: list[tuple[str, Callable[[], object]]] = [
         ("write", lambda: old.write(handles["z/main"], len(expected["z/main"]), MARKER)),
@@ -156,7 +155,7 @@ def test_every_change_by_the_old_epoch_raises_fenced(env: Env, takeover: bool) -
         with pytest.raises(Fenced):
             attempt()
         assert env.store.dump() == metadata_before, f"the zombie's {what} changed metadata"
-        assert sorted(env.binding.list("")) == chunks_before, (
+        assert segment_chunks(env.binding) == chunks_before, (
             f"the zombie's {what} added or removed a chunk"
         )
 
@@ -184,7 +183,7 @@ def test_every_change_by_the_old_epoch_raises_fenced(env: Env, takeover: bool) -
     # GC by the new owner collects what the old one deleted (and the seam merge dropped).
     env.clock.advance(GC_DELAY_S + 1)
     collect_all(new)
-    assert set(env.binding.list(chunk_prefix(0))) == referenced(new)
+    assert set(segment_chunks(env.binding)) == referenced(new)
     assert_no_marker(new)
 
 
@@ -225,7 +224,7 @@ def test_zombie_chunk_that_lands_after_the_takeover_is_collected(env: Env, opera
     new = started[0]
     assert new.info("w").length == len(committed)
     assert new.read(new.open_read("w"), 0, len(committed)) == committed
-    orphans = set(env.binding.list(chunk_prefix(0))) - referenced(new)
+    orphans = set(segment_chunks(env.binding)) - referenced(new)
     assert len(orphans) == 1, "the zombie's chunk should have landed on the chunk storage"
     (orphan,) = orphans
     landed = env.binding.read(env.binding.open_read(orphan), 0, 1 << 20)
@@ -241,7 +240,7 @@ def test_zombie_chunk_that_lands_after_the_takeover_is_collected(env: Env, opera
     env.clock.advance(GC_DELAY_S + 1)
     collect_all(new)
     assert not env.binding.exists(orphan), "the zombie's chunk was not collected"
-    assert set(env.binding.list(chunk_prefix(0))) == referenced(new)
+    assert set(segment_chunks(env.binding)) == referenced(new)
     assert env.store.dump()[GC] == {}
 
     new_handle = new.open_write("w")
@@ -327,7 +326,7 @@ def assert_new_owner_ignores_bytes_past_the_committed_length(
     assert not env.binding.exists(zombie_chunk), (
         "the chunk holding the zombie's bytes was not collected"
     )
-    assert set(env.binding.list(chunk_prefix(0))) == referenced(new)
+    assert set(segment_chunks(env.binding)) == referenced(new)
 
 
 def test_open_write_by_the_old_epoch_of_a_segment_the_new_one_owns_raises_fenced(env: Env) -> None:

@@ -5,6 +5,6 @@ Each module exposes ``BENCHMARKS``: name -> ``slts.tools.bench.Benchmark``.
 
 from __future__ import annotations
 
-from slts.tools.benchmarks import concurrency, metadata, reads
+from slts.tools.benchmarks import concurrency, journal, metadata, reads
 
-SUITES = (concurrency.BENCHMARKS, reads.BENCHMARKS, metadata.BENCHMARKS)
+SUITES = (concurrency.BENCHMARKS, reads.BENCHMARKS, metadata.BENCHMARKS, journal.BENCHMARKS)

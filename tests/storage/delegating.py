@@ -1,0 +1,52 @@
+"""``DelegatingStore``: a metadata store that forwards everything to ``inner``.
+
+Test doubles that inject failures into commits subclass it and override ``commit``
+only, so they keep up with the store contract (change capture, replicate) for free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+from slts.metadata.store import Change, Expect, MetadataStore, Operation, ReadView, StoreStatistics
+
+
+class DelegatingStore(MetadataStore):
+    """Forwards every call to ``inner``."""
+
+    def __init__(self, inner: MetadataStore) -> None:
+        self.inner = inner
+        self.tables = inner.tables
+
+    def snapshot(self) -> contextlib.AbstractContextManager[ReadView]:
+        return self.inner.snapshot()
+
+    def commit(self, ops: Sequence[Operation], expect: Sequence[Expect] = ()) -> int:
+        return self.inner.commit(ops, expect)
+
+    @property
+    def last_sequence(self) -> int:
+        return self.inner.last_sequence
+
+    def statistics(self) -> StoreStatistics:
+        return self.inner.statistics()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def enable_change_capture(self) -> None:
+        self.inner.enable_change_capture()
+
+    @property
+    def change_capture_enabled(self) -> bool:
+        return self.inner.change_capture_enabled
+
+    def changes(self, after: int, limit: int = 1000) -> list[Change]:
+        return self.inner.changes(after, limit)
+
+    def discard_changes(self, through: int) -> int:
+        return self.inner.discard_changes(through)
+
+    def replicate(self, sequence: int, ops: Sequence[Operation], versions: Sequence[int] | None = None) -> None:
+        self.inner.replicate(sequence, ops, versions)
