@@ -23,6 +23,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -48,6 +49,23 @@ ROUNDS = 10
 def read_line(child: subprocess.Popen[str]) -> str:
     assert child.stdout is not None
     return child.stdout.readline()  # a hung child is caught by pytest-timeout
+
+
+def drain(child: subprocess.Popen[str]) -> tuple[str, str]:
+    """Everything left on the child's stdout and stderr, and wait for it to end.
+
+    Not ``communicate()``: it reads the pipes' file descriptors directly and so loses
+    whatever ``readline`` had already buffered in ``child.stdout`` (lines of operations
+    the model would then never see). stderr is drained by a thread meanwhile, so the
+    child never blocks on a full pipe."""
+    assert child.stdout is not None and child.stderr is not None
+    errors: list[str] = []
+    reader = threading.Thread(target=lambda: errors.append(child.stderr.read()))  # type: ignore[union-attr]
+    reader.start()
+    rest = child.stdout.read()
+    reader.join()
+    child.wait()
+    return rest, "".join(errors)
 
 
 def run_until_killed(
@@ -77,7 +95,7 @@ def run_until_killed(
                 lines.append(line)
         finally:
             os.kill(child.pid, signal.SIGKILL)
-    rest, errors = child.communicate()  # drains both pipes: the child never blocks on them
+    rest, errors = drain(child)
     assert child.returncode == -signal.SIGKILL, f"the child died by itself:\n{errors}"
     # A line cut by the kill (no newline) is not an acknowledgement.
     lines.extend(line + "\n" for line in rest.split("\n")[:-1])
