@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 
 import pytest
 
@@ -20,6 +21,7 @@ from slts.errors import Fenced, InvalidArgument, MetadataCorrupted, StorageUnava
 from slts.journal.names import METADATA_SNAPSHOTS
 from slts.journal.restore import restore, verify_copy
 from slts.metadata.layout import TABLES
+from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.memory_store import MemoryMetadataStore
 from slts.metadata.store import MetadataStore
 from slts.orphans import reconcile
@@ -65,13 +67,17 @@ def churn(storage: ChunkedSegmentStorage, rng: random.Random, steps: int, prefix
             storage.delete(handle)
 
 
-def lose_machine(storage: ChunkedSegmentStorage) -> None:
-    """Stop the instance the way a lost machine does: no final flush, nothing closed cleanly."""
+def lose_machine(storage: ChunkedSegmentStorage, env: Env) -> None:
+    """Stop the instance the way a lost machine does: no final flush; then the metadata
+    is gone (an LMDB folder is deleted from disk)."""
     storage.gc.stop()
     assert storage.durable is not None
     storage.durable.close(flush=False)
     storage.durable = None
     storage.close()
+    if isinstance(env.store, LmdbMetadataStore):
+        env.store.close()
+        shutil.rmtree(env.store.path)
 
 
 def restored_instance(env: Env, tmp_path, **config: object) -> tuple[ChunkedSegmentStorage, MetadataStore]:  # noqa: ANN001
@@ -83,9 +89,7 @@ def restored_instance(env: Env, tmp_path, **config: object) -> tuple[ChunkedSegm
 
 
 def fresh_store(env: Env, tmp_path) -> MetadataStore:  # noqa: ANN001
-    if type(env.store).__name__ == "LmdbMetadataStore":
-        from slts.metadata.lmdb_store import LmdbMetadataStore
-
+    if isinstance(env.store, LmdbMetadataStore):
         return LmdbMetadataStore(str(tmp_path / f"restored-{os.urandom(4).hex()}"), TABLES)
     return MemoryMetadataStore(TABLES)
 
@@ -100,7 +104,7 @@ def test_restore_is_byte_identical_up_to_the_last_flush(env: Env, tmp_path) -> N
     storage.durable.flush()
     expected = contents(storage)
     churn(storage, rng, 40, prefix="late")  # never flushed: beyond the RPO
-    lose_machine(storage)
+    lose_machine(storage, env)
     restored, target = restored_instance(env, tmp_path)
     try:
         assert contents(restored) == expected
@@ -134,7 +138,7 @@ def test_gc_never_deletes_a_chunk_the_restorable_state_needs(env: Env, tmp_path)
         deleted += done
     assert deleted > 20, "the churn must give GC real work"
     expected = contents(storage)
-    lose_machine(storage)  # right after heavy GC, without the final flush
+    lose_machine(storage, env)  # right after heavy GC, without the final flush
     restored, target = restored_instance(env, tmp_path)
     try:
         assert verify_container(restored).problems == []  # every referenced chunk is there
@@ -159,7 +163,7 @@ def test_failed_metadata_snapshot_keeps_the_previous_one(env: Env, tmp_path) -> 
     assert layout.attrs["sequence"] == first.sequence, "the failed snapshot is never pointed at"
     storage.durable.flush()
     expected = contents(storage)
-    lose_machine(storage)
+    lose_machine(storage, env)
     env.binding = faulty.inner
     restored, target = restored_instance(env, tmp_path)
     try:
@@ -177,7 +181,7 @@ def test_a_store_older_than_its_copy_is_snapshotted_at_boot(env: Env, tmp_path) 
     storage = env.open(**MANUAL)  # boot: the log cannot hold the past, a snapshot does
     assert storage.durable is not None and storage.durable.statistics().snapshots == 1
     expected = contents(storage)
-    lose_machine(storage)
+    lose_machine(storage, env)
     restored, target = restored_instance(env, tmp_path)
     try:
         assert contents(restored) == expected
@@ -195,7 +199,7 @@ def test_restarts_keep_the_copy_contiguous(env: Env, tmp_path) -> None:  # noqa:
     storage = env.open(**MANUAL)
     expected = contents(storage)
     assert storage.durable.statistics().snapshots == 0, "a clean history needs no snapshot at boot"
-    lose_machine(storage)
+    lose_machine(storage, env)
     restored, target = restored_instance(env, tmp_path)
     try:
         assert contents(restored) == expected
@@ -215,8 +219,8 @@ def test_a_fenced_instance_stops_copying(env: Env, tmp_path) -> None:  # noqa: A
         old.durable.snapshot()
     new.durable.flush()
     expected = contents(new)
-    lose_machine(new)
     old.close()
+    lose_machine(new, env)
     restored, target = restored_instance(env, tmp_path)
     try:
         assert contents(restored) == expected
