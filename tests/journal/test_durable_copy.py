@@ -9,9 +9,11 @@ copy itself), and accept a new owner.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
+from collections.abc import Iterator
 
 import pytest
 
@@ -80,12 +82,25 @@ def lose_machine(storage: ChunkedSegmentStorage, env: Env) -> None:
         shutil.rmtree(env.store.path)
 
 
-def restored_instance(env: Env, tmp_path, **config: object) -> tuple[ChunkedSegmentStorage, MetadataStore]:  # noqa: ANN001
+@contextlib.contextmanager
+def restored(env: Env, tmp_path) -> Iterator[ChunkedSegmentStorage]:  # noqa: ANN001
+    """A new owner on a store restored from ``env.binding`` alone (closed afterwards)."""
     target = fresh_store(env, tmp_path)
     report = restore(env.binding, 0, target)
     assert report.sequence >= report.snapshot_sequence
-    settings = StorageConfig(**{"gc_delay_s": 10.0, "gc_interval_s": 0.0, **MANUAL, **config})  # type: ignore[arg-type]
-    return ChunkedSegmentStorage(0, None, env.binding, target, settings, clock=env.clock), target
+    settings = StorageConfig(**{"gc_delay_s": 10.0, "gc_interval_s": 0.0, **MANUAL})  # type: ignore[arg-type]
+    try:
+        with ChunkedSegmentStorage(0, None, env.binding, target, settings, clock=env.clock) as instance:
+            yield instance
+    finally:
+        target.close()
+
+
+def assert_restores(env: Env, tmp_path, expected: dict[str, bytes]) -> None:  # noqa: ANN001
+    """Tier-2 alone restores exactly ``expected``, with every invariant holding."""
+    with restored(env, tmp_path) as instance:
+        assert contents(instance) == expected
+        assert verify_container(instance).problems == []
 
 
 def fresh_store(env: Env, tmp_path) -> MetadataStore:  # noqa: ANN001
@@ -105,25 +120,21 @@ def test_restore_is_byte_identical_up_to_the_last_flush(env: Env, tmp_path) -> N
     expected = contents(storage)
     churn(storage, rng, 40, prefix="late")  # never flushed: beyond the RPO
     lose_machine(storage, env)
-    restored, target = restored_instance(env, tmp_path)
-    try:
-        assert contents(restored) == expected
+    with restored(env, tmp_path) as instance:
+        assert contents(instance) == expected
         # Chunks written after the RPO are on tier-2 with nothing restored referencing
         # them: exactly those are leaks, and the orphan reconciler collects them.
-        leaks = verify_container(restored).problems
+        leaks = verify_container(instance).problems
         assert leaks and all("/late" in problem and "(leak)" in problem for problem in leaks)
-        assert len(reconcile(restored).orphans) == len(leaks)
+        assert len(reconcile(instance).orphans) == len(leaks)
         env.clock.advance(60)
-        while restored.gc.run_once().chunks_deleted:
+        while instance.gc.run_once().chunks_deleted:
             pass
-        assert verify_container(restored).problems == []
-        assert restored.epoch > storage.epoch
-        churn(restored, rng, 30)  # the restored container is a working one
-        restored.durable.flush()
+        assert verify_container(instance).problems == []
+        assert instance.epoch > storage.epoch
+        churn(instance, rng, 30)  # the restored container is a working one
+        instance.durable.flush()
         assert verify_copy(env.binding, 0).problems == []
-    finally:
-        restored.close()
-        target.close()
 
 
 def test_gc_never_deletes_a_chunk_the_restorable_state_needs(env: Env, tmp_path) -> None:  # noqa: ANN001
@@ -139,13 +150,7 @@ def test_gc_never_deletes_a_chunk_the_restorable_state_needs(env: Env, tmp_path)
     assert deleted > 20, "the churn must give GC real work"
     expected = contents(storage)
     lose_machine(storage, env)  # right after heavy GC, without the final flush
-    restored, target = restored_instance(env, tmp_path)
-    try:
-        assert verify_container(restored).problems == []  # every referenced chunk is there
-        assert contents(restored) == expected
-    finally:
-        restored.close()
-        target.close()
+    assert_restores(env, tmp_path, expected)
 
 
 def test_failed_metadata_snapshot_keeps_the_previous_one(env: Env, tmp_path) -> None:  # noqa: ANN001
@@ -165,13 +170,7 @@ def test_failed_metadata_snapshot_keeps_the_previous_one(env: Env, tmp_path) -> 
     expected = contents(storage)
     lose_machine(storage, env)
     env.binding = faulty.inner
-    restored, target = restored_instance(env, tmp_path)
-    try:
-        assert contents(restored) == expected
-        assert verify_container(restored).problems == []
-    finally:
-        restored.close()
-        target.close()
+    assert_restores(env, tmp_path, expected)
 
 
 def test_a_store_older_than_its_copy_is_snapshotted_at_boot(env: Env, tmp_path) -> None:  # noqa: ANN001
@@ -182,12 +181,7 @@ def test_a_store_older_than_its_copy_is_snapshotted_at_boot(env: Env, tmp_path) 
     assert storage.durable is not None and storage.durable.statistics().snapshots == 1
     expected = contents(storage)
     lose_machine(storage, env)
-    restored, target = restored_instance(env, tmp_path)
-    try:
-        assert contents(restored) == expected
-    finally:
-        restored.close()
-        target.close()
+    assert_restores(env, tmp_path, expected)
 
 
 def test_restarts_keep_the_copy_contiguous(env: Env, tmp_path) -> None:  # noqa: ANN001
@@ -200,12 +194,7 @@ def test_restarts_keep_the_copy_contiguous(env: Env, tmp_path) -> None:  # noqa:
     expected = contents(storage)
     assert storage.durable.statistics().snapshots == 0, "a clean history needs no snapshot at boot"
     lose_machine(storage, env)
-    restored, target = restored_instance(env, tmp_path)
-    try:
-        assert contents(restored) == expected
-    finally:
-        restored.close()
-        target.close()
+    assert_restores(env, tmp_path, expected)
 
 
 def test_a_fenced_instance_stops_copying(env: Env, tmp_path) -> None:  # noqa: ANN001
@@ -221,12 +210,7 @@ def test_a_fenced_instance_stops_copying(env: Env, tmp_path) -> None:  # noqa: A
     expected = contents(new)
     old.close()
     lose_machine(new, env)
-    restored, target = restored_instance(env, tmp_path)
-    try:
-        assert contents(restored) == expected
-    finally:
-        restored.close()
-        target.close()
+    assert_restores(env, tmp_path, expected)
 
 
 def test_restore_bad_input_changes_nothing(env: Env, tmp_path) -> None:  # noqa: ANN001

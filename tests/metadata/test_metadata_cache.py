@@ -22,28 +22,23 @@ from slts.metadata import (
     MetadataStore,
     Operation,
     Put,
-    ReadView,
-    StoreStatistics,
     Versioned,
 )
+from tests.delegating import DelegatingStore
 
 T = "segments"
 TABLES = (T, "chunks")
 WAIT_S = 30  # bounds every wait so that a bug fails the test instead of hanging it
 
 
-class HookedStore(MetadataStore):
+class HookedStore(DelegatingStore):
     """Delegates to ``inner``; ``after_get``/``after_commit`` run after the inner call returned."""
 
     def __init__(self, inner: MetadataStore) -> None:
-        self.inner = inner
-        self.tables = inner.tables
+        super().__init__(inner)
         self.gets = 0
         self.after_get: Callable[[bytes, Versioned | None], None] | None = None
         self.after_commit: Callable[[int], None] | None = None
-
-    def snapshot(self) -> contextlib.AbstractContextManager[ReadView]:
-        return self.inner.snapshot()
 
     def get(self, table: str, key: bytes) -> Versioned | None:
         value = self.inner.get(table, key)
@@ -57,16 +52,6 @@ class HookedStore(MetadataStore):
         if self.after_commit is not None:
             self.after_commit(sequence)
         return sequence
-
-    @property
-    def last_sequence(self) -> int:
-        return self.inner.last_sequence
-
-    def statistics(self) -> StoreStatistics:
-        return self.inner.statistics()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 class Parking:

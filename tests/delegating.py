@@ -1,7 +1,7 @@
 """``DelegatingStore``: a metadata store that forwards everything to ``inner``.
 
-Test doubles that inject failures into commits subclass it and override ``commit``
-only, so they keep up with the store contract (change capture, replicate) for free.
+Test doubles that hook commits or reads subclass it and override only those,
+so they keep up with the store contract (change capture, replicate) for free.
 """
 
 from __future__ import annotations
