@@ -268,10 +268,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     with open_storage(args, read_only=True) as storage:
         if args.prefix:
             names = list(storage.list(args.prefix))
-            problems = [problem for name in names for problem in verify_segment(storage, name)]
+            problems = [problem for name in names for problem in verify_segment(storage, name, checksums=args.checksums)]
             segments = len(names)
         else:
-            report = verify_container(storage)
+            report = verify_container(storage, checksums=args.checksums)
             problems, segments, copy = report.problems, report.segments, report.copy_sequence
     summary = f"verify: {segments} segments, {len(problems)} problems"
     if not args.prefix:
@@ -513,6 +513,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     verify = add("verify", cmd_verify, "check every invariant of the stored segments")
     verify.add_argument("prefix", nargs="?", default="", help="only segments starting with this")
+    verify.add_argument("--checksums", action="store_true", help="also read every chunk and check its CRC32C")
 
     add("snapshot", cmd_snapshot, "take a metadata snapshot on tier-2 now")
 

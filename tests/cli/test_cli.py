@@ -220,3 +220,17 @@ def test_restore_and_snapshot_bad_input(tmp_path, store: list[str], capsys: pyte
     with pytest.raises(SystemExit) as exited:  # argparse: a usage error
         cli.main(["journal", "list", *store])
     assert exited.value.code == cli.EXIT_USAGE
+
+
+def test_verify_checksums_finds_bit_rot(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+    source = tmp_path / "in.bin"
+    source.write_bytes(os.urandom(3000))
+    run(capsys, "put", "rot", str(source), *store)
+    assert run(capsys, "verify", "--checksums", *store)[0] == 0
+    chunk = next(path for path in (tmp_path / "store" / "chunks").rglob("E*") if "rot" in str(path))
+    damaged = bytearray(chunk.read_bytes())
+    damaged[1234] ^= 0x01  # same length: only the checksum can tell
+    chunk.write_bytes(bytes(damaged))
+    assert run(capsys, "verify", *store)[0] == 0, "lengths alone cannot see bit rot"
+    code, out, _ = run(capsys, "verify", "--checksums", "--json", *store)
+    assert code == cli.EXIT_ERROR and "CRC32C" in json.loads(out)["problems"][0]
