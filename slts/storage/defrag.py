@@ -19,17 +19,20 @@ Three steps, kept apart so that the same logic serves the in-process driver
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import crc32c
 
 from slts.bindings.base import ChunkStorage, ConcatSource
 from slts.config import StorageConfig
+from slts.errors import ChunkCorrupted, ChunkNotFound, MetadataCorrupted, VersionConflict
 from slts.metadata.layout import CHUNKS, GC, SEGMENTS, name_key
 from slts.metadata.records import ChunkRecord, SegmentRecord
-from slts.metadata.store import Delete, Expect, Operation, Put, ReadView
+from slts.metadata.store import Delete, Expect, MetadataStore, Operation, Put, ReadView
 from slts.storage import index
 
 
@@ -110,33 +113,112 @@ def plan_runs(record: SegmentRecord, listed: list[ListedChunk], config: StorageC
         run, run_bytes = ([chunk], chunk.record.length) if small and chunk is not None else ([], 0)
 
 
+@dataclass(frozen=True, slots=True)
+class Source:
+    """One chunk of a run as a builder needs it: plain values, so batch tasks pickle."""
+
+    name: str
+    length: int
+    checksum: int | None
+
+
+def run_sources(run: Run) -> tuple[Source, ...]:
+    """The run's chunks as ``Source`` values, in order."""
+    return tuple(Source(c.record.name, c.record.length, c.record.checksum) for c in run.chunks)
+
+
 def build_chunk(binding: ChunkStorage, run: Run, new_name: str, *, checksums: bool) -> BuiltChunk:
     """Create chunk ``new_name`` holding the run's bytes (recorded lengths only)."""
-    sources = [ConcatSource(chunk.record.name, 0, chunk.record.length) for chunk in run.chunks]
+    return build_from_sources(binding, run_sources(run), new_name, checksums=checksums)
+
+
+def build_from_sources(
+    binding: ChunkStorage, sources: Sequence[Source], new_name: str, *, checksums: bool, reuse: bool = False
+) -> BuiltChunk:
+    """Create chunk ``new_name`` holding the sources' recorded bytes, in order.
+
+    Natively (``ChunkStorage.concat``) where the binding can, else read and create.
+    ``reuse``: if ``new_name`` already exists with exactly the run's length (an earlier
+    attempt of the same task made it; creates are atomic), take it as built.
+    Raises ``ChunkCorrupted`` if a source is shorter than recorded.
+    """
+    length = sum(source.length for source in sources)
+    if reuse:
+        with contextlib.suppress(ChunkNotFound):
+            if binding.get_info(new_name).length == length:
+                checksum = _checksum_of(binding, new_name, length) if checksums else None
+                return BuiltChunk(new_name, length, checksum, 0, 0)
+    ranges = [ConcatSource(source.name, 0, source.length) for source in sources]
     if binding.supports_concat:
-        copied = binding.concat_bytes_through_client(sources)
-        info = binding.concat(new_name, sources)
-        assert info.length == run.length, (info, run.length)
-        checksum = _combined_checksum(run) if checksums else None
-        return BuiltChunk(new_name, run.length, checksum, run.length - copied, copied)
-    parts = [binding.read(binding.open_read(s.name), s.offset, s.length) for s in sources]
-    data = b"".join(parts)
-    if len(data) != run.length:
-        from slts.errors import ChunkCorrupted
-
-        raise ChunkCorrupted(f"a chunk of the run at {run.start} of {run.segment!r} is shorter than recorded")
+        copied = binding.concat_bytes_through_client(ranges)
+        info = binding.concat(new_name, ranges)
+        assert info.length == length, (info, length)
+        checksum = _combined_checksum(sources) if checksums else None
+        return BuiltChunk(new_name, length, checksum, length - copied, copied)
+    data = b"".join(binding.read(binding.open_read(r.name), r.offset, r.length) for r in ranges)
+    if len(data) != length:
+        raise ChunkCorrupted(f"a source chunk of {new_name!r} is shorter than recorded")
     binding.create(new_name, data)
-    return BuiltChunk(new_name, run.length, crc32c.crc32c(data) if checksums else None, 0, run.length)
+    return BuiltChunk(new_name, length, crc32c.crc32c(data) if checksums else None, 0, length)
 
 
-def _combined_checksum(run: Run) -> int | None:
+def _checksum_of(binding: ChunkStorage, name: str, length: int) -> int:
+    data = binding.read(binding.open_read(name), 0, length)
+    if len(data) != length:
+        raise ChunkCorrupted(f"chunk {name!r} is shorter than {length} bytes")
+    return crc32c.crc32c(data)
+
+
+def _combined_checksum(sources: Sequence[Source]) -> int | None:
     """The CRC32C of the concatenation, from the parts' CRCs (None if one is unknown)."""
     value: int | None = None
-    for chunk in run.chunks:
-        if chunk.record.checksum is None:
+    for source in sources:
+        if source.checksum is None:
             return None
-        value = chunk.record.checksum if value is None else crc32c_combine(value, chunk.record.checksum, chunk.record.length)
+        value = source.checksum if value is None else crc32c_combine(value, source.checksum, source.length)
     return value
+
+
+def predecessor(store: MetadataStore, record: SegmentRecord, start: int) -> ListedChunk | None:
+    """The chunk before the one starting at ``start`` (None at the head), found through
+    the index: O(log n)."""
+    if start <= record.first_chunk_start_offset:
+        return None
+    with store.snapshot() as view:
+        name, previous_start = index.resolve(view, record.segment_id, start - 1)
+        stored = view.get(CHUNKS, name_key(name))
+    if stored is None:
+        raise MetadataCorrupted(f"chunk record {name!r} is referenced but missing", chunk=name)
+    return ListedChunk(ChunkRecord.decode(stored.value), stored.version, previous_start)
+
+
+def swap_in(
+    store: MetadataStore,
+    commit: Callable[[Sequence[Operation], Sequence[Expect]], int],
+    record: SegmentRecord,
+    version: int,
+    run: Run,
+    built: BuiltChunk,
+    *,
+    epoch: int,
+    intent_key: bytes,
+    intent_version: int,
+    dropped_entries: list[Put],
+) -> bool:
+    """Swap ``run`` for ``built`` in ``record`` (read fresh, at ``version``) with one
+    ``commit``; False if the run is no longer there as planned or a version moved: the
+    run is dropped, and its new chunk stays in the GC queue as an intent. The commit
+    logic every defrag driver shares."""
+    run = dataclasses.replace(run, predecessor=predecessor(store, record, run.start))
+    with store.snapshot() as view:
+        planned = commit_ops(view, record, version, run, built, epoch, intent_key, intent_version, dropped_entries)
+    if planned is None:
+        return False
+    try:
+        commit(*planned)
+    except VersionConflict:
+        return False
+    return True
 
 
 def commit_ops(

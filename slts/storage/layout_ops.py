@@ -9,7 +9,6 @@ share the index rules of ``slts.storage.index``. See docs/architecture.md.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 
 from slts.errors import (
     ChunkStorageError,
@@ -122,11 +121,7 @@ class LayoutOperations:
 
     def _predecessor(self, record: SegmentRecord, start: int) -> defrag.ListedChunk | None:
         """The chunk before the one starting at ``start`` (None at the head): O(log n)."""
-        if start <= record.first_chunk_start_offset:
-            return None
-        name, previous_start = index.resolve(self._store, record.segment_id, start - 1)
-        chunk, version = self._chunk(name)
-        return defrag.ListedChunk(chunk, version, previous_start)
+        return defrag.predecessor(self._store, record, start)
 
     def truncate(self, handle: SegmentHandle, offset: int) -> None:
         """Make ``[0, offset)`` unreadable: the start offset moves up to ``offset``.
@@ -245,17 +240,9 @@ class LayoutOperations:
                 except SegmentNotFound:
                     return None
             assert version is not None
-            run = dataclasses.replace(run, predecessor=self._predecessor(record, run.start))
-            planned = self._store.snapshot()
-            with planned as view:
-                commit = defrag.commit_ops(view, record, version, run, built, self.epoch, intent.key,
-                                           intent_version, dropped)  # fmt: skip
-            if commit is None:
-                return None
-            try:
-                self._ownership.commit(*commit)
-            except VersionConflict:
-                return None
+            if not defrag.swap_in(self._store, self._ownership.commit, record, version, run, built, epoch=self.epoch,
+                                  intent_key=intent.key, intent_version=intent_version, dropped_entries=dropped):
+                return None  # fmt: skip
             for chunk in run.chunks:
                 self._tainted.discard(chunk.record.name)
         return built
