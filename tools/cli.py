@@ -207,27 +207,44 @@ def cmd_truncate(args: argparse.Namespace) -> int:
 
 
 def cmd_defrag(args: argparse.Namespace) -> int:
-    """Merge runs of small consecutive chunks of one segment, or of every segment."""
+    """Merge runs of small consecutive chunks of one segment, or of every segment (under
+    --prefix), as a batch beside the container's owner: this command fences nobody, a
+    live writer keeps writing. In process, or with --spark on a Spark cluster."""
+    from slts.bindings import from_url
+    from slts.config import StorageConfig
+    from slts.metadata.layout import SEGMENTS, TABLES, name_key
+    from slts.metadata.lmdb_store import LmdbMetadataStore
+    from slts.storage.batch_defrag import BatchDefrag, execute_locally, run_batch
+    from slts.storage.names import check_segment_name
+
     if (args.name is None) == (not args.all):
         raise InvalidArgument("give a segment NAME or --all, not both")
-    with open_storage(args) as storage:
-        names = list(storage.list(args.prefix)) if args.all else [args.name]
-        results = []
-        for name in tqdm(names, desc="defrag", unit="segment", disable=args.json or not sys.stderr.isatty()):
-            results.append(storage.defrag(name))
-    totals = {
-        "segments": len(results),
-        "chunks_before": sum(r.chunks_before for r in results),
-        "chunks_after": sum(r.chunks_after for r in results),
-        "runs_committed": sum(r.runs_committed for r in results),
-        "runs_dropped": sum(r.runs_dropped for r in results),
-        "bytes_native": sum(r.bytes_native for r in results),
-        "bytes_copied": sum(r.bytes_copied for r in results),
-    }
-    emit(args, totals, f"defrag: {totals['segments']} segments, chunks {totals['chunks_before']} -> "
-         f"{totals['chunks_after']}, {totals['runs_committed']} runs merged ({totals['runs_dropped']} dropped), "
-         f"{totals['bytes_native']} bytes concatenated natively, {totals['bytes_copied']} copied")  # fmt: skip
-    return EXIT_OK
+    if not args.spark and (args.master is not None or args.partitions is not None):
+        raise InvalidArgument("--master and --partitions go with --spark")
+    url, metadata = store_locations(args.store, args.metadata)
+    if not os.path.isdir(metadata):
+        raise InvalidArgument(f"no metadata folder {metadata!r}: nothing to defrag")
+    with from_url(url) as binding, LmdbMetadataStore(metadata, TABLES) as store:
+        if args.name is not None and store.get(SEGMENTS, name_key(check_segment_name(args.name))) is None:
+            raise SegmentNotFound(f"segment {args.name!r} does not exist", segment=args.name)
+        driver = BatchDefrag(binding, store, args.container, StorageConfig.from_mapping({}))
+        names = None if args.all else [args.name]
+        quiet = args.json or not sys.stderr.isatty()
+        with tqdm(desc="defrag", unit="run", disable=quiet) as bar, contextlib.ExitStack() as stack:
+            if args.spark:
+                from slts.tools.spark_defrag import spark_executor
+
+                executor = stack.enter_context(spark_executor(args.master or "local[*]", args.partitions))
+            else:
+                executor = execute_locally(binding, args.threads)
+            report = run_batch(driver, executor, prefix=args.prefix, names=names, progress=bar.update)
+    document = {**asdict(report), "segments": report.segments_scanned, "driver": "spark" if args.spark else "in-process"}
+    emit(args, document, f"defrag ({document['driver']}): {report.segments_scanned} segments scanned, "
+         f"chunks {report.chunks_before} -> {report.chunks_after}, runs {report.runs_planned} planned, "
+         f"{report.runs_committed} committed, {report.runs_dropped} dropped, {report.runs_failed} failed; "
+         f"{report.bytes_native} bytes concatenated natively, {report.bytes_copied} copied through executors; "
+         f"{report.seconds:.2f} s")  # fmt: skip
+    return EXIT_OK if not report.runs_failed else EXIT_CHUNK_STORAGE
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
@@ -501,10 +518,15 @@ def build_parser() -> argparse.ArgumentParser:
     truncate.add_argument("name")
     truncate.add_argument("offset", type=_non_negative)
 
-    defrag = add("defrag", cmd_defrag, "merge small consecutive chunks")
+    defrag = add("defrag", cmd_defrag, "merge small consecutive chunks (a batch beside the owner; --spark on Spark)")
     defrag.add_argument("name", nargs="?", default=None)
     defrag.add_argument("--all", action="store_true", help="every segment (with --prefix: those under it)")
     defrag.add_argument("--prefix", default="", help="with --all: only segments starting with this")
+    defrag.add_argument("--threads", type=_positive, default=4, help="in process: builder threads (default 4)")
+    defrag.add_argument("--spark", action="store_true", help="build the chunks on Spark executors")
+    defrag.add_argument("--master", default=None, help="with --spark: the Spark master (default local[*])")
+    defrag.add_argument("--partitions", type=_positive, default=None,
+                        help="with --spark: partitions per batch (default: 4 x the default parallelism)")
 
     gc = add("gc", cmd_gc, "collect garbage chunks that are due")
     gc.add_argument("--passes-max", type=_positive, default=1000, help="bound on passes (default 1000)")

@@ -19,20 +19,20 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import lmdb
-
 from slts.bindings import from_url
 from slts.bindings.base import ChunkStorage
-from slts.config import StorageConfig
 from slts.journal import names
 from slts.journal.journal import JournalSettings, SystemJournal
 from slts.journal.metadata_copy import SNAPSHOT_END
 from slts.journal.replay import read_object, replay
 from slts.journal.restore import restore
 from slts.journal.system_segments import SystemSegments
+from slts.tools.bench import Benchmark, Folder, Workload
+
+from slts.config import StorageConfig
 from slts.metadata.layout import SEGMENTS, TABLES
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.storage.factory import open as open_storage
-from slts.tools.bench import Benchmark, Folder, Workload
 
 #: Bytes of each metadata-log append in the journal benchmarks (one journal record each).
 APPEND_BYTES = 64
@@ -191,6 +191,7 @@ def restore_segments(parent: str, quick: bool) -> Iterator[tuple[str, Workload, 
         log = found.layout.segment(names.METADATA_LOG)
         tier2_bytes = (snapshots.attrs[SNAPSHOT_END] - snapshots.start_offset + log.length - log.start_offset
                        + found.bytes_read)  # fmt: skip
+        os.sync()  # the build's writeback must not land in the measured restores
         runs = 0
 
         def subject() -> float:

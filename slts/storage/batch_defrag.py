@@ -1,0 +1,332 @@
+"""Defrag batch runs: plan and commit on a driver, build chunks anywhere (DESIGN.md §8).
+
+One logic, two drivers: ``run_batch`` takes an *executor*, a function that builds the
+chunks of a list of ``RunTask``; the in-process executor (``execute_locally``) uses a
+thread pool, the Spark driver (``slts.tools.spark_defrag``) ships the tasks to
+executors. Everything else is here:
+
+* **Plan** (``BatchDefrag.plan``): the runs of every segment (under a prefix, or a
+  list), from ``defrag.plan_runs``, streamed in batches: each batch is read in one
+  read-only transaction, and the next batch resumes after the last segment, so a large
+  store is never held in memory.
+* **Register**: before a batch is built, one commit puts a GC intent for each run's new
+  chunk. The name is fixed by the plan, so every attempt of a task writes the same
+  name, and whatever a failed attempt or a dropped run leaves is found by GC.
+* **Execute** (``execute``): a task builds its binding from the store URL (plain values
+  only travel), then builds the chunk: native concat where the binding has it, copy
+  otherwise. It is idempotent: a chunk an earlier attempt created (creates are
+  atomic) with the run's length is reused.
+* **Commit**: one conditional commit per run (``defrag.swap_in``) on a fresh read of
+  the segment: a run whose chunks, or the chunk before it, changed is dropped (its new
+  chunk goes to GC); writes to the segment's other chunks do not drop it.
+
+The driver is **not the container's owner**: it fences nobody. A live writer keeps its
+epoch and keeps writing. Every commit of the driver expects the container record as
+it was when the driver started, so once a new owner starts, the remaining runs are
+dropped. New chunks are named and recorded with the owner's epoch. The dropped chunks
+and leftovers are collected by the owner's GC. The owner's cache learns the new
+layout through its conflict handling, and through the stale-cache retry on reads.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from slts.bindings.base import ChunkStorage
+from slts.config import StorageConfig
+from slts.errors import Fenced, InvalidArgument, InvalidName, SltsError, VersionConflict
+from slts.metadata.layout import CONTAINER, CONTAINER_KEY, GC, SEGMENTS, gc_key, name_key
+from slts.metadata.records import ContainerRecord, GcEntry, GcReason, SegmentRecord
+from slts.metadata.store import Expect, MetadataStore, Operation, Put, prefix_stop
+from slts.storage import defrag
+from slts.storage.names import check_segment_name, chunk_name
+
+#: Runs planned (and registered, built, committed) per batch.
+BATCH_RUNS_DEFAULT = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class RunTask:
+    """What an executor needs to build one run's chunk: plain values only (picklable)."""
+
+    url: str
+    segment: str
+    start: int
+    new_chunk: str
+    sources: tuple[defrag.Source, ...]
+    checksums: bool
+
+    @property
+    def length(self) -> int:
+        return sum(source.length for source in self.sources)
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedRun:
+    """A run of the plan, with its task and the GC intent of its new chunk."""
+
+    run: defrag.Run
+    task: RunTask
+    intent_key: bytes
+    intent_version: int
+
+
+#: What an executor returns for each task, in task order: the built chunk, or the error.
+Outcome = defrag.BuiltChunk | BaseException
+Executor = Callable[[Sequence[RunTask]], Sequence[Outcome]]
+
+
+@dataclass
+class BatchReport:
+    """What a batch run did (``--json`` prints it)."""
+
+    segments_scanned: int = 0
+    segments_planned: int = 0  # segments with at least one run
+    runs_planned: int = 0
+    runs_committed: int = 0
+    runs_dropped: int = 0  # the segment changed where the run was
+    runs_failed: int = 0  # the task failed for good (its chunk, if any, goes to GC)
+    chunks_before: int = 0  # chunks of the segments scanned, at planning
+    chunks_after: int = 0  # the same minus what committed runs removed
+    bytes_native: int = 0  # concatenated by the chunk storage itself (server-side on S3)
+    bytes_copied: int = 0  # read and written through the executors
+    batches: int = 0
+    seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)  # the first few task errors
+
+
+# -- executors -----------------------------------------------------------------------------------
+
+_bindings: dict[str, ChunkStorage] = {}
+_bindings_lock = threading.Lock()
+
+
+def binding_for(url: str) -> ChunkStorage:
+    """One binding per URL per process (executors build it from the URL, once)."""
+    from slts.bindings import from_url
+
+    with _bindings_lock:
+        if url not in _bindings:
+            _bindings[url] = from_url(url)
+        return _bindings[url]
+
+
+def execute(task: RunTask, binding: ChunkStorage | None = None) -> defrag.BuiltChunk:
+    """Build ``task``'s chunk (see module doc). Raises ``ChunkStorageError``."""
+    chosen = binding if binding is not None else binding_for(task.url)
+    return defrag.build_from_sources(chosen, task.sources, task.new_chunk, checksums=task.checksums, reuse=True)
+
+
+def execute_locally(binding: ChunkStorage, threads: int = 4) -> Executor:
+    """The in-process executor: the tasks of a batch on a pool of ``threads``."""
+
+    def run(tasks: Sequence[RunTask]) -> list[Outcome]:
+        def one(task: RunTask) -> Outcome:
+            try:
+                return execute(task, binding)
+            except SltsError as exc:
+                return exc
+
+        with ThreadPoolExecutor(max(1, threads)) as pool:
+            return list(pool.map(one, tasks))
+
+    return run
+
+
+# -- the driver ------------------------------------------------------------------------------------
+
+
+class BatchDefrag:
+    """Plans, registers and commits defrag runs of container ``container_id`` beside its
+    owner (see module doc). ``binding.url`` is what executors rebuild the binding from."""
+
+    def __init__(
+        self,
+        binding: ChunkStorage,
+        store: MetadataStore,
+        container_id: int,
+        config: StorageConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """Raises ``InvalidArgument`` if the binding has no URL (executors could not
+        rebuild it), ``Fenced`` if the container was never started (no owner epoch)."""
+        if not binding.url:
+            raise InvalidArgument(f"{binding!r} has no URL: executors could not rebuild it")
+        self.binding = binding
+        self.store = store
+        self.container_id = container_id
+        self.config = config or StorageConfig()
+        self._clock = clock
+        stored = store.get(CONTAINER, CONTAINER_KEY)
+        if stored is None:
+            raise Fenced(f"container {container_id} has never been started: nothing to defrag")
+        owner = ContainerRecord.decode(stored.value)
+        if owner.container_id != container_id:
+            raise InvalidArgument(f"this metadata store belongs to container {owner.container_id}, not {container_id}")
+        self.epoch = owner.epoch
+        self._fence = Expect(CONTAINER, CONTAINER_KEY, stored.version)
+
+    # -- plan --------------------------------------------------------------------------------
+
+    def plan(
+        self, prefix: str = "", names: Sequence[str] | None = None, batch_runs: int = BATCH_RUNS_DEFAULT,
+        report: BatchReport | None = None,
+    ) -> Iterator[list[defrag.Run]]:  # fmt: skip
+        """Batches of at most about ``batch_runs`` runs (a segment's runs stay together),
+        each planned in one read-only transaction. ``names``: only these segments (missing
+        ones are skipped); else every segment under ``prefix``. Counts go to ``report``."""
+        if batch_runs < 1:
+            raise InvalidArgument(f"batch_runs must be >= 1, got {batch_runs}")
+        if not isinstance(prefix, str) or "\x00" in prefix:
+            raise InvalidName(f"prefix must be a string without NUL, got {prefix!r}")
+        keys = sorted(name_key(check_segment_name(name)) for name in names) if names is not None else None
+        report = report if report is not None else BatchReport()
+        start = name_key(prefix)
+        stop = prefix_stop(start) if start else None
+        position = 0  # next index into keys
+        while True:
+            batch: list[defrag.Run] = []
+            with self.store.snapshot() as view:
+                while len(batch) < batch_runs:
+                    if keys is not None:
+                        if position >= len(keys):
+                            break
+                        key, position = keys[position], position + 1
+                        stored = view.get(SEGMENTS, key)
+                        if stored is None:
+                            continue
+                        entries = [(key, stored)]
+                    else:
+                        entries = view.scan(SEGMENTS, start, stop, limit=1)
+                        if not entries:
+                            break
+                        key = entries[0][0]
+                        start = key + b"\x00"
+                    record = SegmentRecord.decode(entries[0][1].value)
+                    listed = defrag.read_list(view, record)
+                    runs = list(defrag.plan_runs(record, listed, self.config))
+                    report.segments_scanned += 1
+                    report.chunks_before += len(listed)
+                    report.chunks_after += len(listed)
+                    if runs:
+                        report.segments_planned += 1
+                        report.runs_planned += len(runs)
+                        batch.extend(runs)
+            if not batch:
+                return
+            yield batch
+
+    # -- register ----------------------------------------------------------------------------
+
+    def register(self, runs: Sequence[defrag.Run]) -> list[PlannedRun]:
+        """One commit with a GC intent for every run's new chunk; the runs as tasks.
+        Raises ``Fenced`` if a new owner started since this driver did."""
+        now_ms = int(self._clock() * 1000)
+        planned: list[tuple[defrag.Run, RunTask, bytes]] = []
+        ops: list[Operation] = []
+        for run in runs:
+            new_chunk = chunk_name(self.container_id, run.segment, self.epoch, run.start)
+            task = RunTask(self.binding.url, run.segment, run.start, new_chunk, defrag.run_sources(run),
+                           self.config.checksums)  # fmt: skip
+            key = gc_key(now_ms, new_chunk)
+            ops.append(Put(GC, key, GcEntry(new_chunk, GcReason.INTENT, now_ms, False).encode()))
+            planned.append((run, task, key))
+        if not ops:
+            return []
+        version = self._commit(ops, [Expect(GC, key, 0) for _, _, key in planned])
+        return [PlannedRun(run, task, key, version) for run, task, key in planned]
+
+    # -- commit ------------------------------------------------------------------------------
+
+    def commit(self, planned: PlannedRun, built: defrag.BuiltChunk) -> bool:
+        """Swap the run for its built chunk; False if the run was dropped (see module doc).
+        A few re-reads absorb a live writer's commits to the segment. Raises ``Fenced``."""
+        dropped = [self._gc_entry(chunk.record.name) for chunk in planned.run.chunks]
+        for _ in range(self.config.commit_retries_max + 1):
+            stored = self.store.get(SEGMENTS, name_key(planned.run.segment))
+            if stored is None:
+                return False  # deleted meanwhile
+            record = SegmentRecord.decode(stored.value)
+            if record.segment_id != planned.run.segment_id:
+                return False  # deleted and created again
+            conflicted = False
+
+            def commit(ops: Sequence[Operation], expect: Sequence[Expect]) -> int:
+                nonlocal conflicted
+                try:
+                    return self._commit(ops, expect)
+                except VersionConflict:
+                    conflicted = True
+                    raise
+
+            if defrag.swap_in(self.store, commit, record, stored.version, planned.run, built, epoch=self.epoch,
+                              intent_key=planned.intent_key, intent_version=planned.intent_version,
+                              dropped_entries=dropped):  # fmt: skip
+                return True
+            if not conflicted or not self._segment_moved(planned.run.segment, stored.version):
+                return False  # the run itself changed: dropped
+        return False
+
+    def _segment_moved(self, segment: str, version: int) -> bool:
+        """True if only the segment record moved on (a writer appended): worth a re-read."""
+        stored = self.store.get(SEGMENTS, name_key(segment))
+        return stored is not None and stored.version != version
+
+    def _gc_entry(self, chunk: str) -> Put:
+        now_ms = int(self._clock() * 1000)
+        return Put(GC, gc_key(now_ms, chunk), GcEntry(chunk, GcReason.DROPPED, now_ms, False).encode())
+
+    def _commit(self, ops: Sequence[Operation], expect: Sequence[Expect]) -> int:
+        try:
+            return self.store.commit(ops, [*expect, self._fence])
+        except VersionConflict:
+            current = self.store.get(CONTAINER, CONTAINER_KEY)
+            if current is None or current.version != self._fence.version:
+                raise Fenced(f"container {self.container_id}: a new owner started during the defrag batch",
+                             container=self.container_id) from None  # fmt: skip
+            raise
+
+
+def run_batch(
+    driver: BatchDefrag,
+    executor: Executor,
+    *,
+    prefix: str = "",
+    names: Sequence[str] | None = None,
+    batch_runs: int = BATCH_RUNS_DEFAULT,
+    progress: Callable[[int], None] | None = None,
+) -> BatchReport:
+    """Plan, register, execute (through ``executor``) and commit every batch; the report.
+
+    ``progress(n)`` is called with the number of runs each batch finished. Raises
+    ``Fenced`` if a new owner started (runs committed until then stay committed).
+    """
+    report = BatchReport()
+    began = time.perf_counter()
+    for runs in driver.plan(prefix, names, batch_runs, report):
+        planned = driver.register(runs)
+        outcomes = executor([p.task for p in planned])
+        assert len(outcomes) == len(planned), (len(outcomes), len(planned))
+        for item, outcome in zip(planned, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                report.runs_failed += 1
+                if len(report.errors) < 10:
+                    report.errors.append(f"{item.run.segment}@{item.run.start}: {type(outcome).__name__}: {outcome}")
+                continue
+            if driver.commit(item, outcome):
+                report.runs_committed += 1
+                report.chunks_after -= len(item.run.chunks) - 1
+                report.bytes_native += outcome.bytes_native
+                report.bytes_copied += outcome.bytes_copied
+            else:
+                report.runs_dropped += 1
+        report.batches += 1
+        if progress is not None:
+            progress(len(planned))
+    report.seconds = time.perf_counter() - began
+    return report

@@ -1,0 +1,126 @@
+"""Defrag batch runs on Spark (DESIGN.md §8): the Spark executor of ``run_batch``.
+
+The plan, the GC intents and the commits stay on the driver
+(``slts.storage.batch_defrag``). Spark only builds chunks: each batch's tasks are
+parallelized over ``partitions`` slices, and every task rebuilds its binding from the
+store URL in the executor's Python worker (once per worker; nothing unpicklable
+travels). A task that fails is retried by Spark up to ``task_attempts`` times:
+* in local mode through the master string ``local[N,attempts]``;
+* elsewhere through ``spark.task.maxFailures``.
+Retries are safe because a task is idempotent (fixed chunk name, atomic create, reuse).
+On its last attempt a task returns its error instead of raising. That run then fails
+alone (its leftovers are collected by GC), not the whole batch.
+
+``spark_defrag(url, metadata, ...)`` is the whole job for library callers; the CLI
+(``slts defrag --all --spark``) and the demo use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from slts.config import StorageConfig
+from slts.errors import InvalidConfig, SltsError
+from slts.storage.batch_defrag import BatchDefrag, BatchReport, Executor, Outcome, RunTask, execute, run_batch
+
+TASK_ATTEMPTS_DEFAULT = 4
+_LOCAL = re.compile(r"local\[(?P<threads>\*|[0-9]+)\]")
+
+
+def _master_with_attempts(master: str, attempts: int) -> str:
+    """``local[N]`` becomes ``local[N,attempts]`` (local mode retries tasks only so)."""
+    match = _LOCAL.fullmatch(master)
+    return f"local[{match['threads']},{attempts}]" if match else master
+
+
+def _build(item: tuple[int, RunTask], attempts: int) -> tuple[int, Outcome]:
+    """One task in an executor: the built chunk, or on the last attempt its error."""
+    from pyspark import TaskContext
+
+    index, task = item
+    try:
+        return index, execute(task)
+    except SltsError as exc:
+        context = TaskContext.get()
+        if context is not None and context.attemptNumber() + 1 < attempts:
+            raise  # Spark retries the task
+        return index, exc
+
+
+@contextlib.contextmanager
+def spark_executor(
+    master: str = "local[*]",
+    partitions: int | None = None,
+    *,
+    task_attempts: int = TASK_ATTEMPTS_DEFAULT,
+    conf: dict[str, str] | None = None,
+    task: Callable[[tuple[int, RunTask], int], tuple[int, Outcome]] = _build,
+) -> Iterator[Executor]:
+    """A Spark session for the ``with`` block, as a ``run_batch`` executor.
+
+    ``partitions``: slices per batch (default 4 x the default parallelism, at most one per
+    task). ``conf``: extra Spark settings. Raises ``InvalidConfig`` if PySpark is missing.
+    """
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError as exc:
+        raise InvalidConfig("Spark defrag needs PySpark: pip install 'slts[spark]'") from exc
+    if task_attempts < 1 or (partitions is not None and partitions < 1):
+        raise InvalidConfig(f"task_attempts and partitions must be >= 1, got {task_attempts}, {partitions}")
+    # The executors' Python workers must be this interpreter (it has slts installed).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = (
+        SparkSession.builder.master(_master_with_attempts(master, task_attempts))
+        .appName("slts-defrag")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")  # slts shows its own progress
+        .config("spark.task.maxFailures", str(task_attempts))
+    )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    context = session.sparkContext
+    context.setLogLevel("ERROR")
+
+    def run(tasks: Sequence[RunTask]) -> list[Outcome]:
+        if not tasks:
+            return []
+        slices = partitions or 4 * context.defaultParallelism
+        rdd = context.parallelize(list(enumerate(tasks)), max(1, min(slices, len(tasks))))
+        results = dict(rdd.map(lambda item: task(item, task_attempts)).collect())
+        return [results[i] for i in range(len(tasks))]
+
+    try:
+        yield run
+    finally:
+        session.stop()
+
+
+def spark_defrag(
+    url: str,
+    metadata: str,
+    *,
+    container_id: int = 0,
+    master: str = "local[*]",
+    partitions: int | None = None,
+    prefix: str = "",
+    names: Sequence[str] | None = None,
+    config: StorageConfig | None = None,
+    progress: Callable[[int], None] | None = None,
+    **executor_options: Any,
+) -> BatchReport:
+    """Defrag the container at ``url`` (metadata in LMDB folder ``metadata``) on Spark,
+    beside its live owner. Raises ``Fenced`` if a new owner starts meanwhile."""
+    from slts.bindings import from_url
+    from slts.metadata.layout import TABLES
+    from slts.metadata.lmdb_store import LmdbMetadataStore
+
+    with from_url(url) as binding, LmdbMetadataStore(metadata, TABLES) as store:
+        driver = BatchDefrag(binding, store, container_id, config)
+        with spark_executor(master, partitions, **executor_options) as executor:
+            return run_batch(driver, executor, prefix=prefix, names=names, progress=progress)
