@@ -71,6 +71,10 @@ class SystemSegmentLayout:
     length: int = 0
     chunks: list[SystemChunk] = field(default_factory=list)
     attrs: dict[str, int] = field(default_factory=dict)
+    names: set[str] = field(init=False, repr=False, compare=False)  # of ``chunks``, for O(1) checks
+
+    def __post_init__(self) -> None:
+        self.names = {chunk.name for chunk in self.chunks}
 
     @property
     def last_chunk(self) -> SystemChunk | None:
@@ -92,7 +96,7 @@ class SystemSegmentLayout:
                 problems.append(f"{self.name}: chunks end at {self.chunks[-1].end}, length is {self.length}")
         elif self.start_offset != self.length:
             problems.append(f"{self.name}: no chunks but start {self.start_offset} != length {self.length}")
-        if len({chunk.name for chunk in self.chunks}) != len(self.chunks):
+        if len(self.names) != len(self.chunks) or self.names != {chunk.name for chunk in self.chunks}:
             problems.append(f"{self.name}: a chunk appears twice")
         return problems
 
@@ -169,22 +173,25 @@ class SystemLayout:
         self.last_ids[epoch] = max(number, self.last_ids.get(epoch, 0))
 
     def _apply_change(self, kind: str, record: Mapping[str, Any]) -> None:
+        """Check the change against the layout, then make it in place: O(1) for ``add``
+        and ``append`` (a log on an object store gains a chunk per flush)."""
         name = str(record["seg"])
         layout = self.segments.get(name) or SystemSegmentLayout(name)
         chunk, offset = str(record["chunk"]), int(record["offset" if kind != TRUNCATE else "start"])
+        attrs = {str(k): int(v) for k, v in (record.get("attrs") or {}).items()}
         last = layout.last_chunk
         if kind == ADD:
-            prev = record["prev"]
-            length = int(record["length"])
+            prev, length = record["prev"], int(record["length"])
             if prev != (last.name if last else None) or offset != layout.length or length < 0:
                 raise InconsistentRecord(
                     f"add of {chunk!r} to {name!r} at {offset} after {prev!r} does not fit "
                     f"(last chunk {last.name if last else None!r}, length {layout.length})"
                 )
-            if any(c.name == chunk for c in layout.chunks):
+            if chunk in layout.names:
                 raise InconsistentRecord(f"add of {chunk!r} to {name!r}: already in the segment")
-            layout = _replaced(layout, chunks=[*layout.chunks, SystemChunk(chunk, offset, length)],
-                               length=offset + length)  # fmt: skip
+            layout.chunks.append(SystemChunk(chunk, offset, length))
+            layout.names.add(chunk)
+            layout.length = offset + length
         elif kind == APPEND:
             length = int(record["length"])
             if last is None or last.name != chunk or offset != layout.length or length < 0:
@@ -192,9 +199,13 @@ class SystemLayout:
                     f"append to {chunk!r} of {name!r} at {offset} does not fit "
                     f"(last chunk {last.name if last else None!r}, length {layout.length})"
                 )
-            grown = SystemChunk(chunk, last.start, last.length + length)
-            layout = _replaced(layout, chunks=[*layout.chunks[:-1], grown], length=layout.length + length)
+            layout.chunks[-1] = SystemChunk(chunk, last.start, last.length + length)
+            layout.length += length
         else:
+            if not layout.start_offset <= offset <= layout.length:
+                raise InconsistentRecord(
+                    f"truncate of {name!r} to {offset} outside [{layout.start_offset}, {layout.length}]"
+                )
             index = next((i for i, c in enumerate(layout.chunks) if c.name == chunk), None)
             if offset == layout.length and index is None and chunk == "":
                 kept: list[SystemChunk] = []  # truncated to the end: no chunk left
@@ -202,21 +213,11 @@ class SystemLayout:
                 raise InconsistentRecord(f"truncate of {name!r} to {offset} in {chunk!r} does not fit")
             else:
                 kept = layout.chunks[index:]
-            if not layout.start_offset <= offset <= layout.length:
-                raise InconsistentRecord(
-                    f"truncate of {name!r} to {offset} outside [{layout.start_offset}, {layout.length}]"
-                )
-            layout = _replaced(layout, chunks=kept, start_offset=offset)
-        attrs = record.get("attrs") or {}
-        layout.attrs.update({str(k): int(v) for k, v in attrs.items()})
+            layout.chunks = kept
+            layout.names = {c.name for c in kept}
+            layout.start_offset = offset
+        layout.attrs.update(attrs)
         self.segments[name] = layout
-
-
-def _replaced(layout: SystemSegmentLayout, **changes: Any) -> SystemSegmentLayout:
-    fields = {"start_offset": layout.start_offset, "length": layout.length,
-              "chunks": layout.chunks, "attrs": dict(layout.attrs)}  # fmt: skip
-    fields.update(changes)
-    return SystemSegmentLayout(layout.name, **fields)
 
 
 def record_id(record: Mapping[str, Any]) -> RecordId:

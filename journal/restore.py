@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from slts.bindings.base import ChunkStorage
@@ -32,7 +33,7 @@ from slts.journal.replay import Replay, replay
 from slts.journal.system_segments import iter_range
 from slts.metadata.layout import CONTAINER, CONTAINER_KEY
 from slts.metadata.records import ContainerRecord
-from slts.metadata.store import MetadataStore, Put
+from slts.metadata.store import MetadataStore, Operation, Put
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,16 +78,9 @@ def _load_snapshot(binding: ChunkStorage, found: Replay, target: MetadataStore) 
     if SNAPSHOT_SEQUENCE not in layout.attrs:
         return 0, 0, 0  # no snapshot yet: the log starts at the first commit
     sequence, end = layout.attrs[SNAPSHOT_SEQUENCE], layout.attrs[SNAPSHOT_END]
-    entries = read = 0
-    pieces = iter_range(binding, layout, layout.start_offset, end)
-
-    def counted() -> object:
-        nonlocal read
-        for piece in pieces:
-            read += len(piece)
-            yield piece
-
-    for header_sequence, table, rows in iter_snapshot(counted()):  # type: ignore[arg-type]
+    entries = 0
+    pieces = _Counted(iter_range(binding, layout, layout.start_offset, end))
+    for header_sequence, table, rows in iter_snapshot(pieces):
         if header_sequence != sequence:
             raise MetadataCorrupted(f"metadata snapshot says sequence {header_sequence}, journal says {sequence}")
         if rows:
@@ -95,31 +89,53 @@ def _load_snapshot(binding: ChunkStorage, found: Replay, target: MetadataStore) 
             entries += len(rows)
     if target.last_sequence < sequence:  # an empty snapshot still sets the sequence
         target.replicate(sequence, [])
-    return sequence, entries, read
+    return sequence, entries, pieces.bytes
+
+
+class _Counted:
+    """Pieces of a byte stream, counting the bytes that went by."""
+
+    def __init__(self, pieces: Iterator[bytes]) -> None:
+        self._pieces = pieces
+        self.bytes = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for piece in self._pieces:
+            self.bytes += len(piece)
+            yield piece
+
+
+#: Log commits applied per ``replicate`` call (one write transaction) during restore.
+LOG_OPS_PER_REPLICATE = 5000
 
 
 def _replay_log(binding: ChunkStorage, found: Replay, target: MetadataStore, after: int) -> tuple[int, int, int]:
+    """Apply the log's commits after ``after`` in order. Runs of consecutive commits go
+    to ``replicate`` together, each operation with its own commit's sequence as its
+    version: the same records and versions as one call per commit, in far fewer write
+    transactions."""
     layout = found.layout.segment(METADATA_LOG)
-    records = read = 0
+    records = 0
     sequence = after
-    pieces = iter_range(binding, layout, layout.start_offset, layout.length)
-
-    def counted() -> object:
-        nonlocal read
-        for piece in pieces:
-            read += len(piece)
-            yield piece
-
-    for record in framing.iter_records_strict(counted()):  # type: ignore[arg-type]
-        change_sequence, ops = decode_change(record)
+    pieces = _Counted(iter_range(binding, layout, layout.start_offset, layout.length))
+    ops: list[Operation] = []
+    versions: list[int] = []
+    for record in framing.iter_records_strict(pieces):
+        change_sequence, change = decode_change(record)
         if change_sequence <= sequence:
             continue  # covered by the snapshot (the log is truncated at batch boundaries)
         if change_sequence != sequence + 1:
             raise MetadataCorrupted(f"metadata log jumps from {sequence} to {change_sequence}")
-        target.replicate(change_sequence, ops)
+        ops.extend(change)
+        versions.extend([change_sequence] * len(change))
         sequence = change_sequence
         records += 1
-    return records, read, sequence
+        if len(ops) >= LOG_OPS_PER_REPLICATE:
+            target.replicate(sequence, ops, versions)
+            ops, versions = [], []
+    if sequence > target.last_sequence:
+        target.replicate(sequence, ops, versions)
+    return records, pieces.bytes, sequence
 
 
 def _raise_epoch(target: MetadataStore, container_id: int, journal_epoch: int, sequence: int) -> int:
