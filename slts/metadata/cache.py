@@ -7,12 +7,14 @@ and, on success, caches what it wrote at the returned sequence (a delete caches 
 (``enable_change_capture``, ``changes``, ``discard_changes``) is the inner store's;
 ``replicate`` goes to the inner store and leaves the keys it wrote uncached.
 
-**Staleness rule.** The cache sees only the commits made through it. A value written by
-another process (or another store object) is not seen by ``get`` until the entry is
-evicted, invalidated, or a conditional commit naming the key fails: on ``VersionConflict``
-every key named in the commit's ops and expectations is evicted, so re-reading and
-retrying converges. Conditional commits are always checked by the inner store, so a stale
-read can make a commit fail, never make a wrong one succeed.
+**Other writers.** Every ``get`` first compares the inner store's latest sequence with
+the last one it saw: if a commit that did not go through this cache landed in between
+(another process, such as a defrag batch driver, or another store object), every cached
+value is dropped. So ``get`` never returns a value older than the newest commit that
+finished before it started. Other writers are rare next to an owner's own commits, so
+coarse invalidation costs little; the check itself is one read of the latest sequence.
+Conditional commits are always checked by the inner store as well, and on
+``VersionConflict`` every key named in the commit's ops and expectations is evicted.
 
 Invariants (asserted):
 
@@ -82,6 +84,9 @@ class CachedMetadataStore(MetadataStore):
         self._hits = 0
         self._misses = 0
         self._closed = False
+        self._seen = inner.last_sequence  # the latest sequence this cache accounted for
+        self._own: set[int] = set()  # sequences of commits through this cache after _seen
+        self.foreign_invalidations = 0
 
     @property
     def inner(self) -> MetadataStore:
@@ -101,6 +106,7 @@ class CachedMetadataStore(MetadataStore):
         _checks.check_table(self.tables, table)
         _checks.check_bound("key", key)
         self._check_open()
+        self._follow()
         name = (table, key)
         token: object | None = None
         with self._lock:
@@ -127,6 +133,22 @@ class CachedMetadataStore(MetadataStore):
                 assert name not in self._entries and name not in self._writing
                 self._insert(name, value)
         return value
+
+    def _follow(self) -> None:
+        """Drop every cached value if a commit not made through this cache landed since
+        the last look (see module doc). Fill tokens go too, so a read that started
+        before such a commit never caches its result."""
+        latest = self._inner.last_sequence
+        with self._lock:
+            if latest <= self._seen:
+                return
+            ours = sum(1 for sequence in self._own if self._seen < sequence <= latest)
+            if ours != latest - self._seen:
+                self._entries.clear()
+                self._fills.clear()
+                self.foreign_invalidations += 1
+            self._own = {sequence for sequence in self._own if sequence > latest}
+            self._seen = latest
 
     def snapshot(self) -> contextlib.AbstractContextManager[ReadView]:
         """The inner store's snapshot (never cached)."""
@@ -175,6 +197,9 @@ class CachedMetadataStore(MetadataStore):
         try:
             sequence = self._inner.commit(ops, expect)
             outcome_known = True
+            with self._lock:
+                if sequence > self._seen:
+                    self._own.add(sequence)
         except VersionConflict:
             outcome_known = True
             with self._lock:

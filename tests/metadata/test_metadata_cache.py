@@ -255,14 +255,23 @@ def test_commit_caches_what_it_wrote(cache: CachedMetadataStore, hooked: HookedS
     assert hooked.gets == 0
 
 
+def test_a_commit_by_another_writer_is_seen_by_the_next_get(cache: CachedMetadataStore, hooked: HookedStore) -> None:
+    own = cache.commit([Put(T, b"a", b"mine"), Put(T, b"b", b"mine")])
+    assert served_from_cache(cache, hooked, b"a") == Versioned(own, b"mine")  # own commits keep the cache
+    foreign = hooked.inner.commit([Put(T, b"a", b"theirs")])  # e.g. a defrag driver in another process
+    assert cache.get(T, b"a") == Versioned(foreign, b"theirs")
+    assert cache.get(T, b"b") == Versioned(own, b"mine")
+    assert cache.foreign_invalidations == 1
+    assert served_from_cache(cache, hooked, b"a") == Versioned(foreign, b"theirs")  # cached again
+
+
 def test_conflict_evicts_every_named_key(hooked: HookedStore) -> None:
     mine = CachedMetadataStore(hooked, capacity=16)
     other = CachedMetadataStore(hooked.inner, capacity=16)  # another writer on the same data
     first = mine.commit([Put(T, b"x", b"1"), Put(T, b"y", b"1")])
     assert mine.get(T, b"z") is None
     other_sequence = other.commit([Put(T, b"x", b"2"), Put(T, b"y", b"2"), Put(T, b"z", b"2")])
-    assert served_from_cache(mine, hooked, b"x") == Versioned(first, b"1")  # stale, by design
-    with pytest.raises(VersionConflict):
+    with pytest.raises(VersionConflict):  # a commit built on what ``mine`` read before
         mine.commit([Put(T, b"y", b"3")], [Expect(T, b"x", first), Expect(T, b"z", 0)])
     before = hooked.gets
     for key in (b"x", b"y", b"z"):
@@ -274,13 +283,13 @@ def test_conflict_evicts_every_named_key(hooked: HookedStore) -> None:
 
 def test_invalidate_and_clear(cache: CachedMetadataStore, hooked: HookedStore) -> None:
     cache.commit([Put(T, b"a", b"1"), Put(T, b"b", b"1")])
-    hooked.inner.commit([Put(T, b"a", b"outside"), Put(T, b"b", b"outside")])
     cache.invalidate(T, b"a")
-    assert cache.get(T, b"a").value == b"outside"
+    before = hooked.gets
+    assert cache.get(T, b"a").value == b"1" and hooked.gets == before + 1  # read from the inner store
     assert served_from_cache(cache, hooked, b"b").value == b"1"
     cache.clear()
     assert cache.cached_entries == 0
-    assert cache.get(T, b"b").value == b"outside"
+    assert cache.get(T, b"b").value == b"1" and hooked.gets == before + 2
 
 
 def test_reads_other_than_get_are_never_cached(
