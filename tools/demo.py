@@ -3,34 +3,43 @@
 Filesystem binding + LMDB in one local folder. Steps:
 
 1. ingest: many segments, many small durable writes, from several threads;
-2. restart: a new epoch takes the container over (as after a crash) and keeps writing;
+2. failovers: new epochs take the container over one after the other (as after
+   crashes), each appending small writes to every stream; a takeover starts a new
+   chunk, so every stream is fragmented. The last one stays: the live owner;
 3. transactions: small segments written, sealed and concatenated into the streams;
 4. truncate: the older half of some streams is dropped;
-5. defrag: runs of small chunks are merged, in process;
+5. Spark defrag: a batch on a local Spark (``local[2]``) merges the runs of small
+   chunks of every stream *beside* the live owner (the batch driver fences nobody);
+   the owner then keeps writing through the new layout. Spark's own output goes to
+   ``spark.log`` in the demo folder;
 6. verify: every segment read back and compared byte for byte with what was written,
    every invariant checked (``slts.storage.verify``), garbage collected, no leak;
 7. disaster recovery: a metadata snapshot on tier-2, then the machine is "lost" (the
    LMDB folder is deleted), the metadata is restored from the chunk storage alone into
    a fresh folder, and every segment is verified byte-identical again.
 
-The Spark defrag extends it later.
+Step 5 needs PySpark (``pip install 'slts[spark]'``) and a Java runtime; without them
+the demo stops before it starts, saying so.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
 import os
 import random
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tqdm import tqdm
 
-from slts.errors import InvalidArgument
+from slts.errors import InvalidArgument, InvalidConfig
+from slts.storage.batch_defrag import BatchReport, Executor
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.factory import open as open_storage
 from slts.storage.verify import verify_container
@@ -40,6 +49,53 @@ THREADS = 4
 WRITE_BYTES_MIN, WRITE_BYTES_MAX = 256, 4096
 TXNS_PER_STREAM = 8
 SEED = 20261122
+#: Epochs that take the container over after the ingest; the last one stays (the live owner).
+FAILOVERS = 3
+SPARK_MASTER = "local[2]"
+SPARK_LOG = "spark.log"
+
+
+def _require_spark() -> None:
+    """Raise ``InvalidConfig`` unless PySpark and a Java runtime are installed."""
+    if importlib.util.find_spec("pyspark") is None:
+        raise InvalidConfig("the demo's defrag step runs on Spark: pip install 'slts[spark]' (PySpark)")
+    java_home = os.environ.get("JAVA_HOME", "")
+    if not (java_home and os.access(os.path.join(java_home, "bin", "java"), os.X_OK)) and not shutil.which("java"):
+        raise InvalidConfig("the demo's defrag step runs on Spark, which needs a Java runtime (17 or newer): "
+                            "none on PATH and no JAVA_HOME")  # fmt: skip
+
+
+@contextlib.contextmanager
+def spark_quietly(log_path: str, master: str = SPARK_MASTER) -> Iterator[Executor]:
+    """``spark_executor(master)`` whose JVM, and the Python workers it starts, write their
+    output (log4j, JVM warnings) to ``log_path`` instead of this terminal: file
+    descriptors 1 and 2 point there while the session starts, which is when the JVM is
+    launched (once per process) and inherits them."""
+    from slts.tools.spark_defrag import spark_executor
+
+    with contextlib.ExitStack() as stack:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = (os.dup(1), os.dup(2))
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            executor = stack.enter_context(spark_executor(master))
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in (*saved, log):
+                os.close(fd)
+        yield executor
+
+
+def _log_tail(path: str, lines: int = 20) -> str:
+    try:
+        with open(path, errors="replace") as log:
+            return "".join(log.readlines()[-lines:])
+    except OSError:
+        return "(no log)"
 
 
 def _prepare(folder: str) -> None:
@@ -143,6 +199,7 @@ def run_demo(
     ``report["verified"]`` is True only if every segment read back byte-identical and
     the container has no invariant violation and no leaked chunk.
     """
+    _require_spark()
     _prepare(folder)
     names = [f"demo/stream-{i:03d}/0" for i in range(segments)]
     expected = _Expected()
@@ -167,11 +224,18 @@ def run_demo(
                 ingest_mb_per_s=round(ingest_bytes / ingest_s / 1e6, 2), epochs=[storage.epoch],
             )  # fmt: skip
 
-        # Restart as after a crash: the new epoch fences the old one and takes the segments over.
+        # Failovers, as after crashes: each new epoch fences the last one and takes the streams
+        # over; its first write to a stream starts a new chunk. The last instance stays open.
+        per_failover = max(1, writes // 20)
+        for failover in range(1, FAILOVERS):
+            with _open(folder) as storage:
+                report["epochs"].append(storage.epoch)
+                with bar(segments, f"failover {failover}") as progress:
+                    _parallel(names, _small_writes(storage, expected, per_failover), SEED + 10 + failover, progress)
         with _open(folder, concat_merge_seam=False) as storage:
             report["epochs"].append(storage.epoch)
-            with bar(segments, "after restart") as progress:
-                _parallel(names, _small_writes(storage, expected, max(1, writes // 10)), SEED + 1, progress)
+            with bar(segments, f"failover {FAILOVERS}") as progress:
+                _parallel(names, _small_writes(storage, expected, per_failover), SEED + 1, progress)
 
             concats: list[int] = []
             with bar(segments // 2, "transactions") as progress:
@@ -186,17 +250,20 @@ def run_demo(
                 expected.start[name] = cut
             report["truncated"] = segments // 4
 
-            chunks_before = sum(storage.info(name).chunk_count for name in names)
-            started = time.perf_counter()
-            results = [storage.defrag(name) for name in names]
-            defrag_s = time.perf_counter() - started
+            batch, spark_start_s = _spark_defrag(folder, storage, quiet)
+            # The batch fenced nobody: the live owner keeps writing, through the new layout.
+            with bar(segments, "after defrag") as progress:
+                _parallel(names, _small_writes(storage, expected, 1), SEED + 3, progress)
             report.update(
-                chunks_before_defrag=chunks_before,
-                chunks_after_defrag=sum(result.chunks_after for result in results),
-                defrag_runs=sum(result.runs_committed for result in results),
-                defrag_bytes_native=sum(result.bytes_native for result in results),
-                defrag_s=round(defrag_s, 3),
+                chunks_before_defrag=batch.chunks_before, chunks_after_defrag=batch.chunks_after,
+                defrag_driver="spark", defrag_master=SPARK_MASTER, defrag_runs=batch.runs_committed,
+                defrag_runs_dropped=batch.runs_dropped, defrag_runs_failed=batch.runs_failed,
+                defrag_bytes_native=batch.bytes_native, defrag_bytes_copied=batch.bytes_copied,
+                defrag_s=round(batch.seconds, 3), spark_start_s=round(spark_start_s, 3),
+                owner_epoch_after_defrag=storage.epoch, writes_after_defrag=segments,
             )  # fmt: skip
+            # A failed run corrupts nothing (its chunk goes to GC), but the demo expects none.
+            defrag_problems = [f"spark defrag: run failed: {error}" for error in batch.errors]
 
         # Verify on a fresh instance, collect garbage at once, verify again: no leak.
         with _open(folder, gc_delay_s=0.0) as storage:
@@ -208,7 +275,7 @@ def run_demo(
             total_bytes = sum(len(data) - expected.start[name] for name, data in expected.data.items())
             while storage.gc.run_once().chunks_deleted:
                 pass
-            problems = verify_container(storage).problems
+            problems = defrag_problems + verify_container(storage).problems
             report.update(
                 readable_bytes=total_bytes, verify_mb_per_s=round(total_bytes / verify_s / 1e6, 2),
                 gc_chunks_deleted=storage.gc.statistics().chunks_deleted,
@@ -228,6 +295,32 @@ def run_demo(
 
     out(json.dumps(report, sort_keys=True) if json_output else _format(report))
     return report
+
+
+def _spark_defrag(folder: str, owner: ChunkedSegmentStorage, quiet: bool) -> tuple[BatchReport, float]:
+    """The Spark defrag batch over every segment, beside the live ``owner``: its report and
+    the seconds Spark took to start. Spark's output goes to ``SPARK_LOG`` in ``folder``;
+    its tail is shown if the step fails."""
+    from slts.bindings import from_url
+
+    from slts.metadata.layout import TABLES
+    from slts.metadata.lmdb_store import LmdbMetadataStore
+    from slts.storage.batch_defrag import BatchDefrag, run_batch
+
+    root = os.path.abspath(folder)  # the executors rebuild the binding from this URL
+    log = os.path.join(root, SPARK_LOG)
+    try:
+        with tqdm(desc=f"spark defrag ({SPARK_MASTER})", unit="run", disable=quiet) as progress, \
+                from_url(f"file://{os.path.join(root, 'chunks')}") as binding, \
+                LmdbMetadataStore(os.path.join(root, "metadata"), TABLES) as store:  # fmt: skip
+            driver = BatchDefrag(binding, store, 0, owner.config)  # not an owner: fences nobody
+            started = time.perf_counter()
+            with spark_quietly(log) as executor:
+                spark_start_s = time.perf_counter() - started
+                return run_batch(driver, executor, progress=progress.update), spark_start_s
+    except Exception:
+        print(f"slts demo: the Spark defrag failed; the end of {log}:\n{_log_tail(log)}", file=sys.stderr)
+        raise
 
 
 def _disaster_recovery(
@@ -263,13 +356,18 @@ def _format(report: dict[str, Any]) -> str:
         f" ({WRITE_BYTES_MIN}-{WRITE_BYTES_MAX} B) from {THREADS} threads",
         f"                {report['writes']} writes, {report['ingest_bytes'] / 1e6:.2f} MB in {report['ingest_s']} s:"
         f" {report['writes_per_s']} writes/s, {report['ingest_mb_per_s']} MB/s",
-        f"  restart       epoch {report['epochs'][0]} -> {report['epochs'][1]}: segments taken over, more writes",
+        f"  failovers     epochs {' -> '.join(str(e) for e in report['epochs'][:FAILOVERS + 1])}: each took every"
+        " stream over and appended small writes (a new chunk per stream and epoch)",
         f"  transactions  {report['transactions']} written, sealed and concatenated into streams"
         f" ({report['transactions_per_s']}/s)",
         f"  truncate      {report['truncated']} streams cut in half",
-        f"  defrag        chunks {report['chunks_before_defrag']} -> {report['chunks_after_defrag']}"
-        f" ({report['defrag_runs']} runs, {report['defrag_bytes_native'] / 1e6:.2f} MB concatenated natively,"
-        f" {report['defrag_s']} s)",
+        f"  spark defrag  chunks {report['chunks_before_defrag']} -> {report['chunks_after_defrag']}:"
+        f" {report['defrag_runs']} runs on Spark {report['defrag_master']} in {report['defrag_s']} s"
+        f" (after {report['spark_start_s']} s of Spark start-up),",
+        f"                {report['defrag_bytes_native'] / 1e6:.2f} MB concatenated natively,"
+        f" {report['defrag_bytes_copied'] / 1e6:.2f} MB copied through the executors;",
+        f"                beside the live owner: it kept epoch {report['owner_epoch_after_defrag']} and wrote"
+        f" {report['writes_after_defrag']} more writes through the new layout",
         f"  gc            {report['gc_chunks_deleted']} chunks deleted",
         f"  verify        {report['readable_bytes'] / 1e6:.2f} MB read back at {report['verify_mb_per_s']} MB/s",
         f"  snapshot      metadata snapshot on tier-2 at sequence {report['snapshot_sequence']}:"

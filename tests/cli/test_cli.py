@@ -90,11 +90,20 @@ def test_console_script_and_demo(tmp_path) -> None:  # noqa: ANN001
         text=True,
     )
     assert result.returncode == 0, result.stderr
+    assert result.stderr == "", "Spark's output goes to the demo folder's spark.log, not the terminal"
     report = json.loads(result.stdout)
     assert report["verified"] is True and report["mismatched"] == []
-    assert report["writes"] == 40 and report["epochs"] == [1, 2, 3, 4]  # 4: after the restore
+    # 1: ingest; 2-4: failovers (4 stays: the live owner); 5: verify; 6: after the restore.
+    assert report["writes"] == 40 and report["epochs"] == [1, 2, 3, 4, 5, 6]
     assert report["transactions"] == 2 * 8 and report["truncated"] == 1
+    # The Spark defrag, beside the live owner: every stream's runs merged, nothing failed,
+    # and the owner kept its epoch and wrote on afterwards.
+    assert report["defrag_driver"] == "spark" and report["defrag_master"] == "local[2]"
     assert report["chunks_after_defrag"] < report["chunks_before_defrag"]
+    assert report["defrag_runs"] == 4 and report["defrag_runs_dropped"] == report["defrag_runs_failed"] == 0
+    assert report["defrag_bytes_native"] > 0 and report["defrag_bytes_copied"] == 0  # filesystem: copy_file_range
+    assert report["defrag_s"] > 0 and report["spark_start_s"] > 0
+    assert report["owner_epoch_after_defrag"] == 4 and report["writes_after_defrag"] == 4
     assert report["gc_chunks_deleted"] > 0 and report["problems"] == []
     assert report["snapshot_entries"] > 0 and report["restore_sequence"] >= report["snapshot_sequence"]
     assert not folder.exists(), "the demo folder is removed unless --keep"

@@ -5,6 +5,6 @@ Each module exposes ``BENCHMARKS``: name -> ``slts.tools.bench.Benchmark``.
 
 from __future__ import annotations
 
-from slts.tools.benchmarks import concurrency, journal, metadata, reads
+from slts.tools.benchmarks import concurrency, journal, metadata, reads, spark
 
-SUITES = (concurrency.BENCHMARKS, reads.BENCHMARKS, metadata.BENCHMARKS, journal.BENCHMARKS)
+SUITES = (concurrency.BENCHMARKS, reads.BENCHMARKS, metadata.BENCHMARKS, journal.BENCHMARKS, spark.BENCHMARKS)
