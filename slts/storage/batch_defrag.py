@@ -254,21 +254,11 @@ class BatchDefrag:
             record = SegmentRecord.decode(stored.value)
             if record.segment_id != planned.run.segment_id:
                 return False  # deleted and created again
-            conflicted = False
-
-            def commit(ops: Sequence[Operation], expect: Sequence[Expect]) -> int:
-                nonlocal conflicted
-                try:
-                    return self._commit(ops, expect)
-                except VersionConflict:
-                    conflicted = True
-                    raise
-
-            if defrag.swap_in(self.store, commit, record, stored.version, planned.run, built, epoch=self.epoch,
+            if defrag.swap_in(self.store, self._commit, record, stored.version, planned.run, built, epoch=self.epoch,
                               intent_key=planned.intent_key, intent_version=planned.intent_version,
                               dropped_entries=dropped):  # fmt: skip
                 return True
-            if not conflicted or not self._segment_moved(planned.run.segment, stored.version):
+            if not self._segment_moved(planned.run.segment, stored.version):
                 return False  # the run itself changed: dropped
         return False
 
