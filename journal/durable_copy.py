@@ -94,12 +94,13 @@ class DurableCopy:
         """The newest store sequence a restore from tier-2 includes."""
         return self.log.durable_sequence
 
-    def flush(self) -> int:
-        """Ship every captured commit; return the durable sequence. A gap in the captured
-        changes is covered by a snapshot. Raises ``ChunkStorageError``, ``Fenced``."""
+    def flush(self, through: int | None = None) -> int:
+        """Ship captured commits (all of them, or until ``through`` is durable); return the
+        durable sequence. A gap in the captured changes is covered by a snapshot. Raises
+        ``ChunkStorageError``, ``Fenced``."""
         with self._lock:
             self._fence_check()
-            while True:
+            while through is None or self.log.durable_sequence < through:
                 try:
                     shipped = self.log.flush_batch()
                 except LogGap as gap:
@@ -107,15 +108,16 @@ class DurableCopy:
                     self._snapshot_locked()
                     continue
                 if not shipped:
-                    return self.log.durable_sequence
+                    break
                 self._flushes += 1
+            return self.log.durable_sequence
 
     def barrier(self, sequence: int) -> None:
         """Return once the tier-2 copy includes store sequence ``sequence``.
         Raises ``StorageUnavailable`` if it cannot (tier-2 failing), ``Fenced``."""
         if self.log.durable_sequence >= sequence:
             return
-        durable = self.flush()
+        durable = self.flush(through=sequence)  # not "everything": a busy writer never stops
         if durable < sequence:
             raise StorageUnavailable(f"metadata copy on tier-2 reaches {durable}, not {sequence}")
 
