@@ -18,7 +18,7 @@ from slts.errors import InvalidConfig
 MiB = 1 << 20
 
 #: Fields where 0 means "off" (or "no delay") rather than a bad value.
-_ZERO_ALLOWED = ("gc_delay_s", "gc_interval_s", "metadata_log_flush_interval_s")
+_ZERO_ALLOWED = ("gc_delay_s", "gc_interval_s", "metadata_log_flush_interval_s", "defrag_batch_lease_s")
 
 #: Environment variables ``SLTS_<FIELD>`` (upper case) override defaults.
 ENV_PREFIX = "SLTS_"
@@ -62,6 +62,12 @@ class StorageConfig:
     defrag_run_bytes_max: int = 64 * MiB
     #: Most chunks one defrag run merges (bounds the commit).
     defrag_run_chunks_max: int = 1000
+    #: How long a defrag batch run may take to build and commit a batch: its GC intents
+    #: are queued this far ahead of the time they are registered, so the owner's GC
+    #: leaves them alone for ``defrag_batch_lease_s + gc_delay_s``. A run whose intent
+    #: was collected all the same (a batch that outlived its lease) is dropped and its
+    #: chunk queued again. Leftovers of a driver that died wait out the lease.
+    defrag_batch_lease_s: float = 3600.0
     #: After a concat, merge the chunks on both sides of the seam if both are small.
     concat_merge_seam: bool = True
     #: Keep the durable copy of the metadata on tier-2 (system journal, metadata log and

@@ -18,6 +18,13 @@ two-step protocol so that it can never race a writer's commit: the collector fir
 absent), and only then deletes the chunk; the writer's commit expects its intent entry
 unchanged, so exactly one of the two wins. A crash after the claim leaves a claimed
 entry that the next run finishes (deletes are idempotent).
+
+An intent can be collected before its chunk exists: the collector claims an intent
+once it is ``gc_delay_s`` old, whether or not its creator is still at work (a stalled
+writer, a long defrag batch). A chunk created after the collector's delete is then
+covered by nothing. Every creator whose commit failed therefore calls
+``requeue_lost_intents``: a chunk whose intent is no longer as registered is queued
+again, *after* its creation ended, so the old entry or the new one sees it.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from slts.bindings.base import ChunkHandle, ChunkStorage
@@ -33,7 +40,7 @@ from slts.config import StorageConfig
 from slts.errors import ChunkNotFound, ChunkStorageError, Fenced, ReadOnlyInstance, SltsError, VersionConflict
 from slts.metadata.layout import CHUNKS, DELETED, GC, INDEX, gc_key, gc_queued_stop, name_key, segment_id_key
 from slts.metadata.records import ChunkRecord, GcEntry, GcReason, SegmentRecord
-from slts.metadata.store import Delete, Expect, MetadataStore, Put
+from slts.metadata.store import Delete, Expect, MetadataStore, Operation, Put
 from slts.storage import index
 from slts.storage.ownership import Ownership, ReadOnlyOwnership
 
@@ -122,6 +129,18 @@ class GarbageCollector:
         ``gc_delay_s`` (as configured when collecting) after that."""
         now_ms = int(self._clock() * 1000)
         return Put(GC, gc_key(now_ms, chunk), GcEntry(chunk, reason, now_ms, False).encode())
+
+    def requeue_lost(self, intents: Sequence[Put], version: int) -> list[str]:
+        """``requeue_lost_intents`` for intents made by ``entry`` and committed at
+        ``version``, through the owner's commit. Best effort: a failure to queue is
+        logged (the orphan reconciler is the backstop), never raised, so the creator's
+        own error stays the one its caller sees."""
+        pairs = [(op.key, GcEntry.decode(op.value).chunk) for op in intents]
+        try:
+            return requeue_lost_intents(self._store, self._ownership.commit, pairs, version, int(self._clock() * 1000))
+        except SltsError:
+            _log.warning("could not check %d GC intent(s) after a failed commit", len(pairs), exc_info=True)
+            return []
 
     # -- collecting -------------------------------------------------------------------------------
 
@@ -250,3 +269,29 @@ class GarbageCollector:
                         seen.add(target)
                         pending.append(target)
         return keys
+
+
+def requeue_lost_intents(
+    store: MetadataStore,
+    commit: Callable[[Sequence[Operation], Sequence[Expect]], int],
+    intents: Sequence[tuple[bytes, str]],
+    version: int,
+    now_ms: int,
+) -> list[str]:
+    """Queue again, as ``dropped``, every chunk whose intent is no longer as registered.
+
+    ``intents``: (queue key, chunk name) of the intents a creator registered at
+    ``version``; ``commit``: the creator's fenced commit. Call it after the creator's
+    commit failed and after every create it started has ended. An intent that is gone
+    or claimed no longer covers its chunk (see module doc); an intent still at
+    ``version`` does, and is left alone. Returns the chunks queued again. Raises what
+    ``commit`` raises (``Fenced``: then the orphan reconciler is the backstop).
+    """
+    with store.snapshot() as view:
+        lost = [chunk for key, chunk in intents if (stored := view.get(GC, key)) is None or stored.version != version]
+    if lost:
+        commit([Put(GC, gc_key(now_ms, chunk), GcEntry(chunk, GcReason.DROPPED, now_ms, False).encode())
+                for chunk in lost], [])  # fmt: skip
+        _log.warning("queued %d chunk(s) again whose GC intent was collected before they were committed: %s",
+                     len(lost), ", ".join(lost[:5]))  # fmt: skip
+    return lost

@@ -237,11 +237,13 @@ def cmd_defrag(args: argparse.Namespace) -> int:
                 executor = stack.enter_context(spark_executor(args.master or "local[*]", args.partitions))
             else:
                 executor = execute_locally(binding, args.threads)
-            report = run_batch(driver, executor, prefix=args.prefix, names=names, progress=bar.update)
+            report = run_batch(driver, executor, prefix=args.prefix, names=names, batch_runs=args.batch_runs,
+                               batch_bytes=args.batch_bytes, progress=bar.update)  # fmt: skip
     document = {**asdict(report), "segments": report.segments_scanned, "driver": "spark" if args.spark else "in-process"}
     emit(args, document, f"defrag ({document['driver']}): {report.segments_scanned} segments scanned, "
          f"chunks {report.chunks_before} -> {report.chunks_after}, runs {report.runs_planned} planned, "
-         f"{report.runs_committed} committed, {report.runs_dropped} dropped, {report.runs_failed} failed; "
+         f"{report.runs_committed} committed, {report.runs_dropped} dropped, {report.runs_failed} failed, "
+         f"{report.runs_expired} expired; "
          f"{report.bytes_native} bytes concatenated natively, {report.bytes_copied} copied through executors; "
          f"{report.seconds:.2f} s")  # fmt: skip
     return EXIT_OK if not report.runs_failed else EXIT_CHUNK_STORAGE
@@ -473,6 +475,8 @@ def _positive(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``slts``."""
+    from slts.storage.batch_defrag import BATCH_BYTES_DEFAULT, BATCH_RUNS_DEFAULT
+
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--store", default=os.environ.get("SLTS_STORE", DEFAULT_STORE),
                         help="store folder, or chunk storage URL (default: $SLTS_STORE or ./slts-data)")
@@ -523,6 +527,11 @@ def build_parser() -> argparse.ArgumentParser:
     defrag.add_argument("--all", action="store_true", help="every segment (with --prefix: those under it)")
     defrag.add_argument("--prefix", default="", help="with --all: only segments starting with this")
     defrag.add_argument("--threads", type=_positive, default=4, help="in process: builder threads (default 4)")
+    defrag.add_argument("--batch-runs", type=_positive, default=BATCH_RUNS_DEFAULT,
+                        help=f"runs planned, built and committed per batch (default {BATCH_RUNS_DEFAULT})")
+    defrag.add_argument("--batch-bytes", type=_positive, default=BATCH_BYTES_DEFAULT,
+                        help=f"bytes of runs per batch (default {BATCH_BYTES_DEFAULT}); a batch must end "
+                             "within defrag_batch_lease_s (SLTS_DEFRAG_BATCH_LEASE_S)")  # fmt: skip
     defrag.add_argument("--spark", action="store_true", help="build the chunks on Spark executors")
     defrag.add_argument("--master", default=None, help="with --spark: the Spark master (default local[*])")
     defrag.add_argument("--partitions", type=_positive, default=None,

@@ -24,7 +24,6 @@ the demo stops before it starts, saying so.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
@@ -32,14 +31,14 @@ import random
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tqdm import tqdm
 
 from slts.errors import InvalidArgument, InvalidConfig
-from slts.storage.batch_defrag import BatchReport, Executor
+from slts.storage.batch_defrag import BatchReport
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.factory import open as open_storage
 from slts.storage.verify import verify_container
@@ -63,31 +62,6 @@ def _require_spark() -> None:
     if not (java_home and os.access(os.path.join(java_home, "bin", "java"), os.X_OK)) and not shutil.which("java"):
         raise InvalidConfig("the demo's defrag step runs on Spark, which needs a Java runtime (17 or newer): "
                             "none on PATH and no JAVA_HOME")  # fmt: skip
-
-
-@contextlib.contextmanager
-def spark_quietly(log_path: str, master: str = SPARK_MASTER) -> Iterator[Executor]:
-    """``spark_executor(master)`` whose JVM, and the Python workers it starts, write their
-    output (log4j, JVM warnings) to ``log_path`` instead of this terminal: file
-    descriptors 1 and 2 point there while the session starts, which is when the JVM is
-    launched (once per process) and inherits them."""
-    from slts.tools.spark_defrag import spark_executor
-
-    with contextlib.ExitStack() as stack:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        saved = (os.dup(1), os.dup(2))
-        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            os.dup2(log, 1)
-            os.dup2(log, 2)
-            executor = stack.enter_context(spark_executor(master))
-        finally:
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in (*saved, log):
-                os.close(fd)
-        yield executor
 
 
 def _log_tail(path: str, lines: int = 20) -> str:
@@ -306,6 +280,7 @@ def _spark_defrag(folder: str, owner: ChunkedSegmentStorage, quiet: bool) -> tup
     from slts.metadata.layout import TABLES
     from slts.metadata.lmdb_store import LmdbMetadataStore
     from slts.storage.batch_defrag import BatchDefrag, run_batch
+    from slts.tools.spark_defrag import spark_quietly
 
     root = os.path.abspath(folder)  # the executors rebuild the binding from this URL
     log = os.path.join(root, SPARK_LOG)
@@ -315,7 +290,7 @@ def _spark_defrag(folder: str, owner: ChunkedSegmentStorage, quiet: bool) -> tup
                 LmdbMetadataStore(os.path.join(root, "metadata"), TABLES) as store:  # fmt: skip
             driver = BatchDefrag(binding, store, 0, owner.config)  # not an owner: fences nobody
             started = time.perf_counter()
-            with spark_quietly(log) as executor:
+            with spark_quietly(log, SPARK_MASTER) as executor:
                 spark_start_s = time.perf_counter() - started
                 return run_batch(driver, executor, progress=progress.update), spark_start_s
     except Exception:

@@ -80,7 +80,13 @@ def spark_executor(
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")  # slts shows its own progress
         .config("spark.task.maxFailures", str(task_attempts))
+        # No second copy of a task may still be running once the batch's job ended: the
+        # driver then releases the runs that did not commit (``BatchDefrag.release``).
+        .config("spark.speculation", "false")
     )
+    if (conf or {}).get("spark.speculation", "false").lower() != "false":
+        raise InvalidConfig("spark.speculation must stay off: a speculative task could build its chunk after "
+                            "the driver released the run")  # fmt: skip
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
@@ -99,6 +105,30 @@ def spark_executor(
         yield run
     finally:
         session.stop()
+
+
+@contextlib.contextmanager
+def spark_quietly(log_path: str, master: str = "local[*]", **options: Any) -> Iterator[Executor]:
+    """``spark_executor(master, **options)`` whose JVM, and the Python workers it starts,
+    write their output (log4j, JVM warnings) to ``log_path`` (appended) instead of this
+    terminal: file descriptors 1 and 2 point there while the session starts, which is
+    when the JVM is launched (once per process) and inherits them. Raises what
+    ``spark_executor`` raises, and ``OSError`` if ``log_path`` cannot be opened."""
+    with contextlib.ExitStack() as stack:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        saved = (os.dup(1), os.dup(2))
+        try:
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            executor = stack.enter_context(spark_executor(master, **options))
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in (*saved, log):
+                os.close(fd)
+        yield executor
 
 
 def spark_defrag(

@@ -11,7 +11,11 @@ executors. Everything else is here:
   store is never held in memory.
 * **Register**: before a batch is built, one commit puts a GC intent for each run's new
   chunk. The name is fixed by the plan, so every attempt of a task writes the same
-  name, and whatever a failed attempt or a dropped run leaves is found by GC.
+  name, and whatever a failed attempt or a dropped run leaves is found by GC. The
+  intents are *leased*: queued ``defrag_batch_lease_s`` ahead, so the owner's GC,
+  which takes an intent for garbage once it is ``gc_delay_s`` old, leaves a batch's
+  intents alone while the batch is built (a batch is bounded in runs and bytes so that
+  it fits its lease). A driver that dies leaves intents that fall due after the lease.
 * **Execute** (``execute``): a task builds its binding from the store URL (plain values
   only travel), then builds the chunk: native concat where the binding has it, copy
   otherwise. It is idempotent: a chunk an earlier attempt created (creates are
@@ -19,6 +23,11 @@ executors. Everything else is here:
 * **Commit**: one conditional commit per run (``defrag.swap_in``) on a fresh read of
   the segment: a run whose chunks, or the chunk before it, changed is dropped (its new
   chunk goes to GC); writes to the segment's other chunks do not drop it.
+* **Release**: a run that did not commit (dropped, failed) trades its leased intent
+  for a ``dropped`` entry queued now, so its leftovers go at the next GC pass. If the
+  intent is gone (the batch outlived its lease and GC collected it, perhaps before the
+  chunk was built), the chunk is queued again (``gc.requeue_lost_intents``): the run
+  is reported *expired*, and nothing leaks.
 
 The driver is **not the container's owner**: it fences nobody. A live writer keeps its
 epoch and keeps writing. Every commit of the driver expects the container record as
@@ -39,14 +48,19 @@ from dataclasses import dataclass, field
 from slts.bindings.base import ChunkStorage
 from slts.config import StorageConfig
 from slts.errors import Fenced, InvalidArgument, InvalidName, SltsError, VersionConflict
+from slts.gc import requeue_lost_intents
 from slts.metadata.layout import CONTAINER, CONTAINER_KEY, GC, SEGMENTS, gc_key, name_key
 from slts.metadata.records import ContainerRecord, GcEntry, GcReason, SegmentRecord
-from slts.metadata.store import Expect, MetadataStore, Operation, Put, prefix_stop
+from slts.metadata.store import Delete, Expect, MetadataStore, Operation, Put, prefix_stop
 from slts.storage import defrag
 from slts.storage.names import check_segment_name, chunk_name
 
-#: Runs planned (and registered, built, committed) per batch.
+#: Runs planned (and registered, built, committed) per batch ...
 BATCH_RUNS_DEFAULT = 2000
+#: ... and bytes of runs per batch, so a batch ends well within its lease.
+BATCH_BYTES_DEFAULT = 1 << 30
+#: Segments whose runs the driver commits side by side (see ``run_batch``).
+COMMIT_THREADS_DEFAULT = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +102,10 @@ class BatchReport:
     segments_planned: int = 0  # segments with at least one run
     runs_planned: int = 0
     runs_committed: int = 0
+    # Every planned run ends as exactly one of: committed, dropped, failed, expired.
     runs_dropped: int = 0  # the segment changed where the run was
     runs_failed: int = 0  # the task failed for good (its chunk, if any, goes to GC)
+    runs_expired: int = 0  # its GC intent was collected before it committed (chunk queued again)
     chunks_before: int = 0  # chunks of the segments scanned, at planning
     chunks_after: int = 0  # the same minus what committed runs removed
     bytes_native: int = 0  # concatenated by the chunk storage itself (server-side on S3)
@@ -175,13 +191,15 @@ class BatchDefrag:
 
     def plan(
         self, prefix: str = "", names: Sequence[str] | None = None, batch_runs: int = BATCH_RUNS_DEFAULT,
-        report: BatchReport | None = None,
+        report: BatchReport | None = None, batch_bytes: int = BATCH_BYTES_DEFAULT,
     ) -> Iterator[list[defrag.Run]]:  # fmt: skip
-        """Batches of at most about ``batch_runs`` runs (a segment's runs stay together),
-        each planned in one read-only transaction. ``names``: only these segments (missing
-        ones are skipped); else every segment under ``prefix``. Counts go to ``report``."""
-        if batch_runs < 1:
-            raise InvalidArgument(f"batch_runs must be >= 1, got {batch_runs}")
+        """Batches of at most about ``batch_runs`` runs and ``batch_bytes`` bytes (a
+        segment's runs stay together, so a batch holds at least one segment's), each
+        planned in one read-only transaction. ``names``: only these segments (missing
+        ones are skipped); else every segment under ``prefix``. Counts go to ``report``.
+        Raises ``InvalidArgument`` for a bound below 1, ``InvalidName`` for a bad name."""
+        if batch_runs < 1 or batch_bytes < 1:
+            raise InvalidArgument(f"batch_runs and batch_bytes must be >= 1, got {batch_runs}, {batch_bytes}")
         if not isinstance(prefix, str) or "\x00" in prefix:
             raise InvalidName(f"prefix must be a string without NUL, got {prefix!r}")
         keys = sorted(name_key(check_segment_name(name)) for name in names) if names is not None else None
@@ -191,8 +209,9 @@ class BatchDefrag:
         position = 0  # next index into keys
         while True:
             batch: list[defrag.Run] = []
+            batched_bytes = 0
             with self.store.snapshot() as view:
-                while len(batch) < batch_runs:
+                while len(batch) < batch_runs and batched_bytes < batch_bytes:
                     if keys is not None:
                         if position >= len(keys):
                             break
@@ -217,6 +236,7 @@ class BatchDefrag:
                         report.segments_planned += 1
                         report.runs_planned += len(runs)
                         batch.extend(runs)
+                        batched_bytes += sum(run.length for run in runs)
             if not batch:
                 return
             yield batch
@@ -224,9 +244,9 @@ class BatchDefrag:
     # -- register ----------------------------------------------------------------------------
 
     def register(self, runs: Sequence[defrag.Run]) -> list[PlannedRun]:
-        """One commit with a GC intent for every run's new chunk; the runs as tasks.
-        Raises ``Fenced`` if a new owner started since this driver did."""
-        now_ms = int(self._clock() * 1000)
+        """One commit with a leased GC intent (see module doc) for every run's new chunk;
+        the runs as tasks. Raises ``Fenced`` if a new owner started since this driver did."""
+        now_ms = int((self._clock() + self.config.defrag_batch_lease_s) * 1000)
         planned: list[tuple[defrag.Run, RunTask, bytes]] = []
         ops: list[Operation] = []
         for run in runs:
@@ -262,6 +282,25 @@ class BatchDefrag:
                 return False  # the run itself changed: dropped
         return False
 
+    def release(self, planned: PlannedRun) -> bool:
+        """Hand the chunk of a run that did not commit (dropped or failed) to GC, due
+        now: one commit trades the run's leased intent for a ``dropped`` entry. True if
+        the intent had already been collected (the run expired): the chunk is queued
+        again instead (``requeue_lost_intents``). Call it once every attempt of the
+        run's task has ended. Raises ``Fenced`` (the intent then waits out its lease)."""
+        chunk = planned.task.new_chunk
+        try:
+            self._commit([Delete(GC, planned.intent_key), self._gc_entry(chunk)],
+                         [Expect(GC, planned.intent_key, planned.intent_version)])  # fmt: skip
+            return False
+        except VersionConflict:
+            pass  # the intent is gone or claimed
+        now_ms = int(self._clock() * 1000)
+        lost = requeue_lost_intents(self.store, self._commit, [(planned.intent_key, chunk)], planned.intent_version,
+                                    now_ms)  # fmt: skip
+        assert lost == [chunk], (lost, chunk)
+        return True
+
     def _segment_moved(self, segment: str, version: int) -> bool:
         """True if only the segment record moved on (a writer appended): worth a re-read."""
         stored = self.store.get(SEGMENTS, name_key(segment))
@@ -282,6 +321,34 @@ class BatchDefrag:
             raise
 
 
+def _end(driver: BatchDefrag, item: PlannedRun, outcome: Outcome) -> tuple[tuple[PlannedRun, Outcome], str]:
+    """Commit or release one run: how it ended (committed, dropped, failed, expired)."""
+    if isinstance(outcome, BaseException):
+        driver.release(item)
+        return (item, outcome), "failed"
+    if driver.commit(item, outcome):
+        return (item, outcome), "committed"
+    return (item, outcome), "expired" if driver.release(item) else "dropped"
+
+
+def _count(report: BatchReport, item: PlannedRun, outcome: Outcome, how: str) -> None:
+    if how == "failed":
+        if len(report.errors) < 10:
+            report.errors.append(f"{item.run.segment}@{item.run.start}: {type(outcome).__name__}: {outcome}")
+        report.runs_failed += 1
+    elif how == "committed":
+        assert isinstance(outcome, defrag.BuiltChunk)
+        report.runs_committed += 1
+        report.chunks_after -= len(item.run.chunks) - 1
+        report.bytes_native += outcome.bytes_native
+        report.bytes_copied += outcome.bytes_copied
+    elif how == "expired":
+        report.runs_expired += 1
+    else:
+        assert how == "dropped", how
+        report.runs_dropped += 1
+
+
 def run_batch(
     driver: BatchDefrag,
     executor: Executor,
@@ -289,34 +356,42 @@ def run_batch(
     prefix: str = "",
     names: Sequence[str] | None = None,
     batch_runs: int = BATCH_RUNS_DEFAULT,
+    batch_bytes: int = BATCH_BYTES_DEFAULT,
     progress: Callable[[int], None] | None = None,
+    commit_threads: int = COMMIT_THREADS_DEFAULT,
 ) -> BatchReport:
-    """Plan, register, execute (through ``executor``) and commit every batch; the report.
+    """Plan, register, execute (through ``executor``), commit or release every batch;
+    the report.
 
-    ``progress(n)`` is called with the number of runs each batch finished. Raises
-    ``Fenced`` if a new owner started (runs committed until then stay committed).
+    ``executor`` must return only once every attempt of every task has ended (a task
+    still running could create its chunk after its run was released). ``progress(n)``
+    is called with the number of runs each batch finished. Each run is its own
+    conditional commit; ``commit_threads`` segments' runs are committed side by side (a
+    segment's runs in order), so the store's group commit shares their syncs. Raises
+    ``Fenced`` if a new owner started (runs committed until then stay committed),
+    ``InvalidArgument`` for a bound below 1 (before anything changed).
     """
+    if commit_threads < 1:
+        raise InvalidArgument(f"commit_threads must be >= 1, got {commit_threads}")
     report = BatchReport()
     began = time.perf_counter()
-    for runs in driver.plan(prefix, names, batch_runs, report):
-        planned = driver.register(runs)
-        outcomes = executor([p.task for p in planned])
-        assert len(outcomes) == len(planned), (len(outcomes), len(planned))
-        for item, outcome in zip(planned, outcomes, strict=True):
-            if isinstance(outcome, BaseException):
-                report.runs_failed += 1
-                if len(report.errors) < 10:
-                    report.errors.append(f"{item.run.segment}@{item.run.start}: {type(outcome).__name__}: {outcome}")
-                continue
-            if driver.commit(item, outcome):
-                report.runs_committed += 1
-                report.chunks_after -= len(item.run.chunks) - 1
-                report.bytes_native += outcome.bytes_native
-                report.bytes_copied += outcome.bytes_copied
-            else:
-                report.runs_dropped += 1
-        report.batches += 1
+    with ThreadPoolExecutor(commit_threads, thread_name_prefix="slts-defrag-commit") as committers:
+        for runs in driver.plan(prefix, names, batch_runs, report, batch_bytes):
+            planned = driver.register(runs)
+            outcomes = executor([p.task for p in planned])
+            assert len(outcomes) == len(planned), (len(outcomes), len(planned))
+            by_segment: dict[str, list[tuple[PlannedRun, Outcome]]] = {}
+            for item, outcome in zip(planned, outcomes, strict=True):
+                by_segment.setdefault(item.run.segment, []).append((item, outcome))
+            # A segment's runs commit in order, in one thread (they touch the same record);
+            # segments commit side by side, so the store's group commit shares the syncs.
+            for ended in committers.map(lambda runs_: [_end(driver, *pair) for pair in runs_], by_segment.values()):
+                for (item, outcome), how in ended:
+                    _count(report, item, outcome, how)
+            report.batches += 1
         if progress is not None:
             progress(len(planned))
     report.seconds = time.perf_counter() - began
+    ended = report.runs_committed + report.runs_dropped + report.runs_failed + report.runs_expired
+    assert ended == report.runs_planned, report
     return report

@@ -474,17 +474,36 @@ class ChunkedSegmentStorage(LayoutOperations):
         intents = [self.gc.entry(chunk.name, GcReason.INTENT) for chunk in new_chunks]
         intent_version = self._ownership.commit(intents, [Expect(GC, op.key, 0) for op in intents]) if intents else 0
 
-        # 2. Data, durable.
-        if appended:
-            assert last is not None
-            self.chunk_storage.write(ChunkHandle(last.name, readonly=False), last.length, appended)
-            self._counters.add(appends=1)
-        for chunk in new_chunks:
-            self.chunk_storage.create(chunk.name, chunk.data)
-            self._counters.add(chunks_created=1)
+        try:
+            # 2. Data, durable.
+            if appended:
+                assert last is not None
+                self.chunk_storage.write(ChunkHandle(last.name, readonly=False), last.length, appended)
+                self._counters.add(appends=1)
+            for chunk in new_chunks:
+                self.chunk_storage.create(chunk.name, chunk.data)
+                self._counters.add(chunks_created=1)
 
-        # 3. Metadata, one conditional commit, re-based on a conflict that left the
-        #    segment where this write expects it (e.g. a defrag elsewhere in the list).
+            # 3. Metadata, one conditional commit, re-based on a conflict that left the
+            #    segment where this write expects it (e.g. a defrag elsewhere in the list).
+            self._commit_write(record, version, previous, appended, new_chunks, intents, intent_version)
+        except BaseException:
+            if intents:  # a write stalled past gc_delay_s may have lost them to GC
+                self.gc.requeue_lost(intents, intent_version)
+            raise
+
+    def _commit_write(
+        self,
+        record: SegmentRecord,
+        version: int,
+        previous: tuple[ChunkRecord, int] | None,
+        appended: bytes,
+        new_chunks: list[_NewChunk],
+        intents: list[Put],
+        intent_version: int,
+    ) -> None:
+        """Step 3 of ``_write_locked``: commit, re-based at most ``commit_retries_max``
+        times on conflicts that left the segment's end as this write found it."""
         for attempt in range(self.config.commit_retries_max + 1):
             ops, expect = self._write_commit(record, version, previous, appended, new_chunks, intents, intent_version)
             try:

@@ -230,6 +230,19 @@ class LayoutOperations:
         new_name = chunk_name(self.container_id, run.segment, self.epoch, run.start)
         intent = self.gc.entry(new_name, GcReason.INTENT)
         intent_version = self._ownership.commit([intent], [Expect(GC, intent.key, 0)])
+        built = None
+        try:
+            built = self._swap_in_run(run, record, version, new_name, intent, intent_version)
+        finally:
+            if built is None:  # dropped or failed: a build that outlived gc_delay_s lost its intent
+                self.gc.requeue_lost([intent], intent_version)
+        return built
+
+    def _swap_in_run(
+        self, run: defrag.Run, record: SegmentRecord | None, version: int | None, new_name: str, intent: Put,
+        intent_version: int,
+    ) -> defrag.BuiltChunk | None:  # fmt: skip
+        """Build the run's chunk under the registered ``intent``, then swap it in."""
         built = defrag.build_chunk(self.chunk_storage, run, new_name, checksums=self.config.checksums)
         dropped = [self.gc.entry(chunk.record.name, GcReason.DROPPED) for chunk in run.chunks]
         lock = contextlib.nullcontext() if record is not None else self._stripe(run.segment)

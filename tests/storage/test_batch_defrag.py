@@ -104,6 +104,7 @@ def test_a_run_that_changed_is_dropped_and_its_chunk_collected(env: Env) -> None
     built = execute(planned.task, env.binding)
     owner.truncate(owner.open_write("f/0000"), 250)  # drops chunks of the run
     assert batch.commit(planned, built) is False
+    assert batch.release(planned) is False, "the leased intent was still there: traded for a due entry"
     env.clock.advance(60)
     while owner.gc.run_once().chunks_deleted:
         pass
@@ -165,6 +166,8 @@ def test_bad_input_changes_nothing(env: Env) -> None:
         list(batch.plan(prefix="a\x00b"))
     with pytest.raises(InvalidArgument):
         list(batch.plan(batch_runs=0))
+    with pytest.raises(InvalidArgument):
+        list(batch.plan(batch_bytes=0))
     anonymous = MemoryChunkStorage()
     anonymous.url = ""  # a binding executors could not rebuild
     with pytest.raises(InvalidArgument, match="no URL"):

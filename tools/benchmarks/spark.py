@@ -91,7 +91,7 @@ def _defrag(root: str, executor: Callable[[ChunkStorage], Executor]) -> tuple[fl
 def defrag_spark(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
     """Subject: the batch with its chunks built on Spark ``local[2]``; baseline: the same
     batch with the in-process executor (2 threads). Chunks merged per second."""
-    from slts.tools.demo import spark_quietly
+    from slts.tools.spark_defrag import spark_quietly
 
     segments = 200 if quick else 2000
     merged = segments * (CHUNKS_PER_SEGMENT - 1)

@@ -1,0 +1,129 @@
+"""A GC intent collected before its chunk existed never leaks the chunk.
+
+The owner's GC takes an intent for garbage once it is ``gc_delay_s`` old: it claims
+it, deletes the chunk (not there yet) and removes the entry. A creator that was slower
+than that (a stalled writer, a long defrag) then creates a chunk nothing accounts for,
+unless it queues the chunk again after its commit failed (``gc.requeue_lost_intents``).
+Each test stalls one creator past ``gc_delay_s`` right before it creates its chunk,
+runs the owner's GC there, and checks that the operation changed nothing visible, that
+``verify`` finds no leak, and that the next GC pass deletes the chunk.
+
+Defrag batch runs lease their intents (``defrag_batch_lease_s``), so the owner's GC
+leaves a running batch alone; a batch that outlives its lease has its runs expire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pytest
+
+from slts.config import StorageConfig
+from slts.errors import VersionConflict
+from slts.storage.batch_defrag import BatchDefrag, Outcome, RunTask, execute_locally, run_batch
+from slts.storage.chunked import ChunkedSegmentStorage
+from slts.storage.verify import verify_container
+
+from .conftest import Env, segment_chunks
+from .test_batch_defrag import SMALL, contents, fragment
+
+
+def collect(owner: ChunkedSegmentStorage, env: Env) -> None:
+    """Every queued chunk due, then GC passes until one deletes nothing."""
+    env.clock.advance(owner.config.gc_delay_s + 1)
+    while owner.gc.run_once().chunks_deleted:
+        pass
+
+
+def stall_once(env: Env, owner: ChunkedSegmentStorage, monkeypatch: pytest.MonkeyPatch, prefix: str) -> list[str]:
+    """Make the binding's next ``create``/``concat`` of a chunk under ``prefix`` stall past
+    ``gc_delay_s``, with the owner's GC running meanwhile; the stalled chunk names."""
+    stalled: list[str] = []
+
+    def stalling(original: Callable[..., object]) -> Callable[..., object]:
+        def call(name: str, *args: object, **kwargs: object) -> object:
+            if name.startswith(prefix) and not stalled:
+                stalled.append(name)
+                env.clock.advance(owner.config.gc_delay_s + 1)
+                owner.gc.run_once()  # the intent is due: claimed, nothing to delete yet, entry gone
+            return original(name, *args, **kwargs)
+
+        return call
+
+    for method in ("create", "concat"):
+        monkeypatch.setattr(env.binding, method, stalling(getattr(env.binding, method)))
+    return stalled
+
+
+def test_a_write_stalled_past_gc_delay_fails_and_its_chunk_is_collected(env: Env, monkeypatch) -> None:  # noqa: ANN001
+    owner = env.open()
+    owner.create("s")
+    stalled = stall_once(env, owner, monkeypatch, "0/s/")
+    with pytest.raises(VersionConflict):
+        owner.write(owner.open_write("s"), 0, b"x" * 100)  # a first write always makes a new chunk
+    monkeypatch.undo()
+    assert len(stalled) == 1 and env.binding.exists(stalled[0]), "the stalled create did land"
+    assert owner.info("s").length == 0, "the failed write is not visible"
+    assert verify_container(owner).problems == [], "the chunk is queued again, not leaked"
+    collect(owner, env)
+    assert not env.binding.exists(stalled[0]), "GC deleted the chunk"
+    owner.write(owner.open_write("s"), 0, b"y" * 10)
+    assert owner.read(owner.open_read("s"), 0, 10) == b"y" * 10
+    assert verify_container(owner).problems == []
+
+
+def test_an_in_process_defrag_stalled_past_gc_delay_drops_its_run_and_leaks_nothing(env: Env, monkeypatch) -> None:  # noqa: ANN001
+    owner, written = fragment(env, 1, 4)
+    before = segment_chunks(env.binding)
+    stalled = stall_once(env, owner, monkeypatch, "0/f/0000/")
+    result = owner.defrag("f/0000")
+    monkeypatch.undo()
+    assert len(stalled) == 1 and result.runs_committed == 0 and result.runs_dropped == 1, result
+    assert contents(owner) == {name: bytes(data) for name, data in written.items()}
+    assert verify_container(owner).problems == [], "the run's chunk is queued again, not leaked"
+    collect(owner, env)
+    assert segment_chunks(env.binding) == before, "GC deleted the run's chunk"
+    again = owner.defrag("f/0000")  # nothing stalls now: the run commits
+    assert again.runs_committed == 1, again
+
+
+def gc_during_the_batch(env: Env, owner: ChunkedSegmentStorage) -> Callable[[Sequence[RunTask]], list[Outcome]]:
+    """An in-process executor that first lets ``gc_delay_s`` pass and the owner's GC run,
+    as a minute into a long batch."""
+    build = execute_locally(env.binding, 2)
+
+    def slow(tasks: Sequence[RunTask]) -> list[Outcome]:
+        env.clock.advance(owner.config.gc_delay_s + 1)
+        owner.gc.run_once()
+        return list(build(tasks))
+
+    return slow
+
+
+def test_the_owners_gc_leaves_a_leased_batch_alone(env: Env) -> None:
+    owner, written = fragment(env, 3, 4)
+    batch = BatchDefrag(env.binding, env.store, 0, StorageConfig(**SMALL), clock=env.clock)
+    report = run_batch(batch, gc_during_the_batch(env, owner))
+    assert report.runs_committed == report.runs_planned == 3 and report.runs_expired == 0, report
+    assert contents(owner) == {name: bytes(data) for name, data in written.items()}
+    collect(owner, env)
+    assert verify_container(owner).problems == []
+    assert all(owner.info(name).chunk_count == 2 for name in written)
+
+
+def test_a_batch_that_outlives_its_lease_expires_its_runs_and_leaks_nothing(env: Env) -> None:
+    owner, written = fragment(env, 3, 4)
+    before = segment_chunks(env.binding)
+    config = StorageConfig(**SMALL, defrag_batch_lease_s=0.0)  # type: ignore[arg-type]
+    batch = BatchDefrag(env.binding, env.store, 0, config, clock=env.clock)
+    report = run_batch(batch, gc_during_the_batch(env, owner))
+    assert report.runs_expired == report.runs_planned == 3 and report.runs_committed == 0, report
+    assert report.runs_dropped == report.runs_failed == 0, "an expiry is told apart from a change of the segment"
+    assert len(segment_chunks(env.binding)) == len(before) + 3, "the tasks built their chunks after GC's pass"
+    assert contents(owner) == {name: bytes(data) for name, data in written.items()}
+    assert verify_container(owner).problems == [], "the built chunks are queued again, not leaked"
+    collect(owner, env)
+    assert segment_chunks(env.binding) == before, "GC deleted them"
+    again = run_batch(BatchDefrag(env.binding, env.store, 0, StorageConfig(**SMALL), clock=env.clock),
+                      execute_locally(env.binding))  # fmt: skip
+    assert again.runs_committed == 3, again
