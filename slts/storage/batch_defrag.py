@@ -389,8 +389,8 @@ def run_batch(
                 for (item, outcome), how in ended:
                     _count(report, item, outcome, how)
             report.batches += 1
-        if progress is not None:
-            progress(len(planned))
+            if progress is not None:
+                progress(len(planned))
     report.seconds = time.perf_counter() - began
     ended = report.runs_committed + report.runs_dropped + report.runs_failed + report.runs_expired
     assert ended == report.runs_planned, report

@@ -58,8 +58,11 @@ def test_a_batch_merges_runs_of_every_segment_and_a_second_plans_nothing(env: En
     owner, written = fragment(env, 30, 8)
     owner.seal(owner.open_write("f/0000"))  # a sealed segment's last chunk may merge too
     before = sum(owner.info(name).chunk_count for name in written)
-    report = run_batch(driver(env), execute_locally(env.binding, 3), batch_runs=7)
+    progressed: list[int] = []
+    report = run_batch(driver(env), execute_locally(env.binding, 3), batch_runs=7, progress=progressed.append)
     assert report.runs_failed == report.runs_dropped == 0 and report.batches > 1
+    assert len(progressed) == report.batches and sum(progressed) == report.runs_planned
+    assert all(0 < n <= 7 for n in progressed)
     assert report.segments_scanned == 30 and report.chunks_before == before
     after = sum(owner.info(name).chunk_count for name in written)
     assert report.chunks_after == after and after <= before // 3
@@ -71,7 +74,8 @@ def test_a_batch_merges_runs_of_every_segment_and_a_second_plans_nothing(env: En
     while owner.gc.run_once().chunks_deleted:
         pass
     assert verify_container(owner).problems == []
-    again = run_batch(driver(env), execute_locally(env.binding))
+    again = run_batch(driver(env), execute_locally(env.binding), progress=progressed.append)
+    assert len(progressed) == report.batches  # nothing planned: no progress step, no error
     assert again.runs_planned == 0 and again.chunks_after == again.chunks_before == after
 
 
