@@ -25,6 +25,7 @@
     ├── MetadataError                         raised by a metadata store
     │   ├── VersionConflict                   a conditional commit lost: re-read and retry
     │   └── MetadataCorrupted                 a record failed its own checks on decode
+    ├── WriteExpired (TimeoutError)           a write outlived ``gc_delay_s``; not applied (``retryable``)
     ├── Fenced                                a newer epoch owns the container
     ├── ReadOnlyInstance (PermissionError)    the instance was opened read-only
     └── StorageClosed                         the instance (or store, binding) was closed
@@ -163,6 +164,18 @@ class MetadataCorrupted(MetadataError):
 
 
 # --- ownership and life cycle --------------------------------------------------------------
+
+
+class WriteExpired(SltsError, TimeoutError):
+    """A write took longer than ``gc_delay_s`` from registering its new chunks to
+    committing them, so the garbage collector took them for a dead writer's leftovers.
+
+    The write was not applied: nothing of it is readable, the segment's length is
+    unchanged, and its chunks are queued for collection. Writing the same bytes at the
+    same offset again may succeed.
+    """
+
+    retryable = True
 
 
 class Fenced(SltsError):

@@ -130,12 +130,16 @@ class GarbageCollector:
         now_ms = int(self._clock() * 1000)
         return Put(GC, gc_key(now_ms, chunk), GcEntry(chunk, reason, now_ms, False).encode())
 
+    def lost(self, intents: Sequence[Put], version: int) -> list[str]:
+        """``lost_intents`` for intents made by ``entry`` and committed at ``version``."""
+        return lost_intents(self._store, _intent_pairs(intents), version)
+
     def requeue_lost(self, intents: Sequence[Put], version: int) -> list[str]:
         """``requeue_lost_intents`` for intents made by ``entry`` and committed at
         ``version``, through the owner's commit. Best effort: a failure to queue is
         logged (the orphan reconciler is the backstop), never raised, so the creator's
         own error stays the one its caller sees."""
-        pairs = [(op.key, GcEntry.decode(op.value).chunk) for op in intents]
+        pairs = _intent_pairs(intents)
         try:
             return requeue_lost_intents(self._store, self._ownership.commit, pairs, version, int(self._clock() * 1000))
         except SltsError:
@@ -271,6 +275,13 @@ class GarbageCollector:
         return keys
 
 
+def lost_intents(store: MetadataStore, intents: Sequence[tuple[bytes, str]], version: int) -> list[str]:
+    """The chunks among ``intents`` (queue key, chunk name; registered at ``version``)
+    whose intent is gone or claimed: GC no longer holds them for their creator."""
+    with store.snapshot() as view:
+        return [chunk for key, chunk in intents if (stored := view.get(GC, key)) is None or stored.version != version]
+
+
 def requeue_lost_intents(
     store: MetadataStore,
     commit: Callable[[Sequence[Operation], Sequence[Expect]], int],
@@ -287,11 +298,15 @@ def requeue_lost_intents(
     ``version`` does, and is left alone. Returns the chunks queued again. Raises what
     ``commit`` raises (``Fenced``: then the orphan reconciler is the backstop).
     """
-    with store.snapshot() as view:
-        lost = [chunk for key, chunk in intents if (stored := view.get(GC, key)) is None or stored.version != version]
+    lost = lost_intents(store, intents, version)
     if lost:
         commit([Put(GC, gc_key(now_ms, chunk), GcEntry(chunk, GcReason.DROPPED, now_ms, False).encode())
                 for chunk in lost], [])  # fmt: skip
         _log.warning("queued %d chunk(s) again whose GC intent was collected before they were committed: %s",
                      len(lost), ", ".join(lost[:5]))  # fmt: skip
     return lost
+
+
+def _intent_pairs(intents: Sequence[Put]) -> list[tuple[bytes, str]]:
+    """(queue key, chunk name) of queue entries made by ``GarbageCollector.entry``."""
+    return [(op.key, GcEntry.decode(op.value).chunk) for op in intents]

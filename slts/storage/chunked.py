@@ -47,6 +47,7 @@ from slts.errors import (
     SegmentTruncated,
     StorageClosed,
     VersionConflict,
+    WriteExpired,
 )
 from slts.gc import GarbageCollector
 from slts.journal.durable_copy import DurableCopy
@@ -404,7 +405,8 @@ class ChunkedSegmentStorage(LayoutOperations):
         otherwise (and for what does not fit) to new chunks of at most that size.
 
         Raises ``InvalidArgument``/``InvalidOffset`` (bad input, offset != length, too
-        large), ``SegmentNotFound``, ``SegmentSealed``, ``Fenced``, ``ChunkStorageError``.
+        large), ``SegmentNotFound``, ``SegmentSealed``, ``Fenced``, ``ChunkStorageError``,
+        ``WriteExpired`` (it stalled past ``gc_delay_s``; not applied, may be retried).
         """
         self._check_open()
         handle = self._check_handle(handle, writable=True)
@@ -503,13 +505,21 @@ class ChunkedSegmentStorage(LayoutOperations):
         intent_version: int,
     ) -> None:
         """Step 3 of ``_write_locked``: commit, re-based at most ``commit_retries_max``
-        times on conflicts that left the segment's end as this write found it."""
+        times on conflicts that left the segment's end as this write found it.
+        ``WriteExpired`` if GC took the intents meanwhile (no commit can succeed then)."""
         for attempt in range(self.config.commit_retries_max + 1):
             ops, expect = self._write_commit(record, version, previous, appended, new_chunks, intents, intent_version)
             try:
                 self._ownership.commit(ops, expect)
                 return
-            except VersionConflict:
+            except VersionConflict as exc:
+                if intents and (lost := self.gc.lost(intents, intent_version)):
+                    raise WriteExpired(
+                        f"write of {len(appended) + sum(len(c.data) for c in new_chunks)} bytes at offset "
+                        f"{record.length} took longer than gc_delay_s ({self.config.gc_delay_s:g} s) between "
+                        f"registering its chunks and committing them; GC took {len(lost)} of them: not applied",
+                        segment=record.name, offset=record.length, chunks=lost,
+                    ) from exc
                 if attempt == self.config.commit_retries_max:
                     raise
                 self._counters.add(commit_retries=1)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from slts.config import StorageConfig
-from slts.errors import VersionConflict
+from slts.errors import WriteExpired
 from slts.storage.batch_defrag import BatchDefrag, Outcome, RunTask, execute_locally, run_batch
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.verify import verify_container
@@ -59,8 +59,10 @@ def test_a_write_stalled_past_gc_delay_fails_and_its_chunk_is_collected(env: Env
     owner = env.open()
     owner.create("s")
     stalled = stall_once(env, owner, monkeypatch, "0/s/")
-    with pytest.raises(VersionConflict):
+    with pytest.raises(WriteExpired, match="longer than gc_delay_s") as caught:
         owner.write(owner.open_write("s"), 0, b"x" * 100)  # a first write always makes a new chunk
+    assert caught.value.retryable and caught.value.segment == "s" and caught.value.chunks == stalled
+    assert owner.statistics().commit_retries == 0, "an expired write does not retry its commit"
     monkeypatch.undo()
     assert len(stalled) == 1 and env.binding.exists(stalled[0]), "the stalled create did land"
     assert owner.info("s").length == 0, "the failed write is not visible"
