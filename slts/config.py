@@ -62,12 +62,13 @@ class StorageConfig:
     defrag_run_bytes_max: int = 64 * MiB
     #: Most chunks one defrag run merges (bounds the commit).
     defrag_run_chunks_max: int = 1000
-    #: How long a defrag batch run may take to build and commit a batch: its GC intents
-    #: are queued this far ahead of the time they are registered, so the owner's GC
-    #: leaves them alone for ``defrag_batch_lease_s + gc_delay_s``. A run whose intent
-    #: was collected all the same (a batch that outlived its lease) is dropped and its
-    #: chunk queued again. Leftovers of a driver that died wait out the lease.
-    defrag_batch_lease_s: float = 3600.0
+    #: The lease of a defrag batch run's GC intents: they are queued this far ahead of
+    #: now, so the owner's GC leaves them alone for ``defrag_batch_lease_s + gc_delay_s``,
+    #: and the driver renews the lease every third of it while the batch builds. So it
+    #: bounds how long a driver may stall (not renewing) and how long the leftovers of a
+    #: driver that died wait. A run whose intent was collected all the same is dropped
+    #: and its chunk queued again (*expired*). 0: no lease, no renewal.
+    defrag_batch_lease_s: float = 600.0
     #: After a concat, merge the chunks on both sides of the seam if both are small.
     concat_merge_seam: bool = True
     #: Keep the durable copy of the metadata on tier-2 (system journal, metadata log and

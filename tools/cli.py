@@ -530,8 +530,9 @@ def build_parser() -> argparse.ArgumentParser:
     defrag.add_argument("--batch-runs", type=_positive, default=BATCH_RUNS_DEFAULT,
                         help=f"runs planned, built and committed per batch (default {BATCH_RUNS_DEFAULT})")
     defrag.add_argument("--batch-bytes", type=_positive, default=BATCH_BYTES_DEFAULT,
-                        help=f"bytes of runs per batch (default {BATCH_BYTES_DEFAULT}); a batch must end "
-                             "within defrag_batch_lease_s (SLTS_DEFRAG_BATCH_LEASE_S)")  # fmt: skip
+                        help=f"bytes of runs per batch (default {BATCH_BYTES_DEFAULT}); a batch's GC intents "
+                             "are leased for defrag_batch_lease_s (SLTS_DEFRAG_BATCH_LEASE_S), renewed "
+                             "while it builds")  # fmt: skip
     defrag.add_argument("--spark", action="store_true", help="build the chunks on Spark executors")
     defrag.add_argument("--master", default=None, help="with --spark: the Spark master (default local[*])")
     defrag.add_argument("--partitions", type=_positive, default=None,

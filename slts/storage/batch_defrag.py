@@ -14,8 +14,11 @@ executors. Everything else is here:
   name, and whatever a failed attempt or a dropped run leaves is found by GC. The
   intents are *leased*: queued ``defrag_batch_lease_s`` ahead, so the owner's GC,
   which takes an intent for garbage once it is ``gc_delay_s`` old, leaves a batch's
-  intents alone while the batch is built (a batch is bounded in runs and bytes so that
-  it fits its lease). A driver that dies leaves intents that fall due after the lease.
+  intents alone while the batch is built. While the executor runs, the driver renews
+  the lease every third of it (``BatchDefrag.renew``: one commit moves every intent
+  still held a lease ahead of now), so a batch held up for hours (a Spark job waiting
+  for executors, a slow chunk storage) keeps its runs. A driver that dies stops
+  renewing: its intents fall due one lease (plus ``gc_delay_s``) later.
 * **Execute** (``execute``): a task builds its binding from the store URL (plain values
   only travel), then builds the chunk: native concat where the binding has it, copy
   otherwise. It is idempotent: a chunk an earlier attempt created (creates are
@@ -39,11 +42,13 @@ layout through its conflict handling, and through the stale-cache retry on reads
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from types import TracebackType
 
 from slts.bindings.base import ChunkStorage
 from slts.config import StorageConfig
@@ -57,10 +62,13 @@ from slts.storage.names import check_segment_name, chunk_name
 
 #: Runs planned (and registered, built, committed) per batch ...
 BATCH_RUNS_DEFAULT = 2000
-#: ... and bytes of runs per batch, so a batch ends well within its lease.
+#: ... and bytes of runs per batch: what a batch holds in memory and in one register or
+#: renew commit, and the most work a driver that dies throws away.
 BATCH_BYTES_DEFAULT = 1 << 30
 #: Segments whose runs the driver commits side by side (see ``run_batch``).
 COMMIT_THREADS_DEFAULT = 8
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +114,7 @@ class BatchReport:
     runs_dropped: int = 0  # the segment changed where the run was
     runs_failed: int = 0  # the task failed for good (its chunk, if any, goes to GC)
     runs_expired: int = 0  # its GC intent was collected before it committed (chunk queued again)
+    lease_renewals: int = 0  # commits that moved a batch's intents a lease ahead again
     chunks_before: int = 0  # chunks of the segments scanned, at planning
     chunks_after: int = 0  # the same minus what committed runs removed
     bytes_native: int = 0  # concatenated by the chunk storage itself (server-side on S3)
@@ -261,6 +270,37 @@ class BatchDefrag:
         version = self._commit(ops, [Expect(GC, key, 0) for _, _, key in planned])
         return [PlannedRun(run, task, key, version) for run, task, key in planned]
 
+    def renew(self, planned: Sequence[PlannedRun]) -> list[PlannedRun]:
+        """Renew the lease of ``planned``'s intents: one commit moves every intent still
+        as registered to ``defrag_batch_lease_s`` ahead of now. Returns the runs with
+        their current intents (a run whose intent GC already took keeps the old one and
+        will expire at release). Raises ``Fenced``."""
+        for _ in range(self.config.commit_retries_max + 1):
+            now_ms = int((self._clock() + self.config.defrag_batch_lease_s) * 1000)
+            with self.store.snapshot() as view:
+                held = [p for p in planned
+                        if (stored := view.get(GC, p.intent_key)) is not None and stored.version == p.intent_version
+                        and gc_key(now_ms, p.task.new_chunk) != p.intent_key]  # fmt: skip
+            if not held:
+                return list(planned)
+            moved: dict[bytes, bytes] = {}
+            ops: list[Operation] = []
+            expect: list[Expect] = []
+            for p in held:
+                key = gc_key(now_ms, p.task.new_chunk)
+                moved[p.intent_key] = key
+                ops += [Delete(GC, p.intent_key), Put(GC, key, GcEntry(p.task.new_chunk, GcReason.INTENT, now_ms,
+                                                                       False).encode())]  # fmt: skip
+                expect += [Expect(GC, p.intent_key, p.intent_version), Expect(GC, key, 0)]
+            try:
+                version = self._commit(ops, expect)
+            except VersionConflict:
+                continue  # GC claimed one of them meanwhile: look again
+            return [replace(p, intent_key=moved[p.intent_key], intent_version=version) if p.intent_key in moved
+                    else p for p in planned]  # fmt: skip
+        _log.warning("could not renew the lease of %d defrag run(s): GC kept claiming intents", len(planned))
+        return list(planned)
+
     # -- commit ------------------------------------------------------------------------------
 
     def commit(self, planned: PlannedRun, built: defrag.BuiltChunk) -> bool:
@@ -321,6 +361,40 @@ class BatchDefrag:
             raise
 
 
+class _LeaseRenewal:
+    """A thread that renews a registered batch's lease every third of it until the
+    ``with`` block ends; ``planned`` is then the runs with their current intents."""
+
+    def __init__(self, driver: BatchDefrag, planned: list[PlannedRun], report: BatchReport) -> None:
+        self.planned = planned
+        self._driver = driver
+        self._report = report
+        self._every_s = driver.config.defrag_batch_lease_s / 3
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="slts-defrag-lease", daemon=True)
+
+    def __enter__(self) -> _LeaseRenewal:
+        if self._every_s > 0 and self.planned:
+            self._thread.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:  # fmt: skip
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._every_s):
+            try:
+                self.planned = self._driver.renew(self.planned)
+                self._report.lease_renewals += 1
+            except Fenced:
+                return  # the commits will say so
+            except SltsError:
+                _log.warning("could not renew a defrag batch's lease; trying again", exc_info=True)
+
+
 def _end(driver: BatchDefrag, item: PlannedRun, outcome: Outcome) -> tuple[tuple[PlannedRun, Outcome], str]:
     """Commit or release one run: how it ended (committed, dropped, failed, expired)."""
     if isinstance(outcome, BaseException):
@@ -364,7 +438,8 @@ def run_batch(
     the report.
 
     ``executor`` must return only once every attempt of every task has ended (a task
-    still running could create its chunk after its run was released). ``progress(n)``
+    still running could create its chunk after its run was released); while it runs,
+    the batch's lease is renewed every third of ``defrag_batch_lease_s``. ``progress(n)``
     is called with the number of runs each batch finished. Each run is its own
     conditional commit; ``commit_threads`` segments' runs are committed side by side (a
     segment's runs in order), so the store's group commit shares their syncs. Raises
@@ -377,8 +452,9 @@ def run_batch(
     began = time.perf_counter()
     with ThreadPoolExecutor(commit_threads, thread_name_prefix="slts-defrag-commit") as committers:
         for runs in driver.plan(prefix, names, batch_runs, report, batch_bytes):
-            planned = driver.register(runs)
-            outcomes = executor([p.task for p in planned])
+            with _LeaseRenewal(driver, driver.register(runs), report) as lease:
+                outcomes = executor([p.task for p in lease.planned])
+            planned = lease.planned
             assert len(outcomes) == len(planned), (len(outcomes), len(planned))
             by_segment: dict[str, list[tuple[PlannedRun, Outcome]]] = {}
             for item, outcome in zip(planned, outcomes, strict=True):

@@ -8,19 +8,23 @@ Each test stalls one creator past ``gc_delay_s`` right before it creates its chu
 runs the owner's GC there, and checks that the operation changed nothing visible, that
 ``verify`` finds no leak, and that the next GC pass deletes the chunk.
 
-Defrag batch runs lease their intents (``defrag_batch_lease_s``), so the owner's GC
-leaves a running batch alone; a batch that outlives its lease has its runs expire.
+Defrag batch runs lease their intents (``defrag_batch_lease_s``) and renew the lease
+while the batch builds, so the owner's GC leaves a running batch alone; a batch whose
+lease lapses has its runs expire.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 
 import pytest
 
 from slts.config import StorageConfig
 from slts.errors import WriteExpired
-from slts.storage.batch_defrag import BatchDefrag, Outcome, RunTask, execute_locally, run_batch
+from slts.metadata.layout import GC
+from slts.metadata.store import Delete
+from slts.storage.batch_defrag import BatchDefrag, Outcome, PlannedRun, RunTask, execute_locally, run_batch
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.verify import verify_container
 
@@ -129,3 +133,82 @@ def test_a_batch_that_outlives_its_lease_expires_its_runs_and_leaks_nothing(env:
     again = run_batch(BatchDefrag(env.binding, env.store, 0, StorageConfig(**SMALL), clock=env.clock),
                       execute_locally(env.binding))  # fmt: skip
     assert again.runs_committed == 3, again
+
+
+def end_runs(batch: BatchDefrag, planned: Sequence[PlannedRun], outcomes: Sequence[Outcome]) -> list[str]:
+    """Commit each built run, releasing what did not commit: how each ended."""
+    ends = []
+    for item, outcome in zip(planned, outcomes, strict=True):
+        assert not isinstance(outcome, BaseException), outcome
+        ends.append("committed" if batch.commit(item, outcome) else "expired" if batch.release(item) else "dropped")
+    return ends
+
+
+def test_renewal_moves_the_intents_still_held_and_leaves_those_gc_took(env: Env, monkeypatch) -> None:  # noqa: ANN001
+    owner, written = fragment(env, 3, 4)
+    lease = 100.0
+    batch = BatchDefrag(env.binding, env.store, 0, StorageConfig(**SMALL, defrag_batch_lease_s=lease),  # type: ignore[arg-type]
+                        clock=env.clock)  # fmt: skip
+    [runs] = list(batch.plan())
+    planned = batch.register(runs)
+    taken = planned[0]
+    commits: list[int] = []
+    commit = batch._commit
+
+    def racing_gc(ops, expect):  # noqa: ANN001, ANN202
+        if not commits:  # GC takes one intent between the renewal's look and its commit
+            env.store.commit([Delete(GC, taken.intent_key)], [])
+        commits.append(len(ops))
+        return commit(ops, expect)
+
+    env.clock.advance(lease / 2)
+    monkeypatch.setattr(batch, "_commit", racing_gc)
+    renewed = batch.renew(planned)
+    monkeypatch.undo()
+    assert commits == [6, 4], "the first commit lost to GC's; the second moved the two intents still held"
+    assert renewed[0] == taken, "a taken intent is left as it was"
+    assert all(new.intent_key != old.intent_key and new.intent_version > old.intent_version
+               for new, old in zip(renewed[1:], planned[1:], strict=True))  # fmt: skip
+    env.clock.advance(lease / 2 + owner.config.gc_delay_s + 1)  # the first lease is over, the renewed one is not
+    owner.gc.run_once()
+    ends = end_runs(batch, renewed, execute_locally(env.binding)([item.task for item in renewed]))
+    assert ends == ["expired", "committed", "committed"]
+    assert contents(owner) == {name: bytes(data) for name, data in written.items()}
+    assert verify_container(owner).problems == []
+
+
+def test_a_batch_held_up_for_longer_than_its_lease_keeps_its_runs(env: Env, monkeypatch) -> None:  # noqa: ANN001
+    owner, written = fragment(env, 3, 4)
+    lease = 0.3  # renewed every 0.1 s of real time; the fake clock says when intents fall due
+    batch = BatchDefrag(env.binding, env.store, 0, StorageConfig(**SMALL, defrag_batch_lease_s=lease),  # type: ignore[arg-type]
+                        clock=env.clock)  # fmt: skip
+    renewals = threading.Condition()
+    count = [0]
+    renew = batch.renew
+
+    def counted(planned: Sequence[PlannedRun]) -> list[PlannedRun]:
+        result = renew(planned)
+        with renewals:
+            count[0] += 1
+            renewals.notify_all()
+        return result
+
+    monkeypatch.setattr(batch, "renew", counted)
+    build = execute_locally(env.binding, 2)
+
+    def held_up(tasks: Sequence[RunTask]) -> list[Outcome]:
+        env.clock.advance(owner.config.gc_delay_s + lease + 1)  # every registered intent would be due
+        with renewals:  # the second renewal from now began after the clock moved
+            seen = count[0]
+            assert renewals.wait_for(lambda: count[0] >= seen + 2, timeout=60), "the driver did not renew"
+        owner.gc.run_once()
+        return list(build(tasks))
+
+    report = run_batch(batch, held_up)
+    assert report.runs_committed == report.runs_planned == 3 and report.runs_expired == 0, report
+    assert report.lease_renewals >= 2
+    assert contents(owner) == {name: bytes(data) for name, data in written.items()}
+    collect(owner, env)
+    assert verify_container(owner).problems == []
+    assert all(owner.info(name).chunk_count == 2 for name in written)
+
