@@ -127,8 +127,7 @@ class GarbageCollector:
     def entry(self, chunk: str, reason: GcReason) -> Put:
         """The queue entry for ``chunk``, queued now, as an operation. It becomes due
         ``gc_delay_s`` (as configured when collecting) after that."""
-        now_ms = int(self._clock() * 1000)
-        return Put(GC, gc_key(now_ms, chunk), GcEntry(chunk, reason, now_ms, False).encode())
+        return queue_entry(chunk, reason, int(self._clock() * 1000))
 
     def lost(self, intents: Sequence[Put], version: int) -> list[str]:
         """``lost_intents`` for intents made by ``entry`` and committed at ``version``."""
@@ -275,6 +274,12 @@ class GarbageCollector:
         return keys
 
 
+def queue_entry(chunk: str, reason: GcReason, queued_ms: int) -> Put:
+    """The queue entry for ``chunk`` as an operation, keyed by ``queued_ms``: it becomes
+    due ``gc_delay_s`` after that (a lease queues an intent in the future)."""
+    return Put(GC, gc_key(queued_ms, chunk), GcEntry(chunk, reason, queued_ms, False).encode())
+
+
 def lost_intents(store: MetadataStore, intents: Sequence[tuple[bytes, str]], version: int) -> list[str]:
     """The chunks among ``intents`` (queue key, chunk name; registered at ``version``)
     whose intent is gone or claimed: GC no longer holds them for their creator."""
@@ -300,8 +305,7 @@ def requeue_lost_intents(
     """
     lost = lost_intents(store, intents, version)
     if lost:
-        commit([Put(GC, gc_key(now_ms, chunk), GcEntry(chunk, GcReason.DROPPED, now_ms, False).encode())
-                for chunk in lost], [])  # fmt: skip
+        commit([queue_entry(chunk, GcReason.DROPPED, now_ms) for chunk in lost], [])
         _log.warning("queued %d chunk(s) again whose GC intent was collected before they were committed: %s",
                      len(lost), ", ".join(lost[:5]))  # fmt: skip
     return lost

@@ -53,9 +53,9 @@ from types import TracebackType
 from slts.bindings.base import ChunkStorage
 from slts.config import StorageConfig
 from slts.errors import Fenced, InvalidArgument, InvalidName, SltsError, VersionConflict
-from slts.gc import requeue_lost_intents
-from slts.metadata.layout import CONTAINER, CONTAINER_KEY, GC, SEGMENTS, gc_key, name_key
-from slts.metadata.records import ContainerRecord, GcEntry, GcReason, SegmentRecord
+from slts.gc import queue_entry, requeue_lost_intents
+from slts.metadata.layout import CONTAINER, CONTAINER_KEY, GC, SEGMENTS, name_key
+from slts.metadata.records import ContainerRecord, GcReason, SegmentRecord
 from slts.metadata.store import Delete, Expect, MetadataStore, Operation, Put, prefix_stop
 from slts.storage import defrag
 from slts.storage.names import check_segment_name, chunk_name
@@ -262,9 +262,9 @@ class BatchDefrag:
             new_chunk = chunk_name(self.container_id, run.segment, self.epoch, run.start)
             task = RunTask(self.binding.url, run.segment, run.start, new_chunk, defrag.run_sources(run),
                            self.config.checksums)  # fmt: skip
-            key = gc_key(now_ms, new_chunk)
-            ops.append(Put(GC, key, GcEntry(new_chunk, GcReason.INTENT, now_ms, False).encode()))
-            planned.append((run, task, key))
+            intent = queue_entry(new_chunk, GcReason.INTENT, now_ms)
+            ops.append(intent)
+            planned.append((run, task, intent.key))
         if not ops:
             return []
         version = self._commit(ops, [Expect(GC, key, 0) for _, _, key in planned])
@@ -277,21 +277,20 @@ class BatchDefrag:
         will expire at release). Raises ``Fenced``."""
         for _ in range(self.config.commit_retries_max + 1):
             now_ms = int((self._clock() + self.config.defrag_batch_lease_s) * 1000)
-            with self.store.snapshot() as view:
-                held = [p for p in planned
-                        if (stored := view.get(GC, p.intent_key)) is not None and stored.version == p.intent_version
-                        and gc_key(now_ms, p.task.new_chunk) != p.intent_key]  # fmt: skip
-            if not held:
-                return list(planned)
-            moved: dict[bytes, bytes] = {}
+            moved: dict[bytes, bytes] = {}  # held intent's key -> its renewed key
             ops: list[Operation] = []
             expect: list[Expect] = []
-            for p in held:
-                key = gc_key(now_ms, p.task.new_chunk)
-                moved[p.intent_key] = key
-                ops += [Delete(GC, p.intent_key), Put(GC, key, GcEntry(p.task.new_chunk, GcReason.INTENT, now_ms,
-                                                                       False).encode())]  # fmt: skip
-                expect += [Expect(GC, p.intent_key, p.intent_version), Expect(GC, key, 0)]
+            with self.store.snapshot() as view:
+                for p in planned:
+                    stored = view.get(GC, p.intent_key)
+                    renewed = queue_entry(p.task.new_chunk, GcReason.INTENT, now_ms)
+                    if stored is None or stored.version != p.intent_version or renewed.key == p.intent_key:
+                        continue  # taken by GC, or the clock did not move
+                    moved[p.intent_key] = renewed.key
+                    ops += [Delete(GC, p.intent_key), renewed]
+                    expect += [Expect(GC, p.intent_key, p.intent_version), Expect(GC, renewed.key, 0)]
+            if not moved:
+                return list(planned)
             try:
                 version = self._commit(ops, expect)
             except VersionConflict:
@@ -347,8 +346,7 @@ class BatchDefrag:
         return stored is not None and stored.version != version
 
     def _gc_entry(self, chunk: str) -> Put:
-        now_ms = int(self._clock() * 1000)
-        return Put(GC, gc_key(now_ms, chunk), GcEntry(chunk, GcReason.DROPPED, now_ms, False).encode())
+        return queue_entry(chunk, GcReason.DROPPED, int(self._clock() * 1000))
 
     def _commit(self, ops: Sequence[Operation], expect: Sequence[Expect]) -> int:
         try:
@@ -395,14 +393,14 @@ class _LeaseRenewal:
                 _log.warning("could not renew a defrag batch's lease; trying again", exc_info=True)
 
 
-def _end(driver: BatchDefrag, item: PlannedRun, outcome: Outcome) -> tuple[tuple[PlannedRun, Outcome], str]:
+def _end(driver: BatchDefrag, item: PlannedRun, outcome: Outcome) -> str:
     """Commit or release one run: how it ended (committed, dropped, failed, expired)."""
     if isinstance(outcome, BaseException):
         driver.release(item)
-        return (item, outcome), "failed"
+        return "failed"
     if driver.commit(item, outcome):
-        return (item, outcome), "committed"
-    return (item, outcome), "expired" if driver.release(item) else "dropped"
+        return "committed"
+    return "expired" if driver.release(item) else "dropped"
 
 
 def _count(report: BatchReport, item: PlannedRun, outcome: Outcome, how: str) -> None:
@@ -450,6 +448,10 @@ def run_batch(
         raise InvalidArgument(f"commit_threads must be >= 1, got {commit_threads}")
     report = BatchReport()
     began = time.perf_counter()
+
+    def end_in_order(pairs: list[tuple[PlannedRun, Outcome]]) -> list[tuple[PlannedRun, Outcome, str]]:
+        return [(item, outcome, _end(driver, item, outcome)) for item, outcome in pairs]
+
     with ThreadPoolExecutor(commit_threads, thread_name_prefix="slts-defrag-commit") as committers:
         for runs in driver.plan(prefix, names, batch_runs, report, batch_bytes):
             with _LeaseRenewal(driver, driver.register(runs), report) as lease:
@@ -461,8 +463,8 @@ def run_batch(
                 by_segment.setdefault(item.run.segment, []).append((item, outcome))
             # A segment's runs commit in order, in one thread (they touch the same record);
             # segments commit side by side, so the store's group commit shares the syncs.
-            for ended in committers.map(lambda runs_: [_end(driver, *pair) for pair in runs_], by_segment.values()):
-                for (item, outcome), how in ended:
+            for ended in committers.map(end_in_order, by_segment.values()):
+                for item, outcome, how in ended:
                     _count(report, item, outcome, how)
             report.batches += 1
             if progress is not None:
