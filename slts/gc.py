@@ -236,10 +236,10 @@ class GarbageCollector:
         if name is None:
             assert remaining == 0, (tombstone, len(batch))
             # The chunks are gone; what is left of the index are links. Clear them, and the
-            # namespaces they point to (spliced in by concat), in bounded batches.
-            keys = self._namespace_keys(tombstone.segment_id)
+            # namespaces they lead to (spliced in by concat), in bounded batches, deepest first.
+            with self._store.snapshot() as view:
+                keys, finished = index.namespace_tree_keys(view, tombstone.segment_id, self._config.gc_batch_max)
             ops.extend(Delete(INDEX, key_) for key_ in keys)
-            finished = len(keys) < self._config.gc_batch_max
             if finished:
                 ops.append(Delete(DELETED, key))
             else:
@@ -256,22 +256,6 @@ class GarbageCollector:
             ops.append(Put(DELETED, key, rest.encode()))
         self._ownership.commit(ops, [Expect(DELETED, key, version)])
         return len(batch), int(finished)
-
-    def _namespace_keys(self, segment_id: int) -> list[bytes]:
-        """Up to ``gc_batch_max`` index keys of a deleted segment's namespace and of the
-        namespaces its links lead to (followed breadth-first within the same bound)."""
-        limit = self._config.gc_batch_max
-        keys: list[bytes] = []
-        pending, seen = [segment_id], {segment_id}
-        with self._store.snapshot() as view:
-            while pending and len(keys) < limit:
-                found, targets = index.linked_namespaces(view, pending.pop(0), limit - len(keys))
-                keys.extend(found)
-                for target in targets:
-                    if target not in seen:
-                        seen.add(target)
-                        pending.append(target)
-        return keys
 
 
 def queue_entry(chunk: str, reason: GcReason, queued_ms: int) -> Put:

@@ -249,15 +249,15 @@ def commit_ops(
     for chunk in run.chunks:
         ops.append(Delete(CHUNKS, name_key(chunk.record.name)))
         expect.append(Expect(CHUNKS, name_key(chunk.record.name), chunk.version))
-        if chunk.record.index_id != record.segment_id:
-            ops.append(index.chunk_entry_delete(chunk.record))
     if run.predecessor is not None:
         previous = run.predecessor.record.replace(next_chunk=new.name)
         ops.append(Put(CHUNKS, name_key(previous.name), previous.encode()))
         expect.append(Expect(CHUNKS, name_key(previous.name), run.predecessor.version))
     if last.record.next_chunk is not None:
         ops.extend(index.split_ops(view, record.segment_id, run.end))
-    ops.extend(index.clear_ops(view, record.segment_id, run.start, run.end, 2 * len(run.chunks) + 2))
+    # Every key serving the run's range goes, the run chunks' own entries (in whichever
+    # namespace they were written) and the links that led there, at any depth.
+    ops.extend(index.clear_ops(view, record.segment_id, run.start, run.end, index.clear_bound(len(run.chunks))))
     ops.append(index.chunk_entry(new))
     ops.extend(dropped_entries)
     changes: dict[str, object] = {"chunk_count": record.chunk_count - len(run.chunks) + 1}

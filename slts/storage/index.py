@@ -52,6 +52,12 @@ def parse_value(raw: bytes) -> tuple[str | None, tuple[int, int] | None]:
     return raw.decode("utf-8"), None
 
 
+def split_key(key: bytes) -> tuple[int, int]:
+    """(namespace, offset) of an index key."""
+    namespace, offset = _LINK.unpack(key)
+    return namespace, offset
+
+
 def chunk_entry(chunk: ChunkRecord) -> Put:
     """The chunk's own index entry."""
     return Put(INDEX, index_key(chunk.index_id, chunk.index_offset), chunk.name.encode("utf-8"))
@@ -75,10 +81,12 @@ def resolve(view: ReadView, segment_id: int, offset: int) -> tuple[str, int]:
     """(name, start offset in the segment) of the chunk holding ``offset``.
 
     ``offset`` must be readable (>= the segment's start, < its length) or the end of a
-    chunk boundary the caller knows exists. O(log n) per link level.
+    chunk boundary the caller knows exists. O(log n) per link level; follows at most
+    ``LINK_DEPTH_MAX`` links (``concat`` refuses to build deeper ones), so a deeper chain
+    is a damaged store: ``MetadataCorrupted``.
     """
     namespace, at, shift = segment_id, offset, 0  # segment offset == namespace offset + shift
-    for _ in range(LINK_DEPTH_MAX):
+    for _ in range(LINK_DEPTH_MAX + 1):
         start, name, link = _floor(view, namespace, at)
         if name is not None:
             return name, start + shift
@@ -87,25 +95,69 @@ def resolve(view: ReadView, segment_id: int, offset: int) -> tuple[str, int]:
         shift += start - target_offset
         at = at - start + target_offset
         namespace = target_namespace
-    raise AssertionError(f"index links of segment {segment_id} deeper than {LINK_DEPTH_MAX}")
+    raise MetadataCorrupted(f"index links of segment {segment_id} deeper than {LINK_DEPTH_MAX} at offset {offset}")
 
 
 def split_ops(view: ReadView, segment_id: int, offset: int) -> list[Put]:
-    """Operations that give the segment's namespace a key exactly at ``offset`` (a chunk
-    boundary) resolving as before, so that keys below it may be removed."""
-    start, name, link = _floor(view, segment_id, offset)
-    if start == offset:
-        return []
-    assert link is not None, f"offset {offset} of segment {segment_id} is inside chunk {name!r}"
-    namespace, target_offset = link
-    return [Put(INDEX, index_key(segment_id, offset), link_value(namespace, target_offset + offset - start))]
+    """Operations that give every namespace on the lookup path of ``offset`` (a chunk
+    boundary) a key exactly at the offset it maps to, resolving as before, so that keys
+    below it may be removed (``clear_ops``) in any of those namespaces."""
+    ops: list[Put] = []
+    namespace, at = segment_id, offset
+    for _ in range(LINK_DEPTH_MAX + 1):
+        start, name, link = _floor(view, namespace, at)
+        if name is not None:
+            assert start == at, f"offset {offset} of segment {segment_id} is inside chunk {name!r}"
+            return ops
+        assert link is not None
+        target_namespace, target_offset = link
+        mapped = target_offset + at - start
+        if start != at:
+            ops.append(Put(INDEX, index_key(namespace, at), link_value(target_namespace, mapped)))
+        namespace, at = target_namespace, mapped
+    raise MetadataCorrupted(f"index links of segment {segment_id} deeper than {LINK_DEPTH_MAX} at offset {offset}")
+
+
+def clear_bound(chunks: int) -> int:
+    """Most keys ``clear_ops`` removes for a range holding ``chunks`` chunks: per link
+    level, each key starts a chunk boundary and covers at least one whole chunk."""
+    return (chunks + 1) * (LINK_DEPTH_MAX + 1)
 
 
 def clear_ops(view: ReadView, segment_id: int, low: int, high: int, limit: int) -> list[Delete]:
-    """Removal of the segment namespace's keys in ``[low, high)`` (at most ``limit``)."""
-    entries = view.scan(INDEX, index_key(segment_id, low), index_key(segment_id, high), limit=limit + 1)
-    assert len(entries) <= limit, f"more than {limit} index keys in [{low}, {high}) of segment {segment_id}"
-    return [Delete(INDEX, key) for key, _ in entries]
+    """Removal of every index key that serves only offsets ``[low, high)`` of the segment.
+
+    That is the segment namespace's keys in the range and, through every link that maps
+    part of the range (a key in it, or the link at the floor of ``low``), the keys of the
+    mapped range in the linked namespace, recursively: concat links lead into namespaces
+    of segments that are gone, which nothing else reaches. Offsets at and above ``high``
+    that stay readable need ``split_ops(view, segment_id, high)`` in the same commit.
+    Removes at most ``limit`` keys (``clear_bound``); more is a broken index (assertion).
+    """
+    deletes: list[Delete] = []
+    pending = [(segment_id, low, high, 0)]
+    while pending:
+        namespace, lo, hi, depth = pending.pop()
+        if depth > LINK_DEPTH_MAX:
+            raise MetadataCorrupted(f"index links of segment {segment_id} deeper than {LINK_DEPTH_MAX}")
+        entries = view.scan(INDEX, index_key(namespace, lo), index_key(namespace, hi), limit=limit - len(deletes) + 1)
+        assert len(deletes) + len(entries) <= limit, f"more than {limit} index keys serve [{low}, {high}) of {segment_id}"
+        first = index_key_offset(entries[0][0]) if entries else hi
+        if first > lo:  # a link below ``lo`` may map part of the range
+            found = view.floor(INDEX, index_key(namespace, lo), index_prefix(namespace))
+            if found is not None:
+                start = index_key_offset(found[0])
+                _, link = parse_value(found[1].value)
+                if link is not None:
+                    pending.append((link[0], link[1] + lo - start, link[1] + first - start, depth + 1))
+        for i, (key, stored) in enumerate(entries):
+            deletes.append(Delete(INDEX, key))
+            _, link = parse_value(stored.value)
+            if link is not None:
+                start = index_key_offset(key)
+                end = index_key_offset(entries[i + 1][0]) if i + 1 < len(entries) else hi
+                pending.append((link[0], link[1], link[1] + end - start, depth + 1))
+    return deletes
 
 
 def concat_link(target_id: int, target_offset: int, source_id: int, source_offset: int) -> Put:
@@ -113,14 +165,41 @@ def concat_link(target_id: int, target_offset: int, source_id: int, source_offse
     return Put(INDEX, index_key(target_id, target_offset), link_value(source_id, source_offset))
 
 
-def linked_namespaces(view: ReadView, segment_id: int, limit: int) -> tuple[list[bytes], list[int]]:
-    """Up to ``limit`` keys of the namespace, and the namespaces its links point to."""
-    start = index_prefix(segment_id)
-    entries = view.scan(INDEX, start, index_key(segment_id + 1, 0) if segment_id + 1 < 1 << 64 else None, limit)
-    keys, targets = [], []
-    for key, stored in entries:
-        keys.append(key)
-        _, link = parse_value(stored.value)
-        if link is not None:
-            targets.append(link[0])
-    return keys, targets
+def namespace_tree_keys(view: ReadView, segment_id: int, limit: int) -> tuple[list[bytes], bool]:
+    """Up to ``limit`` keys of the namespace and of the namespaces its links lead to, in
+    post-order: a link's key comes only after every key of the namespace it leads to, so
+    deleting any prefix of the list never cuts a namespace off while it still has keys.
+    Returns (keys, whether they are all of them). For the collection of a deleted segment
+    in bounded batches: each batch deletes what the previous one left, starting again from
+    the top, and reaches every namespace that is left.
+    """
+    keys: list[bytes] = []
+    emptied: set[int] = set()
+
+    def visit(namespace: int, depth: int) -> bool:
+        if depth > LINK_DEPTH_MAX:
+            raise MetadataCorrupted(f"index links of segment {segment_id} deeper than {LINK_DEPTH_MAX}")
+        cursor, stop = index_prefix(namespace), _namespace_stop(namespace)
+        while len(keys) < limit:
+            entries = view.scan(INDEX, cursor, stop, limit - len(keys))
+            if not entries:
+                return True
+            for key, stored in entries:
+                _, link = parse_value(stored.value)
+                if link is not None and link[0] not in emptied:
+                    if not visit(link[0], depth + 1):
+                        return False
+                    emptied.add(link[0])
+                if len(keys) == limit:
+                    return False
+                keys.append(key)
+            cursor = entries[-1][0] + b"\x00"
+        return False
+
+    done = visit(segment_id, 0)
+    return keys, done
+
+
+def _namespace_stop(namespace: int) -> bytes | None:
+    """The first key after every key of ``namespace`` (None past the last namespace)."""
+    return index_prefix(namespace + 1) if namespace + 1 < 1 << 64 else None

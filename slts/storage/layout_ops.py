@@ -173,16 +173,18 @@ class LayoutOperations:
             ops.append(Delete(CHUNKS, name_key(chunk.name)))
             expect.append(Expect(CHUNKS, name_key(chunk.name), chunk_version))
             ops.append(self.gc.entry(chunk.name, GcReason.DROPPED))
-            if chunk.index_id != record.segment_id:
-                ops.append(index.chunk_entry_delete(chunk))
             self._tainted.discard(chunk.name)
         if dropped:
-            old_head = record.first_chunk_start_offset
-            if name is not None:
-                ops.extend(index.split_ops(self._store, record.segment_id, start))
-                ops.extend(index.clear_ops(self._store, record.segment_id, old_head, start, 2 * len(dropped) + 2))
-            else:
-                ops.extend(index.clear_ops(self._store, record.segment_id, old_head, record.length + 1, 2 * len(dropped) + 2))
+            # Every key serving the dropped range goes (the chunks' own entries and the links
+            # that led to them, at any depth); what stays readable keeps its keys (split).
+            bound = index.clear_bound(len(dropped))
+            with self._store.snapshot() as view:
+                if name is not None:
+                    ops.extend(index.split_ops(view, record.segment_id, start))
+                    ops.extend(index.clear_ops(view, record.segment_id, record.first_chunk_start_offset, start, bound))
+                else:
+                    ops.extend(index.clear_ops(view, record.segment_id, record.first_chunk_start_offset,
+                                               record.length + 1, bound))  # fmt: skip
         remaining = record.chunk_count - len(dropped)
         changes: dict[str, object] = {"start_offset": new_start, "chunk_count": remaining, "modified_ms": self._now_ms()}
         if dropped:
