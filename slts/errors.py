@@ -12,7 +12,8 @@
     │   ├── SegmentExists (FileExistsError)
     │   ├── SegmentSealed                     write to a sealed segment
     │   ├── SegmentNotSealed                  operation needs a sealed segment
-    │   └── SegmentTruncated                  read below the segment's start offset
+    │   ├── SegmentTruncated                  read below the segment's start offset
+    │   └── ConcatTooDeep                     a concat would nest index links past their limit
     ├── ChunkStorageError                     raised by a binding (``slts.bindings``)
     │   ├── ChunkNotFound (FileNotFoundError)
     │   ├── ChunkExists (FileExistsError)
@@ -102,6 +103,11 @@ class SegmentNotSealed(SegmentError):
 
 class SegmentTruncated(SegmentError, IndexError):
     """The requested bytes lie below the segment's start offset and are gone."""
+
+
+class ConcatTooDeep(SegmentError):
+    """A concat would nest the target's index links deeper than a lookup follows
+    (``slts.storage.index.LINK_DEPTH_MAX``): refused, nothing changed."""
 
 
 # --- chunk storage (bindings) --------------------------------------------------------------

@@ -63,6 +63,15 @@ class Record:
         """The record's own fields (not ``extra``), computed once per class."""
         return tuple(f.name for f in dataclasses.fields(cls) if f.name != "extra")
 
+    @classmethod
+    @functools.cache
+    def _optional_fields(cls) -> frozenset[str]:
+        """Fields added after a record kind first shipped: they have a default, and a
+        record written before them decodes with it."""
+        return frozenset(
+            f.name for f in dataclasses.fields(cls) if f.name != "extra" and f.default is not dataclasses.MISSING
+        )
+
     def encode(self) -> bytes:
         """msgpack bytes of this record, unknown fields included."""
         self.check()
@@ -82,9 +91,10 @@ class Record:
             raise MetadataCorrupted(f"{cls.KIND} record has no format version")
         payload.pop(_VERSION_KEY)
         try:
-            values = {name: payload.pop(name) for name in cls._field_names()}
+            values = {name: payload.pop(name) for name in cls._field_names() if name not in cls._optional_fields()}
         except KeyError as exc:
             raise MetadataCorrupted(f"{cls.KIND} record lacks field {exc}") from exc
+        values.update((name, payload.pop(name)) for name in cls._optional_fields() if name in payload)
         record = cls(**values, extra=MappingProxyType(payload) if payload else _EMPTY)
         try:
             record.check()
@@ -117,6 +127,9 @@ class SegmentRecord(Record):
     chunk_count: int
     created_ms: int
     modified_ms: int
+    #: Most index links a lookup in this segment follows (concat of a concat ...); None
+    #: in records written before it was kept (computed from the index when needed).
+    index_depth: int | None = None
     extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
 
     @property
@@ -133,6 +146,7 @@ class SegmentRecord(Record):
         assert 0 <= self.start_offset <= self.length, (self.start_offset, self.length)
         assert self.max_rolling_length > 0, self.max_rolling_length
         assert self.owner_epoch >= 0 and self.chunk_count >= 0
+        assert self.index_depth is None or self.index_depth >= 0, self
         has_chunks = self.chunk_count > 0
         assert (self.first_chunk is not None) == has_chunks == (self.last_chunk is not None), self
         if has_chunks:

@@ -291,7 +291,7 @@ class ChunkedSegmentStorage(LayoutOperations):
             name=name, segment_id=self._new_segment_id(), status=SegmentStatus.ACTIVE,
             start_offset=0, length=0, first_chunk=None, last_chunk=None,
             first_chunk_start_offset=0, last_chunk_start_offset=0, max_rolling_length=rolling,
-            owner_epoch=self.epoch, chunk_count=0, created_ms=now, modified_ms=now,
+            owner_epoch=self.epoch, chunk_count=0, created_ms=now, modified_ms=now, index_depth=0,
         )  # fmt: skip
         key = name_key(name)
         with self._stripe(name):
@@ -366,7 +366,8 @@ class ChunkedSegmentStorage(LayoutOperations):
         handle = self._check_handle(handle, writable=True)
         with self._stripe(handle.name):
             record, version = self._load(handle.name)
-            if record.sealed == sealed:
+            if record.sealed == sealed:  # a no-op: still, only the owner may say it succeeded
+                self._ownership.check()
                 return
             status = record.status | SegmentStatus.SEALED if sealed else record.status & ~SegmentStatus.SEALED
             changed = record.replace(status=int(status), modified_ms=self._now_ms())
@@ -412,7 +413,10 @@ class ChunkedSegmentStorage(LayoutOperations):
         handle = self._check_handle(handle, writable=True)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidArgument(f"data must be bytes-like, got {type(data).__name__}")
-        data = bytes(data)
+        try:
+            data = bytes(data)
+        except ValueError as exc:  # a released memoryview
+            raise InvalidArgument(f"data cannot be read: {exc}", segment=handle.name) from exc
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise InvalidOffset(f"offset must be an integer >= 0, got {offset!r}", segment=handle.name)
         if len(data) > self.config.write_bytes_max:
@@ -430,7 +434,8 @@ class ChunkedSegmentStorage(LayoutOperations):
                     segment=handle.name,
                     offset=offset,
                 )
-            if not data:
+            if not data:  # a no-op: still, only the owner may say it succeeded
+                self._ownership.check()
                 return
             if len(data) > self.config.write_chunks_max * record.max_rolling_length:
                 raise InvalidArgument(

@@ -200,6 +200,26 @@ def namespace_tree_keys(view: ReadView, segment_id: int, limit: int) -> tuple[li
     return keys, done
 
 
+def namespace_depth(view: ReadView, segment_id: int) -> int:
+    """Most links a lookup in the segment's namespace follows, read from the index (for
+    records written before ``SegmentRecord.index_depth`` was kept). Reads every key of
+    the namespace and of those it links to."""
+
+    def depth_below(namespace: int, level: int) -> int:
+        if level > LINK_DEPTH_MAX:
+            raise MetadataCorrupted(f"index links of segment {segment_id} deeper than {LINK_DEPTH_MAX}")
+        deepest, cursor, stop = 0, index_prefix(namespace), _namespace_stop(namespace)
+        while entries := view.scan(INDEX, cursor, stop):
+            for _, stored in entries:
+                _, link = parse_value(stored.value)
+                if link is not None:
+                    deepest = max(deepest, 1 + depth_below(link[0], level + 1))
+            cursor = entries[-1][0] + b"\x00"
+        return deepest
+
+    return depth_below(segment_id, 0)
+
+
 def _namespace_stop(namespace: int) -> bytes | None:
     """The first key after every key of ``namespace`` (None past the last namespace)."""
     return index_prefix(namespace + 1) if namespace + 1 < 1 << 64 else None

@@ -9,15 +9,17 @@ share the index rules of ``slts.storage.index``. See docs/architecture.md.
 from __future__ import annotations
 
 import contextlib
+import logging
 
 from slts.errors import (
-    ChunkStorageError,
+    ConcatTooDeep,
     InvalidArgument,
     InvalidOffset,
     SegmentNotFound,
     SegmentNotSealed,
     SegmentSealed,
     SegmentTruncated,
+    SltsError,
     VersionConflict,
 )
 from slts.metadata.layout import CHUNKS, GC, SEGMENTS, name_key
@@ -26,6 +28,8 @@ from slts.metadata.store import Delete, Expect, Operation, Put
 from slts.storage import defrag, index
 from slts.storage.names import check_segment_name, chunk_name
 from slts.storage.types import DefragResult, SegmentHandle
+
+_log = logging.getLogger("slts.storage")
 
 
 class LayoutOperations:
@@ -42,8 +46,12 @@ class LayoutOperations:
         Needs ``offset == target length``, a target that is not sealed, and a source that
         is sealed and not truncated (``start_offset == 0``). Raises ``InvalidOffset``,
         ``InvalidArgument`` (source is the target), ``SegmentNotFound``,
-        ``SegmentSealed``, ``SegmentNotSealed``, ``SegmentTruncated``, ``Fenced``. An
-        empty source simply disappears.
+        ``SegmentSealed``, ``SegmentNotSealed``, ``SegmentTruncated``, ``ConcatTooDeep``
+        (the source's index links are nested ``index.LINK_DEPTH_MAX`` deep already),
+        ``Fenced``, ``MetadataError``: every error means nothing changed. Once the concat
+        has committed, it has succeeded: the seam merge after it is best effort and
+        never raises (a failure leaves two chunks, merged by the next defrag). An empty
+        source simply disappears.
         """
         self._check_open()
         target = self._check_handle(target, writable=True)
@@ -79,7 +87,16 @@ class LayoutOperations:
                     ops.append(Put(CHUNKS, name_key(linked.name), linked.encode()))
                     expect.append(Expect(CHUNKS, name_key(linked.name), seam_version))
                 ops.append(index.concat_link(record.segment_id, record.length, donor.segment_id, 0))
+                depth = max(self._index_depth(record), self._index_depth(donor) + 1)
+                if depth > index.LINK_DEPTH_MAX:
+                    raise ConcatTooDeep(
+                        f"concat of {source!r} into {target.name!r}: {source!r} holds concats nested "
+                        f"{depth - 1} deep, one more passes the index's limit of {index.LINK_DEPTH_MAX}; "
+                        f"copy {source!r} into a new segment and concat that",
+                        segment=source,
+                    )
                 changes: dict[str, object] = {
+                    "index_depth": depth,
                     "length": record.length + donor.length,
                     "last_chunk": donor.last_chunk,
                     "last_chunk_start_offset": record.length + donor.last_chunk_start_offset,
@@ -93,13 +110,24 @@ class LayoutOperations:
                 expect.append(Expect(SEGMENTS, name_key(target.name), version))
             self._ownership.commit(ops, expect)
             if seam is not None and self.config.concat_merge_seam:
-                self._merge_seam(target.name, seam.name, record.last_chunk_start_offset)
+                try:
+                    self._merge_seam(target.name, seam.name, record.last_chunk_start_offset)
+                except SltsError:  # Fenced, MetadataError, ChunkStorageError...: the concat stands
+                    _log.warning("concat into %r: merging the chunks at the seam failed", target.name, exc_info=True)
+
+    def _index_depth(self, record: SegmentRecord) -> int:
+        """``record.index_depth``, or read from the index for an older record."""
+        if record.index_depth is not None:
+            return record.index_depth
+        with self._store.snapshot() as view:
+            return index.namespace_depth(view, record.segment_id)
 
     def _merge_seam(self, name: str, seam: str, start: int) -> None:
         """Merge the chunk ``seam`` (starting at ``start``) with its successor if both
         are small (lock held).
 
-        Best effort: the concat has committed; a failure here leaves two chunks."""
+        Best effort: the concat has committed; a failure here leaves two chunks (the
+        caller logs it: a committed concat never reports an error)."""
         record, version = self._load(name)
         left, left_version = self._chunk(seam)
         if left.next_chunk is None:
@@ -116,7 +144,7 @@ class LayoutOperations:
             (defrag.ListedChunk(left, left_version, start), defrag.ListedChunk(right, right_version, start + left.length)),
             before,
         )  # fmt: skip
-        with contextlib.suppress(ChunkStorageError, VersionConflict):
+        with contextlib.suppress(VersionConflict):  # the segment moved on: nothing to merge
             self._apply_run(run, record, version)
 
     def _predecessor(self, record: SegmentRecord, start: int) -> defrag.ListedChunk | None:
@@ -145,9 +173,11 @@ class LayoutOperations:
                     offset=offset,
                 )
             new_start = max(record.start_offset, offset)
-            for _ in range(record.chunk_count // self.config.gc_batch_max + 2):
+            for batch in range(record.chunk_count // self.config.gc_batch_max + 2):
                 ops, expect, record = self._truncate_batch(record, version, new_start)
                 if not ops:
+                    if not batch:  # a no-op: still, only the owner may say it succeeded
+                        self._ownership.check()
                     return
                 version = self._ownership.commit(ops, expect)
             raise AssertionError(f"truncate of {handle.name!r} did not converge")
@@ -212,6 +242,8 @@ class LayoutOperations:
             with self._store.snapshot() as view:
                 listed = defrag.read_list(view, record)
         runs = list(defrag.plan_runs(record, listed, self.config))
+        if not runs:  # nothing to do: still, only the owner may say it succeeded
+            self._ownership.check()
         committed = native = copied = 0
         for run in runs:
             built = self._apply_run(run, None, None)

@@ -3,7 +3,8 @@
 A segment name is 1..256 UTF-8 bytes of '/'-separated parts. Each part is 1..80 bytes
 (so the chunk names built from it fit every binding's limits, even percent-encoded),
 no part is ``.`` or ``..``, the name does not start or end with ``/``, contains no
-NUL or other control character, and does not start with the reserved prefix
+NUL or other control character (C0, DEL or C1: U+0080-U+009F, which terminals read
+as escape sequences), and does not start with the reserved prefix
 ``_system/`` (system segments, DESIGN.md §6).
 
 Chunk names (``chunk_name``) are ``<container>/<segment>/E<epoch>.O<offset>.<random>``:
@@ -14,12 +15,16 @@ epoch of the instance that created the chunk and the segment offset where it sta
 
 from __future__ import annotations
 
+import re
+
 from slts.chunk_names import chunk_leaf, leaf_epoch
 from slts.errors import InvalidName
 
 SEGMENT_NAME_BYTES_MAX = 256
 NAME_PART_BYTES_MAX = 80
 SYSTEM_PREFIX = "_system/"
+#: Unicode's control characters (category Cc): C0, DEL and C1.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def check_segment_name(name: object, *, system: bool = False) -> str:
@@ -41,7 +46,7 @@ def check_segment_name(name: object, *, system: bool = False) -> str:
             f"segment name is {len(encoded)} bytes, more than {SEGMENT_NAME_BYTES_MAX}",
             segment=name[:60] + "...",
         )
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in name):
+    if _CONTROL.search(name):
         raise InvalidName(f"segment name contains NUL or a control character: {name!r}", segment=name)
     if name.startswith("/") or name.endswith("/"):
         raise InvalidName(f"segment name must not start or end with '/': {name!r}", segment=name)

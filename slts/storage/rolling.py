@@ -145,7 +145,7 @@ def import_segment(storage: ChunkedSegmentStorage, name: str, *, sealed: bool = 
         last_chunk=header.chunks[-1][1] if header.chunks else None,
         first_chunk_start_offset=first_start, last_chunk_start_offset=header.chunks[-1][0] if header.chunks else 0,
         max_rolling_length=header.max_size, owner_epoch=storage.epoch, chunk_count=len(header.chunks),
-        created_ms=now, modified_ms=now,
+        created_ms=now, modified_ms=now, index_depth=0,
     )  # fmt: skip
     ops.append(Put(SEGMENTS, name_key(name), segment.encode()))
     storage._ownership.commit(ops, expect)  # noqa: SLF001
