@@ -56,6 +56,12 @@ class GcStatistics:
     entries_kept: int = 0
     tombstones_finished: int = 0
     errors: int = 0
+    index_keys_deleted: int = 0  # of deleted segments' namespaces (after their chunks)
+
+    @property
+    def progressed(self) -> bool:
+        """Did the pass change anything (so another pass may find more to do)?"""
+        return bool(self.chunks_deleted or self.entries_kept or self.tombstones_finished or self.index_keys_deleted)
 
 
 class GarbageCollector:
@@ -109,8 +115,8 @@ class GarbageCollector:
     def _loop(self, interval_s: float) -> None:
         while not self._stopping.wait(interval_s):
             try:
-                while not self._stopping.is_set() and self.run_once().chunks_deleted:
-                    pass  # a full batch: keep going
+                while not self._stopping.is_set() and self.run_once().progressed:
+                    pass  # work was done: keep going
             except Fenced:
                 _log.warning("garbage collector stops: the container was fenced")
                 return
@@ -157,7 +163,7 @@ class GarbageCollector:
             raise ReadOnlyInstance("garbage collection needs the container's owner, not a read-only instance")
         self._ownership.check()
         due_ms = int(self._clock() * 1000) - int(self._config.gc_delay_s * 1000)
-        deleted = kept = errors = finished = 0
+        deleted = kept = errors = finished = keys = 0
         due = self._store.scan(GC, b"", gc_queued_stop(due_ms), limit=self._config.gc_batch_max)
         for key, stored in due:
             try:
@@ -172,18 +178,19 @@ class GarbageCollector:
             if tombstone.modified_ms > due_ms:  # deleted less than gc_delay_s ago
                 continue
             try:
-                count, done = self._collect_tombstone_batch(tombstone, stored.version)
+                count, cleared, done = self._collect_tombstone_batch(tombstone, stored.version)
             except ChunkStorageError:
                 errors += 1
                 continue
             deleted += count
+            keys += cleared
             finished += done
-        result = GcStatistics(deleted, kept, finished, errors)
+        result = GcStatistics(deleted, kept, finished, errors, keys)
         with self._totals_lock:
             totals = self._totals
             self._totals = GcStatistics(
                 totals.chunks_deleted + deleted, totals.entries_kept + kept,
-                totals.tombstones_finished + finished, totals.errors + errors,
+                totals.tombstones_finished + finished, totals.errors + errors, totals.index_keys_deleted + keys,
             )  # fmt: skip
         return result
 
@@ -209,8 +216,10 @@ class GarbageCollector:
             self._ownership.commit([Delete(GC, key)], [Expect(GC, key, version)])
         return "deleted"
 
-    def _collect_tombstone_batch(self, tombstone: SegmentRecord, version: int) -> tuple[int, int]:
-        """Delete up to ``gc_batch_max`` chunks from the head of a deleted segment's list."""
+    def _collect_tombstone_batch(self, tombstone: SegmentRecord, version: int) -> tuple[int, int, int]:
+        """Delete up to ``gc_batch_max`` chunks from the head of a deleted segment's list
+        (then its index namespaces); returns (chunks deleted, index keys deleted of its
+        namespaces, 1 if the tombstone is finished else 0)."""
         batch: list[tuple[ChunkRecord, int]] = []
         name, offset = tombstone.first_chunk, tombstone.first_chunk_start_offset
         with self._store.snapshot() as view:
@@ -232,7 +241,7 @@ class GarbageCollector:
             ops.append(index.chunk_entry_delete(record))
         key = segment_id_key(tombstone.segment_id)
         remaining = tombstone.chunk_count - len(batch)
-        finished = False
+        finished, keys = False, []
         if name is None:
             assert remaining == 0, (tombstone, len(batch))
             # The chunks are gone; what is left of the index are links. Clear them, and the
@@ -255,7 +264,7 @@ class GarbageCollector:
             )
             ops.append(Put(DELETED, key, rest.encode()))
         self._ownership.commit(ops, [Expect(DELETED, key, version)])
-        return len(batch), int(finished)
+        return len(batch), len(keys), int(finished)
 
 
 def queue_entry(chunk: str, reason: GcReason, queued_ms: int) -> Put:

@@ -247,7 +247,7 @@ def run_demo(
                 mismatched = _verify(storage, expected, progress)
                 verify_s = time.perf_counter() - started
             total_bytes = sum(len(data) - expected.start[name] for name, data in expected.data.items())
-            while storage.gc.run_once().chunks_deleted:
+            while storage.gc.run_once().progressed:
                 pass
             problems = defrag_problems + verify_container(storage).problems
             report.update(

@@ -58,6 +58,7 @@ from slts.metadata.store import Delete, Expect, MetadataStore, Put, prefix_stop
 from slts.storage import index
 from slts.storage.names import chunk_name, check_segment_name
 from slts.storage.layout_ops import LayoutOperations
+from slts.storage.leaks import LeakReport, find_leaks
 from slts.storage.ownership import Ownership, ReadOnlyOwnership
 from slts.storage.types import SegmentHandle, SegmentInfo, StorageStatistics
 
@@ -160,6 +161,7 @@ class ChunkedSegmentStorage(LayoutOperations):
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         self._counters = _Counters()
+        self._leaks: LeakReport | None = None  # the last check_leaks() report
         self._closed = False
         #: The metadata's durable copy on tier-2 (DESIGN.md §6); None when read-only or
         #: when ``journal`` is off.
@@ -206,13 +208,24 @@ class ChunkedSegmentStorage(LayoutOperations):
             raise ReadOnlyInstance("this ChunkedSegmentStorage was opened read-only")
 
     def statistics(self) -> StorageStatistics:
-        """Counters since start, as a frozen snapshot."""
+        """Counters since start, and the last leak check's report (the leak gauge), as a
+        frozen snapshot."""
         c = self._counters
         with c.lock:
             return StorageStatistics(
                 self.epoch, c.writes, c.bytes_written, c.appends, c.chunks_created,
-                c.reads, c.bytes_read, c.commit_retries, c.write_failures,
+                c.reads, c.bytes_read, c.commit_retries, c.write_failures, self._leaks,
             )  # fmt: skip
+
+    def check_leaks(self) -> LeakReport:
+        """Look for metadata nothing reaches any more (``slts.storage.leaks``) in one
+        consistent read; the report also becomes ``statistics().leaks``. A full scan of
+        the container's metadata: run it from operations tooling, not per request."""
+        self._check_open()
+        report = find_leaks(self._store, now_ms=self._now_ms(), gc_delay_s=self.config.gc_delay_s)
+        with self._counters.lock:
+            self._leaks = report
+        return report
 
     # -- helpers ------------------------------------------------------------------------------------
 

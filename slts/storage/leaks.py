@@ -47,17 +47,17 @@ class LeakReport:
         """Leaked items of every kind."""
         return self.index_entries + self.chunk_records + self.gc_entries
 
-    def problems(self) -> list[str]:
-        """One line per kind with leaks, for ``verify``'s report (empty: no leak)."""
-        lines = []
-        for count, what, examples in (
+    def problems(self, *, gc: bool = True) -> list[str]:
+        """One line per kind with leaks, for ``verify``'s report (empty: no leak).
+        ``gc=False`` leaves overdue GC entries out: they say that GC is not running or is
+        stuck, not that the layout lost track of anything."""
+        kinds = [
             (self.index_entries, "index entries no live segment or tombstone reaches", self.index_examples),
             (self.chunk_records, "chunk records on no segment's chunk list", self.chunk_examples),
-            (self.gc_entries, "GC queue entries overdue (due over gc_delay_s ago)", self.gc_examples),
-        ):
-            if count:
-                lines.append(f"leak: {count} {what}, e.g. {', '.join(examples)}")
-        return lines
+        ]
+        if gc:
+            kinds.append((self.gc_entries, "GC queue entries overdue (due over gc_delay_s ago)", self.gc_examples))
+        return [f"leak: {count} {what}, e.g. {', '.join(examples)}" for count, what, examples in kinds if count]
 
 
 def _entries(view: ReadView, table: str) -> Iterator[tuple[bytes, Versioned]]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from slts.storage.leaks import LeakReport
+
 
 @dataclass(frozen=True, slots=True)
 class SegmentHandle:
@@ -41,6 +43,8 @@ class StorageStatistics:
     bytes_read: int
     commit_retries: int
     write_failures: int
+    #: The last ``check_leaks()`` report (None: no check yet): the leak gauge.
+    leaks: LeakReport | None = None
 
 
 @dataclass(frozen=True, slots=True)

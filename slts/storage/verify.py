@@ -6,7 +6,9 @@ its recorded length (invariant 2), and the offset index resolving each chunk's f
 and last byte to that chunk. ``verify_container`` does that for every segment and then
 checks that no chunk of the container lies on storage unaccounted for: each is
 referenced by a live list, by a deleted segment's list awaiting GC, or by a GC queue
-entry (invariant 5/6: leak-free); and it checks the tier-2 copy of the metadata
+entry (invariant 5/6: leak-free), and no index entry or chunk record is left that
+nothing reaches (``slts.storage.leaks``; its report is ``ContainerReport.leaks``, also
+the leak gauge of ``statistics()``); and it checks the tier-2 copy of the metadata
 (``slts.journal.restore.verify_copy``: the journal replays, the system segments are
 whole, a restore from tier-2 alone succeeds, no stale system chunk). Both return a list
 of problems; empty means healthy.
@@ -27,6 +29,7 @@ from slts.metadata.layout import CHUNKS, DELETED, GC, name_key
 from slts.metadata.records import ChunkRecord, GcEntry, SegmentRecord
 from slts.storage import index
 from slts.storage.chunked import ChunkedSegmentStorage
+from slts.storage.leaks import LeakReport
 from slts.storage.names import chunk_prefix
 
 
@@ -37,6 +40,7 @@ class ContainerReport:
     segments: int = 0
     chunks: int = 0
     copy_sequence: int | None = None  # the sequence a restore from tier-2 reaches (None: no copy)
+    leaks: LeakReport | None = None  # metadata nothing reaches (its index and chunk leaks are problems)
     problems: list[str] = field(default_factory=list)
 
 
@@ -126,6 +130,8 @@ def verify_container(storage: ChunkedSegmentStorage, *, checksums: bool = False)
     for chunk in storage.chunk_storage.list(chunk_prefix(storage.container_id)):
         if chunk not in referenced and chunk not in queued and not chunk.startswith(system):
             report.problems.append(f"chunk {chunk!r} is on the chunk storage but nothing references it (leak)")
+    report.leaks = storage.check_leaks()
+    report.problems.extend(report.leaks.problems(gc=False))
     copy = verify_copy(storage.chunk_storage, storage.container_id)
     report.problems.extend(copy.problems)
     report.copy_sequence = copy.sequence if copy.exists else None

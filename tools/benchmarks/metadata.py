@@ -118,7 +118,7 @@ def garbage_collection(parent: str, quick: bool) -> Iterator[tuple[str, Workload
         storage.write(handle, 0, bytes(64 * chunks))
         storage.delete(handle)
         started = time.perf_counter()
-        while storage.gc.run_once().chunks_deleted:
+        while storage.gc.run_once().progressed:
             pass
         return time.perf_counter() - started
 
