@@ -103,7 +103,7 @@ def import_segment(storage: ChunkedSegmentStorage, document: bytes, *, name: str
         expect.append(Expect(CHUNKS, name_key(chunk.name), 0))
     now = storage._now_ms()  # noqa: SLF001
     restored = record.replace(
-        name=target, segment_id=segment_id, owner_epoch=storage.epoch, modified_ms=now,
+        name=target, segment_id=segment_id, owner_epoch=storage.epoch, modified_ms=now, index_depth=0,
         status=int((record.status | SegmentStatus.ACTIVE) & ~SegmentStatus.DELETED),
     )  # fmt: skip
     ops.append(Put(SEGMENTS, name_key(target), restored.encode()))
