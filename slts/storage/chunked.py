@@ -628,11 +628,13 @@ class ChunkedSegmentStorage(LayoutOperations):
         try:
             data = self._read_once(handle.name, offset, length)
         except (ChunkNotFound, MetadataCorrupted):
-            # The layout this instance had cached is gone: another instance changed it
-            # (and GC collected its chunks). Fenced if a newer epoch owns the container;
-            # otherwise forget every cached record and read once more from the store.
+            # The layout this instance read is gone: another instance changed it (and GC
+            # collected its chunks). Fenced if a newer epoch owns the container; otherwise
+            # forget every cached record (a read-only instance caches none) and read once
+            # more from the store: a chunk still missing then is missing (ChunkNotFound).
             self._ownership.check()
-            self._store.clear()
+            if isinstance(self._store, CachedMetadataStore):
+                self._store.clear()
             data = self._read_once(handle.name, offset, length)
         assert len(data) == length, (len(data), length)
         self._counters.add(reads=1, bytes_read=length)

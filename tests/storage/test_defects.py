@@ -125,3 +125,21 @@ def test_write_of_a_released_memoryview_is_a_typed_error(env: Env) -> None:
     with pytest.raises(InvalidArgument, match="released"):
         storage.write(storage.open_write("s"), 0, view)
     assert storage.info("s").length == 0
+
+
+def test_read_only_read_of_a_missing_chunk_is_chunk_not_found(env: Env) -> None:
+    """The read's retry path dropped the cache of a store that has none (AttributeError)."""
+    from slts.bindings.base import ChunkHandle
+    from slts.errors import ChunkNotFound
+
+    storage = env.open()
+    storage.create("s")
+    storage.write(storage.open_write("s"), 0, b"abc")
+    (chunk,) = [record.name for _, record in storage.chunks("s")]
+    env.binding.delete(ChunkHandle(chunk, readonly=False))
+    observer = ChunkedSegmentStorage(0, None, env.binding, env.store, storage.config, read_only=True)
+    try:
+        with pytest.raises(ChunkNotFound):
+            observer.read(observer.open_read("s"), 0, 3)
+    finally:
+        observer.close()
