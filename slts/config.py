@@ -16,6 +16,9 @@ from typing import Any
 from slts.errors import InvalidConfig
 
 MiB = 1 << 20
+#: Largest value of any integer setting (and of a segment's ``max_rolling_length``):
+#: records store them as msgpack integers, and no size or count comes near it.
+INTEGER_MAX = 1 << 62
 
 #: Fields where 0 means "off" (or "no delay") rather than a bad value.
 _ZERO_ALLOWED = ("gc_delay_s", "gc_interval_s", "metadata_log_flush_interval_s", "defrag_batch_lease_s")
@@ -106,6 +109,8 @@ class StorageConfig:
                 raise InvalidConfig(f"{field.name} must be a number, got {value!r}")
             if value < 0 or (value == 0 and field.name not in _ZERO_ALLOWED):
                 raise InvalidConfig(f"{field.name} must be > 0, got {value!r}")
+            if not value <= INTEGER_MAX:  # also NaN
+                raise InvalidConfig(f"{field.name} must be at most {INTEGER_MAX}, got {value!r}")
         if self.read_parallel_bytes_min > self.read_bytes_max:
             raise InvalidConfig("read_parallel_bytes_min must not exceed read_bytes_max")
 

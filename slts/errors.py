@@ -7,6 +7,7 @@
     │   ├── InvalidName                       segment or chunk name not allowed
     │   ├── InvalidOffset (IndexError)        offset/length outside what the operation allows
     │   └── InvalidConfig                     a configuration value or URL is wrong
+    │       └── StoreNotFound (FileNotFoundError)   no store where one must already exist
     ├── SegmentError                          the segment's state forbids the operation
     │   ├── SegmentNotFound (FileNotFoundError)
     │   ├── SegmentExists (FileExistsError)
@@ -76,6 +77,11 @@ class InvalidOffset(InvalidArgument, IndexError):
 
 class InvalidConfig(InvalidArgument):
     """A configuration value, or a storage URL, is not acceptable."""
+
+
+class StoreNotFound(InvalidConfig, FileNotFoundError):
+    """No metadata store (or chunk storage) where an existing one is required: a
+    read-only look, a restore source. Nothing was created."""
 
 
 # --- segment state -----------------------------------------------------------------------

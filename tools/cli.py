@@ -5,7 +5,11 @@ Store selection: ``--store`` is a folder (the embedded default: chunks in
 LMDB) or a chunk storage URL together with ``--metadata FOLDER``. Default folder:
 ``$SLTS_STORE`` or ``./slts-data``. Commands that change something start the container
 with the next epoch, which fences any older instance (one owner at a time); read-only
-commands (``cat``, ``ls``, ``info``) observe without taking it over.
+commands (``cat``, ``ls``, ``info``, ``verify``, ``export``, ``journal show``, ``restore``'s
+source) observe without taking it over, and never create anything: where no store is,
+they fail with exit code 3. Files named on the command line are opened before the store,
+so a mistyped file changes nothing and fences nobody. Bad input and every ``SltsError``
+end in a one-line message on stderr and a documented exit code, never a traceback.
 
 Exit codes (also in ``docs/cli.md``):
 
@@ -13,12 +17,14 @@ Exit codes (also in ``docs/cli.md``):
 0  success
 1  any other SLTS error (``SltsError``)
 2  usage error (bad flags)
-3  segment (or chunk) not found
+3  segment, chunk, store or input file not found
 4  segment already exists
 5  invalid input (name, offset, length, configuration)
 6  fenced: a newer instance owns the container
 7  chunk storage failure (I/O, unavailable, corrupted)
 8  segment state forbids it (sealed, not sealed, truncated)
+9  a local file or folder named on the command line cannot be read or written
+10 the metadata is damaged (restore it from tier-2 with ``slts restore``)
 == =====================================================================
 """
 
@@ -40,10 +46,12 @@ from slts.errors import (
     ChunkStorageError,
     Fenced,
     InvalidArgument,
+    MetadataCorrupted,
     SegmentError,
     SegmentExists,
     SegmentNotFound,
     SltsError,
+    StoreNotFound,
 )
 
 DEFAULT_STORE = "slts-data"
@@ -51,10 +59,13 @@ IO_BYTES = 8 << 20
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_EXISTS = 0, 1, 2, 3, 4
 EXIT_INVALID, EXIT_FENCED, EXIT_CHUNK_STORAGE, EXIT_STATE = 5, 6, 7, 8
+EXIT_FILE, EXIT_CORRUPT = 9, 10
 
 _EXIT_BY_ERROR: tuple[tuple[type[SltsError], int], ...] = (
     (SegmentNotFound, EXIT_NOT_FOUND),
     (ChunkNotFound, EXIT_NOT_FOUND),
+    (StoreNotFound, EXIT_NOT_FOUND),
+    (MetadataCorrupted, EXIT_CORRUPT),
     (SegmentExists, EXIT_EXISTS),
     (InvalidArgument, EXIT_INVALID),
     (Fenced, EXIT_FENCED),
@@ -88,13 +99,24 @@ def open_storage(args: argparse.Namespace, *, read_only: bool = False) -> Iterat
     import slts
 
     url, metadata = store_locations(args.store, args.metadata)
-    if url.startswith("file://"):
+    if read_only:
+        require_chunk_storage(url)  # slts.open(read_only=True) checks the metadata folder
+    elif url.startswith("file://"):
         os.makedirs(metadata, exist_ok=True)
     storage = slts.open(url, metadata=metadata, container_id=args.container, read_only=read_only)
     try:
         yield storage
     finally:
         storage.close()
+
+
+def require_chunk_storage(url: str) -> None:
+    """``StoreNotFound`` unless a ``file://`` chunk storage's folder exists: a look at a
+    mistyped path must not create it (building the binding would)."""
+    if url.startswith("file://"):
+        folder = url[len("file://") :]
+        if not os.path.isdir(folder):
+            raise StoreNotFound(f"no chunk storage at {folder!r}")
 
 
 def emit(args: argparse.Namespace, value: Any, text: str) -> None:
@@ -110,7 +132,7 @@ def emit(args: argparse.Namespace, value: Any, text: str) -> None:
 
 def cmd_put(args: argparse.Namespace) -> int:
     """Append a file (or stdin) to a segment, creating the segment if needed."""
-    with open_storage(args) as storage, _input(args.file) as source:
+    with _input(args.file) as source, open_storage(args) as storage:
         if not storage.exists(args.name):
             storage.create(args.name)
         handle = storage.open_write(args.name)
@@ -269,7 +291,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
             return EXIT_OK
     with open_storage(args) as storage:
         for _ in range(args.passes_max):
-            if not storage.gc.run_once().chunks_deleted:
+            if not storage.gc.run_once().progressed:
                 break
         totals = storage.gc.statistics()
     emit(args, {"chunks_deleted": totals.chunks_deleted, "entries_kept": totals.entries_kept,
@@ -281,23 +303,69 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Check the invariants of every segment (lists, index, chunks present), that no chunk
-    is leaked, and that the tier-2 copy of the metadata restores; exit 1 if anything is wrong."""
-    from slts.storage.verify import verify_container, verify_segment
+    or metadata is leaked, and that the tier-2 copy of the metadata restores; exit 1 if
+    anything is wrong. The walk runs in a child process: damage that would crash the
+    process reading the metadata is reported (exit 10), not a crash of ``slts``."""
+    import multiprocessing
 
-    with open_storage(args, read_only=True) as storage:
-        if args.prefix:
-            names = list(storage.list(args.prefix))
-            problems = [problem for name in names for problem in verify_segment(storage, name, checksums=args.checksums)]
-            segments = len(names)
-        else:
-            report = verify_container(storage, checksums=args.checksums)
-            problems, segments, copy = report.problems, report.segments, report.copy_sequence
+    url, metadata = store_locations(args.store, args.metadata)
+    require_chunk_storage(url)
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: LMDB is never forked
+    receiver, sender = context.Pipe(duplex=False)
+    child = context.Process(
+        target=_verify_in_child, args=(sender, url, metadata, args.container, args.prefix, args.checksums),
+        name="slts-verify",
+    )  # fmt: skip
+    child.start()
+    sender.close()
+    try:
+        outcome = receiver.recv()
+    except EOFError:  # the child died before it could answer
+        outcome = None
+    child.join()
+    if outcome is None:
+        death = f"signal {-child.exitcode}" if child.exitcode and child.exitcode < 0 else f"exit {child.exitcode}"
+        raise MetadataCorrupted(
+            f"the metadata at {metadata!r} could not be read: the verifying process died ({death}); "
+            "rebuild it from tier-2 with `slts restore --to NEW_FOLDER`"
+        )
+    kind, value = outcome
+    if kind == "error":
+        raise value
+    problems, segments, copy, leaks = value
     summary = f"verify: {segments} segments, {len(problems)} problems"
     if not args.prefix:
         summary += "; tier-2 copy " + (f"restores to sequence {copy}" if copy is not None else "absent")
-    emit(args, {"segments": segments, "problems": problems, **({} if args.prefix else {"copy_sequence": copy})},
-         "\n".join([summary, *problems]))  # fmt: skip
+        summary += f"; leaks: {leaks['index_entries']} index entries, {leaks['chunk_records']} chunk records, "
+        summary += f"{leaks['gc_entries']} overdue GC entries"
+    document = {"segments": segments, "problems": problems}
+    if not args.prefix:
+        document.update(copy_sequence=copy, leaks=leaks)
+    emit(args, document, "\n".join([summary, *problems]))
     return EXIT_OK if not problems else EXIT_ERROR
+
+
+def _verify_in_child(sender: Any, url: str, metadata: str, container: int, prefix: str, checksums: bool) -> None:
+    """``cmd_verify``'s walk, in the child: sends ("ok", (problems, segments, copy
+    sequence, leak counts)) or ("error", SltsError) through ``sender``."""
+    import slts
+    from slts.storage.verify import verify_container, verify_segment
+
+    try:
+        with slts.open(url, metadata=metadata, container_id=container, read_only=True) as storage:
+            if prefix:
+                names = list(storage.list(prefix))
+                problems = [problem for name in names for problem in verify_segment(storage, name, checksums=checksums)]
+                sender.send(("ok", (problems, len(names), None, None)))
+                return
+            report = verify_container(storage, checksums=checksums)
+            leaks = report.leaks
+            assert leaks is not None
+            counts = {"index_entries": leaks.index_entries, "chunk_records": leaks.chunk_records,
+                      "gc_entries": leaks.gc_entries}  # fmt: skip
+            sender.send(("ok", (report.problems, report.segments, report.copy_sequence, counts)))
+    except SltsError as error:
+        sender.send(("error", error))
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
@@ -321,6 +389,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
     source = args.source if args.source is not None else args.store
     url, _ = store_locations(source, "-") if "://" in source else store_locations(source, None)
+    require_chunk_storage(url)
     with from_url(url) as binding:
         report = restore_to_folder(binding, args.container, os.path.abspath(args.target))
     emit(args, {**asdict(report), "from": url, "to": args.target},
@@ -339,6 +408,7 @@ def cmd_journal(args: argparse.Namespace) -> int:
     from slts.journal.replay import replay
 
     url, _ = store_locations(args.store, args.metadata or "-")
+    require_chunk_storage(url)
     records: list[dict[str, Any]] = []
     with from_url(url) as binding:
         found = replay(binding, args.container,
@@ -391,6 +461,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         return EXIT_OK
     from slts.storage.backup import export_segment
 
+    if args.file != "-" and not os.path.isdir(os.path.dirname(os.path.abspath(args.file))):
+        raise FileNotFoundError(2, "no such folder", os.path.dirname(os.path.abspath(args.file)))
     with open_storage(args, read_only=True) as storage:
         document = export_segment(storage, args.name)
     if args.file == "-":
@@ -407,18 +479,21 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_import(args: argparse.Namespace) -> int:
     """Create a segment from an export FILE (or stdin), or with --format rolling from the
     RollingStorage header NAME$header on the chunk storage."""
+    if args.format == "rolling" and not args.name:
+        raise InvalidArgument("--format rolling needs --name SEGMENT")
+    document = None
+    if args.format != "rolling":
+        with _input(args.file) as source:  # before the store: a missing file fences nobody
+            document = source.read()
     with open_storage(args) as storage:
-        if args.format == "rolling":
-            if not args.name:
-                raise InvalidArgument("--format rolling needs --name SEGMENT")
+        if document is None:
             from slts.storage.rolling import import_segment as import_header
 
             info = import_header(storage, args.name)
         else:
             from slts.storage.backup import import_segment
 
-            with _input(args.file) as source:
-                info = import_segment(storage, source.read(), name=args.name)
+            info = import_segment(storage, document, name=args.name)
     emit(args, asdict(info), f"{info.name}: imported, length {info.length}, {info.chunk_count} chunks")
     return EXIT_OK
 
@@ -593,6 +668,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_code(error)
     except BrokenPipeError:
         return EXIT_OK
+    except OSError as error:  # a file named on the command line (SLTS's own I/O raises SltsError)
+        where = f" {error.filename!r}" if error.filename else ""
+        print(f"slts {args.command}: cannot use{where}: {error.strerror or error}", file=sys.stderr)
+        return EXIT_NOT_FOUND if isinstance(error, FileNotFoundError) else EXIT_FILE
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import stat
 import struct
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -45,12 +46,15 @@ import msgpack
 
 from slts.errors import (
     InvalidArgument,
+    InvalidConfig,
     MetadataCorrupted,
     MetadataError,
     StorageClosed,
+    StoreNotFound,
     VersionConflict,
 )
 from slts.metadata import _checks
+from slts.metadata.lmdb_file import check_data_file
 from slts.metadata.group_commit import GroupCommitter
 from slts.metadata.store import (
     KEY_BYTES_MAX,
@@ -502,12 +506,19 @@ _registry_lock = threading.Lock()
 
 def _acquire(path: str, map_size_bytes: int, durable: bool, readonly: bool) -> _Environment:
     """The environment of ``path`` in this process: the open one, or a new one."""
-    if not readonly:
-        os.makedirs(path, exist_ok=True)
     try:
+        if not readonly:
+            os.makedirs(path, exist_ok=True)
         status = os.stat(path)
-    except FileNotFoundError:
-        raise InvalidArgument(f"no LMDB environment at {path!r}", path=path) from None
+    except FileNotFoundError as exc:
+        if readonly:
+            raise StoreNotFound(f"no metadata store (LMDB folder) at {path!r}", path=path) from None
+        raise InvalidConfig(f"cannot use {path!r} as a metadata folder: {exc.strerror or exc}", path=path) from exc
+    except OSError as exc:  # a file in the way, no permission, a read-only or virtual file system
+        raise InvalidConfig(f"cannot use {path!r} as a metadata folder: {exc.strerror or exc}", path=path) from exc
+    if not stat.S_ISDIR(status.st_mode):
+        raise InvalidConfig(f"cannot use {path!r} as a metadata folder: it is not a folder", path=path)
+    check_data_file(path)  # a damaged file would kill the process with SIGBUS once mapped
     identity = (status.st_dev, status.st_ino)
     with _registry_lock:
         for (pid, *other), env in _registry.items():

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import crc32c
 
 from slts.bindings.base import ChunkHandle, ChunkStorage
-from slts.config import StorageConfig
+from slts.config import INTEGER_MAX, StorageConfig
 from slts.errors import (
     ChunkCorrupted,
     ChunkNotFound,
@@ -59,7 +59,7 @@ from slts.storage import index
 from slts.storage.names import chunk_name, check_segment_name
 from slts.storage.layout_ops import LayoutOperations
 from slts.storage.leaks import LeakReport, find_leaks
-from slts.storage.ownership import Ownership, ReadOnlyOwnership
+from slts.storage.ownership import EPOCH_MAX, Ownership, ReadOnlyOwnership
 from slts.storage.types import SegmentHandle, SegmentInfo, StorageStatistics
 
 _LOCK_STRIPES = 64
@@ -110,6 +110,8 @@ class ChunkedSegmentStorage(LayoutOperations):
     epoch) and fences every older instance (``Fenced`` if a newer epoch is recorded).
     Thread-safe. Operations that change a segment take a ``SegmentHandle`` from
     ``open_write``; reads take one from ``open_read`` or ``open_write``.
+    ``owns_resources``: ``close`` also closes the binding and the store;
+    ``owns_store`` (default: as ``owns_resources``) says so for the store alone.
     """
 
     def __init__(
@@ -122,12 +124,16 @@ class ChunkedSegmentStorage(LayoutOperations):
         *,
         clock: Callable[[], float] = time.time,
         owns_resources: bool = False,
+        owns_store: bool | None = None,
         read_only: bool = False,
     ) -> None:
-        if isinstance(container_id, bool) or not isinstance(container_id, int) or container_id < 0:
-            raise InvalidArgument(f"container_id must be an integer >= 0, got {container_id!r}")
-        if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 1):
-            raise InvalidArgument(f"epoch must be an integer >= 1 or None, got {epoch!r}")
+        # Every argument is checked before anything is written (the epoch commit fences).
+        if isinstance(container_id, bool) or not isinstance(container_id, int) or not 0 <= container_id <= EPOCH_MAX:
+            raise InvalidArgument(f"container_id must be an integer in [0, {EPOCH_MAX}], got {container_id!r}")
+        if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int) or not 1 <= epoch <= EPOCH_MAX):
+            raise InvalidArgument(f"epoch must be an integer in [1, {EPOCH_MAX}] or None, got {epoch!r}")
+        if config is not None and not isinstance(config, StorageConfig):
+            raise InvalidArgument(f"config must be a StorageConfig, got {type(config).__name__}")
         self.config = config or StorageConfig()
         self.container_id = container_id
         self.chunk_storage = chunk_storage
@@ -148,11 +154,11 @@ class ChunkedSegmentStorage(LayoutOperations):
             self._store = CachedMetadataStore(metadata_store, self.config.metadata_cache_entries)
             self._ownership = Ownership(self._store, container_id, epoch, clock)
         self.epoch = self._ownership.epoch
-        if self.epoch >= (1 << 31):
-            raise InvalidArgument(f"epoch {self.epoch} is too large (max 2**31 - 1)")
+        assert 0 <= self.epoch <= EPOCH_MAX, self.epoch
         self._decoded = DecodedRecords(self.config.metadata_cache_entries)
         self.gc = GarbageCollector(self._store, chunk_storage, self._ownership, self.config, clock)
-        self._owns_resources = owns_resources
+        self._owns_binding = owns_resources
+        self._owns_store = owns_resources if owns_store is None else owns_store
         self._metadata_store = metadata_store
         self._stripes_locks = [threading.Lock() for _ in range(_LOCK_STRIPES)]
         self._id_lock = threading.Lock()
@@ -191,8 +197,9 @@ class ChunkedSegmentStorage(LayoutOperations):
         with self._pool_lock:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
-        if self._owns_resources:
+        if self._owns_store:
             self._metadata_store.close()
+        if self._owns_binding:
             self.chunk_storage.close()
 
     def __enter__(self) -> ChunkedSegmentStorage:
@@ -297,8 +304,8 @@ class ChunkedSegmentStorage(LayoutOperations):
         self._check_open(changes=True)
         check_segment_name(name)
         rolling = self.config.rolling_length_bytes_default if max_rolling_length is None else max_rolling_length
-        if isinstance(rolling, bool) or not isinstance(rolling, int) or rolling <= 0:
-            raise InvalidArgument(f"max_rolling_length must be an integer > 0, got {rolling!r}")
+        if isinstance(rolling, bool) or not isinstance(rolling, int) or not 0 < rolling <= INTEGER_MAX:
+            raise InvalidArgument(f"max_rolling_length must be an integer in [1, {INTEGER_MAX}], got {rolling!r}")
         now = self._now_ms()
         record = SegmentRecord(
             name=name, segment_id=self._new_segment_id(), status=SegmentStatus.ACTIVE,

@@ -8,7 +8,7 @@ from typing import Any
 
 from slts.bindings import from_url
 from slts.config import StorageConfig
-from slts.errors import InvalidConfig
+from slts.errors import InvalidConfig, StoreNotFound
 from slts.metadata.layout import TABLES
 from slts.metadata.store import MetadataStore
 from slts.storage.chunked import ChunkedSegmentStorage
@@ -50,23 +50,43 @@ def open(  # noqa: A001 - the public name the design gives it: slts.open(url, ..
     ``read_only=True`` observes without taking the container over (no epoch, fences
     nobody, every change raises ``ReadOnlyInstance``).
     Remaining keyword arguments are ``StorageConfig`` fields. The returned instance
-    owns the binding and the store it opened and closes them on ``close``.
+    owns the binding and the store it opened and closes them on ``close`` (a store
+    object passed as ``metadata`` stays the caller's: it is never closed here).
+    Every argument is checked before anything is written.
 
-    Raises ``InvalidConfig`` (bad URL, unknown option), ``Fenced`` (epoch not newer).
+    Raises ``InvalidConfig`` (bad URL, unknown option, a metadata path that cannot be a
+    folder), ``InvalidArgument`` (epoch or container id out of range), ``StoreNotFound``
+    (``read_only`` and no store there: nothing is created), ``MetadataCorrupted`` (a
+    damaged metadata file), ``Fenced`` (epoch not newer).
     """
     settings = StorageConfig.from_mapping(config)
     if metadata is None:
         if not isinstance(url, str) or not url.startswith("memory://"):
             raise InvalidConfig("metadata= (an LMDB folder) is required for this chunk storage URL")
         metadata = MEMORY_METADATA
+    if read_only and isinstance(metadata, (str, os.PathLike)) and metadata != MEMORY_METADATA:
+        _check_existing(os.fspath(metadata))
     binding = from_url(url)
-    store = open_metadata(metadata)
+    try:
+        store = open_metadata(metadata)
+    except BaseException:
+        binding.close()
+        raise
+    caller_store = isinstance(metadata, MetadataStore)  # the caller's to close, not ours
     extra = {} if clock is None else {"clock": clock}
     try:
         return ChunkedSegmentStorage(
-            container_id, epoch, binding, store, settings, owns_resources=True, read_only=read_only, **extra
-        )
+            container_id, epoch, binding, store, settings, owns_resources=True, owns_store=not caller_store,
+            read_only=read_only, **extra,
+        )  # fmt: skip
     except BaseException:
-        store.close()
+        if not caller_store:
+            store.close()
         binding.close()
         raise
+
+
+def _check_existing(folder: str) -> None:
+    """``StoreNotFound`` unless ``folder`` holds a metadata store: looking never creates."""
+    if not os.path.isfile(os.path.join(folder, "data.mdb")):
+        raise StoreNotFound(f"no metadata store at {folder!r} (a read-only open creates none)", path=folder)

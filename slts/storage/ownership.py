@@ -13,12 +13,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
-from slts.errors import Fenced, InvalidConfig, ReadOnlyInstance, VersionConflict
+from slts.errors import Fenced, InvalidArgument, InvalidConfig, ReadOnlyInstance, VersionConflict
 from slts.metadata.layout import CONTAINER, CONTAINER_KEY
 from slts.metadata.records import ContainerRecord
 from slts.metadata.store import Expect, MetadataStore, Operation, Put
 
 _START_ATTEMPTS_MAX = 8
+#: Largest epoch (and container id): chunk names and segment ids carry them.
+EPOCH_MAX = (1 << 31) - 1
 
 
 class Ownership:
@@ -48,6 +50,8 @@ class Ownership:
                 )
             recorded_epoch = recorded.epoch if recorded else 0
             chosen = recorded_epoch + 1 if epoch is None else epoch
+            if chosen > EPOCH_MAX:  # checked before the commit: a rejected epoch fences nobody
+                raise InvalidArgument(f"container {container_id}: epoch {chosen} is past the largest, {EPOCH_MAX}")
             if chosen <= recorded_epoch:
                 raise Fenced(
                     f"container {container_id} was started with epoch {recorded_epoch}; "

@@ -67,10 +67,12 @@ def test_cat_range(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str
 def test_exit_codes(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
     source = tmp_path / "in.bin"
     source.write_bytes(b"abc")
+    code, _, err = run(capsys, "info", "missing", *store)  # no store yet: a look creates none
+    assert code == cli.EXIT_NOT_FOUND and "StoreNotFound" in err
+    run(capsys, "put", "x", str(source), *store)
     assert run(capsys, "info", "missing", *store)[0] == cli.EXIT_NOT_FOUND
     code, _, err = run(capsys, "info", "../etc", *store)
     assert code == cli.EXIT_INVALID and "InvalidName" in err
-    run(capsys, "put", "x", str(source), *store)
     assert run(capsys, "cat", "x", "--offset", "5", *store)[0] == cli.EXIT_INVALID
     assert run(capsys, "seal", "x", *store)[0] == 0
     assert run(capsys, "put", "x", str(source), *store)[0] == cli.EXIT_STATE
@@ -144,7 +146,8 @@ def test_verify_and_orphans(tmp_path, store: list[str], capsys: pytest.CaptureFi
     source.write_bytes(b"payload")
     run(capsys, "put", "v", str(source), *store)
     code, out, _ = run(capsys, "verify", "--json", *store)
-    assert code == 0 and json.loads(out) == {"segments": 1, "problems": [], "copy_sequence": json.loads(out)["copy_sequence"]}
+    assert code == 0 and json.loads(out) == {"segments": 1, "problems": [], "copy_sequence": json.loads(out)["copy_sequence"],
+                                             "leaks": {"index_entries": 0, "chunk_records": 0, "gc_entries": 0}}
     assert json.loads(out)["copy_sequence"] > 0
     leaked = tmp_path / "store" / "chunks" / "0%" / "v%" / "E1.O7.0123456789abcdef0123456789abcdef"
     leaked.write_bytes(b"nobody references me")
@@ -213,12 +216,16 @@ def test_restore_and_snapshot_bad_input(tmp_path, store: list[str], capsys: pyte
     occupied = tmp_path / "occupied"
     occupied.mkdir()
     (occupied / "keep.txt").write_text("mine")
+    code, _, err = run(capsys, "restore", "--to", str(tmp_path / "target"), *store)  # no store: nothing created
+    assert code == cli.EXIT_NOT_FOUND and "StoreNotFound" in err
+    assert not (tmp_path / "target").exists() and not (tmp_path / "store").exists()
+    (tmp_path / "store" / "chunks").mkdir(parents=True)  # a store with nothing on tier-2 yet
     code, _, err = run(capsys, "restore", "--to", str(occupied), *store)
     assert code == cli.EXIT_INVALID and "not an empty folder" in err
     assert os.listdir(occupied) == ["keep.txt"]
     empty_target = tmp_path / "fresh"
     code, _, err = run(capsys, "restore", "--to", str(empty_target), *store)  # nothing on tier-2 yet
-    assert code == cli.EXIT_ERROR and "no system journal" in err and not empty_target.exists()
+    assert code == cli.EXIT_CORRUPT and "no system journal" in err and not empty_target.exists()
     run(capsys, "put", "x", str(occupied / "keep.txt"), *store)
     os.environ["SLTS_JOURNAL"] = "false"
     try:

@@ -1,0 +1,92 @@
+"""Regression tests: the command line never prints a traceback for bad input, opens the
+files it is given before the store (a mistyped file fences nobody), never creates
+anything when it only looks, and reports damaged metadata instead of crashing (issue 12)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from slts.tools import cli
+
+SCRIPT = os.path.join(os.path.dirname(sys.executable), "slts")
+
+
+def slts(*argv: str, stdin: bytes = b"") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([SCRIPT, *argv], input=stdin.decode(), capture_output=True, text=True, timeout=300)
+
+
+def no_traceback(result: subprocess.CompletedProcess[str]) -> None:
+    assert "Traceback" not in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> list[str]:
+    folder = tmp_path / "store"
+    result = slts("put", "live", "-", "--store", str(folder), stdin=b"abc")
+    assert result.returncode == 0, result.stderr
+    return ["--store", str(folder)]
+
+
+def epoch(store: list[str]) -> int:
+    from slts.metadata.layout import CONTAINER, CONTAINER_KEY, TABLES
+    from slts.metadata.lmdb_store import LmdbMetadataStore
+    from slts.metadata.records import ContainerRecord
+
+    with LmdbMetadataStore(os.path.join(store[1], "metadata"), TABLES) as metadata:
+        stored = metadata.get(CONTAINER, CONTAINER_KEY)
+        assert stored is not None
+        return ContainerRecord.decode(stored.value).epoch
+
+
+@pytest.mark.parametrize(
+    ("argv", "code"),
+    [
+        (["put", "n", "/nonexistent/file"], cli.EXIT_NOT_FOUND),
+        (["put", "n", "/tmp"], cli.EXIT_FILE),
+        (["import", "/nonexistent/export"], cli.EXIT_NOT_FOUND),
+    ],
+    ids=["put-missing", "put-folder", "import-missing"],
+)
+def test_a_bad_input_file_is_one_line_and_fences_nobody(store: list[str], argv: list[str], code: int) -> None:
+    before = epoch(store)
+    result = slts(*argv, *store)
+    assert result.returncode == code
+    no_traceback(result)
+    assert epoch(store) == before, "the store was opened (and its owner fenced) for nothing"
+
+
+def test_export_to_a_missing_folder_is_one_line(store: list[str], tmp_path: Path) -> None:
+    result = slts("export", "live", str(tmp_path / "missing" / "dir" / "f"), *store)
+    assert result.returncode == cli.EXIT_NOT_FOUND
+    no_traceback(result)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["cat", "x"], ["ls"], ["info", "x"], ["verify"], ["journal", "show"], ["restore", "--to", "TARGET"],
+     ["export", "x", "-"]],  # fmt: skip
+    ids=lambda argv: argv[0],
+)
+def test_looking_at_a_mistyped_store_creates_nothing(tmp_path: Path, argv: list[str]) -> None:
+    mistyped = tmp_path / "mistyped"
+    argv = [str(tmp_path / "target") if arg == "TARGET" else arg for arg in argv]
+    result = slts(*argv, "--store", str(mistyped))
+    assert result.returncode == cli.EXIT_NOT_FOUND, result.stderr
+    no_traceback(result)
+    assert list(tmp_path.iterdir()) == [], "a look created files"
+
+
+def test_verify_reports_damaged_metadata_instead_of_crashing(store: list[str]) -> None:
+    for i in range(50):
+        assert slts("put", f"s{i}", "-", *store, stdin=b"x" * 100).returncode == 0
+    data = Path(store[1]) / "metadata" / "data.mdb"
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    result = slts("verify", *store)
+    assert result.returncode == cli.EXIT_CORRUPT, result.stderr
+    no_traceback(result)
+    assert "slts restore" in result.stderr
