@@ -6,7 +6,8 @@ Everything lives under ``<container>/_system/`` (a prefix user segments cannot h
 * journal snapshots ``<c>/_system/journal-snapshots/E<epoch>.S<number>``
 * checkpoints (snapshot-info records) ``<c>/_system/checkpoints/E<epoch>.C<number>.A<attempt>``
 * chunks of the system segments ``<c>/_system/<segment>/E<epoch>.O<offset>.<random>``
-  (leaf from ``slts.chunk_names.chunk_leaf``, like every chunk).
+  (leaf from ``slts.chunk_names.chunk_leaf``, like every chunk);
+* the store's identity ``<c>/_system/identity`` (``slts.journal.identity``).
 
 Numbers are zero-padded to 10 digits so that a listing in name order is also numeric
 order, but readers parse the numbers and never rely on that. Every name carries the
@@ -35,6 +36,11 @@ _CHECKPOINTS = "checkpoints"
 def system_prefix(container_id: int) -> str:
     """Every system object of the container starts with this."""
     return f"{container_id}/{SYSTEM_DIR}/"
+
+
+def identity_object(container_id: int) -> str:
+    """The object holding the store's identity on the chunk storage."""
+    return f"{system_prefix(container_id)}identity"
 
 
 def journal_prefix(container_id: int) -> str:

@@ -31,6 +31,7 @@ from slts.journal.metadata_copy import SNAPSHOT_END, SNAPSHOT_SEQUENCE, decode_c
 from slts.journal.names import METADATA_LOG, METADATA_SNAPSHOTS
 from slts.journal.replay import Replay, replay
 from slts.journal.system_segments import iter_range
+from slts.journal.identity import carry_over
 from slts.metadata.layout import CONTAINER, CONTAINER_KEY
 from slts.metadata.records import ContainerRecord
 from slts.metadata.store import MetadataStore, Operation, Put
@@ -68,6 +69,7 @@ def restore(
     snapshot_sequence, entries, read = _load_snapshot(binding, found, target)
     records, log_read, sequence = _replay_log(binding, found, target, snapshot_sequence)
     epoch = _raise_epoch(target, container_id, found.max_epoch, sequence)
+    carry_over(binding, container_id, target, target.last_sequence)  # the restored metadata is this store's
     return RestoreReport(snapshot_sequence, entries, records, sequence, epoch,
                          read + log_read + found.bytes_read, found.records,
                          time.perf_counter() - began)  # fmt: skip

@@ -7,7 +7,8 @@
     │   ├── InvalidName                       segment or chunk name not allowed
     │   ├── InvalidOffset (IndexError)        offset/length outside what the operation allows
     │   └── InvalidConfig                     a configuration value or URL is wrong
-    │       └── StoreNotFound (FileNotFoundError)   no store where one must already exist
+    │       ├── StoreNotFound (FileNotFoundError)   no store where one must already exist
+    │       └── StoreMismatch                 the metadata and the chunk storage are two stores'
     ├── SegmentError                          the segment's state forbids the operation
     │   ├── SegmentNotFound (FileNotFoundError)
     │   ├── SegmentExists (FileExistsError)
@@ -82,6 +83,11 @@ class InvalidConfig(InvalidArgument):
 class StoreNotFound(InvalidConfig, FileNotFoundError):
     """No metadata store (or chunk storage) where an existing one is required: a
     read-only look, a restore source. Nothing was created."""
+
+
+class StoreMismatch(InvalidConfig):
+    """The metadata store and the chunk storage carry different store identities (or
+    one has none while the other has): they are not one store. Nothing was written."""
 
 
 # --- segment state -----------------------------------------------------------------------

@@ -59,6 +59,7 @@ from slts.storage import index
 from slts.storage.names import chunk_name, check_segment_name
 from slts.storage.layout_ops import LayoutOperations
 from slts.storage.leaks import LeakReport, find_leaks
+from slts.journal import identity
 from slts.storage.ownership import EPOCH_MAX, Ownership, ReadOnlyOwnership
 from slts.storage.types import SegmentHandle, SegmentInfo, StorageStatistics
 
@@ -151,6 +152,9 @@ class ChunkedSegmentStorage(LayoutOperations):
             if self.config.journal:
                 # Before the epoch commit, so that the tier-2 copy sees every commit from here on.
                 metadata_store.enable_change_capture()
+        # One store? (``slts.journal.identity``): checked before the epoch commit fences anyone.
+        identity.settle(metadata_store, chunk_storage, container_id, read_only=read_only)
+        if not read_only:
             self._store = CachedMetadataStore(metadata_store, self.config.metadata_cache_entries)
             self._ownership = Ownership(self._store, container_id, epoch, clock)
         self.epoch = self._ownership.epoch
