@@ -46,7 +46,10 @@ and connection errors are retried ``max_attempts`` times in all with exponential
 and jitter; then ``StorageUnavailable`` (``retryable``). A conditional request retried
 after an ambiguous failure (the first attempt may have been applied) that then fails
 its condition is checked against the write id this binding put in the object's metadata
-(``x-amz-meta-slts-write``): if the object is its own, the request succeeded.
+(``x-amz-meta-slts-write``): if the object is its own, the request succeeded. The same
+check settles a ``CompleteMultipartUpload`` retried after a lost answer that then gets
+``NoSuchUpload`` (the first attempt completed the upload, which is gone): never retried
+as transient, it is the concat's success if the target is its own, else a failed concat.
 
 Credentials come from boto3's usual chain (``AWS_*`` environment variables, shared
 config and credential files, profiles via ``?profile=``, instance roles) or from the
@@ -400,6 +403,13 @@ def _number(key: str, text: str, kind: type, low: float, high: float) -> Any:
 # -- the binding ---------------------------------------------------------------------------------
 
 
+class _UploadVanished(ChunkStorageError):
+    """``NoSuchUpload``: the multipart upload is gone (completed by an attempt whose answer
+    was lost, or aborted). Not retried: ``_call`` settles it like a failed condition."""
+
+    retryable = True  # the whole concat may be tried again
+
+
 class _ShortBody(Exception):
     """A response body shorter than its headers announced (a broken connection): retried."""
 
@@ -576,7 +586,8 @@ class S3ChunkStorage(ChunkStorage):
                     self._add(retries=1)
                     self._sleep(delay_s)
                     continue
-                if isinstance(error, conflict) and ambiguous and recovered is not None and recovered():
+                settles = isinstance(error, (conflict, _UploadVanished))
+                if settles and ambiguous and recovered is not None and recovered():
                     return None
                 if isinstance(error, StorageUnavailable):
                     error = StorageUnavailable(f"{error.message} (gave up after {attempt} attempts)", **error.context)
@@ -617,7 +628,8 @@ class S3ChunkStorage(ChunkStorage):
         if code == "NoSuchBucket":
             return ChunkStorageError(f"S3 bucket {self.bucket!r} does not exist ({message})", **context)
         if code == "NoSuchUpload":
-            return StorageUnavailable(f"{message}: the multipart upload vanished; retry the concat", **context)
+            return _UploadVanished(f"{message}: the multipart upload is gone; the concat did not take effect",
+                                   **context)  # fmt: skip
         if code in _NOT_FOUND_CODES or status == 404:
             return ChunkNotFound(f"chunk {name!r} not found ({message})", **context)
         if code == "InvalidRange" or status == 416:

@@ -403,3 +403,41 @@ def test_bench_runs_the_s3_benchmarks_against_the_store(s3_server, monkeypatch, 
     assert s3_server.client().list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0  # scratch objects too
     # Without an s3:// store the S3 benchmarks do not exist.
     assert cli.main(["bench", "--quick", "--only", "s3_write_64k", "--dir", str(tmp_path)]) == cli.EXIT_INVALID
+
+
+@pytest.mark.parametrize("ours", [True, False], ids=["completed-by-us", "someone-elses"])
+def test_a_concat_whose_completion_answer_was_lost_is_settled_by_its_write_id(s3_server, ours: bool) -> None:
+    """The answer to CompleteMultipartUpload is lost after the server completed it; the
+    retry gets NoSuchUpload. That is the concat's success if the target is its own (the
+    write-id check), and a non-transient failure otherwise; never retried as transient."""
+    binding = binding_on(s3_server)
+    binding.create("a", pattern(FIVE_MIB))
+    binding.create("b", pattern(FIVE_MIB, seed=1))
+    sources = [ConcatSource("a", 0, FIVE_MIB), ConcatSource("b", 0, FIVE_MIB)]
+    lost: list[str] = []
+
+    def lose_the_answer(**kwargs: object) -> None:
+        if not lost:  # the server completed the upload; its answer never arrives
+            lost.append("CompleteMultipartUpload")
+            if not ours:  # someone else's object now stands where the upload completed
+                binding._client.put_object(Bucket=binding.bucket, Key=binding.object_key("target"), Body=b"other")
+            raise botocore.exceptions.ConnectionClosedError(endpoint_url="http://lost")
+        # The retry: AWS answers NoSuchUpload for an upload already completed (SeaweedFS
+        # answers otherwise), so that answer is the one this client sees.
+        lost.append("retry")
+        raise botocore.exceptions.ClientError(
+            {"Error": {"Code": "NoSuchUpload", "Message": "The specified upload does not exist."},
+             "ResponseMetadata": {"HTTPStatusCode": 404}}, "CompleteMultipartUpload")  # fmt: skip
+
+    binding._client.meta.events.register("after-call.s3.CompleteMultipartUpload", lose_the_answer)
+    try:
+        if ours:
+            assert binding.concat("target", sources).length == 2 * FIVE_MIB
+            assert binding.read(binding.open_read("target"), FIVE_MIB, 3) == pattern(FIVE_MIB, seed=1)[:3]
+        else:
+            with pytest.raises(ChunkStorageError) as failed:
+                binding.concat("target", sources)
+            assert not isinstance(failed.value, StorageUnavailable)
+    finally:
+        binding._client.meta.events.unregister("after-call.s3.CompleteMultipartUpload", lose_the_answer)
+    assert lost == ["CompleteMultipartUpload", "retry"], lost
