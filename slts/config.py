@@ -48,8 +48,11 @@ class StorageConfig:
     metadata_cache_entries: int = 100_000
     #: Keep per-chunk CRC32C checksums in chunk records.
     checksums: bool = True
-    #: Verify the checksum when a read covers a whole chunk.
+    #: Verify what every read returns: the CRC32C of each block it touches (chunks
+    #: written before block checksums: the chunk's CRC32C when a read covers it whole).
     verify_checksums_on_read: bool = True
+    #: Size of the blocks a write cuts for their checksums (``slts.storage.block_checksums``).
+    checksum_block_bytes: int = 64 * 1024
     #: How long a chunk waits in the GC queue before it may be deleted.
     gc_delay_s: float = 60.0
     #: Most queue entries (or chunks of a deleted segment) one GC batch handles.
@@ -111,6 +114,8 @@ class StorageConfig:
                 raise InvalidConfig(f"{field.name} must be > 0, got {value!r}")
             if not value <= INTEGER_MAX:  # also NaN
                 raise InvalidConfig(f"{field.name} must be at most {INTEGER_MAX}, got {value!r}")
+        if self.checksum_block_bytes >= 1 << 32:
+            raise InvalidConfig(f"checksum_block_bytes must be below 2**32, got {self.checksum_block_bytes}")
         if self.read_parallel_bytes_min > self.read_bytes_max:
             raise InvalidConfig("read_parallel_bytes_min must not exceed read_bytes_max")
 

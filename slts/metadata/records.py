@@ -177,10 +177,14 @@ class ChunkRecord(Record):
     next_chunk: str | None
     epoch: int
     checksum: int | None
+    #: The CRC32C of each block, packed ``(length u32, crc u32)`` pairs summing to
+    #: ``length`` (``slts.storage.block_checksums``); None for chunks written before.
+    blocks: bytes | None = None
     extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
 
     def check(self) -> None:
         assert isinstance(self.name, str) and self.name, self.name
+        assert self.blocks is None or (isinstance(self.blocks, bytes) and len(self.blocks) % 8 == 0), self
         assert self.index_id > 0 and self.index_offset >= 0, self
         assert self.length >= 0 and self.epoch >= 0, self
         assert self.next_chunk != self.name, self

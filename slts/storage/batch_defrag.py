@@ -81,6 +81,7 @@ class RunTask:
     new_chunk: str
     sources: tuple[defrag.Source, ...]
     checksums: bool
+    block_bytes: int = defrag.BLOCK_BYTES_DEFAULT
 
     @property
     def length(self) -> int:
@@ -143,7 +144,8 @@ def binding_for(url: str) -> ChunkStorage:
 def execute(task: RunTask, binding: ChunkStorage | None = None) -> defrag.BuiltChunk:
     """Build ``task``'s chunk (see module doc). Raises ``ChunkStorageError``."""
     chosen = binding if binding is not None else binding_for(task.url)
-    return defrag.build_from_sources(chosen, task.sources, task.new_chunk, checksums=task.checksums, reuse=True)
+    return defrag.build_from_sources(chosen, task.sources, task.new_chunk, checksums=task.checksums, reuse=True,
+                                     block_bytes=task.block_bytes)  # fmt: skip
 
 
 def execute_locally(binding: ChunkStorage, threads: int = 4) -> Executor:
@@ -261,7 +263,7 @@ class BatchDefrag:
         for run in runs:
             new_chunk = chunk_name(self.container_id, run.segment, self.epoch, run.start)
             task = RunTask(self.binding.url, run.segment, run.start, new_chunk, defrag.run_sources(run),
-                           self.config.checksums)  # fmt: skip
+                           self.config.checksums, self.config.checksum_block_bytes)  # fmt: skip
             intent = queue_entry(new_chunk, GcReason.INTENT, now_ms)
             ops.append(intent)
             planned.append((run, task, intent.key))

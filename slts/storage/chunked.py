@@ -55,7 +55,7 @@ from slts.metadata.cache import CachedMetadataStore
 from slts.metadata.layout import CHUNKS, DELETED, GC, SEGMENTS, name_key, segment_id_key
 from slts.metadata.records import ChunkRecord, DecodedRecords, GcReason, SegmentRecord, SegmentStatus
 from slts.metadata.store import Delete, Expect, MetadataStore, Put, prefix_stop
-from slts.storage import index
+from slts.storage import block_checksums, index
 from slts.storage.names import chunk_name, check_segment_name
 from slts.storage.layout_ops import LayoutOperations
 from slts.storage.leaks import LeakReport, find_leaks
@@ -97,7 +97,8 @@ class _ReadPiece:
     chunk: str
     chunk_offset: int
     length: int
-    whole_chunk_checksum: int | None  # set when the piece is the whole chunk
+    whole_chunk_checksum: int | None  # set when the piece is the whole chunk and it has no blocks
+    blocks: bytes | None  # the chunk's block checksums, when reads verify them
 
 
 def _checksum(data: bytes, previous: int = 0) -> int:
@@ -583,10 +584,12 @@ class ChunkedSegmentStorage(LayoutOperations):
             previous, previous_version = last
             previous_name = previous.name
             if appended:
-                checksum = None
+                checksum, blocks = None, None
                 if checksums and previous.checksum is not None:
                     checksum = _checksum(appended, previous.checksum)
-                previous = previous.replace(length=previous.length + len(appended), checksum=checksum)
+                if checksums and previous.blocks is not None:
+                    blocks = block_checksums.extend(previous.blocks, appended, self.config.checksum_block_bytes)
+                previous = previous.replace(length=previous.length + len(appended), checksum=checksum, blocks=blocks)
             if new_chunks:
                 previous = previous.replace(next_chunk=new_chunks[0].name)
             ops.append(Put(CHUNKS, name_key(previous_name), previous.encode()))
@@ -597,6 +600,7 @@ class ChunkedSegmentStorage(LayoutOperations):
                 name=chunk.name, index_id=record.segment_id, index_offset=chunk.start,
                 length=len(chunk.data), next_chunk=following, epoch=self.epoch,
                 checksum=_checksum(chunk.data) if checksums else None,
+                blocks=block_checksums.compute(chunk.data, self.config.checksum_block_bytes) if checksums else None,
             )  # fmt: skip
             ops.append(Put(CHUNKS, name_key(chunk.name), chunk_record.encode()))
             ops.append(index.chunk_entry(chunk_record))
@@ -624,7 +628,9 @@ class ChunkedSegmentStorage(LayoutOperations):
         ``offset + length`` <= the length (``InvalidOffset`` past it); a zero-length
         read at the end returns ``b""``. Chunks are located through the offset index
         (O(log n)); large reads over several chunks fetch them in parallel. With
-        checksums on, a read covering a whole chunk verifies it (``ChunkCorrupted``).
+        ``verify_checksums_on_read``, every read checks the CRC32C of each block it
+        touches (``ChunkCorrupted`` names the chunk and the block's offset); chunks
+        written before block checksums are checked when a read covers them whole.
         """
         self._check_open()
         handle = self._check_handle(handle, writable=False)
@@ -685,9 +691,11 @@ class ChunkedSegmentStorage(LayoutOperations):
             chunk_end = chunk_start + chunk.length
             if chunk_end > position:
                 take = min(chunk_end, end) - position
+                verifying = self.config.verify_checksums_on_read
                 whole = position == chunk_start and take == chunk.length
-                checksum = chunk.checksum if whole and self.config.verify_checksums_on_read else None
-                pieces.append(_ReadPiece(name, position - chunk_start, take, checksum))
+                blocks = chunk.blocks if verifying else None
+                checksum = chunk.checksum if whole and verifying and blocks is None else None
+                pieces.append(_ReadPiece(name, position - chunk_start, take, checksum, blocks))
                 position += take
             chunk_start, name = chunk_end, chunk.next_chunk
         return pieces
@@ -701,6 +709,12 @@ class ChunkedSegmentStorage(LayoutOperations):
 
     def _fetch_piece(self, piece: _ReadPiece) -> bytes:
         handle = self.chunk_storage.open_read(piece.chunk)
+        if piece.blocks is not None:  # read the blocks it touches whole, check them, cut the piece
+            first, end, start, stop = block_checksums.covering(piece.blocks, piece.chunk_offset, piece.length)
+            data = self.chunk_storage.read(handle, start, stop - start)
+            block_checksums.verify(piece.blocks, first, end, data, chunk=piece.chunk, start=start)
+            cut = piece.chunk_offset - start
+            return data[cut : cut + piece.length] if cut or len(data) != piece.length else data
         data = self.chunk_storage.read(handle, piece.chunk_offset, piece.length)
         if len(data) != piece.length:
             raise ChunkCorrupted(

@@ -33,7 +33,9 @@ from slts.errors import ChunkCorrupted, ChunkNotFound, MetadataCorrupted, Versio
 from slts.metadata.layout import CHUNKS, GC, SEGMENTS, name_key
 from slts.metadata.records import ChunkRecord, SegmentRecord
 from slts.metadata.store import Delete, Expect, MetadataStore, Operation, Put, ReadView
-from slts.storage import index
+from slts.storage import block_checksums, index
+
+BLOCK_BYTES_DEFAULT = StorageConfig.checksum_block_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,7 @@ class BuiltChunk:
     checksum: int | None
     bytes_native: int
     bytes_copied: int
+    blocks: bytes | None = None  # block checksums (``slts.storage.block_checksums``)
 
 
 def read_list(view: ReadView, record: SegmentRecord) -> list[ListedChunk]:
@@ -120,24 +123,35 @@ class Source:
     name: str
     length: int
     checksum: int | None
+    blocks: bytes | None = None
 
 
 def run_sources(run: Run) -> tuple[Source, ...]:
     """The run's chunks as ``Source`` values, in order."""
-    return tuple(Source(c.record.name, c.record.length, c.record.checksum) for c in run.chunks)
+    return tuple(Source(c.record.name, c.record.length, c.record.checksum, c.record.blocks) for c in run.chunks)
 
 
-def build_chunk(binding: ChunkStorage, run: Run, new_name: str, *, checksums: bool) -> BuiltChunk:
+def build_chunk(
+    binding: ChunkStorage, run: Run, new_name: str, *, checksums: bool, block_bytes: int = BLOCK_BYTES_DEFAULT
+) -> BuiltChunk:
     """Create chunk ``new_name`` holding the run's bytes (recorded lengths only)."""
-    return build_from_sources(binding, run_sources(run), new_name, checksums=checksums)
+    return build_from_sources(binding, run_sources(run), new_name, checksums=checksums, block_bytes=block_bytes)
 
 
 def build_from_sources(
-    binding: ChunkStorage, sources: Sequence[Source], new_name: str, *, checksums: bool, reuse: bool = False
+    binding: ChunkStorage,
+    sources: Sequence[Source],
+    new_name: str,
+    *,
+    checksums: bool,
+    reuse: bool = False,
+    block_bytes: int = BLOCK_BYTES_DEFAULT,
 ) -> BuiltChunk:
     """Create chunk ``new_name`` holding the sources' recorded bytes, in order.
 
     Natively (``ChunkStorage.concat``) where the binding can, else read and create.
+    With ``checksums``, its block checksums are the sources' lists one after the other
+    (no byte read back), or cut from the bytes copied when a source has none.
     ``reuse``: if ``new_name`` already exists with exactly the run's length (an earlier
     attempt of the same task made it; creates are atomic), take it as built.
     Raises ``ChunkCorrupted`` if a source is shorter than recorded.
@@ -146,27 +160,38 @@ def build_from_sources(
     if reuse:
         with contextlib.suppress(ChunkNotFound):
             if binding.get_info(new_name).length == length:
-                checksum = _checksum_of(binding, new_name, length) if checksums else None
-                return BuiltChunk(new_name, length, checksum, 0, 0)
+                if not checksums:
+                    return BuiltChunk(new_name, length, None, 0, 0)
+                data = _read_whole(binding, new_name, length)
+                return BuiltChunk(new_name, length, crc32c.crc32c(data), 0, 0, _blocks(sources, data, block_bytes))
     ranges = [ConcatSource(source.name, 0, source.length) for source in sources]
     if binding.supports_concat:
         copied = binding.concat_bytes_through_client(ranges)
         info = binding.concat(new_name, ranges)
         assert info.length == length, (info, length)
         checksum = _combined_checksum(sources) if checksums else None
-        return BuiltChunk(new_name, length, checksum, length - copied, copied)
+        blocks = block_checksums.joined([source.blocks for source in sources]) if checksums else None
+        return BuiltChunk(new_name, length, checksum, length - copied, copied, blocks)
     data = b"".join(binding.read(binding.open_read(r.name), r.offset, r.length) for r in ranges)
     if len(data) != length:
         raise ChunkCorrupted(f"a source chunk of {new_name!r} is shorter than recorded")
     binding.create(new_name, data)
-    return BuiltChunk(new_name, length, crc32c.crc32c(data) if checksums else None, 0, length)
+    if not checksums:
+        return BuiltChunk(new_name, length, None, 0, length)
+    return BuiltChunk(new_name, length, crc32c.crc32c(data), 0, length, _blocks(sources, data, block_bytes))
 
 
-def _checksum_of(binding: ChunkStorage, name: str, length: int) -> int:
+def _blocks(sources: Sequence[Source], data: bytes, block_bytes: int) -> bytes:
+    """The sources' block lists joined, or blocks cut from ``data`` if one has none."""
+    joined = block_checksums.joined([source.blocks for source in sources])
+    return joined if joined is not None else block_checksums.compute(data, block_bytes)
+
+
+def _read_whole(binding: ChunkStorage, name: str, length: int) -> bytes:
     data = binding.read(binding.open_read(name), 0, length)
     if len(data) != length:
         raise ChunkCorrupted(f"chunk {name!r} is shorter than {length} bytes")
-    return crc32c.crc32c(data)
+    return data
 
 
 def _combined_checksum(sources: Sequence[Source]) -> int | None:
@@ -242,7 +267,7 @@ def commit_ops(
         return None
     new = ChunkRecord(
         name=built.name, index_id=record.segment_id, index_offset=run.start, length=built.length,
-        next_chunk=last.record.next_chunk, epoch=epoch, checksum=built.checksum,
+        next_chunk=last.record.next_chunk, epoch=epoch, checksum=built.checksum, blocks=built.blocks,
     )  # fmt: skip
     ops: list[Operation] = [Put(CHUNKS, name_key(new.name), new.encode()), Delete(GC, intent_key)]
     expect = [Expect(SEGMENTS, name_key(record.name), version), Expect(GC, intent_key, intent_version)]

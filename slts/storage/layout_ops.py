@@ -277,7 +277,8 @@ class LayoutOperations:
         intent_version: int,
     ) -> defrag.BuiltChunk | None:  # fmt: skip
         """Build the run's chunk under the registered ``intent``, then swap it in."""
-        built = defrag.build_chunk(self.chunk_storage, run, new_name, checksums=self.config.checksums)
+        built = defrag.build_chunk(self.chunk_storage, run, new_name, checksums=self.config.checksums,
+                                   block_bytes=self.config.checksum_block_bytes)  # fmt: skip
         dropped = [self.gc.entry(chunk.record.name, GcReason.DROPPED) for chunk in run.chunks]
         lock = contextlib.nullcontext() if record is not None else self._stripe(run.segment)
         with lock:

@@ -101,7 +101,7 @@ def _restore(folder: str, storage: Any) -> None:
 
 
 OPERATIONS: dict[str, Callable[[str, Any], object]] = {
-    "write": lambda folder, s: s.write(s.open_write("main"), s.info("main").length, b"w" * 150),
+    "write": lambda folder, s: s.write(s.open_write("main"), s.info("main").length, b"w" * 600),
     "concat": lambda folder, s: s.concat(s.open_write("main"), s.info("main").length, "txn"),
     "truncate": lambda folder, s: s.truncate(s.open_write("main"), s.info("main").length - 100),
     "defrag": lambda folder, s: s.defrag("chain"),

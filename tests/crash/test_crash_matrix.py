@@ -64,9 +64,9 @@ def build_store(folder: Path) -> None:
     def concat(target: str, source: str) -> None:
         storage.concat(storage.open_write(target), storage.info(target).length, source)
 
-    filled("main", [40] * 8)
+    filled("main", [40] * 16)
     storage.truncate(storage.open_write("main"), 70)  # one dropped chunk in the GC queue
-    filled("chain", [])
+    filled("chain", [], rolling=1000)
     filled("inner", [])
     filled("t1", [20, 20], rolling=16, sealed=True)
     concat("inner", "t1")
@@ -83,6 +83,8 @@ def build_store(folder: Path) -> None:
     storage.seal(storage.open_write("doomed-inner"))
     concat("doomed", "doomed-inner")
     storage.delete(storage.open_write("doomed"))  # a tombstone over a chain of namespaces
+    filled("doomed-flat", [30] * 4, rolling=16)
+    storage.delete(storage.open_write("doomed-flat"))  # a tombstone of several batches
     storage.close()
 
 

@@ -98,7 +98,8 @@ def fragment(url: str, metadata: str, names: Sequence[str], pieces: int, *, seal
             written.pieces[name].append(len(data))
 
     for round_ in range(pieces):
-        owner = open_storage(url, metadata=LmdbMetadataStore(metadata, TABLES, durable=False), **settings)
+        store = LmdbMetadataStore(metadata, TABLES, durable=False)
+        owner = open_storage(url, metadata=store, **settings)
         try:
             with ThreadPoolExecutor(BUILD_THREADS) as pool:
                 list(pool.map(functools.partial(work, owner, round_ == 0), range(BUILD_THREADS)))
@@ -107,6 +108,7 @@ def fragment(url: str, metadata: str, names: Sequence[str], pieces: int, *, seal
                     owner.seal(owner.open_write(name))
         finally:
             owner.close()
+            store.close()  # the caller's store: the instance never closes it
     return written
 
 

@@ -159,7 +159,8 @@ def _build_container(folder: Folder, segments: int) -> tuple[int, int, int]:
         assert durable == store.last_sequence, (durable, store.last_sequence)
         return durable, snapshot.sequence, snapshot.entries
     finally:
-        storage.close()  # closes the store too
+        storage.close()
+        store.close()  # ours: the instance leaves a store it was given open
 
 
 def _entries(path: str) -> list[tuple[str, bytes, bytes]]:

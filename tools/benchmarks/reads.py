@@ -20,12 +20,17 @@ RANDOM_READS = 2000
 CHUNK_BYTES = 4096
 
 
-def sequential_read(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
-    """Subject: read a large segment front to back in 8 MiB reads; baseline: ``pread`` of
-    the same bytes from the chunk files (both from the page cache after the first pass)."""
+def sequential_read(
+    parent: str, quick: bool, *, verify: bool = False
+) -> Iterator[tuple[str, Workload, Workload, float, str]]:
+    """Subject: read a large segment front to back in 8 MiB reads (``verify``: every read
+    checks the CRC32C of every 64 KiB block it returns; otherwise no checksum is kept);
+    baseline: ``pread`` of the same bytes from the chunk files (both from the page cache
+    after the first pass)."""
     total = (32 if quick else 256) << 20
     folder = Folder(parent)
-    storage = open_storage(f"file://{folder.sub('chunks')}", metadata=folder.sub("metadata"), gc_interval_s=0.0)
+    storage = open_storage(f"file://{folder.sub('chunks')}", metadata=folder.sub("metadata"), gc_interval_s=0.0,
+                           checksums=verify, verify_checksums_on_read=verify)  # fmt: skip
     storage.create("seq")
     handle = storage.open_write("seq")
     block = os.urandom(READ_BYTES)
@@ -49,7 +54,8 @@ def sequential_read(parent: str, quick: bool) -> Iterator[tuple[str, Workload, W
         return time.perf_counter() - started
 
     try:
-        yield (f"{total >> 20} MiB segment ({len(chunks)} chunks) read in 8 MiB reads vs. raw chunk reads",
+        checked = ", every 64 KiB block's CRC32C verified," if verify else ""
+        yield (f"{total >> 20} MiB segment ({len(chunks)} chunks) read in 8 MiB reads{checked} vs. raw chunk reads",
                subject, baseline, total / 1e6, "MB/s")  # fmt: skip
     finally:
         storage.close()
@@ -112,6 +118,10 @@ def _random(chunks: int, quick_chunks: int, cold: bool) -> Benchmark:
 
 BENCHMARKS = {
     "read_seq": Benchmark("read_seq", "sequential read vs. raw chunk reads", sequential_read),
+    "read_seq_verified": Benchmark(
+        "read_seq_verified", "sequential read verifying every block's CRC32C vs. raw chunk reads",
+        lambda parent, quick: sequential_read(parent, quick, verify=True),
+    ),
     **{b.name: b for b in (_random(10, 10, False), _random(1000, 1000, False), _random(100_000, 10_000, False),
                            _random(10, 10, True), _random(100_000, 10_000, True))},
 }  # fmt: skip

@@ -71,6 +71,7 @@ def _build_fragmented(root: str, segments: int, chunks: int = CHUNKS_PER_SEGMENT
                 written = sum(pool.map(functools.partial(work, owner, round_), range(BUILD_THREADS)))
         finally:
             owner.close()
+            store.close()  # ours: the instance leaves a store it was given open
         if round_ < chunks - 1:
             mergeable += written
     return mergeable
