@@ -10,11 +10,13 @@ So ``KILL_AT = 1, 2, ...`` walks every step inside the operation. Unkilled, it p
 ``DONE <ticks>`` (the number of kill points the operation has) and exits.
 
 Operations (``OPERATIONS``): ``write`` (crosses the rolling size: several chunks),
-``concat`` (a sealed transaction into ``main``, merging the seam), ``truncate``
-(batched: ``gc_batch_max`` is 3), ``defrag`` (in process), ``batch_defrag`` (the
+``concat`` (a sealed transaction into ``main``, merging the seam), ``truncate`` and
+``truncate_all`` (batched: ``gc_batch_max`` is 3), ``defrag`` (in process, over a chain
+of concat targets) and ``defrag_many`` (ten chunks into one), ``batch_defrag`` (the
 non-owner driver with its leased GC intents), ``gc`` (a deleted segment's tombstone,
-dropped chunks, a chain of namespaces), ``snapshot`` (a metadata snapshot on tier-2),
-``flush`` (the metadata log to tier-2) and ``restore`` (tier-2 into a new folder).
+dropped chunks, a chain of namespaces) and ``delete_and_gc``, ``snapshot`` (a metadata
+snapshot on tier-2), ``flush`` (the metadata log to tier-2) and ``restore`` (tier-2 into
+a new folder).
 """
 
 from __future__ import annotations
@@ -94,6 +96,11 @@ def _gc(folder: str, storage: Any) -> None:
     raise AssertionError("GC did not converge")
 
 
+def _delete_and_gc(folder: str, storage: Any) -> None:
+    storage.delete(storage.open_write("main"))
+    _gc(folder, storage)
+
+
 def _restore(folder: str, storage: Any) -> None:
     from slts.journal.restore import restore_to_folder
 
@@ -104,9 +111,12 @@ OPERATIONS: dict[str, Callable[[str, Any], object]] = {
     "write": lambda folder, s: s.write(s.open_write("main"), s.info("main").length, b"w" * 600),
     "concat": lambda folder, s: s.concat(s.open_write("main"), s.info("main").length, "txn"),
     "truncate": lambda folder, s: s.truncate(s.open_write("main"), s.info("main").length - 100),
+    "truncate_all": lambda folder, s: s.truncate(s.open_write("main"), s.info("main").length),
     "defrag": lambda folder, s: s.defrag("chain"),
+    "defrag_many": lambda folder, s: s.defrag("frag"),
     "batch_defrag": _batch_defrag,
     "gc": _gc,
+    "delete_and_gc": _delete_and_gc,
     "snapshot": lambda folder, s: s.durable.snapshot(),
     "flush": lambda folder, s: s.durable.flush(),
     "restore": _restore,
