@@ -113,23 +113,29 @@ def check_after_kill(folder: Path, operation: str, before: Observed, after: Obse
     # queued a lease ahead, so "GC past its delay" means past the lease too.
     storage = matrix_child.open_owner(str(folder), clock=lambda: time.time() + LEASE_PAST_S)
     try:
-        actual = observed(storage)
-        assert actual in (before, after), "neither the state before nor after:\n" + describe(actual, after)
-        assert storage.durable is not None
-        report = slts.storage.verify.verify_container(storage)
-        assert report.problems == [], report.problems
-        assert report.leaks is not None and report.leaks.index_entries == report.leaks.chunk_records == 0
-        reconcile(storage)
-        for _ in range(1000):
-            if not storage.gc.run_once().progressed:
-                break
-        referenced = {chunk.name for name in storage.list() for _, chunk in storage.chunks(name)}
-        assert set(segment_chunks(storage.chunk_storage)) == referenced, "orphans left, or referenced chunks gone"
-        leaks = storage.check_leaks()
-        assert leaks.total == 0, leaks.problems()
-        assert observed(storage) == actual, "collecting changed what the segments hold"
+        assert_consistent(storage, before, after)
     finally:
         storage.close()
+
+
+def assert_consistent(storage: slts.ChunkedSegmentStorage, before: Observed, after: Observed) -> None:
+    """The checks after a kill, on the next owner ``storage`` (its clock past every lease
+    and gc_delay_s): segments as before or after, verify and the leak check clean, and
+    after the orphan reconciler and GC exactly the referenced chunks on the storage."""
+    actual = observed(storage)
+    assert actual in (before, after), "neither the state before nor after:\n" + describe(actual, after)
+    report = slts.storage.verify.verify_container(storage)
+    assert report.problems == [], report.problems
+    assert report.leaks is not None and report.leaks.index_entries == report.leaks.chunk_records == 0
+    reconcile(storage)
+    for _ in range(1000):
+        if not storage.gc.run_once().progressed:
+            break
+    referenced = {chunk.name for name in storage.list() for _, chunk in storage.chunks(name)}
+    assert set(segment_chunks(storage.chunk_storage)) == referenced, "orphans left, or referenced chunks gone"
+    leaks = storage.check_leaks()
+    assert leaks.total == 0, leaks.problems()
+    assert observed(storage) == actual, "collecting changed what the segments hold"
 
 
 def check_partial_restore(folder: Path) -> None:
