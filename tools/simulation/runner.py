@@ -1,0 +1,168 @@
+"""Run seeds: one (exactly replayable), many (the soak), shrink a failing program.
+
+``run_seed(seed, ops)`` builds the seam, draws the program, then the world, in that
+fixed order, and runs the program step by step; after every step it checks the
+invariants (``checks``). The first violation ends the run (its kind, step and message
+are in the result), unless its kind is in ``ignore``: then it is counted and the run
+goes on. ``digest`` hashes the final state (model, every metadata table, every chunk),
+so two runs of one seed can be compared exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from . import checks
+from .checks import Violation
+from .program import Step, generate
+from .seam import Seam
+from .world import World
+
+
+@dataclass
+class SeedResult:
+    """What one run of one seed did."""
+
+    seed: int
+    program: list[Step]
+    lines: list[str] = field(default_factory=list)  # one description per step run
+    violation: Violation | None = None
+    failed_step: int | None = None  # index into program
+    ignored: Counter[str] = field(default_factory=Counter)
+    faults: Counter[str] = field(default_factory=Counter)
+    counters: Counter[str] = field(default_factory=Counter)
+    digest: str = ""
+
+    @property
+    def steps_run(self) -> int:
+        return len(self.lines)
+
+
+def _digest(world: World) -> str:
+    """SHA-256 of the model, every metadata table and every chunk of the tier-2 storage."""
+    h = hashlib.sha256()
+    for name, value in world.model.state().items():
+        h.update(repr((name, value)).encode())
+    for table, entries in sorted(world.store.dump().items()):
+        for key, stored in sorted(entries.items()):
+            h.update(repr((table, key, stored.value, stored.version)).encode())
+    for chunk in sorted(world.binding.list("")):
+        info = world.binding.get_info(chunk)
+        h.update(chunk.encode() + world.binding.read(world.binding.open_read(chunk), 0, info.length))
+    return h.hexdigest()
+
+
+def _check(world: World) -> None:
+    checks.check_content(world.observe(), world.model.state())
+    checks.check_verify(world.s, len(world.model.segments))
+    checks.check_leaks(world.s)
+
+
+def run_seed(seed: int, ops: int, *, program: Sequence[Step] | None = None, ignore: Iterable[str] = ()) -> SeedResult:
+    """Run seed ``seed`` (``program``: these steps instead of the ``ops`` it draws)."""
+    ignored_kinds = set(ignore)
+    seam = Seam(seed)
+    drawn = generate(seam.derive(), ops)
+    steps = list(program) if program is not None else drawn
+    result = SeedResult(seed, steps)
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)  # the engine's warnings about injected faults are expected
+    world: World | None = None
+    try:
+        with seam.names():
+            world = World(seam)
+            for index, step in enumerate(steps):
+                try:
+                    result.lines.append(f"{step.kind}: " + world.step(step.kind, random.Random(step.salt)))
+                    _check(world)
+                except Violation as violation:
+                    if violation.kind in ignored_kinds:
+                        result.ignored[violation.kind] += 1
+                        continue
+                    result.violation, result.failed_step = violation, index
+                    result.lines.append(f"-> VIOLATION after {step.kind}: {violation}")
+                    break
+            result.digest = _digest(world)
+    finally:
+        logging.disable(previous)
+        if world is not None:
+            result.faults = world.all_faults()
+            result.counters = world.counters
+            try:
+                world.close()
+            except Exception:  # noqa: BLE001, S110 - a broken world may not close cleanly
+                pass
+    return result
+
+
+def shrink(seed: int, result: SeedResult, runs_max: int = 300) -> SeedResult:
+    """A shorter program of ``seed`` with a violation of the same kind (drop steps while
+    it persists; at most ``runs_max`` re-runs)."""
+    assert result.violation is not None and result.failed_step is not None
+    kind = result.violation.kind
+    best = result
+    program = result.program[: result.failed_step + 1]
+    runs = 0
+    chunk = max(1, len(program) // 2)
+    while chunk >= 1 and runs < runs_max:
+        index = 0
+        while index < len(program) and runs < runs_max:
+            candidate = program[:index] + program[index + chunk :]
+            runs += 1
+            attempt = run_seed(seed, 0, program=candidate)
+            if attempt.violation is not None and attempt.violation.kind == kind:
+                assert attempt.failed_step is not None
+                program = candidate[: attempt.failed_step + 1]
+                best = attempt
+            else:
+                index += chunk
+        chunk //= 2
+    if best is result and len(program) < len(result.program):
+        best = run_seed(seed, 0, program=program)
+    return best
+
+
+@dataclass
+class SoakSummary:
+    """What a soak did, in figures."""
+
+    seeds: int = 0
+    operations: int = 0
+    faults: Counter[str] = field(default_factory=Counter)
+    counters: Counter[str] = field(default_factory=Counter)
+    violations: dict[str, list[int]] = field(default_factory=dict)  # kind -> seeds
+    ignored: dict[str, list[int]] = field(default_factory=dict)
+
+    def line(self) -> str:
+        faults = " ".join(f"{k}={v}" for k, v in sorted(self.faults.items())) or "none"
+        kinds = " ".join(f"{k}={len(v)}" for k, v in sorted(self.violations.items()))
+        ignored = sum(len(v) for v in self.ignored.values())
+        return (f"simulate: seeds {self.seeds}, operations {self.operations}, faults {sum(self.faults.values())} "
+                f"({faults}), crashes {self.counters['crashes']}, takeovers {self.counters['takeovers']}, "
+                f"restores {self.counters['restores']}, violations {sum(len(v) for v in self.violations.values())}"
+                + (f" ({kinds})" if kinds else "") + (f", ignored {ignored}" if ignored else ""))  # fmt: skip
+
+
+def soak(seeds: Iterable[int], ops: int, *, ignore: Iterable[str] = (),
+         progress: Callable[[SeedResult], None] | None = None) -> SoakSummary:  # fmt: skip
+    """Run every seed of ``seeds`` for ``ops`` steps; the summary."""
+    ignore = tuple(ignore)
+    summary = SoakSummary()
+    for seed in seeds:
+        result = run_seed(seed, ops, ignore=ignore)
+        summary.seeds += 1
+        summary.operations += result.steps_run - (result.violation is not None)
+        summary.faults.update(result.faults)
+        summary.counters.update(result.counters)
+        if result.violation is not None:
+            summary.violations.setdefault(result.violation.kind, []).append(seed)
+        for kind in result.ignored:
+            summary.ignored.setdefault(kind, []).append(seed)
+        if progress is not None:
+            progress(result)
+    return summary
