@@ -197,6 +197,7 @@ class World:
             return f"failed ({type(result).__name__})"
         if observed == after.state():
             lost = injected["commit-lost-reply"] or injected["crash"]
+            self.model = after  # what the store holds, whether or not the error was right to say otherwise
             if not lost:
                 raise Violation("error_after_effect", f"{what} raised {result!r}, yet it took effect "
                                                       f"(faults {dict(injected)})")  # fmt: skip
