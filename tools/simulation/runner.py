@@ -17,6 +17,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from slts.errors import SltsError
+
 from . import checks
 from .checks import Violation
 from .program import Step, generate
@@ -78,8 +80,14 @@ def run_seed(seed: int, ops: int, *, program: Sequence[Step] | None = None, igno
             world = World(seam)
             for index, step in enumerate(steps):
                 try:
-                    result.lines.append(f"{step.kind}: " + world.step(step.kind, random.Random(step.salt)))
-                    _check(world)
+                    try:
+                        result.lines.append(f"{step.kind}: " + world.step(step.kind, random.Random(step.salt)))
+                        _check(world)
+                    except Violation:
+                        raise
+                    except Exception as exc:  # noqa: BLE001 - an error where the step expects none
+                        kind = "unexpected_error" if isinstance(exc, SltsError) else "exception"
+                        raise Violation(f"{kind}:{type(exc).__name__}", f"{step.kind} step: {exc!r}") from exc
                 except Violation as violation:
                     if violation.kind in ignored_kinds:
                         result.ignored[violation.kind] += 1
@@ -89,7 +97,6 @@ def run_seed(seed: int, ops: int, *, program: Sequence[Step] | None = None, igno
                     break
             result.digest = _digest(world)
     finally:
-        logging.disable(previous)
         if world is not None:
             result.faults = world.all_faults()
             result.counters = world.counters
@@ -97,6 +104,7 @@ def run_seed(seed: int, ops: int, *, program: Sequence[Step] | None = None, igno
                 world.close()
             except Exception:  # noqa: BLE001, S110 - a broken world may not close cleanly
                 pass
+        logging.disable(previous)
     return result
 
 
