@@ -15,7 +15,7 @@ def _replay(args: argparse.Namespace) -> int:
     result = run_seed(args.seed, args.ops, ignore=args.ignore)
     shown: SeedResult = result
     if result.violation is not None and not args.no_shrink:
-        shown = shrink(args.seed, result)
+        shown = shrink(args.seed, result, ignore=args.ignore)
     if args.json:
         print(json.dumps({
             "seed": args.seed, "ops": args.ops, "digest": result.digest,

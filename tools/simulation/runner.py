@@ -108,13 +108,16 @@ def run_seed(seed: int, ops: int, *, program: Sequence[Step] | None = None, igno
     return result
 
 
-def shrink(seed: int, result: SeedResult, runs_max: int = 300) -> SeedResult:
+def shrink(seed: int, result: SeedResult, runs_max: int = 300, *, ignore: Iterable[str] = ()) -> SeedResult:
     """A shorter program of ``seed`` with a violation of the same kind (drop steps while
-    it persists; at most ``runs_max`` re-runs)."""
+    it persists; at most ``runs_max`` re-runs, each with ``ignore`` as the original)."""
     assert result.violation is not None and result.failed_step is not None
+    ignore = tuple(ignore)
     kind = result.violation.kind
-    best = result
     program = result.program[: result.failed_step + 1]
+    best = run_seed(seed, 0, program=program, ignore=ignore)
+    if best.violation is None or best.violation.kind != kind:
+        return result  # not reproducible on its own (should not happen: runs are deterministic)
     runs = 0
     chunk = max(1, len(program) // 2)
     while chunk >= 1 and runs < runs_max:
@@ -122,7 +125,7 @@ def shrink(seed: int, result: SeedResult, runs_max: int = 300) -> SeedResult:
         while index < len(program) and runs < runs_max:
             candidate = program[:index] + program[index + chunk :]
             runs += 1
-            attempt = run_seed(seed, 0, program=candidate)
+            attempt = run_seed(seed, 0, program=candidate, ignore=ignore)
             if attempt.violation is not None and attempt.violation.kind == kind:
                 assert attempt.failed_step is not None
                 program = candidate[: attempt.failed_step + 1]
@@ -130,8 +133,6 @@ def shrink(seed: int, result: SeedResult, runs_max: int = 300) -> SeedResult:
             else:
                 index += chunk
         chunk //= 2
-    if best is result and len(program) < len(result.program):
-        best = run_seed(seed, 0, program=program)
     return best
 
 

@@ -98,6 +98,7 @@ class World:
         self.epochs: list[int] = []
         self.in_flight: Model | None = None  # the model after the change being judged
         self.in_flight_returned = False
+        self.in_flight_what = ""
         self.owner = self._start(self.store)
 
     # -- processes ------------------------------------------------------------------------------
@@ -225,7 +226,7 @@ class World:
     def mutate(self, rng: random.Random | None, what: str, after: Model, fn: Callable[[], Any]) -> str:
         """Run a change whose model is ``after`` and judge it (``in_flight`` keeps it for
         a crash that interrupts the judging)."""
-        self.in_flight, self.in_flight_returned = after, False
+        self.in_flight, self.in_flight_returned, self.in_flight_what = after, False, what
         returned, result, injected = self.run_op(self.owner, rng, fn)
         self.in_flight_returned = returned
         verdict = self.judge(what, after, returned, result, injected)
@@ -419,13 +420,13 @@ class World:
         nth, landed = rng.randint(1, 4), rng.random() < 0.5
         self.owner.store.crash_at(nth, landed)
         inner_rng = random.Random(rng.getrandbits(64))
-        self.in_flight = None
+        self.in_flight, self.in_flight_what = None, ""
         try:
             what = self.step(kind, inner_rng)
         except Violation as violation:
             if not self.owner.store.dead:
                 raise
-            what = f"{kind} (died: {violation.kind})"  # judged below, against the restart
+            what = f"{self.in_flight_what or kind} (died)"  # judged below, against the restart
         died = self.owner.store.dead
         before = self.model
         after = self.in_flight if self.in_flight is not None else self.model
