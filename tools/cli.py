@@ -594,6 +594,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--no-shrink", action="store_true", help="with --seed: print the program unshrunk")
     simulate.add_argument("--by-kind", action="store_true", help="also list the seeds of each violation kind")
     simulate.add_argument("--ignore", nargs="+", default=[], metavar="KIND", help="count these kinds, go on")
+    simulate.add_argument("--jobs", type=_positive, default=1, help="seeds run side by side (default 1)")
     return parser
 
 

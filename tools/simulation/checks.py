@@ -39,6 +39,9 @@ class Violation(Exception):
         self.kind = kind
         self.detail = detail
 
+    def __reduce__(self) -> tuple[type[Violation], tuple[str, str]]:
+        return (Violation, (self.kind, self.detail))  # picklable: results cross processes (--jobs)
+
 
 def find_leaks(storage: ChunkedSegmentStorage) -> list[str]:
     """Unreachable index entries, chunk records and GC entries (empty: none).
@@ -150,7 +153,7 @@ def check_exact(storage: ChunkedSegmentStorage, binding: Any) -> None:
         entries = [GcEntry.decode(s.value) for s in dump[GC].values()]
         raise Violation("gc_not_exact", f"{len(entries)} GC entries left after everything was due: {entries[:2]}")
     if dump[DELETED]:
-        raise Violation("gc_not_exact", f"{len(dump[DELETED])} tombstones left after everything was due")
+        raise Violation("gc_tombstone_stuck", f"{len(dump[DELETED])} tombstones left after everything was due")
     records = {key.decode() for key in dump[CHUNKS]}
     if records != referenced:
         raise Violation("leak_chunk_records", f"chunk records of no live segment: {sorted(records - referenced)[:3]}")

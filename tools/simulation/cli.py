@@ -48,7 +48,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"seed {result.seed}: {result.violation.kind} at step {result.failed_step} "
                   f"(replay: slts simulate --seed {result.seed} --ops {args.ops})", file=sys.stderr)  # fmt: skip
 
-    summary = soak(seeds, args.ops, ignore=args.ignore, progress=progress)
+    summary = soak(seeds, args.ops, ignore=args.ignore, progress=progress, jobs=args.jobs)
     if args.json:
         print(json.dumps({"seeds": summary.seeds, "operations": summary.operations, "faults": dict(summary.faults),
                           "counters": dict(summary.counters), "violations": summary.violations,

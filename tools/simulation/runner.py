@@ -39,10 +39,7 @@ class SeedResult:
     faults: Counter[str] = field(default_factory=Counter)
     counters: Counter[str] = field(default_factory=Counter)
     digest: str = ""
-
-    @property
-    def steps_run(self) -> int:
-        return len(self.lines)
+    steps_run: int = 0  # steps started (the failing one included)
 
 
 def _digest(world: World) -> str:
@@ -79,6 +76,7 @@ def run_seed(seed: int, ops: int, *, program: Sequence[Step] | None = None, igno
         with seam.names():
             world = World(seam)
             for index, step in enumerate(steps):
+                result.steps_run += 1
                 try:
                     try:
                         result.lines.append(f"{step.kind}: " + world.step(step.kind, random.Random(step.salt)))
@@ -157,21 +155,40 @@ class SoakSummary:
                 + (f" ({kinds})" if kinds else "") + (f", ignored {ignored}" if ignored else ""))  # fmt: skip
 
 
+def _run_one(arguments: tuple[int, int, tuple[str, ...]]) -> SeedResult:
+    seed, ops, ignore = arguments
+    return run_seed(seed, ops, ignore=ignore)
+
+
 def soak(seeds: Iterable[int], ops: int, *, ignore: Iterable[str] = (),
-         progress: Callable[[SeedResult], None] | None = None) -> SoakSummary:  # fmt: skip
-    """Run every seed of ``seeds`` for ``ops`` steps; the summary."""
+         progress: Callable[[SeedResult], None] | None = None, jobs: int = 1) -> SoakSummary:  # fmt: skip
+    """Run every seed of ``seeds`` for ``ops`` steps (in ``jobs`` processes; each seed's
+    run is the same wherever it runs, and results are taken in seed order); the summary."""
+    assert jobs >= 1, jobs
     ignore = tuple(ignore)
     summary = SoakSummary()
-    for seed in seeds:
-        result = run_seed(seed, ops, ignore=ignore)
-        summary.seeds += 1
-        summary.operations += result.steps_run - (result.violation is not None)
-        summary.faults.update(result.faults)
-        summary.counters.update(result.counters)
-        if result.violation is not None:
-            summary.violations.setdefault(result.violation.kind, []).append(seed)
-        for kind in result.ignored:
-            summary.ignored.setdefault(kind, []).append(seed)
-        if progress is not None:
-            progress(result)
+    work = [(seed, ops, ignore) for seed in seeds]
+    if jobs == 1:
+        results: Iterable[SeedResult] = map(_run_one, work)
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
+        results = pool.map(_run_one, work, chunksize=1)
+    try:
+        for result in results:
+            summary.seeds += 1
+            summary.operations += result.steps_run - (result.violation is not None)
+            summary.faults.update(result.faults)
+            summary.counters.update(result.counters)
+            if result.violation is not None:
+                summary.violations.setdefault(result.violation.kind, []).append(result.seed)
+            for kind in result.ignored:
+                summary.ignored.setdefault(kind, []).append(result.seed)
+            if progress is not None:
+                progress(result)
+    finally:
+        if jobs > 1:
+            pool.shutdown(cancel_futures=True)
     return summary
