@@ -22,8 +22,12 @@ OPS = 150
 KNOWN = {
     "index_leak": (6, "index clearing over chains of concat targets / GC's batched walk (the lead's fix)"),
     "zombie_noop_acknowledged": (0, "a fenced instance reports success for no-op changes (issue 12)"),
-    "error_after_effect": (15, "concat raises after it took effect: the seam merge's commit failed (issue 12)"),
+    "error_after_effect:concat": (40, "concat raises after it took effect: the seam merge's commit failed (issue 12)"),
+    "error_after_effect:truncate": (15, "truncate raises after its first batch commit moved the start"),
     "verify_system_chunk_leak": (11, "a failed metadata snapshot leaves a system chunk verify reports as a leak"),
+    "unexpected_error:ChunkInvalidOffset": (107, "after a torn or lost append to a metadata-log chunk, every flush "
+                                                 "appends at the recorded length of that chunk again"),
+    "gc_errors": (90, "the same: GC's barrier flush fails, so GC never deletes again"),
 }
 
 

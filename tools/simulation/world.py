@@ -200,7 +200,7 @@ class World:
             lost = injected["commit-lost-reply"] or injected["crash"]
             self.model = after  # what the store holds, whether or not the error was right to say otherwise
             if not lost:
-                raise Violation("error_after_effect", f"{what} raised {result!r}, yet it took effect "
+                raise Violation(f"error_after_effect:{what.split()[0]}", f"{what} raised {result!r}, yet it took effect "
                                                       f"(faults {dict(injected)})")  # fmt: skip
             self.model = after
             return f"failed ({type(result).__name__}) but landed"
