@@ -11,6 +11,7 @@ from ``KNOWN`` (then ``slts simulate --seeds 1000 --ops 500`` must be clean).
 from __future__ import annotations
 
 import pytest
+from slts.errors import InvalidArgument
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.tools.cli import main
 from slts.tools.simulation.runner import run_seed, shrink, soak
@@ -89,3 +90,23 @@ def test_cli_soak_and_replay(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--seed", "6", "--ops", str(OPS)]) == 1
     out = capsys.readouterr().out
     assert "shrunk program" in out and "VIOLATION index_leak" in out, out
+
+
+@pytest.mark.parametrize(("call", "what"), [
+    (lambda: run_seed(-1, 10), "seed"),
+    (lambda: run_seed(1, -5), "ops"),
+    (lambda: run_seed(True, 5), "seed"),  # type: ignore[arg-type]
+    (lambda: soak([1, "2"], 5), "seed"),  # type: ignore[list-item]
+    (lambda: soak([1], 5, jobs=0), "jobs"),
+])  # fmt: skip
+def test_bad_arguments_raise_invalid_argument(call, what: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(InvalidArgument, match=what):
+        call()
+
+
+def test_cli_rejects_bad_counts(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--seeds", "0"], ["--ops", "-1"], ["--seed", "-3"], ["--jobs", "0"]):
+        with pytest.raises(SystemExit) as exited:
+            main(["simulate", *argv])
+        assert exited.value.code == 2
+    assert "must be" in capsys.readouterr().err

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from slts.errors import SltsError
+from slts.errors import InvalidArgument, SltsError
 
 from . import checks
 from .checks import Violation
@@ -62,8 +62,16 @@ def _check(world: World) -> None:
     checks.check_leaks(world.s)
 
 
+def _check_count(what: str, value: object, minimum: int = 0) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidArgument(f"{what} must be an integer >= {minimum}, got {value!r}")
+
+
 def run_seed(seed: int, ops: int, *, program: Sequence[Step] | None = None, ignore: Iterable[str] = ()) -> SeedResult:
-    """Run seed ``seed`` (``program``: these steps instead of the ``ops`` it draws)."""
+    """Run seed ``seed`` (``program``: these steps instead of the ``ops`` it draws).
+    Raises ``InvalidArgument`` unless ``seed`` and ``ops`` are integers >= 0."""
+    _check_count("seed", seed)
+    _check_count("ops", ops)
     ignored_kinds = set(ignore)
     seam = Seam(seed)
     drawn = generate(seam.derive(), ops)
@@ -163,8 +171,13 @@ def _run_one(arguments: tuple[int, int, tuple[str, ...]]) -> SeedResult:
 def soak(seeds: Iterable[int], ops: int, *, ignore: Iterable[str] = (),
          progress: Callable[[SeedResult], None] | None = None, jobs: int = 1) -> SoakSummary:  # fmt: skip
     """Run every seed of ``seeds`` for ``ops`` steps (in ``jobs`` processes; each seed's
-    run is the same wherever it runs, and results are taken in seed order); the summary."""
-    assert jobs >= 1, jobs
+    run is the same wherever it runs, and results are taken in seed order); the summary.
+    Raises ``InvalidArgument`` for a seed or ``ops`` below 0 or ``jobs`` below 1 (before any run)."""
+    _check_count("jobs", jobs, 1)
+    _check_count("ops", ops)
+    seeds = list(seeds)
+    for seed in seeds:
+        _check_count("seed", seed)
     ignore = tuple(ignore)
     summary = SoakSummary()
     work = [(seed, ops, ignore) for seed in seeds]
