@@ -110,3 +110,16 @@ def test_cli_rejects_bad_counts(capsys: pytest.CaptureFixture[str]) -> None:
             main(["simulate", *argv])
         assert exited.value.code == 2
     assert "must be" in capsys.readouterr().err
+
+
+def test_no_thread_runs_during_a_simulation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The thread schedule is no input of a run: GC, the log flusher, the lease renewal and
+    the read pool never start (a thread start would surface as a violation)."""
+    import threading
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError(f"thread {self.name!r} started during a simulation")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    result = run_seed(6, OPS, ignore=KNOWN)
+    assert result.violation is None, result.violation

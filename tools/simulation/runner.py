@@ -82,7 +82,12 @@ def run_seed(seed: int, ops: int, *, program: Sequence[Step] | None = None, igno
     world: World | None = None
     try:
         with seam.names():
-            world = World(seam)
+            try:
+                world = World(seam)
+            except Violation as violation:  # the container could not even start
+                result.violation, result.failed_step = violation, 0
+                result.lines.append(f"-> VIOLATION at start: {violation}")
+                return result
             for index, step in enumerate(steps):
                 result.steps_run += 1
                 try:
