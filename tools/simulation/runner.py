@@ -90,6 +90,7 @@ def run_seed(seed: int, ops: int, *, program: Sequence[Step] | None = None, igno
                 return result
             for index, step in enumerate(steps):
                 result.steps_run += 1
+                world.trail = []
                 try:
                     try:
                         result.lines.append(f"{step.kind}: " + world.step(step.kind, random.Random(step.salt)))
@@ -104,7 +105,8 @@ def run_seed(seed: int, ops: int, *, program: Sequence[Step] | None = None, igno
                         result.ignored[violation.kind] += 1
                         continue
                     result.violation, result.failed_step = violation, index
-                    result.lines.append(f"-> VIOLATION after {step.kind}: {violation}")
+                    done = f" [done: {'; '.join(world.trail)}]" if world.trail else ""
+                    result.lines.append(f"-> VIOLATION in {step.kind}{done}: {violation}")
                     break
             result.digest = _digest(world)
     finally:

@@ -99,6 +99,7 @@ class World:
         self.in_flight: Model | None = None  # the model after the change being judged
         self.in_flight_returned = False
         self.in_flight_what = ""
+        self.trail: list[str] = []  # the changes the current step completed (for a violation's message)
         self.owner = self._start(self.store)
 
     # -- processes ------------------------------------------------------------------------------
@@ -231,6 +232,7 @@ class World:
         self.in_flight_returned = returned
         verdict = self.judge(what, after, returned, result, injected)
         self.in_flight = None
+        self.trail.append(f"{what}: {verdict}")
         return f"{what}: {verdict}"
 
     def do_create(self, rng: random.Random) -> str:
