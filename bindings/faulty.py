@@ -13,11 +13,20 @@ rule fires first. Rules (any number, checked in order):
   it) and then raises ``StorageUnavailable``: the torn write a crash or a broken
   connection leaves behind.
 
+* ``lose_reply_probability(op, p)``: each call of ``op`` runs on ``inner`` and then,
+  with probability ``p``, raises ``StorageUnavailable`` all the same: the answer of a
+  call that took effect was lost (a timeout after the server acted).
+* ``latency(advance, p, seconds_max)``: each call, with probability ``p``, first
+  advances a fake clock by up to ``seconds_max`` (``advance(seconds)``): a slow call.
+* ``kill()``: from now on every call raises ``StorageUnavailable`` (the process that
+  used this wrapper died; a new process wraps ``inner`` again).
+
 Every matching rule counts every call, so rules added together fire independently; a
 call that several rules would fail fails once. Rules and counters are thread-safe; the
 order of faults across threads is only as reproducible as the threads' schedule.
 
-``calls`` counts the calls per operation; tests use it to sweep "fail call 1, 2, ... N"
+``faults`` counts the injected faults by kind (``fail``, ``torn``, ``lost-reply``,
+``latency``, ``dead``); ``calls`` counts the calls per operation; tests use it to sweep "fail call 1, 2, ... N"
 of an operation as SQLite's I/O-error tests do.
 """
 
@@ -26,7 +35,7 @@ from __future__ import annotations
 import random
 import threading
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from slts.errors import SltsError, StorageUnavailable
@@ -46,6 +55,7 @@ class _Rule:
     nth: int | None = None
     probability: float = 0.0
     partial: bool = False
+    lost: bool = False  # the call runs, then its answer is lost
     seen: int = 0
 
 
@@ -63,6 +73,9 @@ class FaultyChunkStorage(ChunkStorage):
         self.random = random.Random(seed)
         self.calls: Counter[str] = Counter()
         self.faults_injected = 0
+        self.faults: Counter[str] = Counter()
+        self.dead = False
+        self._latency: tuple[Callable[[float], None], float, float] | None = None
         self._rules: list[_Rule] = []
         self._lock = threading.Lock()
 
@@ -88,23 +101,59 @@ class FaultyChunkStorage(ChunkStorage):
         with self._lock:
             self._rules.append(_Rule("write", StorageUnavailable, nth=n, partial=True))
 
+    def lose_reply_probability(self, op: str, probability: float) -> None:
+        """Make every call of ``op`` take effect and then, with ``probability``, raise
+        ``StorageUnavailable`` (seeded): the answer was lost."""
+        assert op in OPERATIONS and 0.0 <= probability <= 1.0, (op, probability)
+        with self._lock:
+            self._rules.append(_Rule(op, StorageUnavailable, probability=probability, lost=True))
+
+    def latency(self, advance: Callable[[float], None], probability: float, seconds_max: float) -> None:
+        """Before each call, with ``probability``, call ``advance(s)`` with ``s`` drawn from
+        ``[0, seconds_max)`` (a fake clock: a slow call costs no real time)."""
+        assert 0.0 <= probability <= 1.0 and seconds_max >= 0, (probability, seconds_max)
+        with self._lock:
+            self._latency = (advance, probability, seconds_max)
+
+    def kill(self) -> None:
+        """Every later call raises ``StorageUnavailable``: the process using this died."""
+        with self._lock:
+            self.dead = True
+
     def clear(self) -> None:
-        """Remove every rule (counters stay)."""
+        """Remove every rule and the latency (counters stay; a killed wrapper stays dead)."""
         with self._lock:
             self._rules.clear()
+            self._latency = None
 
     def _fault(self, op: str) -> _Rule | None:
-        """Count the call; return the rule that makes it fail, if any.
+        """Count the call (and slow it down if latency is on); return the rule that makes
+        it fail, if any.
 
         Every matching rule counts the call, also when an earlier rule already fired,
         so each ``fail_nth`` fires on its own n-th call. Several rules firing on one
         call make it fail once (the first rule's error) and are all used up.
         """
+        slow = 0.0
         with self._lock:
+            if self.dead:
+                self.faults["dead"] += 1
+                raise StorageUnavailable(f"injected: the process died before {op} (seed {self.seed})", injected=True)
             self.calls[op] += 1
+            latency = self._latency
+            if latency is not None and self.random.random() < latency[1]:
+                slow = self.random.random() * latency[2]
+                self.faults["latency"] += 1
+        if slow and latency is not None:
+            latency[0](slow)
+        return self._fire(op, lost=False)
+
+    def _fire(self, op: str, *, lost: bool) -> _Rule | None:
+        """The rule (among the lost-reply ones if ``lost``, else the others) that fires."""
+        with self._lock:
             fired: _Rule | None = None
             for rule in list(self._rules):
-                if not (rule.op == op or (rule.partial and op == "create")):
+                if rule.lost != lost or not (rule.op == op or (rule.partial and op == "create")):
                     continue
                 rule.seen += 1
                 if rule.nth is not None:
@@ -115,7 +164,15 @@ class FaultyChunkStorage(ChunkStorage):
                     fired = rule
             if fired is not None:
                 self.faults_injected += 1
+                self.faults["lost-reply" if lost else "torn" if fired.partial else "fail"] += 1
             return fired
+
+    def _after(self, op: str) -> None:
+        """The call took effect: lose its answer if a lost-reply rule says so."""
+        rule = self._fire(op, lost=True)
+        if rule is not None:
+            raise rule.error(f"injected: the answer of {op} was lost after it took effect (seed {self.seed})",
+                             injected=True, reply_lost=True)  # fmt: skip
 
     def _torn_length(self, data: bytes) -> int:
         """How much of ``data`` a torn write keeps: a strict prefix (seeded)."""
@@ -131,7 +188,9 @@ class FaultyChunkStorage(ChunkStorage):
 
     def exists(self, name: str) -> bool:
         self._check("exists")
-        return self.inner.exists(name)
+        result = self.inner.exists(name)
+        self._after("exists")
+        return result
 
     def create(self, name: str, data: bytes = b"") -> ChunkHandle:
         rule = self._fault("create")
@@ -139,11 +198,14 @@ class FaultyChunkStorage(ChunkStorage):
             if rule.partial:
                 self.inner.create(name, data[: self._torn_length(data)])
             raise rule.error(f"injected fault in create (seed {self.seed})", injected=True)
-        return self.inner.create(name, data)
+        handle = self.inner.create(name, data)
+        self._after("create")
+        return handle
 
     def delete(self, handle: ChunkHandle) -> None:
         self._check("delete")
         self.inner.delete(handle)
+        self._after("delete")
 
     def open_read(self, name: str) -> ChunkHandle:
         self._check("open_read")
@@ -159,7 +221,9 @@ class FaultyChunkStorage(ChunkStorage):
 
     def read(self, handle: ChunkHandle, offset: int, length: int) -> bytes:
         self._check("read")
-        return self.inner.read(handle, offset, length)
+        data = self.inner.read(handle, offset, length)
+        self._after("read")
+        return data
 
     def write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
         rule = self._fault("write")
@@ -167,7 +231,9 @@ class FaultyChunkStorage(ChunkStorage):
             if rule.partial and data:
                 self.inner.write(handle, offset, data[: self._torn_length(data)])
             raise rule.error(f"injected fault in write (seed {self.seed})", injected=True)
-        return self.inner.write(handle, offset, data)
+        written = self.inner.write(handle, offset, data)
+        self._after("write")
+        return written
 
     def list(self, prefix: str = "") -> Iterator[str]:
         self._check("list")
@@ -175,11 +241,14 @@ class FaultyChunkStorage(ChunkStorage):
 
     def concat(self, target: str, sources: Sequence[ConcatSource]) -> ChunkInfo:
         self._check("concat")
-        return self.inner.concat(target, sources)
+        info = self.inner.concat(target, sources)
+        self._after("concat")
+        return info
 
     def truncate(self, handle: ChunkHandle, length: int) -> None:
         self._check("truncate")
         self.inner.truncate(handle, length)
+        self._after("truncate")
 
     def set_readonly(self, handle: ChunkHandle, readonly: bool) -> None:
         self._check("set_readonly")

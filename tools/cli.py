@@ -522,6 +522,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """Seeded, deterministic simulation under faults (see ``slts.tools.simulation``)."""
+    from slts.tools.simulation import cli as simulation_cli
+
+    return simulation_cli.main(args)
+
+
 @contextlib.contextmanager
 def _input(path: str) -> Iterator[BinaryIO]:
     if path == "-":
@@ -654,6 +661,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--only", nargs="+", default=None, metavar="NAME", help="run only these benchmarks")
     bench.add_argument("--dir", default=None, help="scratch folder on the disk to measure (default: cwd)")
     bench.add_argument("--json-file", default=None, metavar="FILE", help="also write the figures as JSON")
+    simulate = add("simulate", cmd_simulate, "random programs under faults against a model (--seed N: replay one)")
+    simulate.add_argument("--seeds", type=_positive, default=100, help="seeds to run (default 100)")
+    simulate.add_argument("--first-seed", type=_non_negative, default=0, help="first seed of the soak (default 0)")
+    simulate.add_argument("--ops", type=_positive, default=500, help="steps per seed (default 500)")
+    simulate.add_argument("--seed", type=_non_negative, default=None, help="replay this seed, print its program")
+    simulate.add_argument("--no-shrink", action="store_true", help="with --seed: print the program unshrunk")
+    simulate.add_argument("--by-kind", action="store_true", help="also list the seeds of each violation kind")
+    simulate.add_argument("--ignore", nargs="+", default=[], metavar="KIND", help="count these kinds, go on")
+    simulate.add_argument("--jobs", type=_positive, default=1, help="seeds run side by side (default 1)")
     return parser
 
 

@@ -1,0 +1,159 @@
+"""The invariants a simulated run checks, and the leak check.
+
+After every step (faults off):
+
+* ``content``: the engine lists exactly the model's segments, and each one's start,
+  length, sealed flag and readable bytes are the model's;
+* ``verify``: ``verify_container`` finds no problem (every segment's list, records and
+  index agree; every chunk on storage is referenced, awaited by a tombstone or queued
+  for GC; the tier-2 copy of the metadata restores); a report whose only problems are
+  system chunks no journal state references is its own kind, ``verify_system_chunk_leak``;
+* ``leak``: ``find_leaks`` finds nothing: no index entry, chunk record or GC entry that
+  nothing can reach.
+
+After a full GC past its delay (and the batch lease): ``exact``: the chunk storage holds
+exactly the chunks the live segments reference, the GC queue and the tombstones are
+empty and every chunk record belongs to a live segment.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from slts.journal.names import system_prefix
+from slts.metadata.layout import CHUNKS, DELETED, GC, INDEX, SEGMENTS
+from slts.metadata.records import GcEntry, SegmentRecord
+from slts.storage import verify as verify_module
+from slts.storage.chunked import ChunkedSegmentStorage
+from slts.storage.index import parse_value
+
+from .model import State
+
+
+class Violation(Exception):
+    """An invariant failed: ``kind`` names which (the soak counts by it)."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+        self.detail = detail
+
+    def __reduce__(self) -> tuple[type[Violation], tuple[str, str]]:
+        return (Violation, (self.kind, self.detail))  # picklable: results cross processes (--jobs)
+
+
+def find_leaks(storage: ChunkedSegmentStorage) -> list[str]:
+    """Unreachable index entries, chunk records and GC entries (empty: none).
+
+    Uses ``slts.storage.verify.find_leaks`` when the library has it; until then the
+    same check as ``tests/storage/test_stateful.py``'s ``index_leaks``, with deleted
+    segments awaiting GC counted as reachable. This is the one place to switch.
+    """
+    library = getattr(verify_module, "find_leaks", None)
+    if library is not None:
+        report = library(storage)
+        total = getattr(report, "total", None)
+        if total is None:
+            total = len(report)
+        return [] if not total else [repr(report)]
+    return _index_leaks(storage._store.dump())  # noqa: SLF001 - a check reads raw
+
+
+def _index_leaks(dump: dict[str, dict[bytes, Any]]) -> list[str]:
+    namespaces: dict[int, list[tuple[int, bytes]]] = {}
+    for key, stored in dump[INDEX].items():
+        namespace, offset = struct.unpack(">QQ", key)
+        namespaces.setdefault(namespace, []).append((offset, stored.value))
+    roots = [SegmentRecord.decode(s.value).segment_id for s in dump[SEGMENTS].values()]
+    roots += [SegmentRecord.decode(s.value).segment_id for s in dump[DELETED].values()]
+    reached: set[int] = set()
+    pending = roots
+    while pending:
+        namespace = pending.pop()
+        if namespace not in reached:
+            reached.add(namespace)
+            pending.extend(link[0] for _, value in namespaces.get(namespace, []) if (link := parse_value(value)[1]))
+    problems = [
+        f"index namespace {namespace} ({len(entries)} entries, offsets {sorted(o for o, _ in entries)[:5]}) "
+        "is reachable from no segment"
+        for namespace, entries in sorted(namespaces.items())
+        if namespace not in reached
+    ]
+    chunks = {key.decode() for key in dump[CHUNKS]}
+    for namespace, entries in sorted(namespaces.items()):
+        dangling = [offset for offset, value in entries if (name := parse_value(value)[0]) and name not in chunks]
+        if dangling:
+            problems.append(f"index namespace {namespace}: entries at {dangling[:5]} name chunks without a record")
+    return problems
+
+
+def observe(storage: ChunkedSegmentStorage) -> State:
+    """Every live segment as ``storage`` reads it (``read_failed`` if it cannot)."""
+    result: State = {}
+    try:
+        for name in storage.list():
+            info = storage.info(name)
+            data = storage.read(storage.open_read(name), info.start_offset, info.length - info.start_offset)
+            result[name] = (info.start_offset, info.length, info.sealed, data)
+    except Exception as exc:  # noqa: BLE001 - any failure to read back is the violation
+        raise Violation("read_failed", f"reading back the store raised {type(exc).__name__}: {exc}") from exc
+    return result
+
+
+def check_content(observed: State, expected: State) -> None:
+    if observed != expected:
+        for name in sorted(set(observed) | set(expected)):
+            if observed.get(name) != expected.get(name):
+                seen, want = observed.get(name), expected.get(name)
+                raise Violation(
+                    "content",
+                    f"{name}: store {seen[:3] if seen else None}, model {want[:3] if want else None}"
+                    + (" (same layout, different bytes)" if seen and want and seen[:3] == want[:3] else ""),
+                )
+
+
+def check_verify(storage: ChunkedSegmentStorage, segments: int) -> None:
+    try:
+        report = verify_module.verify_container(storage)
+    except Exception as exc:  # noqa: BLE001
+        raise Violation("verify", f"verify_container raised {type(exc).__name__}: {exc}") from exc
+    if report.problems:
+        system_only = all("system chunk" in problem and "no journal state" in problem for problem in report.problems)
+        raise Violation("verify_system_chunk_leak" if system_only else "verify", "; ".join(report.problems[:3]))
+    if report.segments != segments:
+        raise Violation("verify", f"verify saw {report.segments} segments, the model has {segments}")
+
+
+def check_leaks(storage: ChunkedSegmentStorage) -> None:
+    leaks = find_leaks(storage)
+    if leaks:
+        raise Violation("index_leak", "; ".join(leaks[:3]))
+
+
+def segment_chunks(storage: ChunkedSegmentStorage, binding: Any) -> set[str]:
+    """The container's segment chunks on ``binding`` (system objects left out)."""
+    system = system_prefix(storage.container_id)
+    return {name for name in binding.list(f"{storage.container_id}/") if not name.startswith(system)}
+
+
+def check_exact(storage: ChunkedSegmentStorage, binding: Any) -> None:
+    """After a full GC: storage holds exactly the referenced chunks (see module doc)."""
+    referenced = {chunk.name for name in storage.list() for _, chunk in storage.chunks(name)}
+    on_storage = segment_chunks(storage, binding)
+    if on_storage != referenced:
+        raise Violation(
+            "gc_not_exact",
+            f"after GC: {len(on_storage - referenced)} chunks nothing references "
+            f"{sorted(on_storage - referenced)[:3]}, {len(referenced - on_storage)} referenced missing "
+            f"{sorted(referenced - on_storage)[:3]}",
+        )
+    dump = storage._store.dump()  # noqa: SLF001
+    if dump[GC]:
+        entries = [GcEntry.decode(s.value) for s in dump[GC].values()]
+        raise Violation("gc_not_exact", f"{len(entries)} GC entries left after everything was due: {entries[:2]}")
+    if dump[DELETED]:
+        raise Violation("gc_tombstone_stuck", f"{len(dump[DELETED])} tombstones left after everything was due")
+    records = {key.decode() for key in dump[CHUNKS]}
+    if records != referenced:
+        raise Violation("leak_chunk_records", f"chunk records of no live segment: {sorted(records - referenced)[:3]}")

@@ -1,0 +1,558 @@
+"""The simulated container and how each step kind runs on it.
+
+One memory chunk storage and one memory metadata store stand for tier-2 and the local
+LMDB file; every process (the owner, a zombie, the batch defrag driver, a restarted
+owner) sees them through its own ``FaultyChunkStorage`` and ``FaultyMetadataStore``,
+seeded from the run's seam. A step arms faults (or not), runs, and is judged:
+
+* an operation that returned must have taken effect exactly as the model says;
+* one that raised must have raised a typed error while a fault was injected, and left
+  the state before it, or the state after it only if a commit's answer was lost after it
+  landed (nobody can tell then); anything else is a violation;
+* an exception that is not an ``SltsError`` is always a violation (a traceback).
+
+Then the invariants of ``checks`` run on the whole container.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from slts.bindings.faulty import FaultyChunkStorage
+from slts.bindings.memory import MemoryChunkStorage
+from slts.config import StorageConfig
+from slts.errors import SltsError
+from slts.journal.restore import restore
+from slts.metadata.faulty_store import FaultyMetadataStore
+from slts.metadata.layout import TABLES
+from slts.metadata.memory_store import MemoryMetadataStore
+from slts.metadata.store import MetadataStore
+from slts.storage import batch_defrag
+from slts.storage.chunked import ChunkedSegmentStorage
+
+from . import checks
+from .checks import Violation
+from .model import Model, Segment, State, summary
+from .seam import Seam
+
+NAMES = tuple(f"p{p}/s{i}" for p in range(2) for i in range(6))
+GC_DELAY_S = 10.0
+LEASE_S = 30.0
+#: Chunk storage operations that fail at random while faults are armed.
+FAILING_OPS = ("create", "write", "read", "concat", "delete", "open_read", "open_write", "get_info", "exists")
+#: ... and those whose answer may be lost after they took effect.
+LOSING_OPS = ("create", "write", "concat", "delete")
+
+
+class NoAppendMemoryChunkStorage(MemoryChunkStorage):
+    """The memory binding as an object store has it: no append, no truncate."""
+
+    supports_append = False
+    supports_truncate = False
+
+
+def payload(rng: random.Random, size: int) -> bytes:
+    return rng.randbytes(size)
+
+
+class Process:
+    """One process's view: its faulty wrappers and (once started) its engine instance."""
+
+    def __init__(self, world: World, store: MetadataStore) -> None:
+        seam = world.seam
+        self.binding = FaultyChunkStorage(world.binding, seed=seam.random.getrandbits(32))
+        self.store = FaultyMetadataStore(store, seed=seam.random.getrandbits(32))
+        self.store.on_crash = self.binding.kill
+        self.storage: ChunkedSegmentStorage | None = None
+
+    def faults(self) -> Counter[str]:
+        return self.binding.faults + self.store.faults
+
+
+class World:
+    """The container under test, its model and its counters."""
+
+    def __init__(self, seam: Seam) -> None:
+        self.seam = seam
+        profile = seam.derive()
+        self.no_append = profile.random() < 0.25
+        self.binding = NoAppendMemoryChunkStorage() if self.no_append else MemoryChunkStorage()
+        self.store: MetadataStore = MemoryMetadataStore(TABLES)
+        checksums = profile.random() < 0.7
+        self.config = StorageConfig(
+            gc_delay_s=GC_DELAY_S, gc_interval_s=0.0, metadata_log_flush_interval_s=0.0,
+            gc_batch_max=profile.randint(2, 8), defrag_small_chunk_bytes=profile.choice([16, 48, 200, 1000]),
+            read_parallel_bytes_min=256 << 20, checksums=checksums, verify_checksums_on_read=checksums,
+            concat_merge_seam=profile.random() < 0.6, defrag_batch_lease_s=LEASE_S,
+            metadata_snapshot_interval_s=1e9, journal_snapshot_records=profile.choice([5, 20, 100]),
+        )  # fmt: skip
+        #: Probability of faults in a step, and per call while armed.
+        self.step_fault_p = profile.choice([0.1, 0.25, 0.5])
+        self.call_fault_p = profile.choice([0.05, 0.15, 0.3])
+        self.model = Model()
+        self.counters: Counter[str] = Counter()  # crashes, takeovers, restores
+        self.faults: Counter[str] = Counter()  # of processes that ended
+        self.epochs: list[int] = []
+        self.in_flight: Model | None = None  # the model after the change being judged
+        self.in_flight_returned = False
+        self.in_flight_what = ""
+        self.trail: list[str] = []  # the changes the current step completed (for a violation's message)
+        self.owner = self._start(self.store)
+
+    # -- processes ------------------------------------------------------------------------------
+
+    def _start(self, store: MetadataStore) -> Process:
+        process = Process(self, store)
+        try:
+            process.storage = ChunkedSegmentStorage(
+                0, None, process.binding, process.store, self.config, clock=self.seam.clock
+            )
+        except Exception as exc:  # noqa: BLE001
+            raise Violation("start_failed", f"starting an instance raised {type(exc).__name__}: {exc}") from exc
+        epoch = process.storage.epoch
+        if self.epochs and epoch <= self.epochs[-1]:
+            raise Violation("epoch", f"a new instance took epoch {epoch}, not newer than {self.epochs[-1]}")
+        self.epochs.append(epoch)
+        return process
+
+    def _end(self, process: Process, *, close: bool) -> None:
+        """The process ends: closed cleanly, or abandoned (it died)."""
+        self.faults.update(process.faults())
+        if close and process.storage is not None:
+            process.binding.clear()
+            process.store.clear()
+            process.storage.close()
+
+    def all_faults(self) -> Counter[str]:
+        return self.faults + self.owner.faults()
+
+    @property
+    def s(self) -> ChunkedSegmentStorage:
+        assert self.owner.storage is not None
+        return self.owner.storage
+
+    def close(self) -> None:
+        self._end(self.owner, close=not self.owner.store.dead)
+
+    # -- faults ------------------------------------------------------------------------------
+
+    def arm(self, process: Process, rng: random.Random) -> bool:
+        """Maybe arm faults for one step on ``process`` (seeded by the step): True if armed."""
+        if rng.random() >= self.step_fault_p:
+            return False
+        p = self.call_fault_p
+        binding, store = process.binding, process.store
+        binding.random = random.Random(rng.getrandbits(64))
+        store.random = random.Random(rng.getrandbits(64))
+        for op in FAILING_OPS:
+            binding.fail_probability(op, p)
+        if rng.random() < 0.5:
+            for op in LOSING_OPS:
+                binding.lose_reply_probability(op, p / 2)
+        if rng.random() < 0.3:
+            binding.partial_write(rng.randint(1, 3))
+        if rng.random() < 0.3:
+            binding.latency(self.seam.clock.advance, p, rng.choice([0.5, 4.0, GC_DELAY_S * 1.5]))
+        store.fail_probability(p / 2)
+        if rng.random() < 0.5:
+            store.lose_reply_probability(p / 2)
+        return True
+
+    @staticmethod
+    def disarm(process: Process) -> None:
+        process.binding.clear()
+        process.store.clear()
+
+    # -- judging -----------------------------------------------------------------------------
+
+    def observe(self) -> State:
+        return checks.observe(self.s)
+
+    def run_op(self, process: Process, rng: random.Random | None, fn: Callable[[], Any]) -> tuple[bool, Any, Counter]:
+        """Run ``fn`` on ``process`` (faults armed from ``rng`` if given): (returned,
+        result or error, faults injected meanwhile). A non-``SltsError`` is a violation."""
+        before = process.faults()
+        if rng is not None:
+            self.arm(process, rng)
+        try:
+            return True, fn(), process.faults() - before
+        except SltsError as exc:
+            return False, exc, process.faults() - before
+        except Exception as exc:  # noqa: BLE001 - an untyped error is what the simulator looks for
+            raise Violation(f"exception:{type(exc).__name__}", f"{exc!r}") from exc
+        finally:
+            self.disarm(process)
+
+    def judge(self, what: str, after: Model, returned: bool, result: Any, injected: Counter) -> str:
+        """Settle the model after an operation that changes it into ``after`` (see module doc)."""
+        observed = self.observe()
+        if returned:
+            checks.check_content(observed, after.state())
+            self.model = after
+            return "ok"
+        if not injected:
+            raise Violation(f"unexpected_error:{type(result).__name__}", f"{what} raised {result!r} with no fault injected")
+        if observed == self.model.state():
+            return f"failed ({type(result).__name__})"
+        if observed == after.state():
+            lost = injected["commit-lost-reply"] or injected["crash"]
+            self.model = after  # what the store holds, whether or not the error was right to say otherwise
+            if not lost:
+                raise Violation(f"error_after_effect:{what.split()[0]}", f"{what} raised {result!r}, yet it took effect "
+                                                      f"(faults {dict(injected)})")  # fmt: skip
+            self.model = after
+            return f"failed ({type(result).__name__}) but landed"
+        raise Violation("partial_effect", f"{what} raised {result!r}; the store holds neither the state before "
+                                          f"nor after: {summary(observed)} vs {summary(after.state())}")  # fmt: skip
+
+    # -- choices ----------------------------------------------------------------------------------
+
+    def pick(self, rng: random.Random, predicate: Callable[[str, Segment], bool] = lambda n, s: True) -> str | None:
+        names = sorted(n for n, s in self.model.segments.items() if predicate(n, s))
+        return rng.choice(names) if names else None
+
+    def free_name(self, rng: random.Random) -> str | None:
+        free = [n for n in NAMES if n not in self.model.segments]
+        return rng.choice(free) if free else None
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def step(self, kind: str, rng: random.Random) -> str:
+        """Run one step; its description (for the printed program)."""
+        return getattr(self, f"do_{kind}")(rng)
+
+    def mutate(self, rng: random.Random | None, what: str, after: Model, fn: Callable[[], Any]) -> str:
+        """Run a change whose model is ``after`` and judge it (``in_flight`` keeps it for
+        a crash that interrupts the judging)."""
+        self.in_flight, self.in_flight_returned, self.in_flight_what = after, False, what
+        returned, result, injected = self.run_op(self.owner, rng, fn)
+        self.in_flight_returned = returned
+        verdict = self.judge(what, after, returned, result, injected)
+        self.in_flight = None
+        self.trail.append(f"{what}: {verdict}")
+        return f"{what}: {verdict}"
+
+    def do_create(self, rng: random.Random) -> str:
+        name = self.free_name(rng)
+        if name is None:
+            return "create: no free name"
+        rolling = rng.choice([8, 16, 32, 64, 160, 1024])
+        after = self.model.copy()
+        after.segments[name] = Segment()
+        return self.mutate(rng, f"create {name} rolling {rolling}", after,
+                           lambda: self.s.create(name, max_rolling_length=rolling))  # fmt: skip
+
+    def _write(self, rng: random.Random | None, name: str, size: int, data_rng: random.Random) -> str:
+        after = self.model.copy()
+        segment = after.segments[name]
+        data = payload(data_rng, size)
+        offset = len(segment.data)
+        segment.data += data
+        return self.mutate(rng, f"write {name} @{offset} +{size}", after,
+                           lambda: self.s.write(self.s.open_write(name), offset, data))  # fmt: skip
+
+    def do_write(self, rng: random.Random) -> str:
+        name = self.pick(rng, lambda n, s: not s.sealed)
+        if name is None:
+            return "write: no unsealed segment"
+        return self._write(rng, name, rng.choice([0, rng.randint(1, 12), rng.randint(13, 90)]), rng)
+
+    def do_read(self, rng: random.Random) -> str:
+        name = self.pick(rng)
+        if name is None:
+            return "read: no segment"
+        segment = self.model.segments[name]
+        offset = rng.randint(segment.start, len(segment.data))
+        size = rng.randint(0, len(segment.data) - offset)
+        returned, result, injected = self.run_op(self.owner, rng, lambda: self.s.read(self.s.open_read(name), offset, size))
+        what = f"read {name} @{offset} +{size}"
+        if returned:
+            if result != bytes(segment.data[offset : offset + size]):
+                raise Violation("read_content", f"{what} returned other bytes than the model's")
+            return f"{what}: ok"
+        if not injected:
+            raise Violation(f"unexpected_error:{type(result).__name__}", f"{what} raised {result!r}, no fault injected")
+        return f"{what}: failed ({type(result).__name__})"
+
+    def _set_sealed(self, rng: random.Random | None, name: str, sealed: bool) -> str:
+        after = self.model.copy()
+        after.segments[name].sealed = sealed
+        verb = "seal" if sealed else "unseal"
+        return self.mutate(rng, f"{verb} {name}", after,
+                           lambda: getattr(self.s, verb)(self.s.open_write(name)))  # fmt: skip
+
+    def do_seal(self, rng: random.Random) -> str:
+        name = self.pick(rng)
+        return self._set_sealed(rng, name, True) if name else "seal: no segment"
+
+    def do_unseal(self, rng: random.Random) -> str:
+        name = self.pick(rng)
+        return self._set_sealed(rng, name, False) if name else "unseal: no segment"
+
+    def _concat(self, rng: random.Random | None, target: str, source: str) -> str:
+        after = self.model.copy()
+        offset = len(after.segments[target].data)
+        after.segments[target].data += after.segments.pop(source).data
+        after.targets.discard(source)
+        after.targets.add(target)
+        return self.mutate(rng, f"concat {source} -> {target} @{offset}", after,
+                           lambda: self.s.concat(self.s.open_write(target), offset, source))  # fmt: skip
+
+    def _valid_targets(self, source: str) -> Callable[[str, Segment], bool]:
+        return lambda n, s: n != source and not s.sealed
+
+    def do_concat(self, rng: random.Random) -> str:
+        source = self.pick(rng, lambda n, s: s.sealed and s.start == 0)
+        target = self.pick(rng, self._valid_targets(source)) if source else None
+        if source is None or target is None:
+            return "concat: no valid pair"
+        return self._concat(rng, target, source)
+
+    def do_transaction(self, rng: random.Random) -> str:
+        """Create a transaction segment, fill it, seal it, concat it into a live one."""
+        target = self.pick(rng, lambda n, s: not s.sealed)
+        source = self.free_name(rng)
+        if target is None or source is None:
+            return "transaction: no parent or no free name"
+        lines = [self.mutate(None, f"create {source}", self._with(source), lambda: self.s.create(source, max_rolling_length=rng.choice([8, 32, 160, 1024])))]
+        for _ in range(rng.randint(0, 3)):
+            lines.append(self._write(None, source, rng.randint(1, 40), rng))
+        lines.append(self._set_sealed(None, source, True))
+        lines.append(self._concat(rng, target, source))
+        return "transaction: " + "; ".join(lines)
+
+    def _with(self, name: str) -> Model:
+        after = self.model.copy()
+        after.segments[name] = Segment()
+        return after
+
+    def do_chain(self, rng: random.Random) -> str:
+        """Concat a segment that was itself a concat target into another (a chain)."""
+        source = self.pick(rng, lambda n, s: n in self.model.targets and s.start == 0)
+        target = self.pick(rng, self._valid_targets(source)) if source else None
+        if source is None or target is None:
+            return "chain: no former concat target to chain"
+        lines = [] if self.model.segments[source].sealed else [self._set_sealed(None, source, True)]
+        lines.append(self._concat(rng, target, source))
+        return "chain: " + "; ".join(lines)
+
+    def do_truncate(self, rng: random.Random) -> str:
+        name = self.pick(rng)
+        if name is None:
+            return "truncate: no segment"
+        after = self.model.copy()
+        segment = after.segments[name]
+        offset = rng.randint(segment.start, len(segment.data))
+        segment.start = offset
+        return self.mutate(rng, f"truncate {name} @{offset}", after,
+                           lambda: self.s.truncate(self.s.open_write(name), offset))  # fmt: skip
+
+    def do_delete(self, rng: random.Random) -> str:
+        name = self.pick(rng)
+        if name is None:
+            return "delete: no segment"
+        after = self.model.copy()
+        del after.segments[name]
+        after.targets.discard(name)
+        return self.mutate(rng, f"delete {name}", after, lambda: self.s.delete(self.s.open_write(name)))
+
+    def do_defrag(self, rng: random.Random) -> str:
+        name = self.pick(rng, lambda n, s: True)
+        if name is None:
+            return "defrag: no segment"
+        return self.mutate(rng, f"defrag {name}", self.model.copy(), lambda: self.s.defrag(name))
+
+    def do_gc(self, rng: random.Random) -> str:
+        seconds = rng.choice([0.0, 1.0, GC_DELAY_S / 2, GC_DELAY_S + 1])
+        self.seam.clock.advance(seconds)
+        return self.mutate(rng, f"gc after {seconds}s", self.model.copy(), lambda: self.s.gc.run_once())
+
+    def do_gc_full(self, rng: random.Random) -> str:
+        """Everything due (past the delay and any batch lease): GC until quiet, then exact."""
+        self.seam.clock.advance(GC_DELAY_S + LEASE_S + 1)
+        for passes in range(1, 501):
+            sequence = self.store.last_sequence
+            returned, stats, _ = self.run_op(self.owner, None, lambda: self.s.gc.run_once())
+            if not returned:
+                raise Violation(f"unexpected_error:{type(stats).__name__}", f"GC without faults raised {stats!r}")
+            if stats.errors:
+                raise Violation("gc_errors", f"GC without faults counted {stats.errors} errors")
+            # Quiet: nothing counted and nothing committed (a pass that only clears a deleted
+            # segment's index entries counts nothing, yet it is progress).
+            if not (stats.chunks_deleted or stats.entries_kept or stats.tombstones_finished) and (
+                self.store.last_sequence == sequence
+            ):
+                break
+        else:
+            raise Violation("gc_not_converging", "500 GC passes and still busy")
+        checks.check_exact(self.s, self.binding)
+        return f"gc until quiet: {passes} passes, storage exact"
+
+    def do_snapshot(self, rng: random.Random) -> str:
+        assert self.s.durable is not None
+        return self.mutate(rng, "metadata snapshot", self.model.copy(), lambda: self.s.durable.snapshot())
+
+    def do_flush(self, rng: random.Random) -> str:
+        assert self.s.durable is not None
+        return self.mutate(rng, "metadata log flush", self.model.copy(), lambda: self.s.durable.flush())
+
+    def do_restore(self, rng: random.Random) -> str:
+        """The machine is lost after a flush: restore from tier-2 into a fresh store."""
+        assert self.s.durable is not None
+        self.s.durable.flush()
+        self._end(self.owner, close=True)
+        fresh = MemoryMetadataStore(TABLES)
+        try:
+            report = restore(self.binding, 0, fresh)
+        except Exception as exc:  # noqa: BLE001
+            raise Violation("restore_failed", f"restore raised {type(exc).__name__}: {exc}") from exc
+        self.store = fresh
+        self.owner = self._start(fresh)
+        self.counters["restores"] += 1
+        checks.check_content(self.observe(), self.model.state())
+        return f"restore from tier-2 (sequence {report.sequence}) into a fresh store, epoch {self.s.epoch}"
+
+    # -- crash, takeover, batch defrag --------------------------------------------------------
+
+    _CRASHABLE = ("write", "truncate", "delete", "defrag", "gc", "seal", "create", "transaction", "chain",
+                  "snapshot", "flush")  # fmt: skip
+
+    def do_crash(self, rng: random.Random) -> str:
+        """The owner dies at the n-th commit of an operation (landed or not) and restarts
+        with a new epoch: the store holds the state before or after the operation."""
+        kind = rng.choice(self._CRASHABLE)
+        nth, landed = rng.randint(1, 4), rng.random() < 0.5
+        self.owner.store.crash_at(nth, landed)
+        inner_rng = random.Random(rng.getrandbits(64))
+        self.in_flight, self.in_flight_what = None, ""
+        try:
+            what = self.step(kind, inner_rng)
+        except Violation as violation:
+            if not self.owner.store.dead:
+                raise
+            what = f"{self.in_flight_what or kind} (died)"  # judged below, against the restart
+        died = self.owner.store.dead
+        before = self.model
+        after = self.in_flight if self.in_flight is not None else self.model
+        returned = self.in_flight_returned if self.in_flight is not None else True
+        self.in_flight = None
+        self.owner.store.clear()
+        self._end(self.owner, close=False)
+        self.owner = self._start(self.store)
+        self.counters["crashes"] += 1
+        observed = self.observe()
+        if observed == after.state():
+            self.model = after
+        elif observed != before.state():
+            raise Violation("crash_state", f"after a crash in {kind}: neither the state before nor after it: "
+                                           f"{summary(observed)}")  # fmt: skip
+        elif returned:
+            raise Violation("acknowledged_lost", f"{kind} returned before the crash (died: {died}), its effect is gone")
+        return f"crash at commit {nth} ({'landed' if landed else 'not landed'}) of [{what}]; restart epoch {self.s.epoch}"
+
+    _ZOMBIE_ACTS = ("write", "truncate", "seal", "unseal", "delete", "defrag", "gc", "create", "flush", "read")
+
+    def do_zombie(self, rng: random.Random) -> str:
+        """A new owner takes over; the old instance keeps acting: it must change nothing
+        and say so (a typed error), except reads, which may still return the bytes."""
+        zombie = self.owner
+        self.owner = self._start(self.store)
+        self.counters["takeovers"] += 1
+        acts = []
+        for _ in range(rng.randint(1, 4)):
+            kind = rng.choice(self._ZOMBIE_ACTS)
+            acts.append(self._zombie_act(zombie, kind, rng))
+        self._end(zombie, close=True)
+        return "takeover; zombie: " + "; ".join(acts)
+
+    def _zombie_act(self, zombie: Process, kind: str, rng: random.Random) -> str:
+        z = zombie.storage
+        assert z is not None
+        name = self.pick(rng) or "p0/s0"
+        segment = self.model.segments.get(name, Segment())
+        calls: dict[str, Callable[[], Any]] = {
+            "write": lambda: z.write(z.open_write(name), len(segment.data), b"ZOMBIE" * rng.randint(1, 5)),
+            "truncate": lambda: z.truncate(z.open_write(name), rng.randint(0, len(segment.data))),
+            "seal": lambda: z.seal(z.open_write(name)),
+            "unseal": lambda: z.unseal(z.open_write(name)),
+            "delete": lambda: z.delete(z.open_write(name)),
+            "defrag": lambda: z.defrag(name),
+            "gc": lambda: z.gc.run_once(),
+            "create": lambda: z.create(self.free_name(rng) or name),
+            "flush": lambda: z.durable.flush() if z.durable else None,
+            "read": lambda: z.read(z.open_read(name), segment.start, len(segment.data) - segment.start),
+        }
+        self.seam.clock.advance(rng.choice([0.0, GC_DELAY_S + 1]))
+        returned, result, _ = self.run_op(zombie, None, calls[kind])
+        what = f"{kind} {name}"
+        observed = self.observe()
+        if observed != self.model.state():
+            raise Violation("zombie_changed_state", f"the zombie's {what} changed the store ({'returned' if returned else repr(result)})")
+        if kind == "read":
+            if returned and result != bytes(segment.data[segment.start :]):
+                raise Violation("zombie_read_content", f"the zombie's {what} returned other bytes than the model's")
+            return f"{what}: {'ok' if returned else type(result).__name__}"
+        if returned:
+            noop = kind in ("defrag", "flush") or (kind == "seal" and segment.sealed) or (
+                kind == "unseal" and not segment.sealed) or (kind == "truncate" and name in self.model.segments)
+            # (a zombie's truncate picks an offset <= length; state unchanged means at or below the start)
+            raise Violation("zombie_noop_acknowledged" if noop else "zombie_acknowledged",
+                            f"the zombie's {what} returned normally after a takeover")  # fmt: skip
+        return f"{what}: {type(result).__name__}"
+
+    def do_batch_defrag(self, rng: random.Random) -> str:
+        """A defrag batch beside the owner, driven step by step: plan, register (leased
+        intents), then maybe a write, a renewal, an expiry or a takeover, then build every
+        run (faults), then commit or release each run."""
+        driver_process = Process(self, self.store)
+        binding, store = driver_process.binding, driver_process.store
+        events: list[str] = []
+        try:
+            driver = batch_defrag.BatchDefrag(binding, store, 0, self.config, clock=self.seam.clock)
+            for runs in driver.plan(batch_runs=rng.choice([1, 3, 100])):
+                planned = driver.register(runs)
+                event = rng.choice(["none", "none", "write", "renew", "expire", "takeover"])
+                events.append(self._batch_event(event, planned, driver, rng))
+                self.arm(driver_process, rng)
+                outcomes: list[Any] = []
+                for item in planned:
+                    try:
+                        outcomes.append(batch_defrag.execute(item.task, binding))
+                    except SltsError as exc:
+                        outcomes.append(exc)
+                self.disarm(driver_process)
+                for item, outcome in zip(planned, outcomes, strict=True):
+                    events.append(f"{item.run.segment}@{item.run.start}:{batch_defrag._end(driver, item, outcome)}")  # noqa: SLF001
+        except SltsError as exc:
+            events.append(f"driver stopped: {type(exc).__name__}")
+        except Exception as exc:  # noqa: BLE001
+            raise Violation(f"exception:{type(exc).__name__}", f"batch defrag: {exc!r}") from exc
+        finally:
+            self.disarm(driver_process)
+            self.faults.update(driver_process.faults())
+        checks.check_content(self.observe(), self.model.state())
+        return "batch defrag: " + ", ".join(events[:12]) + (" ..." if len(events) > 12 else "")
+
+    def _batch_event(self, event: str, planned: list[Any], driver: Any, rng: random.Random) -> str:
+        if event == "write" and planned:
+            name = planned[rng.randrange(len(planned))].run.segment
+            if name in self.model.segments and not self.model.segments[name].sealed:
+                return self._write(None, name, rng.randint(1, 30), rng)
+        if event == "renew":
+            self.seam.clock.advance(LEASE_S / 2)
+            planned[:] = driver.renew(planned)
+            return "renewed"
+        if event == "expire":
+            self.seam.clock.advance(LEASE_S + GC_DELAY_S + 1)
+            for _ in range(5):
+                self.s.gc.run_once()
+            return "lease expired, GC ran"
+        if event == "takeover":
+            self._end(self.owner, close=True)
+            self.owner = self._start(self.store)
+            self.counters["takeovers"] += 1
+            return "new owner"
+        return "-"
