@@ -32,12 +32,12 @@ Read-only instances check and never write.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from slts.bindings.base import ChunkStorage
+from slts.chunk_names import unique_hex
 from slts.errors import ChunkExists, ChunkNotFound, MetadataCorrupted, StoreMismatch, VersionConflict
 from slts.journal.names import identity_object
 from slts.metadata.layout import CONTAINER
@@ -84,7 +84,7 @@ def settle(
     container_id: int,
     *,
     read_only: bool,
-    new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+    new_id: Callable[[], str] = unique_hex,
 ) -> str | None:
     """Check that ``store`` and ``binding`` belong to the same store (see module doc),
     adopting an identity for a store that has none unless ``read_only``. Returns the

@@ -39,12 +39,18 @@ def unique_source(source: Callable[[], str]) -> Iterator[None]:
         _unique = previous
 
 
+def unique_hex() -> str:
+    """32 new hex digits from the current source (``uuid4`` unless ``unique_source``):
+    the random part of chunk names, and of other names that must never repeat."""
+    unique = _unique()
+    assert _HEX.fullmatch(unique), unique
+    return unique
+
+
 def chunk_leaf(epoch: int, offset: int) -> str:
     """A new unique last name part for a chunk made by ``epoch`` starting at ``offset``."""
     assert epoch >= 1 and offset >= 0, (epoch, offset)
-    unique = _unique()
-    assert _HEX.fullmatch(unique), unique
-    return f"E{epoch}.O{offset}.{unique}"
+    return f"E{epoch}.O{offset}.{unique_hex()}"
 
 
 def leaf_epoch(name: str) -> int | None:

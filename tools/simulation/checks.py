@@ -18,15 +18,13 @@ empty and every chunk record belongs to a live segment.
 
 from __future__ import annotations
 
-import struct
 from typing import Any
 
 from slts.journal.names import system_prefix
-from slts.metadata.layout import CHUNKS, DELETED, GC, INDEX, SEGMENTS
-from slts.metadata.records import GcEntry, SegmentRecord
+from slts.metadata.layout import CHUNKS, DELETED, GC
+from slts.metadata.records import GcEntry
 from slts.storage import verify as verify_module
 from slts.storage.chunked import ChunkedSegmentStorage
-from slts.storage.index import parse_value
 
 from .model import State
 
@@ -44,48 +42,10 @@ class Violation(Exception):
 
 
 def find_leaks(storage: ChunkedSegmentStorage) -> list[str]:
-    """Unreachable index entries, chunk records and GC entries (empty: none).
-
-    Uses ``slts.storage.verify.find_leaks`` when the library has it; until then the
-    same check as ``tests/storage/test_stateful.py``'s ``index_leaks``, with deleted
-    segments awaiting GC counted as reachable. This is the one place to switch.
-    """
-    library = getattr(verify_module, "find_leaks", None)
-    if library is not None:
-        report = library(storage)
-        total = getattr(report, "total", None)
-        if total is None:
-            total = len(report)
-        return [] if not total else [repr(report)]
-    return _index_leaks(storage._store.dump())  # noqa: SLF001 - a check reads raw
-
-
-def _index_leaks(dump: dict[str, dict[bytes, Any]]) -> list[str]:
-    namespaces: dict[int, list[tuple[int, bytes]]] = {}
-    for key, stored in dump[INDEX].items():
-        namespace, offset = struct.unpack(">QQ", key)
-        namespaces.setdefault(namespace, []).append((offset, stored.value))
-    roots = [SegmentRecord.decode(s.value).segment_id for s in dump[SEGMENTS].values()]
-    roots += [SegmentRecord.decode(s.value).segment_id for s in dump[DELETED].values()]
-    reached: set[int] = set()
-    pending = roots
-    while pending:
-        namespace = pending.pop()
-        if namespace not in reached:
-            reached.add(namespace)
-            pending.extend(link[0] for _, value in namespaces.get(namespace, []) if (link := parse_value(value)[1]))
-    problems = [
-        f"index namespace {namespace} ({len(entries)} entries, offsets {sorted(o for o, _ in entries)[:5]}) "
-        "is reachable from no segment"
-        for namespace, entries in sorted(namespaces.items())
-        if namespace not in reached
-    ]
-    chunks = {key.decode() for key in dump[CHUNKS]}
-    for namespace, entries in sorted(namespaces.items()):
-        dangling = [offset for offset, value in entries if (name := parse_value(value)[0]) and name not in chunks]
-        if dangling:
-            problems.append(f"index namespace {namespace}: entries at {dangling[:5]} name chunks without a record")
-    return problems
+    """Index entries and chunk records nothing reaches (empty: none): the library's leak
+    check (``slts.storage.leaks``); overdue GC entries are left to ``check_exact``, since
+    between steps GC may simply not have run."""
+    return storage.check_leaks().problems(gc=False)
 
 
 def observe(storage: ChunkedSegmentStorage) -> State:
