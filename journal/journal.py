@@ -153,8 +153,7 @@ class SystemJournal:
         # The boot record: a full snapshot heads this epoch's journal (a new file).
         self.write({"k": SNAPSHOT, "layouts": self.layout.snapshot_record((0, 0))["layouts"]}, new_file=True)
         self._snapshot_quietly()
-        if first:
-            self._remove_stale_chunks()
+        self._remove_stale_chunks()
 
     def ensure_ready(self) -> None:
         """Re-boot from tier-2 if an earlier write failed (see module doc). Call with
@@ -277,9 +276,11 @@ class SystemJournal:
                 self._delete(name)
 
     def _remove_stale_chunks(self) -> None:
-        """System-segment chunks of older epochs that the booted layout does not reference
-        (a zombie's after a newer boot, or a write that failed before its record)."""
-        stale = stale_system_chunks(self.binding, self.container_id, self.layout, self.epoch)
+        """System-segment chunks that the booted layout does not reference: of older epochs
+        (a zombie's after a newer boot, a write that failed before its record) and, at a
+        re-boot after a failed write, this epoch's own (the layout just replayed from
+        tier-2 is the truth, and every change runs under the lock: none is in flight)."""
+        stale = stale_system_chunks(self.binding, self.container_id, self.layout, self.epoch + 1)
         if stale:
             self._fence_check()
             for name in stale:

@@ -12,7 +12,9 @@ journaled (DESIGN.md §6; PDP-34 "The solution: Log Structured Snapshotting Meta
   next append starts a new chunk. ``new_chunk=True`` forces a new chunk (a metadata
   snapshot starts one, so that truncation later drops whole chunks).
 * **truncate**: a ``truncate`` record first; then the chunks wholly before the new start
-  are deleted (an owner check first: a fenced instance deletes nothing).
+  are deleted (an owner check first: a fenced instance deletes nothing). Once the record
+  is durable the truncate has happened: a delete that fails is retried before the next
+  change, not reported (the chunks are garbage either way; a boot removes them too).
 
 Reads (``read_range``, a free function) take the layout, so restore reads a replayed
 layout with the same code. All changes run under the journal's lock: one group.
@@ -43,6 +45,7 @@ class SystemSegments:
         self.rolling_bytes = rolling_bytes
         self._fence_check = fence_check
         self._own: set[str] = set()  # chunks this instance created and may append to
+        self._undeleted: set[str] = set()  # dropped by a durable truncate, delete failed: retried
 
     @property
     def lock(self) -> Any:
@@ -63,17 +66,20 @@ class SystemSegments:
         assert data, "appending nothing"
         with self.lock:
             self.journal.ensure_ready()
+            self._retry_deletes()
             layout = self.journal.layout.segment(segment)
             offset, last = layout.length, layout.last_chunk
             extra = {"attrs": dict(attrs)} if attrs else {}
             if not new_chunk and self._appendable(last, len(data)):
                 assert last is not None
-                try:
-                    self.binding.write(self.binding.open_write(last.name), last.length, data)
-                except ChunkStorageError:
-                    self._own.discard(last.name)  # tainted: never append to it again
-                    raise
-                record = {"k": APPEND, "seg": segment, "chunk": last.name, "offset": offset, "length": len(data)}
+                # Tainted from here until its record is durable: if the write or the record
+                # fails, bytes past the recorded length may be there; never append again.
+                self._own.discard(last.name)
+                self.binding.write(self.binding.open_write(last.name), last.length, data)
+                self.journal.write({"k": APPEND, "seg": segment, "chunk": last.name, "offset": offset,
+                                    "length": len(data), **extra})  # fmt: skip
+                self._own.add(last.name)
+                return offset
             else:
                 name = names.system_chunk(self.journal.container_id, segment, self.journal.epoch, offset)
                 self.binding.create(name, data)
@@ -82,6 +88,17 @@ class SystemSegments:
                           "prev": last.name if last else None, "length": len(data)}  # fmt: skip
             self.journal.write({**record, **extra})
             return offset
+
+    def _retry_deletes(self) -> None:
+        """Delete again the chunks whose delete failed after a durable truncate (lock held)."""
+        for name in sorted(self._undeleted):
+            try:
+                self._fence_check()
+                with contextlib.suppress(ChunkNotFound):
+                    self.binding.delete(ChunkHandle(name, readonly=False))
+            except ChunkStorageError:
+                return  # still failing: next time
+            self._undeleted.discard(name)
 
     def _appendable(self, last: Any, size: int) -> bool:
         return (
@@ -96,6 +113,7 @@ class SystemSegments:
         the chunks wholly before it. ``attrs`` are stored with the record."""
         with self.lock:
             self.journal.ensure_ready()
+            self._retry_deletes()
             layout = self.journal.layout.segment(segment)
             if not layout.start_offset <= offset <= layout.length:
                 raise InvalidOffset(
@@ -113,8 +131,8 @@ class SystemSegments:
                 self._fence_check()
                 for name in dropped:
                     self._own.discard(name)
-                    with contextlib.suppress(ChunkNotFound):
-                        self.binding.delete(ChunkHandle(name, readonly=False))
+                    self._undeleted.add(name)
+                self._retry_deletes()
 
     def read(self, segment: str, offset: int, length: int) -> bytes:
         """Bytes ``[offset, offset + length)`` of ``segment`` (within its readable range)."""

@@ -53,6 +53,12 @@ def chunk_leaf(epoch: int, offset: int) -> str:
     return f"E{epoch}.O{offset}.{unique_hex()}"
 
 
+def leaf_offset(name: str) -> int | None:
+    """The start offset in a chunk name whose last part ``chunk_leaf`` made, or None."""
+    match = _LEAF.fullmatch(name.rsplit("/", 1)[-1])
+    return int(match["offset"]) if match else None
+
+
 def leaf_epoch(name: str) -> int | None:
     """The epoch in a chunk name whose last part ``chunk_leaf`` made, or None for other names."""
     match = _LEAF.fullmatch(name.rsplit("/", 1)[-1])

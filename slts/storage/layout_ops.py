@@ -157,9 +157,11 @@ class LayoutOperations:
         Chunks wholly below the new start leave the list (to GC) in bounded batches of
         ``gc_batch_max`` chunks per commit; no data is ever rewritten. Works on sealed
         segments. ``offset`` at or below the current start is a no-op (except that it
-        finishes dropping chunks an interrupted truncate left below the start).
-        Raises ``InvalidOffset`` (negative or past the length), ``SegmentNotFound``,
-        ``Fenced``.
+        finishes dropping chunks an interrupted truncate left below the start). Once the
+        first batch has committed the truncate has happened and returns normally: an error
+        in a later batch leaves chunks below the start for the next truncate. Raises
+        ``InvalidOffset`` (negative or past the length), ``SegmentNotFound``, ``Fenced``:
+        every error means nothing changed.
         """
         self._check_open()
         handle = self._check_handle(handle, writable=True)
@@ -174,12 +176,21 @@ class LayoutOperations:
                 )
             new_start = max(record.start_offset, offset)
             for batch in range(record.chunk_count // self.config.gc_batch_max + 2):
-                ops, expect, record = self._truncate_batch(record, version, new_start)
-                if not ops:
-                    if not batch:  # a no-op: still, only the owner may say it succeeded
-                        self._ownership.check()
+                try:
+                    ops, expect, record = self._truncate_batch(record, version, new_start)
+                    if not ops:
+                        if not batch:  # a no-op: still, only the owner may say it succeeded
+                            self._ownership.check()
+                        return
+                    version = self._ownership.commit(ops, expect)
+                except SltsError:
+                    if not batch:
+                        raise  # nothing changed
+                    # The first batch moved the start: the truncate has happened. Chunks
+                    # left below the start are dropped by the next truncate of the segment.
+                    _log.warning("truncate of %r: dropping the chunks below its new start stopped after "
+                                 "%d batches", handle.name, batch, exc_info=True)  # fmt: skip
                     return
-                version = self._ownership.commit(ops, expect)
             raise AssertionError(f"truncate of {handle.name!r} did not converge")
 
     def _truncate_batch(

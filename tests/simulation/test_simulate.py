@@ -1,11 +1,9 @@
 """``slts simulate``: the CI slice on fixed seeds, exact replay, and that it catches bugs.
 
-The slice runs ``SEEDS`` x ``OPS`` (about 20 s on the 2-core machine). Violation kinds
-the engine is known to have (each an item of issue 12 being fixed) are counted and the
-run goes on (``KNOWN``); any other kind fails the test, with the command that replays
-it. Each known kind also has a pinned seed whose test is a strict xfail: once the fix
-lands, that test passes unexpectedly and fails the run, the reminder to drop the kind
-from ``KNOWN`` (then ``slts simulate --seeds 1000 --ops 500`` must be clean).
+The slice runs ``SEEDS`` x ``OPS`` (about 20 s on the 2-core machine) on fixed seeds, so
+a red run always means a change broke something; any violation fails the test, with the
+command that replays it. A seed that found a defect stays a fixed case after the fix
+(``REGRESSIONS``, named after what it found).
 """
 
 from __future__ import annotations
@@ -19,18 +17,20 @@ from slts.tools.simulation.runner import run_seed, shrink, soak
 SEEDS = range(30)
 OPS = 150
 
-#: kind -> (a seed of the slice that shows it, what it is).
-KNOWN = {
-    "error_after_effect:truncate": (15, "truncate raises after its first batch commit moved the start"),
-    "verify_system_chunk_leak": (11, "a failed metadata snapshot leaves a system chunk verify reports as a leak"),
-    "unexpected_error:ChunkInvalidOffset": (107, "after a torn or lost append to a metadata-log chunk, every flush "
-                                                 "appends at the recorded length of that chunk again"),
-    "gc_errors": (90, "the same: GC's barrier flush fails, so GC never deletes again"),
+#: Seeds that found a defect, fixed since: each must keep running clean (``--ops 150``).
+REGRESSIONS = {
+    "index_leak_over_chains_of_concat_targets": 6,
+    "fenced_instance_acknowledged_a_no_op": 0,
+    "concat_raised_after_its_commit": 40,
+    "truncate_raised_after_its_first_batch": 15,
+    "metadata_log_appended_after_a_torn_append": 107,
+    "gc_barrier_stuck_after_a_torn_log_append": 90,
+    "system_chunk_left_by_a_failed_snapshot": 11,
 }
 
 
 def test_fixed_seeds_have_no_unknown_violation() -> None:
-    summary = soak(SEEDS, OPS, ignore=KNOWN)
+    summary = soak(SEEDS, OPS)
     replay = {kind: [f"slts simulate --seed {s} --ops {OPS}" for s in seeds] for kind, seeds in summary.violations.items()}
     assert summary.violations == {}, f"{summary.line()}\nreplay: {replay}"
     # The slice exercises what it claims to: faults of every kind, crashes, takeovers, restores.
@@ -41,15 +41,10 @@ def test_fixed_seeds_have_no_unknown_violation() -> None:
         assert summary.counters[counter] > 0, summary.line()
 
 
-@pytest.mark.parametrize("kind", sorted(KNOWN))
-def test_known_violation_is_still_there(kind: str) -> None:
-    """Strict xfail by design: when this passes, the bug is fixed; drop ``kind`` from KNOWN."""
-    seed, reason = KNOWN[kind]
-    result = run_seed(seed, OPS, ignore=[k for k in KNOWN if k != kind])
-    if result.violation is not None and result.violation.kind == kind:
-        pytest.xfail(f"seed {seed}: {reason}")
-    assert result.violation is None, result.violation
-    pytest.fail(f"seed {seed} no longer shows {kind}: the fix landed, remove {kind!r} from KNOWN")
+@pytest.mark.parametrize("found", sorted(REGRESSIONS))
+def test_a_seed_that_found_a_defect_runs_clean(found: str) -> None:
+    result = run_seed(REGRESSIONS[found], OPS)
+    assert result.violation is None, f"{found}: {result.violation}"
 
 
 def test_replay_is_exactly_deterministic() -> None:
@@ -59,7 +54,7 @@ def test_replay_is_exactly_deterministic() -> None:
     assert first.lines == second.lines
     assert first.digest == second.digest
     assert (first.faults, first.counters) == (second.faults, second.counters)
-    assert run_seed(4, OPS, ignore=KNOWN).digest != first.digest
+    assert run_seed(4, OPS).digest != first.digest
 
 
 def flip_last_byte_of_writes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -77,7 +72,7 @@ def flip_last_byte_of_writes(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_an_engine_bug_is_caught_and_shrunk(monkeypatch: pytest.MonkeyPatch) -> None:
     """A write that flips its last byte: the simulator reports a content violation."""
     flip_last_byte_of_writes(monkeypatch)
-    result = run_seed(3, OPS, ignore=KNOWN)
+    result = run_seed(3, OPS)
     assert result.violation is not None and result.violation.kind == "content", result.violation
     shrunk = shrink(3, result)
     assert shrunk.violation is not None and shrunk.violation.kind == "content"
@@ -85,8 +80,7 @@ def test_an_engine_bug_is_caught_and_shrunk(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_cli_soak_and_replay(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    ignore = ["--ignore", *KNOWN] if KNOWN else []
-    assert main(["simulate", "--seeds", "2", "--ops", "30", *ignore]) == 0
+    assert main(["simulate", "--seeds", "2", "--ops", "30"]) == 0
     line = capsys.readouterr().out.strip()
     assert line.startswith("simulate: seeds 2, operations ") and "violations 0" in line
     flip_last_byte_of_writes(monkeypatch)
@@ -124,5 +118,5 @@ def test_no_thread_runs_during_a_simulation(monkeypatch: pytest.MonkeyPatch) -> 
         raise RuntimeError(f"thread {self.name!r} started during a simulation")
 
     monkeypatch.setattr(threading.Thread, "start", refuse)
-    result = run_seed(6, OPS, ignore=KNOWN)
+    result = run_seed(6, OPS)
     assert result.violation is None, result.violation
