@@ -28,15 +28,15 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from slts.errors import MetadataError
-from slts.metadata.store import Change, Expect, MetadataStore, Operation, ReadView, StoreStatistics
+from slts.metadata.delegating import DelegatingStore
+from slts.metadata.store import Change, Expect, MetadataStore, Operation, ReadView
 
 
-class FaultyMetadataStore(MetadataStore):
+class FaultyMetadataStore(DelegatingStore):
     """Wraps a metadata store; injects commit failures by rule (see module doc)."""
 
     def __init__(self, inner: MetadataStore, seed: int = 0) -> None:
-        self.inner = inner
-        self.tables = inner.tables
+        super().__init__(inner)
         self.seed = seed
         self.random = random.Random(seed)
         self.faults: Counter[str] = Counter()
@@ -102,13 +102,6 @@ class FaultyMetadataStore(MetadataStore):
         self._check_alive()
         return self.inner.snapshot()
 
-    @property
-    def last_sequence(self) -> int:
-        return self.inner.last_sequence
-
-    def statistics(self) -> StoreStatistics:
-        return self.inner.statistics()
-
     def close(self) -> None:
         """Closes ``inner`` unless this process died (the store outlives a dead process)."""
         if not self.dead:
@@ -117,10 +110,6 @@ class FaultyMetadataStore(MetadataStore):
     def enable_change_capture(self) -> None:
         self._check_alive()
         self.inner.enable_change_capture()
-
-    @property
-    def change_capture_enabled(self) -> bool:
-        return self.inner.change_capture_enabled
 
     def changes(self, after: int, limit: int = 1000) -> list[Change]:
         self._check_alive()

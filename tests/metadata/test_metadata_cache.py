@@ -24,7 +24,7 @@ from slts.metadata import (
     Put,
     Versioned,
 )
-from tests.delegating import DelegatingStore
+from slts.metadata.delegating import DelegatingStore
 
 T = "segments"
 TABLES = (T, "chunks")

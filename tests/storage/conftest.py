@@ -22,6 +22,7 @@ from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.memory_store import MemoryMetadataStore
 from slts.metadata.store import MetadataStore
 from slts.storage.chunked import ChunkedSegmentStorage
+from slts.tools.simulation.seam import FakeClock  # one fake clock for tests and the simulator
 from tests.s3.harness import s3_storage_binding
 
 
@@ -30,19 +31,6 @@ def segment_chunks(binding: ChunkStorage, container_id: int = 0) -> list[str]:
     but the system objects (journal, system segments), which the journal tests cover."""
     system = system_prefix(container_id)
     return sorted(name for name in binding.list(f"{container_id}/") if not name.startswith(system))
-
-
-class FakeClock:
-    """Deterministic time: starts at a fixed instant, moves only when told."""
-
-    def __init__(self, start: float = 1_800_000_000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class NoAppendMemoryChunkStorage(MemoryChunkStorage):

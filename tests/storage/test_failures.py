@@ -21,7 +21,7 @@ from slts.metadata.store import Expect, MetadataStore, Operation
 from slts.storage.chunked import ChunkedSegmentStorage
 
 from .conftest import FakeClock, NoAppendMemoryChunkStorage, segment_chunks
-from tests.delegating import DelegatingStore
+from slts.metadata.delegating import DelegatingStore
 
 
 class FailingCommitStore(DelegatingStore):

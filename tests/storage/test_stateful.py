@@ -82,7 +82,7 @@ from slts.storage.index import parse_value
 from slts.storage.verify import verify_container, verify_segment
 
 from .conftest import FakeClock, NoAppendMemoryChunkStorage, segment_chunks
-from tests.delegating import DelegatingStore
+from slts.metadata.delegating import DelegatingStore
 
 NAMES = ("s/a", "s/b", "s/c", "t/x", "t/y")
 GC_DELAY_S = 10.0

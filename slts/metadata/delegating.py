@@ -1,7 +1,8 @@
 """``DelegatingStore``: a metadata store that forwards everything to ``inner``.
 
-Test doubles that hook commits or reads subclass it and override only those,
-so they keep up with the store contract (change capture, replicate) for free.
+Wrappers that hook commits or reads (the simulator's fault-injecting store, test doubles)
+subclass it and override only those, so they keep up with the store contract (change
+capture, replicate) for free.
 """
 
 from __future__ import annotations
