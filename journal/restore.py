@@ -222,6 +222,12 @@ def restore_to_folder(binding: ChunkStorage, container_id: int, folder: str) -> 
     """``restore`` into a new LMDB store in ``folder`` (absent or empty), made durable at the
     end: loaded without a sync per commit, then the data file is synced once.
 
+    The store is built in the sibling folder ``<folder>.restoring`` and renamed to
+    ``folder`` only once complete (then the parent folder is synced), so ``folder`` never
+    holds a partial store, whatever stops the restore (an error, or a crash: a partial
+    store would open as a container lacking the tail of the log). A ``.restoring`` folder
+    left by a restore that died is removed by the next one.
+
     Raises ``InvalidArgument`` if ``folder`` holds anything; on any error the partial
     store is removed again, so a failed restore can be retried as is.
     """
@@ -234,22 +240,28 @@ def restore_to_folder(binding: ChunkStorage, container_id: int, folder: str) -> 
         raise InvalidArgument(f"restore needs a target folder, got {folder!r}")
     if os.path.exists(folder) and (not os.path.isdir(folder) or os.listdir(folder)):
         raise InvalidArgument(f"restore target {folder!r} exists and is not an empty folder")
-    created = not os.path.exists(folder)
-    os.makedirs(folder, exist_ok=True)
+    final = os.path.abspath(folder)
+    parent = os.path.dirname(final)
+    staging = final + ".restoring"
+    os.makedirs(parent, exist_ok=True)
+    shutil.rmtree(staging, ignore_errors=True)  # left by a restore that died: never a complete store
+    os.makedirs(staging)
     try:
-        with LmdbMetadataStore(folder, TABLES, durable=False) as target:
+        with LmdbMetadataStore(staging, TABLES, durable=False) as target:
             report = restore(binding, container_id, target)
-        for name in sorted(os.listdir(folder)):
-            descriptor = os.open(os.path.join(folder, name), os.O_RDONLY)
-            try:
-                os.fsync(descriptor)
-            finally:
-                os.close(descriptor)
+        for name in sorted(os.listdir(staging)):
+            _fsync(os.path.join(staging, name))
+        os.rename(staging, final)  # replaces an empty ``folder`` atomically (POSIX rename)
+        _fsync(parent)
     except BaseException:
-        if created:
-            shutil.rmtree(folder, ignore_errors=True)
-        else:
-            for name in os.listdir(folder):
-                os.unlink(os.path.join(folder, name))
+        shutil.rmtree(staging, ignore_errors=True)
         raise
     return report
+
+
+def _fsync(path: str) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
