@@ -34,7 +34,8 @@ KNOWN = {
 
 def test_fixed_seeds_have_no_unknown_violation() -> None:
     summary = soak(SEEDS, OPS, ignore=KNOWN)
-    replay = {kind: [f"slts simulate --seed {s} --ops {OPS}" for s in seeds] for kind, seeds in summary.violations.items()}
+    replay = {kind: [f"slts simulate --seed {s} --ops {OPS}" for s in seeds]
+              for kind, seeds in summary.violations.items()}  # fmt: skip
     assert summary.violations == {}, f"{summary.line()}\nreplay: {replay}"
     # The slice exercises what it claims to: faults of every kind, crashes, takeovers, restores.
     assert summary.operations >= len(SEEDS) * OPS * 0.9
