@@ -194,14 +194,16 @@ class World:
             self.model = after
             return "ok"
         if not injected:
-            raise Violation(f"unexpected_error:{type(result).__name__}", f"{what} raised {result!r} with no fault injected")
+            raise Violation(f"unexpected_error:{type(result).__name__}",
+                            f"{what} raised {result!r} with no fault injected")
         if observed == self.model.state():
             return f"failed ({type(result).__name__})"
         if observed == after.state():
             lost = injected["commit-lost-reply"] or injected["crash"]
             self.model = after  # what the store holds, whether or not the error was right to say otherwise
             if not lost:
-                raise Violation(f"error_after_effect:{what.split()[0]}", f"{what} raised {result!r}, yet it took effect "
+                raise Violation(f"error_after_effect:{what.split()[0]}",
+                                f"{what} raised {result!r}, yet it took effect "
                                                       f"(faults {dict(injected)})")  # fmt: skip
             self.model = after
             return f"failed ({type(result).__name__}) but landed"
@@ -267,7 +269,9 @@ class World:
         segment = self.model.segments[name]
         offset = rng.randint(segment.start, len(segment.data))
         size = rng.randint(0, len(segment.data) - offset)
-        returned, result, injected = self.run_op(self.owner, rng, lambda: self.s.read(self.s.open_read(name), offset, size))
+        returned, result, injected = self.run_op(
+            self.owner, rng, lambda: self.s.read(self.s.open_read(name), offset, size)
+        )
         what = f"read {name} @{offset} +{size}"
         if returned:
             if result != bytes(segment.data[offset : offset + size]):
@@ -317,7 +321,9 @@ class World:
         source = self.free_name(rng)
         if target is None or source is None:
             return "transaction: no parent or no free name"
-        lines = [self.mutate(None, f"create {source}", self._with(source), lambda: self.s.create(source, max_rolling_length=rng.choice([8, 32, 160, 1024])))]
+        rolling = rng.choice([8, 32, 160, 1024])
+        lines = [self.mutate(None, f"create {source}", self._with(source),
+                             lambda: self.s.create(source, max_rolling_length=rolling))]  # fmt: skip
         for _ in range(rng.randint(0, 3)):
             lines.append(self._write(None, source, rng.randint(1, 40), rng))
         lines.append(self._set_sealed(None, source, True))
@@ -451,7 +457,8 @@ class World:
                                            f"{summary(observed)}")  # fmt: skip
         elif returned:
             raise Violation("acknowledged_lost", f"{kind} returned before the crash (died: {died}), its effect is gone")
-        return f"crash at commit {nth} ({'landed' if landed else 'not landed'}) of [{what}]; restart epoch {self.s.epoch}"
+        how = "landed" if landed else "not landed"
+        return f"crash at commit {nth} ({how}) of [{what}]; restart epoch {self.s.epoch}"
 
     _ZOMBIE_ACTS = ("write", "truncate", "seal", "unseal", "delete", "defrag", "gc", "create", "flush", "read")
 
@@ -490,7 +497,8 @@ class World:
         what = f"{kind} {name}"
         observed = self.observe()
         if observed != self.model.state():
-            raise Violation("zombie_changed_state", f"the zombie's {what} changed the store ({'returned' if returned else repr(result)})")
+            how = "returned" if returned else repr(result)
+            raise Violation("zombie_changed_state", f"the zombie's {what} changed the store ({how})")
         if kind == "read":
             if returned and result != bytes(segment.data[segment.start :]):
                 raise Violation("zombie_read_content", f"the zombie's {what} returned other bytes than the model's")
@@ -525,7 +533,8 @@ class World:
                         outcomes.append(exc)
                 self.disarm(driver_process)
                 for item, outcome in zip(planned, outcomes, strict=True):
-                    events.append(f"{item.run.segment}@{item.run.start}:{batch_defrag._end(driver, item, outcome)}")  # noqa: SLF001
+                    how = batch_defrag._end(driver, item, outcome)  # noqa: SLF001 - commit or release, as run_batch
+                    events.append(f"{item.run.segment}@{item.run.start}:{how}")
         except SltsError as exc:
             events.append(f"driver stopped: {type(exc).__name__}")
         except Exception as exc:  # noqa: BLE001
