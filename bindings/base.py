@@ -153,11 +153,9 @@ class ChunkStorage(abc.ABC):
 
     def set_readonly(self, handle: ChunkHandle, readonly: bool) -> None:
         """Make the chunk read-only (or writable again)."""
-        raise UnsupportedOperation(
-            f"{type(self).__name__} cannot change read-only state", binding=self.url
-        )
+        raise UnsupportedOperation(f"{type(self).__name__} cannot change read-only state", binding=self.url)
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a binding without resources need not override it
         """Release resources. Idempotent."""
 
     def __enter__(self) -> ChunkStorage:

@@ -26,8 +26,8 @@ call that several rules would fail fails once. Rules and counters are thread-saf
 order of faults across threads is only as reproducible as the threads' schedule.
 
 ``faults`` counts the injected faults by kind (``fail``, ``torn``, ``lost-reply``,
-``latency``, ``dead``); ``calls`` counts the calls per operation; tests use it to sweep "fail call 1, 2, ... N"
-of an operation as SQLite's I/O-error tests do.
+``latency``, ``dead``); ``calls`` counts the calls per operation; tests use it to sweep
+"fail call 1, 2, ... N" of an operation as SQLite's I/O-error tests do.
 """
 
 from __future__ import annotations
@@ -43,9 +43,19 @@ from slts.errors import SltsError, StorageUnavailable
 from .base import ChunkHandle, ChunkInfo, ChunkStorage, ConcatSource
 
 OPERATIONS = (
-    "exists", "create", "delete", "open_read", "open_write", "get_info",
-    "read", "write", "list", "concat", "truncate", "set_readonly",
-)  # fmt: skip
+    "exists",
+    "create",
+    "delete",
+    "open_read",
+    "open_write",
+    "get_info",
+    "read",
+    "write",
+    "list",
+    "concat",
+    "truncate",
+    "set_readonly",
+)
 
 
 @dataclass
@@ -138,7 +148,9 @@ class FaultyChunkStorage(ChunkStorage):
         with self._lock:
             if self.dead:
                 self.faults["dead"] += 1
-                raise StorageUnavailable(f"injected: the process died before {op} (seed {self.seed})", injected=True)
+                raise StorageUnavailable(
+                    f"injected: the process died before {op} (seed {self.seed})", injected=True
+                )
             self.calls[op] += 1
             latency = self._latency
             if latency is not None and self.random.random() < latency[1]:
@@ -171,8 +183,11 @@ class FaultyChunkStorage(ChunkStorage):
         """The call took effect: lose its answer if a lost-reply rule says so."""
         rule = self._fire(op, lost=True)
         if rule is not None:
-            raise rule.error(f"injected: the answer of {op} was lost after it took effect (seed {self.seed})",
-                             injected=True, reply_lost=True)  # fmt: skip
+            raise rule.error(
+                f"injected: the answer of {op} was lost after it took effect (seed {self.seed})",
+                injected=True,
+                reply_lost=True,
+            )
 
     def _torn_length(self, data: bytes) -> int:
         """How much of ``data`` a torn write keeps: a strict prefix (seeded)."""

@@ -133,15 +133,11 @@ def _translated(name: str, binding: str) -> Iterator[None]:
         if code == errno.EEXIST:
             raise ChunkExists(f"chunk {name!r} exists", chunk=name, binding=binding) from exc
         if code in (errno.EACCES, errno.EPERM, errno.EROFS):
-            raise ChunkReadOnly(
-                f"chunk {name!r}: {exc.strerror}", chunk=name, binding=binding
-            ) from exc
+            raise ChunkReadOnly(f"chunk {name!r}: {exc.strerror}", chunk=name, binding=binding) from exc
         if code == errno.ENAMETOOLONG:
             raise ChunkNameInvalid(f"chunk name too long: {name[:60]!r}", chunk=name) from exc
         error = StorageUnavailable if code in _RETRYABLE_ERRNOS else ChunkStorageError
-        raise error(
-            f"chunk {name!r}: {exc.strerror} (errno {code})", chunk=name, binding=binding
-        ) from exc
+        raise error(f"chunk {name!r}: {exc.strerror} (errno {code})", chunk=name, binding=binding) from exc
 
 
 def _fsync_dir(path: str) -> None:
@@ -228,9 +224,7 @@ class FileSystemChunkStorage(ChunkStorage):
         return self._locks[zlib.crc32(name.encode("utf-8", "surrogatepass")) % _LOCK_STRIPES]
 
     @contextlib.contextmanager
-    def _open_for_change(
-        self, handle: ChunkHandle, flags: int
-    ) -> Iterator[tuple[int, os.stat_result]]:
+    def _open_for_change(self, handle: ChunkHandle, flags: int) -> Iterator[tuple[int, os.stat_result]]:
         """Open ``handle``'s file for a change, locked against other writers of it.
 
         Yields the descriptor and its stat; refuses read-only handles and chunks.

@@ -146,9 +146,7 @@ _RANGE_BY_OP = {("truncate", "HadoopIllegalArgumentException")}
 
 
 def _percent_encode(text: str) -> str:
-    return "".join(
-        ch if ch in _SAFE else "".join(f"%{b:02X}" for b in ch.encode("utf-8")) for ch in text
-    )
+    return "".join(ch if ch in _SAFE else "".join(f"%{b:02X}" for b in ch.encode("utf-8")) for ch in text)
 
 
 def _part_pieces(text: str, suffix: str) -> list[str]:
@@ -368,7 +366,7 @@ class _WebHdfs:
         ``pyhdfs`` has no method for it; its generic request helper does the HA failover
         and the RemoteException decoding like for every other call.
         """
-        response = self.client._post(path, "TRUNCATE", newlength=length)
+        response = self.client._post(path, "TRUNCATE", newlength=length)  # noqa: SLF001 - see above
         return bool(response.json()["boolean"])
 
     @_protocol
@@ -482,9 +480,7 @@ class HdfsChunkStorage(ChunkStorage):
             raise InvalidConfig(f"not an hdfs:// URL: {url!r}")
         parts = urlsplit(url)
         if "@" in parts.netloc:  # not echoed: the part before "@" may be a password
-            raise InvalidConfig(
-                "hdfs URL must not carry credentials; give the HDFS user as ?user=NAME"
-            )
+            raise InvalidConfig("hdfs URL must not carry credentials; give the HDFS user as ?user=NAME")
         if parts.scheme != "hdfs":
             raise InvalidConfig(f"not an hdfs:// URL: {url!r}")
         if parts.fragment:

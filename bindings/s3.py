@@ -140,27 +140,54 @@ META_NAME = "slts-name"
 META_WRITE = "slts-write"
 
 _ESCAPED = frozenset("%/\\~") | frozenset(chr(c) for c in range(0x20)) | {"\x7f"}
-_THROTTLING_CODES = frozenset({
-    "SlowDown", "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled",
-    "RequestLimitExceeded", "TooManyRequestsException", "ProvisionedThroughputExceededException",
-    "RequestTimeout", "RequestTimeoutException", "InternalError", "ServiceUnavailable",
-    "OperationAborted", "BandwidthLimitExceeded", "PriorRequestNotComplete",
-})  # fmt: skip
+_THROTTLING_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottled",
+        "RequestLimitExceeded",
+        "TooManyRequestsException",
+        "ProvisionedThroughputExceededException",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "InternalError",
+        "ServiceUnavailable",
+        "OperationAborted",
+        "BandwidthLimitExceeded",
+        "PriorRequestNotComplete",
+    }
+)
 _RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 _CONFLICT_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict"})
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
-_DENIED_CODES = frozenset({
-    "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
-    "InvalidToken", "TokenRefreshRequired", "AllAccessDisabled",
-})  # fmt: skip
+_DENIED_CODES = frozenset(
+    {
+        "AccessDenied",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+        "TokenRefreshRequired",
+        "AllAccessDisabled",
+    }
+)
 #: Transport failures worth a retry: the request may or may not have reached the server.
 _RETRYABLE_TRANSPORT = (
     botocore.exceptions.ConnectionError,  # endpoint refused, connect timeout, proxy
     botocore.exceptions.HTTPClientError,  # connection closed, read timeout, broken stream
     botocore.exceptions.IncompleteReadError,
 )
-_URL_OPTIONS = ("endpoint_url", "region", "profile", "max_attempts", "connect_timeout_s", "read_timeout_s",
-                "addressing_style")  # fmt: skip
+_URL_OPTIONS = (
+    "endpoint_url",
+    "region",
+    "profile",
+    "max_attempts",
+    "connect_timeout_s",
+    "read_timeout_s",
+    "addressing_style",
+)
 _SECRET_WORDS = ("secret", "password", "token", "access_key", "accesskey", "credential", "signature")
 
 T = TypeVar("T")
@@ -199,14 +226,26 @@ class S3Statistics:
 
     @property
     def requests(self) -> int:
-        return (self.put_requests + self.get_requests + self.head_requests + self.list_requests
-                + self.delete_requests + self.multipart_requests + self.copy_part_requests)  # fmt: skip
+        return (
+            self.put_requests
+            + self.get_requests
+            + self.head_requests
+            + self.list_requests
+            + self.delete_requests
+            + self.multipart_requests
+            + self.copy_part_requests
+        )
 
 
 _COUNTER_BY_OPERATION = {
-    "PUT": "put_requests", "GET": "get_requests", "HEAD": "head_requests", "LIST": "list_requests",
-    "DELETE": "delete_requests", "MULTIPART": "multipart_requests", "COPY_PART": "copy_part_requests",
-}  # fmt: skip
+    "PUT": "put_requests",
+    "GET": "get_requests",
+    "HEAD": "head_requests",
+    "LIST": "list_requests",
+    "DELETE": "delete_requests",
+    "MULTIPART": "multipart_requests",
+    "COPY_PART": "copy_part_requests",
+}
 
 
 # -- object keys -------------------------------------------------------------------------------
@@ -288,8 +327,11 @@ class UploadPart:
         return sum(piece.length for piece in self.pieces)
 
 
-def plan_parts(sources: Sequence[ConcatSource], part_bytes_min: int = PART_BYTES_MIN,
-               copy_part_bytes_max: int = COPY_PART_BYTES_MAX) -> list[CopyPart | UploadPart]:  # fmt: skip
+def plan_parts(
+    sources: Sequence[ConcatSource],
+    part_bytes_min: int = PART_BYTES_MIN,
+    copy_part_bytes_max: int = COPY_PART_BYTES_MAX,
+) -> list[CopyPart | UploadPart]:
     """The parts of a multipart concat of ``sources`` (invariant 3).
 
     A range of at least ``part_bytes_min`` bytes is copied by the server. Smaller ranges
@@ -355,7 +397,9 @@ def _redacted(url: str) -> str:
         pairs = parse_qsl(parsed.query, keep_blank_values=True)
     except ValueError:
         return "s3://***"
-    shown = [(key, "***" if any(word in key.lower() for word in _SECRET_WORDS) else value) for key, value in pairs]
+    shown = [
+        (key, "***" if any(word in key.lower() for word in _SECRET_WORDS) else value) for key, value in pairs
+    ]
     query = f"?{urlencode(shown, safe=':/')}" if shown else ""
     return f"{parsed.scheme}://{'***@' if '@' in parsed.netloc else ''}{netloc}{parsed.path}{query}"
 
@@ -364,9 +408,13 @@ def _check_bucket(bucket: str) -> str:
     """DNS-style bucket names only (3-63 of ``[a-z0-9.-]``, letters or digits at both ends)."""
     allowed = set("abcdefghijklmnopqrstuvwxyz0123456789.-")
     if (
-        not isinstance(bucket, str) or not 3 <= len(bucket) <= 63 or not set(bucket) <= allowed
-        or not bucket[0].isalnum() or not bucket[-1].isalnum() or ".." in bucket
-    ):  # fmt: skip
+        not isinstance(bucket, str)
+        or not 3 <= len(bucket) <= 63
+        or not set(bucket) <= allowed
+        or not bucket[0].isalnum()
+        or not bucket[-1].isalnum()
+        or ".." in bucket
+    ):
         raise InvalidConfig(f"not a DNS-style S3 bucket name: {bucket!r}")
     return bucket
 
@@ -448,7 +496,9 @@ class S3ChunkStorage(ChunkStorage):
         self.prefix = _check_prefix(prefix)
         self._base = f"{self.prefix}/" if self.prefix else ""
         if not isinstance(max_attempts, int) or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
-            raise InvalidConfig(f"max_attempts must be an integer in [1, {MAX_ATTEMPTS_LIMIT}], got {max_attempts!r}")
+            raise InvalidConfig(
+                f"max_attempts must be an integer in [1, {MAX_ATTEMPTS_LIMIT}], got {max_attempts!r}"
+            )
         if addressing_style not in (None, "path", "virtual", "auto"):
             raise InvalidConfig(f"addressing_style must be path, virtual or auto, got {addressing_style!r}")
         if endpoint_url is not None and urlparse(endpoint_url).scheme not in ("http", "https"):
@@ -457,8 +507,12 @@ class S3ChunkStorage(ChunkStorage):
         self._sleep = sleep
         #: Where and how to connect (no secret among them): tools build raw clients from these.
         self.endpoint_url, self.region, self.profile = endpoint_url, region, profile
-        options = {"endpoint_url": endpoint_url, "region": region, "profile": profile,
-                   "max_attempts": None if max_attempts == MAX_ATTEMPTS_DEFAULT else max_attempts}  # fmt: skip
+        options = {
+            "endpoint_url": endpoint_url,
+            "region": region,
+            "profile": profile,
+            "max_attempts": None if max_attempts == MAX_ATTEMPTS_DEFAULT else max_attempts,
+        }
         query = urlencode({k: v for k, v in options.items() if v is not None}, safe=":/")
         self.url = url or f"s3://{self.bucket}/{quote(self.prefix)}" + (f"?{query}" if query else "")
         self._lock = threading.Lock()
@@ -469,18 +523,24 @@ class S3ChunkStorage(ChunkStorage):
         if client is None:
             try:
                 self._session = boto3.session.Session(
-                    aws_access_key_id=access_key_id, aws_secret_access_key=secret_access_key,
-                    aws_session_token=session_token, profile_name=profile, region_name=region,
-                )  # fmt: skip
+                    aws_access_key_id=access_key_id,
+                    aws_secret_access_key=secret_access_key,
+                    aws_session_token=session_token,
+                    profile_name=profile,
+                    region_name=region,
+                )
                 config = botocore.config.Config(
                     retries={"max_attempts": 1, "mode": "standard"},  # retried here, in _call
-                    connect_timeout=connect_timeout_s, read_timeout=read_timeout_s,
+                    connect_timeout=connect_timeout_s,
+                    read_timeout=read_timeout_s,
                     max_pool_connections=POOL_CONNECTIONS_DEFAULT,
                     s3={"addressing_style": addressing_style or ("path" if endpoint_url else "auto")},
-                )  # fmt: skip
+                )
                 client = self._session.client("s3", endpoint_url=endpoint_url, config=config)
             except botocore.exceptions.BotoCoreError as exc:  # e.g. ProfileNotFound
-                raise InvalidConfig(f"cannot configure the S3 client for {self.url}: {type(exc).__name__}") from exc
+                raise InvalidConfig(
+                    f"cannot configure the S3 client for {self.url}: {type(exc).__name__}"
+                ) from exc
         self._client: S3Client = client
 
     @classmethod
@@ -500,7 +560,9 @@ class S3ChunkStorage(ChunkStorage):
             raise InvalidConfig(f"malformed S3 URL: {shown}") from exc
         if parsed.scheme != "s3":
             raise InvalidConfig(f"not an s3:// URL: {shown}")
-        if "@" in parsed.netloc or any(any(word in key.lower() for word in _SECRET_WORDS) for key, _ in pairs):
+        if "@" in parsed.netloc or any(
+            any(word in key.lower() for word in _SECRET_WORDS) for key, _ in pairs
+        ):
             raise InvalidConfig(
                 f"credentials do not belong in the chunk storage URL ({shown}): use the AWS_* "
                 "environment variables, a shared credentials file or ?profile="
@@ -512,16 +574,21 @@ class S3ChunkStorage(ChunkStorage):
         options: dict[str, str] = {}
         for key, value in pairs:
             if key not in _URL_OPTIONS:
-                raise InvalidConfig(f"unknown S3 URL option {key!r} in {shown}; known: {', '.join(_URL_OPTIONS)}")
+                raise InvalidConfig(
+                    f"unknown S3 URL option {key!r} in {shown}; known: {', '.join(_URL_OPTIONS)}"
+                )
             if key in options:
                 raise InvalidConfig(f"S3 URL option {key!r} given twice in {shown}")
             if not value:
                 raise InvalidConfig(f"S3 URL option {key!r} is empty in {shown}")
             options[key] = value
-        settings: dict[str, Any] = {k: options[k] for k in ("endpoint_url", "region", "profile", "addressing_style")
-                                    if k in options}  # fmt: skip
+        settings: dict[str, Any] = {
+            k: options[k] for k in ("endpoint_url", "region", "profile", "addressing_style") if k in options
+        }
         if "max_attempts" in options:
-            settings["max_attempts"] = _number("max_attempts", options["max_attempts"], int, 1, MAX_ATTEMPTS_LIMIT)
+            settings["max_attempts"] = _number(
+                "max_attempts", options["max_attempts"], int, 1, MAX_ATTEMPTS_LIMIT
+            )
         for key in ("connect_timeout_s", "read_timeout_s"):
             if key in options:
                 settings[key] = _number(key, options[key], float, 0.001, 3600.0)
@@ -581,8 +648,15 @@ class S3ChunkStorage(ChunkStorage):
                 if isinstance(error, StorageUnavailable) and attempt < self._max_attempts:
                     ambiguous = True
                     delay_s = self._delay_s(attempt)
-                    _log.debug("S3 %s of %r: %s; attempt %d of %d in %.3f s", operation, name,
-                               error.message, attempt + 1, self._max_attempts, delay_s)  # fmt: skip
+                    _log.debug(
+                        "S3 %s of %r: %s; attempt %d of %d in %.3f s",
+                        operation,
+                        name,
+                        error.message,
+                        attempt + 1,
+                        self._max_attempts,
+                        delay_s,
+                    )
                     self._add(retries=1)
                     self._sleep(delay_s)
                     continue
@@ -590,7 +664,9 @@ class S3ChunkStorage(ChunkStorage):
                 if settles and ambiguous and recovered is not None and recovered():
                     return None
                 if isinstance(error, StorageUnavailable):
-                    error = StorageUnavailable(f"{error.message} (gave up after {attempt} attempts)", **error.context)
+                    error = StorageUnavailable(
+                        f"{error.message} (gave up after {attempt} attempts)", **error.context
+                    )
                 raise error from exc
         raise AssertionError("unreachable: the last attempt returns or raises")
 
@@ -608,12 +684,16 @@ class S3ChunkStorage(ChunkStorage):
         if isinstance(exc, _ShortBody):
             return StorageUnavailable(f"S3 {operation} of chunk {name!r}: {exc}", **context)
         if isinstance(exc, _RETRYABLE_TRANSPORT):
-            return StorageUnavailable(f"S3 {operation} of chunk {name!r}: {type(exc).__name__}: "
-                                      f"{self._scrubbed(str(exc))}", **context)  # fmt: skip
+            return StorageUnavailable(
+                f"S3 {operation} of chunk {name!r}: {type(exc).__name__}: {self._scrubbed(str(exc))}",
+                **context,
+            )
         if not isinstance(exc, botocore.exceptions.ClientError):
             # NoCredentialsError, ParamValidationError...: not retryable.
-            return ChunkStorageError(f"S3 {operation} of chunk {name!r}: {type(exc).__name__}: "
-                                     f"{self._scrubbed(str(exc))}", **context)  # fmt: skip
+            return ChunkStorageError(
+                f"S3 {operation} of chunk {name!r}: {type(exc).__name__}: {self._scrubbed(str(exc))}",
+                **context,
+            )
         error = exc.response.get("Error", {}) or {}
         code = str(error.get("Code", ""))
         status = int((exc.response.get("ResponseMetadata", {}) or {}).get("HTTPStatusCode", 0) or 0)
@@ -628,8 +708,9 @@ class S3ChunkStorage(ChunkStorage):
         if code == "NoSuchBucket":
             return ChunkStorageError(f"S3 bucket {self.bucket!r} does not exist ({message})", **context)
         if code == "NoSuchUpload":
-            return _UploadVanished(f"{message}: the multipart upload is gone; the concat did not take effect",
-                                   **context)  # fmt: skip
+            return _UploadVanished(
+                f"{message}: the multipart upload is gone; the concat did not take effect", **context
+            )
         if code in _NOT_FOUND_CODES or status == 404:
             return ChunkNotFound(f"chunk {name!r} not found ({message})", **context)
         if code == "InvalidRange" or status == 416:
@@ -679,9 +760,13 @@ class S3ChunkStorage(ChunkStorage):
 
         def request() -> Mapping[str, Any]:
             self._add(bytes_uploaded=len(data))
-            return self._client.put_object(Bucket=self.bucket, Key=key, Body=data, Metadata=metadata, **condition)
+            return self._client.put_object(
+                Bucket=self.bucket, Key=key, Body=data, Metadata=metadata, **condition
+            )
 
-        self._call("PUT", name, request, conflict=conflict, recovered=lambda: self._written_by(name, write_id))
+        self._call(
+            "PUT", name, request, conflict=conflict, recovered=lambda: self._written_by(name, write_id)
+        )
 
     def _get_range(self, name: str, offset: int, length: int) -> tuple[bytes, int]:
         """(bytes ``[offset, offset+length)`` clipped at the end, object size); ``length > 0``.
@@ -692,7 +777,9 @@ class S3ChunkStorage(ChunkStorage):
         key = self.object_key(name)
 
         def request() -> tuple[bytes, int]:
-            response = self._client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={offset}-{offset + length - 1}")
+            response = self._client.get_object(
+                Bucket=self.bucket, Key=key, Range=f"bytes={offset}-{offset + length - 1}"
+            )
             body = response["Body"].read()
             self._add(bytes_downloaded=len(body))
             content_range = response.get("ContentRange")
@@ -705,8 +792,9 @@ class S3ChunkStorage(ChunkStorage):
                 if len(body) != size:
                     raise _ShortBody(f"body of {len(body)} bytes, announced {size}")
             if offset > size:
-                raise ChunkInvalidOffset(f"chunk {name!r}: read at {offset} past its end {size}",
-                                         chunk=name, offset=offset)  # fmt: skip
+                raise ChunkInvalidOffset(
+                    f"chunk {name!r}: read at {offset} past its end {size}", chunk=name, offset=offset
+                )
             expected = min(length, size - offset)
             if len(data) != expected:
                 raise _ShortBody(f"body of {len(data)} bytes, expected {expected}")
@@ -722,7 +810,9 @@ class S3ChunkStorage(ChunkStorage):
             return b""
         data, _ = self._get_range(name, offset, length)
         if len(data) != length:
-            raise ChunkInvalidOffset(f"concat source {name!r} shrank while being read", chunk=name, offset=offset)
+            raise ChunkInvalidOffset(
+                f"concat source {name!r} shrank while being read", chunk=name, offset=offset
+            )
         return data
 
     # -- contract ----------------------------------------------------------------------------
@@ -771,12 +861,18 @@ class S3ChunkStorage(ChunkStorage):
                     pass  # at or past the end: the length decides which
             size = int(self._head(name)["ContentLength"])
             if offset > size:
-                raise ChunkInvalidOffset(f"chunk {name!r}: read at {offset} past its end {size}",
-                                         chunk=name, offset=offset, binding=self.url)  # fmt: skip
+                raise ChunkInvalidOffset(
+                    f"chunk {name!r}: read at {offset} past its end {size}",
+                    chunk=name,
+                    offset=offset,
+                    binding=self.url,
+                )
             if offset == size or length == 0:
                 return b""
             # The object grew between the GET and the HEAD (an empty chunk was written): again.
-        raise StorageUnavailable(f"chunk {name!r} kept changing while being read", chunk=name, binding=self.url)
+        raise StorageUnavailable(
+            f"chunk {name!r} kept changing while being read", chunk=name, binding=self.url
+        )
 
     def write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
         check_range(handle.name, offset, len(data))
@@ -786,11 +882,19 @@ class S3ChunkStorage(ChunkStorage):
         head = self._head(name)
         size = int(head["ContentLength"])
         if offset != size:
-            raise ChunkInvalidOffset(f"chunk {name!r}: write at {offset}, but its length is {size}",
-                                     chunk=name, offset=offset, binding=self.url)  # fmt: skip
+            raise ChunkInvalidOffset(
+                f"chunk {name!r}: write at {offset}, but its length is {size}",
+                chunk=name,
+                offset=offset,
+                binding=self.url,
+            )
         if size:
-            raise ChunkInvalidOffset(f"chunk {name!r}: S3 has no append (only an empty chunk at 0)",
-                                     chunk=name, offset=offset, binding=self.url)  # fmt: skip
+            raise ChunkInvalidOffset(
+                f"chunk {name!r}: S3 has no append (only an empty chunk at 0)",
+                chunk=name,
+                offset=offset,
+                binding=self.url,
+            )
         if data:
             # Replaces the empty object only if it is still the one we saw: one writer wins.
             self._put(name, bytes(data), conflict=ChunkInvalidOffset, IfMatch=str(head["ETag"]))
@@ -811,7 +915,9 @@ class S3ChunkStorage(ChunkStorage):
             arguments = {"Bucket": self.bucket, "Prefix": key_prefix}
             if token is not None:
                 arguments["ContinuationToken"] = token
-            page = self._call("LIST", prefix, lambda arguments=arguments: self._client.list_objects_v2(**arguments))
+            page = self._call(
+                "LIST", prefix, lambda arguments=arguments: self._client.list_objects_v2(**arguments)
+            )
             assert page is not None
             for entry in page.get("Contents", []) or []:
                 name = self._name_of(str(entry["Key"]))
@@ -821,8 +927,10 @@ class S3ChunkStorage(ChunkStorage):
                 break
             token = page.get("NextContinuationToken")
             if not token:
-                raise ChunkStorageError(f"S3 listing of {key_prefix!r} is truncated without a continuation token",
-                                        binding=self.url)  # fmt: skip
+                raise ChunkStorageError(
+                    f"S3 listing of {key_prefix!r} is truncated without a continuation token",
+                    binding=self.url,
+                )
         return iter(sorted(names))
 
     def _name_of(self, key: str) -> str | None:
@@ -866,13 +974,18 @@ class S3ChunkStorage(ChunkStorage):
                 raise ChunkInvalidOffset(
                     f"concat source {source.name!r}: range {source.offset}+{source.length} "
                     f"past its end {sizes[source.name]}",
-                    chunk=source.name, offset=source.offset, binding=self.url,
-                )  # fmt: skip
+                    chunk=source.name,
+                    offset=source.offset,
+                    binding=self.url,
+                )
         total = sum(source.length for source in sources)
         parts = plan_parts(sources)
         if len(parts) > PARTS_MAX:
-            raise ChunkStorageError(f"concat into {target!r} needs {len(parts)} parts, more than S3's {PARTS_MAX}",
-                                    chunk=target, binding=self.url)  # fmt: skip
+            raise ChunkStorageError(
+                f"concat into {target!r} needs {len(parts)} parts, more than S3's {PARTS_MAX}",
+                chunk=target,
+                binding=self.url,
+            )
         if not parts or (len(parts) == 1 and isinstance(parts[0], UploadPart)):
             data = b"".join(self._read_exact(s.name, s.offset, s.length) for s in sources)
             self._put(target, data, conflict=ChunkExists, IfNoneMatch="*")
@@ -885,39 +998,63 @@ class S3ChunkStorage(ChunkStorage):
         key = self.object_key(target)
         write_id = uuid.uuid4().hex
         metadata = self.object_metadata(target, write_id)
-        created = self._call("MULTIPART", target, lambda: self._client.create_multipart_upload(
-            Bucket=self.bucket, Key=key, Metadata=metadata))  # fmt: skip
+        created = self._call(
+            "MULTIPART",
+            target,
+            lambda: self._client.create_multipart_upload(Bucket=self.bucket, Key=key, Metadata=metadata),
+        )
         assert created is not None
         upload_id = str(created["UploadId"])
         try:
-            done = [{"PartNumber": number, "ETag": self._send_part(target, key, upload_id, number, part)}
-                    for number, part in enumerate(parts, start=1)]  # fmt: skip
+            done = [
+                {"PartNumber": number, "ETag": self._send_part(target, key, upload_id, number, part)}
+                for number, part in enumerate(parts, start=1)
+            ]
             self._call(
-                "MULTIPART", target,
+                "MULTIPART",
+                target,
                 lambda: self._client.complete_multipart_upload(
-                    Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": done}, IfNoneMatch="*",
+                    Bucket=self.bucket,
+                    Key=key,
+                    UploadId=upload_id,
+                    MultipartUpload={"Parts": done},
+                    IfNoneMatch="*",
                 ),
-                conflict=ChunkExists, recovered=lambda: self._written_by(target, write_id),
-            )  # fmt: skip
+                conflict=ChunkExists,
+                recovered=lambda: self._written_by(target, write_id),
+            )
         except BaseException:
             try:
-                self._call("MULTIPART", target, lambda: self._client.abort_multipart_upload(
-                    Bucket=self.bucket, Key=key, UploadId=upload_id))  # fmt: skip
+                self._call(
+                    "MULTIPART",
+                    target,
+                    lambda: self._client.abort_multipart_upload(
+                        Bucket=self.bucket, Key=key, UploadId=upload_id
+                    ),
+                )
             except ChunkStorageError as abort_error:
-                _log.warning("S3 concat into %r: could not abort upload %s: %s", target, upload_id,
-                             abort_error.message)  # fmt: skip
+                _log.warning(
+                    "S3 concat into %r: could not abort upload %s: %s", target, upload_id, abort_error.message
+                )
             raise
 
-    def _send_part(self, target: str, key: str, upload_id: str, number: int, part: CopyPart | UploadPart) -> str:
+    def _send_part(
+        self, target: str, key: str, upload_id: str, number: int, part: CopyPart | UploadPart
+    ) -> str:
         """Upload or copy one part of chunk ``target`` (object ``key``); its ETag."""
         if isinstance(part, CopyPart):
             source = {"Bucket": self.bucket, "Key": self.object_key(part.source)}
             byte_range = f"bytes={part.offset}-{part.offset + part.length - 1}"
 
             def copy() -> Mapping[str, Any]:
-                response = self._client.upload_part_copy(Bucket=self.bucket, Key=key, UploadId=upload_id,
-                                                         PartNumber=number, CopySource=source,
-                                                         CopySourceRange=byte_range)  # fmt: skip
+                response = self._client.upload_part_copy(
+                    Bucket=self.bucket,
+                    Key=key,
+                    UploadId=upload_id,
+                    PartNumber=number,
+                    CopySource=source,
+                    CopySourceRange=byte_range,
+                )
                 self._add(bytes_copied_server_side=part.length)
                 return response
 
@@ -928,8 +1065,9 @@ class S3ChunkStorage(ChunkStorage):
 
         def upload() -> Mapping[str, Any]:
             self._add(bytes_uploaded=len(data))
-            return self._client.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number,
-                                            Body=data)  # fmt: skip
+            return self._client.upload_part(
+                Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=data
+            )
 
         uploaded = self._call("MULTIPART", target, upload, conflict=ChunkStorageError)
         assert uploaded is not None

@@ -26,12 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from slts.bindings.base import ChunkStorage
-from slts.config import StorageConfig
-from slts.errors import Fenced, SltsError, StorageUnavailable
 from slts.journal.journal import JournalSettings, SystemJournal
 from slts.journal.metadata_copy import LogGap, MetadataLog, SnapshotInfo
 from slts.journal.names import METADATA_LOG
 from slts.journal.system_segments import SystemSegments
+
+from slts.config import StorageConfig
+from slts.errors import Fenced, SltsError, StorageUnavailable
 from slts.metadata.store import MetadataStore
 
 _log = logging.getLogger("slts.journal")
@@ -52,8 +53,9 @@ class DurableCopyStatistics:
 
 
 def journal_settings(config: StorageConfig) -> JournalSettings:
-    return JournalSettings(config.journal_snapshot_records, config.journal_snapshot_interval_s,
-                           config.journal_file_bytes_max)  # fmt: skip
+    return JournalSettings(
+        config.journal_snapshot_records, config.journal_snapshot_interval_s, config.journal_file_bytes_max
+    )
 
 
 class DurableCopy:
@@ -147,9 +149,15 @@ class DurableCopy:
         log = self.segments.layout(METADATA_LOG)
         journal = self.journal.statistics
         return DurableCopyStatistics(
-            self.log.durable_sequence, self.log.store.last_sequence, log.length - log.start_offset,
-            self._flushes, self._snapshots, journal.records, journal.snapshots, journal.reboots,
-        )  # fmt: skip
+            self.log.durable_sequence,
+            self.log.store.last_sequence,
+            log.length - log.start_offset,
+            self._flushes,
+            self._snapshots,
+            journal.records,
+            journal.snapshots,
+            journal.reboots,
+        )
 
     # -- background -----------------------------------------------------------------------------
 
@@ -158,7 +166,9 @@ class DurableCopy:
         assert interval_s > 0
         if self._thread is None:
             self._stopping.clear()
-            self._thread = threading.Thread(target=self._loop, args=(interval_s,), name="slts-journal", daemon=True)
+            self._thread = threading.Thread(
+                target=self._loop, args=(interval_s,), name="slts-journal", daemon=True
+            )
             self._thread.start()
 
     def _loop(self, interval_s: float) -> None:

@@ -37,9 +37,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from slts.bindings.base import ChunkStorage
+from slts.journal.names import identity_object
+
 from slts.chunk_names import unique_hex
 from slts.errors import ChunkExists, ChunkNotFound, MetadataCorrupted, StoreMismatch, VersionConflict
-from slts.journal.names import identity_object
 from slts.metadata.layout import CONTAINER
 from slts.metadata.records import _EMPTY, Record
 from slts.metadata.store import Expect, MetadataStore, Put
@@ -133,7 +134,9 @@ def settle(
                 pass  # created meanwhile: compare again
             continue
         try:
-            store.commit([_put(recorded.replace(confirmed=True))], [Expect(CONTAINER, IDENTITY_KEY, stored.version)])
+            store.commit(
+                [_put(recorded.replace(confirmed=True))], [Expect(CONTAINER, IDENTITY_KEY, stored.version)]
+            )
         except VersionConflict:
             continue
         return recorded.store_id

@@ -36,11 +36,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from slts.bindings.base import ChunkHandle, ChunkStorage
-from slts.errors import ChunkNotFound, ChunkStorageError, Fenced, StorageUnavailable
 from slts.journal import framing, names
 from slts.journal.layout import SNAPSHOT, InconsistentRecord, SystemLayout
 from slts.journal.replay import CHECKPOINT, Replay, listing, read_single_record, replay, valid_snapshot
+
 from slts.chunk_names import leaf_epoch
+from slts.errors import ChunkNotFound, ChunkStorageError, Fenced, StorageUnavailable
 
 _log = logging.getLogger("slts.journal")
 
@@ -186,15 +187,19 @@ class SystemJournal:
         error: ChunkStorageError | None = None
         for _ in range(2):
             try:
-                if self._active is not None and not new_file and (
-                    self._active_bytes + len(data) <= self.settings.file_bytes_max
+                if (
+                    self._active is not None
+                    and not new_file
+                    and (self._active_bytes + len(data) <= self.settings.file_bytes_max)
                 ):
                     self.binding.write(self._active, self._active_bytes, data)
                     self._active_bytes += len(data)
                 else:
                     self._file_number += 1
                     self.statistics.files += 1
-                    handle = self.binding.create(names.journal_file(self.container_id, self.epoch, self._file_number), data)
+                    handle = self.binding.create(
+                        names.journal_file(self.container_id, self.epoch, self._file_number), data
+                    )
                     self._active, self._active_bytes = (handle, len(data)) if self._append else (None, 0)
                 self.statistics.records += 1
                 self.statistics.bytes += len(data)
@@ -287,7 +292,9 @@ class SystemJournal:
                 self._delete(name)
 
 
-def stale_system_chunks(binding: ChunkStorage, container_id: int, layout: SystemLayout, epoch: int) -> list[str]:
+def stale_system_chunks(
+    binding: ChunkStorage, container_id: int, layout: SystemLayout, epoch: int
+) -> list[str]:
     """System-segment chunks on tier-2 made by an epoch older than ``epoch`` that
     ``layout`` does not reference."""
     referenced = {chunk.name for segment in layout.segments.values() for chunk in segment.chunks}

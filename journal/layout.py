@@ -91,7 +91,9 @@ class SystemSegmentLayout:
                 problems.append(f"{self.name}: start {self.start_offset} not in first chunk {first}")
             for before, after in zip(self.chunks, self.chunks[1:], strict=False):
                 if before.end != after.start:
-                    problems.append(f"{self.name}: chunk {after.name} starts at {after.start}, not {before.end}")
+                    problems.append(
+                        f"{self.name}: chunk {after.name} starts at {after.start}, not {before.end}"
+                    )
             if self.chunks[-1].end != self.length:
                 problems.append(f"{self.name}: chunks end at {self.chunks[-1].end}, length is {self.length}")
         elif self.start_offset != self.length:
@@ -112,8 +114,13 @@ class SystemSegmentLayout:
     def decode(cls, name: str, raw: Mapping[str, Any]) -> SystemSegmentLayout:
         try:
             chunks = [SystemChunk(str(n), int(s), int(n_)) for n, s, n_ in raw["chunks"]]
-            return cls(name, int(raw["start"]), int(raw["length"]), chunks,
-                       {str(k): int(v) for k, v in raw.get("attrs", {}).items()})  # fmt: skip
+            return cls(
+                name,
+                int(raw["start"]),
+                int(raw["length"]),
+                chunks,
+                {str(k): int(v) for k, v in raw.get("attrs", {}).items()},
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise InconsistentRecord(f"undecodable layout of system segment {name!r}: {exc}") from exc
 
@@ -159,7 +166,9 @@ class SystemLayout:
         epoch, number = record_id(record)
         try:
             if kind == SNAPSHOT:
-                layouts = {str(n): SystemSegmentLayout.decode(str(n), raw) for n, raw in record["layouts"].items()}
+                layouts = {
+                    str(n): SystemSegmentLayout.decode(str(n), raw) for n, raw in record["layouts"].items()
+                }
                 problems = [p for layout in layouts.values() for p in layout.check()]
                 if problems:
                     raise InconsistentRecord(f"snapshot record {epoch}.{number} is invalid: {problems[0]}")

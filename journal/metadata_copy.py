@@ -29,10 +29,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from slts.errors import MetadataCorrupted
 from slts.journal import framing
 from slts.journal.names import METADATA_LOG, METADATA_SNAPSHOTS
 from slts.journal.system_segments import SystemSegments, iter_range
+
+from slts.errors import MetadataCorrupted
 from slts.metadata.store import Delete, MetadataStore, Operation, Put
 
 SNAPSHOT_KIND = "metadata-snapshot"
@@ -106,8 +107,10 @@ class MetadataLog:
         newest = self.store.last_sequence  # read before the changes: no false gap from a later commit
         changes = self.store.changes(after=durable, limit=PAGE_ENTRIES)
         if newest > durable and (not changes or changes[0].sequence != durable + 1):
-            raise LogGap(f"metadata log holds up to {durable}, next captured change is "
-                         f"{changes[0].sequence if changes else 'none'} (store at {newest})")  # fmt: skip
+            raise LogGap(
+                f"metadata log holds up to {durable}, next captured change is "
+                f"{changes[0].sequence if changes else 'none'} (store at {newest})"
+            )
         pieces: list[bytes] = []
         size, last = 0, durable
         for change in changes:
@@ -158,7 +161,9 @@ def _dump(store: MetadataStore, out: IO[bytes]) -> tuple[int, int]:
     entries = 0
     with store.snapshot() as view:
         sequence = view.sequence
-        out.write(framing.encode_record({"k": SNAPSHOT_KIND, "sequence": sequence, "tables": list(store.tables)}))
+        out.write(
+            framing.encode_record({"k": SNAPSHOT_KIND, "sequence": sequence, "tables": list(store.tables)})
+        )
         for table in store.tables:
             start = b""
             while True:
@@ -189,7 +194,9 @@ def iter_snapshot(pieces: Iterable[bytes]) -> Iterator[tuple[int, str, list[tupl
             raise MetadataCorrupted("metadata snapshot has records after its trailer")
         if record.get("k") == END_KIND:
             if record.get("entries") != entries:
-                raise MetadataCorrupted(f"metadata snapshot trailer says {record.get('entries')} entries, read {entries}")
+                raise MetadataCorrupted(
+                    f"metadata snapshot trailer says {record.get('entries')} entries, read {entries}"
+                )
             ended = True
             continue
         try:
@@ -204,7 +211,8 @@ def iter_snapshot(pieces: Iterable[bytes]) -> Iterator[tuple[int, str, list[tupl
 
 def check_snapshot(pieces: Iterable[bytes]) -> tuple[int, int]:
     """(sequence, entries) of a whole, valid snapshot stream (``MetadataCorrupted`` if not)."""
-    sequence, entries = 0, 0
+    last_sequence, entries = 0, 0
     for sequence, _, rows in iter_snapshot(pieces):
+        last_sequence = sequence
         entries += len(rows)
-    return sequence, entries
+    return last_sequence, entries

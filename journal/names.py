@@ -96,7 +96,7 @@ def parse(name: str, prefix: str, pattern: re.Pattern[str]) -> Numbered | None:
     """The numbers in ``name`` if it is ``prefix`` + a leaf matching ``pattern``."""
     if not name.startswith(prefix):
         return None
-    match = pattern.fullmatch(name[len(prefix):])
+    match = pattern.fullmatch(name[len(prefix) :])
     if match is None:
         return None
     attempt = int(match["attempt"]) if "attempt" in match.groupdict() else 0

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slts.bindings.base import ChunkStorage
-from slts.errors import ChunkNotFound, ChunkStorageError
 from slts.journal import framing, names
 from slts.journal.layout import SNAPSHOT, InconsistentRecord, SystemLayout, record_id
+
+from slts.errors import ChunkNotFound, ChunkStorageError
 
 CHECKPOINT = "checkpoint"
 
@@ -79,12 +80,21 @@ def read_single_record(binding: ChunkStorage, name: str) -> dict[str, Any] | Non
 
 def listing(binding: ChunkStorage, container_id: int) -> tuple[list[names.Numbered], ...]:
     """(journal files, journal snapshots, checkpoints) of the container, each sorted."""
-    files = [n for name in binding.list(names.journal_prefix(container_id))
-             if (n := names.parse_journal_file(container_id, name))]  # fmt: skip
-    snapshots = [n for name in binding.list(names.snapshots_prefix(container_id))
-                 if (n := names.parse_journal_snapshot(container_id, name))]  # fmt: skip
-    checkpoints = [n for name in binding.list(names.checkpoints_prefix(container_id))
-                   if (n := names.parse_checkpoint(container_id, name))]  # fmt: skip
+    files = [
+        n
+        for name in binding.list(names.journal_prefix(container_id))
+        if (n := names.parse_journal_file(container_id, name))
+    ]
+    snapshots = [
+        n
+        for name in binding.list(names.snapshots_prefix(container_id))
+        if (n := names.parse_journal_snapshot(container_id, name))
+    ]
+    checkpoints = [
+        n
+        for name in binding.list(names.checkpoints_prefix(container_id))
+        if (n := names.parse_checkpoint(container_id, name))
+    ]
     return sorted(files), sorted(snapshots), sorted(checkpoints)
 
 

@@ -25,16 +25,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from slts.bindings.base import ChunkStorage
-from slts.errors import ChunkNotFound, ChunkStorageError, InvalidArgument, MetadataCorrupted
-from slts.journal import framing
-from slts.journal.metadata_copy import SNAPSHOT_END, SNAPSHOT_SEQUENCE, decode_change, iter_snapshot
-from slts.chunk_names import leaf_offset
-from slts.journal import names
+from slts.journal import framing, names
+from slts.journal.identity import carry_over
 from slts.journal.layout import SystemLayout
+from slts.journal.metadata_copy import SNAPSHOT_END, SNAPSHOT_SEQUENCE, decode_change, iter_snapshot
 from slts.journal.names import METADATA_LOG, METADATA_SNAPSHOTS
 from slts.journal.replay import Replay, replay
 from slts.journal.system_segments import iter_range
-from slts.journal.identity import carry_over
+
+from slts.chunk_names import leaf_offset
+from slts.errors import ChunkNotFound, ChunkStorageError, InvalidArgument, MetadataCorrupted
 from slts.metadata.layout import CONTAINER, CONTAINER_KEY
 from slts.metadata.records import ContainerRecord
 from slts.metadata.store import MetadataStore, Operation, Put
@@ -64,18 +64,29 @@ def restore(
     tier-2 holds no restorable state or it is damaged, ``ChunkStorageError`` on I/O.
     """
     if target.last_sequence != 0:
-        raise InvalidArgument(f"restore needs an empty metadata store; this one is at sequence {target.last_sequence}")
+        raise InvalidArgument(
+            f"restore needs an empty metadata store; this one is at sequence {target.last_sequence}"
+        )
     began = time.perf_counter()
     found = found or replay(binding, container_id)
     if found.max_epoch == 0:
-        raise MetadataCorrupted(f"no system journal of container {container_id} on {binding.url or binding!r}")
+        raise MetadataCorrupted(
+            f"no system journal of container {container_id} on {binding.url or binding!r}"
+        )
     snapshot_sequence, entries, read = _load_snapshot(binding, found, target)
     records, log_read, sequence = _replay_log(binding, found, target, snapshot_sequence)
     epoch = _raise_epoch(target, container_id, found.max_epoch, sequence)
     carry_over(binding, container_id, target, target.last_sequence)  # the restored metadata is this store's
-    return RestoreReport(snapshot_sequence, entries, records, sequence, epoch,
-                         read + log_read + found.bytes_read, found.records,
-                         time.perf_counter() - began)  # fmt: skip
+    return RestoreReport(
+        snapshot_sequence,
+        entries,
+        records,
+        sequence,
+        epoch,
+        read + log_read + found.bytes_read,
+        found.records,
+        time.perf_counter() - began,
+    )
 
 
 def _load_snapshot(binding: ChunkStorage, found: Replay, target: MetadataStore) -> tuple[int, int, int]:
@@ -87,10 +98,15 @@ def _load_snapshot(binding: ChunkStorage, found: Replay, target: MetadataStore) 
     pieces = _Counted(iter_range(binding, layout, layout.start_offset, end))
     for header_sequence, table, rows in iter_snapshot(pieces):
         if header_sequence != sequence:
-            raise MetadataCorrupted(f"metadata snapshot says sequence {header_sequence}, journal says {sequence}")
+            raise MetadataCorrupted(
+                f"metadata snapshot says sequence {header_sequence}, journal says {sequence}"
+            )
         if rows:
-            target.replicate(sequence, [Put(table, key, value) for key, _, value in rows],
-                             [version for _, version, _ in rows])  # fmt: skip
+            target.replicate(
+                sequence,
+                [Put(table, key, value) for key, _, value in rows],
+                [version for _, version, _ in rows],
+            )
             entries += len(rows)
     if target.last_sequence < sequence:  # an empty snapshot still sets the sequence
         target.replicate(sequence, [])
@@ -114,7 +130,9 @@ class _Counted:
 LOG_OPS_PER_REPLICATE = 5000
 
 
-def _replay_log(binding: ChunkStorage, found: Replay, target: MetadataStore, after: int) -> tuple[int, int, int]:
+def _replay_log(
+    binding: ChunkStorage, found: Replay, target: MetadataStore, after: int
+) -> tuple[int, int, int]:
     """Apply the log's commits after ``after`` in order. Runs of consecutive commits go
     to ``replicate`` together, each operation with its own commit's sequence as its
     version: the same records and versions as one call per commit, in far fewer write
@@ -147,7 +165,9 @@ def _raise_epoch(target: MetadataStore, container_id: int, journal_epoch: int, s
     stored = target.get(CONTAINER, CONTAINER_KEY)
     recorded = ContainerRecord.decode(stored.value) if stored else None
     if recorded is not None and recorded.container_id != container_id:
-        raise MetadataCorrupted(f"restored metadata belongs to container {recorded.container_id}, not {container_id}")
+        raise MetadataCorrupted(
+            f"restored metadata belongs to container {recorded.container_id}, not {container_id}"
+        )
     if recorded is not None and recorded.epoch >= journal_epoch:
         return recorded.epoch
     raised = ContainerRecord(container_id, journal_epoch, recorded.started_ms if recorded else 0)
@@ -182,6 +202,7 @@ def verify_copy(binding: ChunkStorage, container_id: int) -> CopyReport:
     and find system-segment chunks of older epochs that nothing references (leaks).
     Reads only; never raises for damage, which it reports as problems."""
     from slts.journal.journal import stale_system_chunks
+
     from slts.metadata.layout import SEGMENTS, TABLES
     from slts.metadata.memory_store import MemoryMetadataStore
 
@@ -199,7 +220,9 @@ def verify_copy(binding: ChunkStorage, container_id: int) -> CopyReport:
                 report.problems.append(f"system chunk {chunk.name!r} of {layout.name} is missing")
                 continue
             if stored < chunk.length:
-                report.problems.append(f"system chunk {chunk.name!r} holds {stored} bytes, {chunk.length} journaled")
+                report.problems.append(
+                    f"system chunk {chunk.name!r} holds {stored} bytes, {chunk.length} journaled"
+                )
     report.problems.extend(
         f"system chunk {name!r} is referenced by no journal state (leak)"
         for name in stale_system_chunks(binding, container_id, found.layout, found.max_epoch)

@@ -27,10 +27,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from slts.bindings.base import ChunkHandle, ChunkStorage
-from slts.errors import ChunkNotFound, ChunkStorageError, InvalidOffset, MetadataCorrupted
 from slts.journal import names
 from slts.journal.journal import SystemJournal
 from slts.journal.layout import ADD, APPEND, TRUNCATE, SystemSegmentLayout
+
+from slts.errors import ChunkNotFound, ChunkStorageError, InvalidOffset, MetadataCorrupted
 
 READ_PIECE_BYTES = 8 << 20
 
@@ -57,7 +58,9 @@ class SystemSegments:
             self.journal.ensure_ready()
             return SystemSegmentLayout.decode(segment, self.journal.layout.segment(segment).encode())
 
-    def append(self, segment: str, data: bytes, attrs: dict[str, int] | None = None, *, new_chunk: bool = False) -> int:
+    def append(
+        self, segment: str, data: bytes, attrs: dict[str, int] | None = None, *, new_chunk: bool = False
+    ) -> int:
         """Append ``data`` durably; return the segment offset it starts at.
 
         ``attrs`` are stored with the record. Raises ``ChunkStorageError`` (nothing
@@ -76,16 +79,30 @@ class SystemSegments:
                 # fails, bytes past the recorded length may be there; never append again.
                 self._own.discard(last.name)
                 self.binding.write(self.binding.open_write(last.name), last.length, data)
-                self.journal.write({"k": APPEND, "seg": segment, "chunk": last.name, "offset": offset,
-                                    "length": len(data), **extra})  # fmt: skip
+                self.journal.write(
+                    {
+                        "k": APPEND,
+                        "seg": segment,
+                        "chunk": last.name,
+                        "offset": offset,
+                        "length": len(data),
+                        **extra,
+                    }
+                )
                 self._own.add(last.name)
                 return offset
             else:
                 name = names.system_chunk(self.journal.container_id, segment, self.journal.epoch, offset)
                 self.binding.create(name, data)
                 self._own.add(name)
-                record = {"k": ADD, "seg": segment, "chunk": name, "offset": offset,
-                          "prev": last.name if last else None, "length": len(data)}  # fmt: skip
+                record = {
+                    "k": ADD,
+                    "seg": segment,
+                    "chunk": name,
+                    "offset": offset,
+                    "prev": last.name if last else None,
+                    "length": len(data),
+                }
             self.journal.write({**record, **extra})
             return offset
 
@@ -122,8 +139,12 @@ class SystemSegments:
                 )
             holder = next((c for c in layout.chunks if c.start <= offset < c.end), layout.last_chunk)
             dropped = [c.name for c in layout.chunks if holder is not None and c.end <= holder.start]
-            record: dict[str, Any] = {"k": TRUNCATE, "seg": segment, "chunk": holder.name if holder else "",
-                                      "start": offset}  # fmt: skip
+            record: dict[str, Any] = {
+                "k": TRUNCATE,
+                "seg": segment,
+                "chunk": holder.name if holder else "",
+                "start": offset,
+            }
             if attrs:
                 record["attrs"] = dict(attrs)
             self.journal.write(record)
@@ -149,7 +170,11 @@ def read_range(binding: ChunkStorage, layout: SystemSegmentLayout, start: int, s
 
 
 def iter_range(
-    binding: ChunkStorage, layout: SystemSegmentLayout, start: int, stop: int, piece_bytes: int = READ_PIECE_BYTES
+    binding: ChunkStorage,
+    layout: SystemSegmentLayout,
+    start: int,
+    stop: int,
+    piece_bytes: int = READ_PIECE_BYTES,
 ) -> Iterator[bytes]:
     """``read_range`` as pieces of at most ``piece_bytes``, for streaming large segments."""
     if not layout.start_offset <= start <= stop <= layout.length:

@@ -20,7 +20,15 @@ _LAZY = {
     "SegmentInfo": ("slts.storage.types", "SegmentInfo"),
 }
 
-__all__ = sorted(_LAZY) + ["__version__"]
+__all__ = [
+    "ChunkedSegmentStorage",
+    "SegmentHandle",
+    "SegmentInfo",
+    "StorageConfig",
+    "__version__",
+    "open",
+]
+assert sorted(__all__) == sorted([*_LAZY, "__version__"]), "__all__ names every lazy attribute"
 
 
 def __getattr__(name: str) -> Any:

@@ -31,7 +31,7 @@ def unique_source(source: Callable[[], str]) -> Iterator[None]:
     """Inside the block, the random part of new chunk names is ``source()`` (32 lowercase
     hex digits, never repeated: the caller's promise, asserted on each use). Process-wide:
     for single-threaded, seeded runs (``slts simulate``), not for a live service."""
-    global _unique
+    global _unique  # noqa: PLW0603 - one process-wide seam, by design
     previous, _unique = _unique, source
     try:
         yield

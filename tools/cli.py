@@ -141,8 +141,11 @@ def cmd_put(args: argparse.Namespace) -> int:
             storage.write(handle, offset, block)
             offset += len(block)
         info = storage.info(args.name)
-    emit(args, {"segment": args.name, "bytes_written": offset - start, "length": info.length},
-         f"{args.name}: wrote {offset - start} bytes, length {info.length}")  # fmt: skip
+    emit(
+        args,
+        {"segment": args.name, "bytes_written": offset - start, "length": info.length},
+        f"{args.name}: wrote {offset - start} bytes, length {info.length}",
+    )
     return EXIT_OK
 
 
@@ -213,8 +216,11 @@ def cmd_concat(args: argparse.Namespace) -> int:
         offset = storage.info(args.target).length if args.offset is None else args.offset
         storage.concat(handle, offset, args.source)
         info = storage.info(args.target)
-    emit(args, {"target": args.target, "source": args.source, "offset": offset, "length": info.length},
-         f"{args.source} -> {args.target} at {offset}: length {info.length}")  # fmt: skip
+    emit(
+        args,
+        {"target": args.target, "source": args.source, "offset": offset, "length": info.length},
+        f"{args.source} -> {args.target} at {offset}: length {info.length}",
+    )
     return EXIT_OK
 
 
@@ -223,8 +229,11 @@ def cmd_truncate(args: argparse.Namespace) -> int:
     with open_storage(args) as storage:
         storage.truncate(storage.open_write(args.name), args.offset)
         info = storage.info(args.name)
-    emit(args, {"segment": args.name, "start_offset": info.start_offset, "chunk_count": info.chunk_count},
-         f"{args.name}: starts at {info.start_offset}, {info.chunk_count} chunks")  # fmt: skip
+    emit(
+        args,
+        {"segment": args.name, "start_offset": info.start_offset, "chunk_count": info.chunk_count},
+        f"{args.name}: starts at {info.start_offset}, {info.chunk_count} chunks",
+    )
     return EXIT_OK
 
 
@@ -233,6 +242,7 @@ def cmd_defrag(args: argparse.Namespace) -> int:
     --prefix), as a batch beside the container's owner: this command fences nobody, a
     live writer keeps writing. In process, or with --spark on a Spark cluster."""
     from slts.bindings import from_url
+
     from slts.config import StorageConfig
     from slts.metadata.layout import SEGMENTS, TABLES, name_key
     from slts.metadata.lmdb_store import LmdbMetadataStore
@@ -259,15 +269,30 @@ def cmd_defrag(args: argparse.Namespace) -> int:
                 executor = stack.enter_context(spark_executor(args.master or "local[*]", args.partitions))
             else:
                 executor = execute_locally(binding, args.threads)
-            report = run_batch(driver, executor, prefix=args.prefix, names=names, batch_runs=args.batch_runs,
-                               batch_bytes=args.batch_bytes, progress=bar.update)  # fmt: skip
-    document = {**asdict(report), "segments": report.segments_scanned, "driver": "spark" if args.spark else "in-process"}
-    emit(args, document, f"defrag ({document['driver']}): {report.segments_scanned} segments scanned, "
-         f"chunks {report.chunks_before} -> {report.chunks_after}, runs {report.runs_planned} planned, "
-         f"{report.runs_committed} committed, {report.runs_dropped} dropped, {report.runs_failed} failed, "
-         f"{report.runs_expired} expired; "
-         f"{report.bytes_native} bytes concatenated natively, {report.bytes_copied} copied through executors; "
-         f"{report.seconds:.2f} s")  # fmt: skip
+            report = run_batch(
+                driver,
+                executor,
+                prefix=args.prefix,
+                names=names,
+                batch_runs=args.batch_runs,
+                batch_bytes=args.batch_bytes,
+                progress=bar.update,
+            )
+    document = {
+        **asdict(report),
+        "segments": report.segments_scanned,
+        "driver": "spark" if args.spark else "in-process",
+    }
+    emit(
+        args,
+        document,
+        f"defrag ({document['driver']}): {report.segments_scanned} segments scanned, "
+        f"chunks {report.chunks_before} -> {report.chunks_after}, runs {report.runs_planned} planned, "
+        f"{report.runs_committed} committed, {report.runs_dropped} dropped, {report.runs_failed} failed, "
+        f"{report.runs_expired} expired; "
+        f"{report.bytes_native} bytes concatenated natively, {report.bytes_copied} copied through executors; "
+        f"{report.seconds:.2f} s",
+    )
     return EXIT_OK if not report.runs_failed else EXIT_CHUNK_STORAGE
 
 
@@ -282,11 +307,18 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
         with open_storage(args, read_only=args.dry_run) as storage:
             report = reconcile(storage, dry_run=args.dry_run)
-        emit(args, {"listed": report.listed, "orphans": report.orphans, "foreign": report.foreign,
-                    "queued": report.queued},
-             f"orphans: {len(report.orphans)} of {report.listed} chunks"
-             f" ({'dry run' if args.dry_run else f'{report.queued} queued for GC'}),"
-             f" {len(report.foreign)} foreign names left alone")  # fmt: skip
+        emit(
+            args,
+            {
+                "listed": report.listed,
+                "orphans": report.orphans,
+                "foreign": report.foreign,
+                "queued": report.queued,
+            },
+            f"orphans: {len(report.orphans)} of {report.listed} chunks"
+            f" ({'dry run' if args.dry_run else f'{report.queued} queued for GC'}),"
+            f" {len(report.foreign)} foreign names left alone",
+        )
         if args.dry_run:
             return EXIT_OK
     with open_storage(args) as storage:
@@ -294,10 +326,17 @@ def cmd_gc(args: argparse.Namespace) -> int:
             if not storage.gc.run_once().progressed:
                 break
         totals = storage.gc.statistics()
-    emit(args, {"chunks_deleted": totals.chunks_deleted, "entries_kept": totals.entries_kept,
-                "tombstones_finished": totals.tombstones_finished, "errors": totals.errors},
-         f"gc: {totals.chunks_deleted} chunks deleted, {totals.tombstones_finished} deleted segments finished,"
-         f" {totals.errors} errors")  # fmt: skip
+    emit(
+        args,
+        {
+            "chunks_deleted": totals.chunks_deleted,
+            "entries_kept": totals.entries_kept,
+            "tombstones_finished": totals.tombstones_finished,
+            "errors": totals.errors,
+        },
+        f"gc: {totals.chunks_deleted} chunks deleted, {totals.tombstones_finished} deleted segments finished,"
+        f" {totals.errors} errors",
+    )
     return EXIT_OK if not totals.errors else EXIT_CHUNK_STORAGE
 
 
@@ -313,9 +352,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: LMDB is never forked
     receiver, sender = context.Pipe(duplex=False)
     child = context.Process(
-        target=_verify_in_child, args=(sender, url, metadata, args.container, args.prefix, args.checksums),
+        target=_verify_in_child,
+        args=(sender, url, metadata, args.container, args.prefix, args.checksums),
         name="slts-verify",
-    )  # fmt: skip
+    )
     child.start()
     sender.close()
     try:
@@ -324,7 +364,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         outcome = None
     child.join()
     if outcome is None:
-        death = f"signal {-child.exitcode}" if child.exitcode and child.exitcode < 0 else f"exit {child.exitcode}"
+        death = (
+            f"signal {-child.exitcode}" if child.exitcode and child.exitcode < 0 else f"exit {child.exitcode}"
+        )
         raise MetadataCorrupted(
             f"the metadata at {metadata!r} could not be read: the verifying process died ({death}); "
             "rebuild it from tier-2 with `slts restore --to NEW_FOLDER`"
@@ -336,7 +378,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     summary = f"verify: {segments} segments, {len(problems)} problems"
     if not args.prefix:
         summary += "; tier-2 copy " + (f"restores to sequence {copy}" if copy is not None else "absent")
-        summary += f"; leaks: {leaks['index_entries']} index entries, {leaks['chunk_records']} chunk records, "
+        summary += (
+            f"; leaks: {leaks['index_entries']} index entries, {leaks['chunk_records']} chunk records, "
+        )
         summary += f"{leaks['gc_entries']} overdue GC entries"
     document = {"segments": segments, "problems": problems}
     if not args.prefix:
@@ -345,7 +389,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_OK if not problems else EXIT_ERROR
 
 
-def _verify_in_child(sender: Any, url: str, metadata: str, container: int, prefix: str, checksums: bool) -> None:
+def _verify_in_child(
+    sender: Any, url: str, metadata: str, container: int, prefix: str, checksums: bool
+) -> None:
     """``cmd_verify``'s walk, in the child: sends ("ok", (problems, segments, copy
     sequence, leak counts)) or ("error", SltsError) through ``sender``."""
     import slts
@@ -355,14 +401,21 @@ def _verify_in_child(sender: Any, url: str, metadata: str, container: int, prefi
         with slts.open(url, metadata=metadata, container_id=container, read_only=True) as storage:
             if prefix:
                 names = list(storage.list(prefix))
-                problems = [problem for name in names for problem in verify_segment(storage, name, checksums=checksums)]
+                problems = [
+                    problem
+                    for name in names
+                    for problem in verify_segment(storage, name, checksums=checksums)
+                ]
                 sender.send(("ok", (problems, len(names), None, None)))
                 return
             report = verify_container(storage, checksums=checksums)
             leaks = report.leaks
             assert leaks is not None
-            counts = {"index_entries": leaks.index_entries, "chunk_records": leaks.chunk_records,
-                      "gc_entries": leaks.gc_entries}  # fmt: skip
+            counts = {
+                "index_entries": leaks.index_entries,
+                "chunk_records": leaks.chunk_records,
+                "gc_entries": leaks.gc_entries,
+            }
             sender.send(("ok", (report.problems, report.segments, report.copy_sequence, counts)))
     except SltsError as error:
         sender.send(("error", error))
@@ -375,9 +428,12 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
             raise InvalidArgument("this container keeps no copy on tier-2 (journal = false)")
         info = storage.durable.snapshot()
         stats = storage.durable.statistics()
-    emit(args, {**asdict(info), "durable_sequence": stats.durable_sequence},
-         f"snapshot: sequence {info.sequence}, {info.entries} entries, {info.end - info.start} bytes "
-         f"on tier-2; tier-2 copy now reaches sequence {stats.durable_sequence}")  # fmt: skip
+    emit(
+        args,
+        {**asdict(info), "durable_sequence": stats.durable_sequence},
+        f"snapshot: sequence {info.sequence}, {info.entries} entries, {info.end - info.start} bytes "
+        f"on tier-2; tier-2 copy now reaches sequence {stats.durable_sequence}",
+    )
     return EXIT_OK
 
 
@@ -392,12 +448,15 @@ def cmd_restore(args: argparse.Namespace) -> int:
     require_chunk_storage(url)
     with from_url(url) as binding:
         report = restore_to_folder(binding, args.container, os.path.abspath(args.target))
-    emit(args, {**asdict(report), "from": url, "to": args.target},
-         f"restore: {args.target} rebuilt from {url} up to sequence {report.sequence} "
-         f"(snapshot at {report.snapshot_sequence} with {report.snapshot_entries} entries, "
-         f"{report.log_records} log records) in {report.seconds:.2f} s; next owner's epoch > {report.epoch}\n"
-         f"start it with --store {url} --metadata {args.target}; chunks written after the restore "
-         "point are orphans: `slts gc --orphans` collects them")  # fmt: skip
+    emit(
+        args,
+        {**asdict(report), "from": url, "to": args.target},
+        f"restore: {args.target} rebuilt from {url} up to sequence {report.sequence} "
+        f"(snapshot at {report.snapshot_sequence} with {report.snapshot_entries} entries, "
+        f"{report.log_records} log records) in {report.seconds:.2f} s; next owner's epoch > {report.epoch}\n"
+        f"start it with --store {url} --metadata {args.target}; chunks written after the restore "
+        "point are orphans: `slts gc --orphans` collects them",
+    )
     return EXIT_OK
 
 
@@ -411,31 +470,49 @@ def cmd_journal(args: argparse.Namespace) -> int:
     require_chunk_storage(url)
     records: list[dict[str, Any]] = []
     with from_url(url) as binding:
-        found = replay(binding, args.container,
-                       on_record=(lambda file, record: records.append({"file": file, **record})) if args.records
-                       else None)  # fmt: skip
+        found = replay(
+            binding,
+            args.container,
+            on_record=(lambda file, record: records.append({"file": file, **record}))
+            if args.records
+            else None,
+        )
     layouts = {name: layout.encode() for name, layout in sorted(found.layout.segments.items())}
     document = {
-        "checkpoint": found.checkpoint, "snapshot": found.snapshot, "covered": list(found.covered),
-        "invalid_checkpoints": found.invalid_checkpoints, "files_replayed": found.files,
-        "journal_files": len(found.all_files), "journal_snapshots": len(found.all_snapshots),
-        "checkpoints": len(found.all_checkpoints), "records": found.records, "duplicates": found.duplicates,
-        "inconsistent": found.inconsistent, "corrupt": found.corrupt, "torn": found.torn,
-        "vanished": found.vanished, "newest_epoch": found.max_epoch, "layouts": layouts,
-    }  # fmt: skip
+        "checkpoint": found.checkpoint,
+        "snapshot": found.snapshot,
+        "covered": list(found.covered),
+        "invalid_checkpoints": found.invalid_checkpoints,
+        "files_replayed": found.files,
+        "journal_files": len(found.all_files),
+        "journal_snapshots": len(found.all_snapshots),
+        "checkpoints": len(found.all_checkpoints),
+        "records": found.records,
+        "duplicates": found.duplicates,
+        "inconsistent": found.inconsistent,
+        "corrupt": found.corrupt,
+        "torn": found.torn,
+        "vanished": found.vanished,
+        "newest_epoch": found.max_epoch,
+        "layouts": layouts,
+    }
     if args.records:
         document["record_list"] = [_printable(record) for record in records]
     lines = [
         f"journal of container {args.container} on {url}: newest epoch {found.max_epoch}",
-        f"  base: {found.checkpoint or 'no valid checkpoint'} -> {found.snapshot or '-'} (covers {found.covered})",
+        f"  base: {found.checkpoint or 'no valid checkpoint'} -> {found.snapshot or '-'} (covers "
+        f"{found.covered})",
         f"  {len(found.all_files)} journal files, {len(found.all_snapshots)} snapshots, "
-        f"{len(found.all_checkpoints)} checkpoints; replayed {found.records} records from {len(found.files)} files",
+        f"{len(found.all_checkpoints)} checkpoints; replayed {found.records} records from {len(found.files)} "
+        "files",
         f"  ignored: {found.duplicates} duplicates, {found.corrupt} corrupt, {found.torn} torn, "
         f"{found.inconsistent} inconsistent, {len(found.invalid_checkpoints)} invalid checkpoints",
     ]
     for name, layout in layouts.items():
         attrs = ", ".join(f"{k}={v}" for k, v in sorted(layout["attrs"].items()))
-        lines.append(f"  {name}: [{layout['start']}, {layout['length']}) in {len(layout['chunks'])} chunks; {attrs}")
+        lines.append(
+            f"  {name}: [{layout['start']}, {layout['length']}) in {len(layout['chunks'])} chunks; {attrs}"
+        )
     lines.extend(f"    {record['file'].rsplit('/', 1)[-1]} {_printable(record)}" for record in records)
     emit(args, document, "\n".join(lines))
     return EXIT_OK
@@ -445,7 +522,9 @@ def _printable(record: dict[str, Any]) -> dict[str, Any]:
     """A journal record without its bulky parts (a snapshot's layouts become a summary)."""
     shown = {key: value for key, value in record.items() if key not in ("file", "layouts")}
     if "layouts" in record:
-        shown["layouts"] = {name: f"{raw['length'] - raw['start']} bytes" for name, raw in record["layouts"].items()}
+        shown["layouts"] = {
+            name: f"{raw['length'] - raw['start']} bytes" for name, raw in record["layouts"].items()
+        }
     return shown
 
 
@@ -471,8 +550,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     else:
         with open(args.file, "wb") as handle:
             handle.write(document)
-        emit(args, {"segment": args.name, "file": args.file, "bytes": len(document)},
-             f"{args.name}: metadata exported to {args.file} ({len(document)} bytes)")  # fmt: skip
+        emit(
+            args,
+            {"segment": args.name, "file": args.file, "bytes": len(document)},
+            f"{args.name}: metadata exported to {args.file} ({len(document)} bytes)",
+        )
     return EXIT_OK
 
 
@@ -502,8 +584,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Run the demo on the embedded default (see ``slts.tools.demo``)."""
     from slts.tools.demo import run_demo
 
-    report = run_demo(args.dir, segments=args.segments, writes=args.writes, keep=args.keep,
-                      json_output=args.json)  # fmt: skip
+    report = run_demo(
+        args.dir, segments=args.segments, writes=args.writes, keep=args.keep, json_output=args.json
+    )
     return EXIT_OK if report["verified"] else EXIT_ERROR
 
 
@@ -511,8 +594,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Measure SLTS against raw baselines in the same run (see ``slts.tools.bench``)."""
     from slts.tools import bench
 
-    figures = bench.run(args.only, quick=args.quick, directory=args.dir, store=args.store,
-                        out=(lambda _: None) if args.json else print)  # fmt: skip
+    figures = bench.run(
+        args.only,
+        quick=args.quick,
+        directory=args.dir,
+        store=args.store,
+        out=(lambda _: None) if args.json else print,
+    )
     document = bench.to_json(figures)
     if args.json_file:
         with open(args.json_file, "w") as handle:
@@ -560,8 +648,11 @@ def build_parser() -> argparse.ArgumentParser:
     from slts.storage.batch_defrag import BATCH_BYTES_DEFAULT, BATCH_RUNS_DEFAULT
 
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--store", default=os.environ.get("SLTS_STORE", DEFAULT_STORE),
-                        help="store folder, or chunk storage URL (default: $SLTS_STORE or ./slts-data)")
+    common.add_argument(
+        "--store",
+        default=os.environ.get("SLTS_STORE", DEFAULT_STORE),
+        help="store folder, or chunk storage URL (default: $SLTS_STORE or ./slts-data)",
+    )
     common.add_argument("--metadata", default=None, help="LMDB metadata folder (default: STORE/metadata)")
     common.add_argument("--container", type=_non_negative, default=0, help="container id (default 0)")
     common.add_argument("--json", action="store_true", help="machine-readable output")
@@ -598,27 +689,45 @@ def build_parser() -> argparse.ArgumentParser:
     concat = add("concat", cmd_concat, "append a sealed segment to another")
     concat.add_argument("target")
     concat.add_argument("source")
-    concat.add_argument("--offset", type=_non_negative, default=None, help="expected target length (default: current)")
+    concat.add_argument(
+        "--offset", type=_non_negative, default=None, help="expected target length (default: current)"
+    )
 
     truncate = add("truncate", cmd_truncate, "drop a segment's bytes below an offset")
     truncate.add_argument("name")
     truncate.add_argument("offset", type=_non_negative)
 
-    defrag = add("defrag", cmd_defrag, "merge small consecutive chunks (a batch beside the owner; --spark on Spark)")
+    defrag = add(
+        "defrag", cmd_defrag, "merge small consecutive chunks (a batch beside the owner; --spark on Spark)"
+    )
     defrag.add_argument("name", nargs="?", default=None)
     defrag.add_argument("--all", action="store_true", help="every segment (with --prefix: those under it)")
     defrag.add_argument("--prefix", default="", help="with --all: only segments starting with this")
-    defrag.add_argument("--threads", type=_positive, default=4, help="in process: builder threads (default 4)")
-    defrag.add_argument("--batch-runs", type=_positive, default=BATCH_RUNS_DEFAULT,
-                        help=f"runs planned, built and committed per batch (default {BATCH_RUNS_DEFAULT})")
-    defrag.add_argument("--batch-bytes", type=_positive, default=BATCH_BYTES_DEFAULT,
-                        help=f"bytes of runs per batch (default {BATCH_BYTES_DEFAULT}); a batch's GC intents "
-                             "are leased for defrag_batch_lease_s (SLTS_DEFRAG_BATCH_LEASE_S), renewed "
-                             "while it builds")  # fmt: skip
+    defrag.add_argument(
+        "--threads", type=_positive, default=4, help="in process: builder threads (default 4)"
+    )
+    defrag.add_argument(
+        "--batch-runs",
+        type=_positive,
+        default=BATCH_RUNS_DEFAULT,
+        help=f"runs planned, built and committed per batch (default {BATCH_RUNS_DEFAULT})",
+    )
+    defrag.add_argument(
+        "--batch-bytes",
+        type=_positive,
+        default=BATCH_BYTES_DEFAULT,
+        help=f"bytes of runs per batch (default {BATCH_BYTES_DEFAULT}); a batch's GC intents "
+        "are leased for defrag_batch_lease_s (SLTS_DEFRAG_BATCH_LEASE_S), renewed "
+        "while it builds",
+    )
     defrag.add_argument("--spark", action="store_true", help="build the chunks on Spark executors")
     defrag.add_argument("--master", default=None, help="with --spark: the Spark master (default local[*])")
-    defrag.add_argument("--partitions", type=_positive, default=None,
-                        help="with --spark: partitions per batch (default: 4 x the default parallelism)")
+    defrag.add_argument(
+        "--partitions",
+        type=_positive,
+        default=None,
+        help="with --spark: partitions per batch (default: 4 x the default parallelism)",
+    )
 
     gc = add("gc", cmd_gc, "collect garbage chunks that are due")
     gc.add_argument("--passes-max", type=_positive, default=1000, help="bound on passes (default 1000)")
@@ -632,9 +741,15 @@ def build_parser() -> argparse.ArgumentParser:
     add("snapshot", cmd_snapshot, "take a metadata snapshot on tier-2 now")
 
     restore = add("restore", cmd_restore, "rebuild the metadata from tier-2 alone into a new folder")
-    restore.add_argument("--from", dest="source", default=None,
-                         help="store folder or chunk storage URL to restore from (default: --store)")
-    restore.add_argument("--to", dest="target", required=True, help="new LMDB metadata folder (absent or empty)")
+    restore.add_argument(
+        "--from",
+        dest="source",
+        default=None,
+        help="store folder or chunk storage URL to restore from (default: --store)",
+    )
+    restore.add_argument(
+        "--to", dest="target", required=True, help="new LMDB metadata folder (absent or empty)"
+    )
 
     journal = add("journal", cmd_journal, "inspect the system journal, snapshots and checkpoints")
     journal.add_argument("action", choices=("show",))
@@ -656,16 +771,24 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--segments", type=_positive, default=64)
     demo.add_argument("--writes", type=_positive, default=200, help="small writes per segment")
     demo.add_argument("--keep", action="store_true", help="keep the demo folder afterwards")
-    bench = add("bench", cmd_bench, "measure SLTS next to raw baselines of the same work (--store s3://...: on S3)")
+    bench = add(
+        "bench", cmd_bench, "measure SLTS next to raw baselines of the same work (--store s3://...: on S3)"
+    )
     bench.add_argument("--quick", action="store_true", help="small sizes, few repetitions")
     bench.add_argument("--only", nargs="+", default=None, metavar="NAME", help="run only these benchmarks")
     bench.add_argument("--dir", default=None, help="scratch folder on the disk to measure (default: cwd)")
     bench.add_argument("--json-file", default=None, metavar="FILE", help="also write the figures as JSON")
-    simulate = add("simulate", cmd_simulate, "random programs under faults against a model (--seed N: replay one)")
+    simulate = add(
+        "simulate", cmd_simulate, "random programs under faults against a model (--seed N: replay one)"
+    )
     simulate.add_argument("--seeds", type=_positive, default=100, help="seeds to run (default 100)")
-    simulate.add_argument("--first-seed", type=_non_negative, default=0, help="first seed of the soak (default 0)")
+    simulate.add_argument(
+        "--first-seed", type=_non_negative, default=0, help="first seed of the soak (default 0)"
+    )
     simulate.add_argument("--ops", type=_positive, default=500, help="steps per seed (default 500)")
-    simulate.add_argument("--seed", type=_non_negative, default=None, help="replay this seed, print its program")
+    simulate.add_argument(
+        "--seed", type=_non_negative, default=None, help="replay this seed, print its program"
+    )
     simulate.add_argument("--no-shrink", action="store_true", help="with --seed: print the program unshrunk")
     simulate.add_argument("--by-kind", action="store_true", help="also list the seeds of each violation kind")
     simulate.add_argument("--ignore", nargs="+", default=[], metavar="KIND", help="count these kinds, go on")

@@ -59,9 +59,13 @@ def _require_spark() -> None:
     if importlib.util.find_spec("pyspark") is None:
         raise InvalidConfig("the demo's defrag step runs on Spark: pip install 'slts[spark]' (PySpark)")
     java_home = os.environ.get("JAVA_HOME", "")
-    if not (java_home and os.access(os.path.join(java_home, "bin", "java"), os.X_OK)) and not shutil.which("java"):
-        raise InvalidConfig("the demo's defrag step runs on Spark, which needs a Java runtime (17 or newer): "
-                            "none on PATH and no JAVA_HOME")  # fmt: skip
+    if not (java_home and os.access(os.path.join(java_home, "bin", "java"), os.X_OK)) and not shutil.which(
+        "java"
+    ):
+        raise InvalidConfig(
+            "the demo's defrag step runs on Spark, which needs a Java runtime (17 or newer): "
+            "none on PATH and no JAVA_HOME"
+        )
 
 
 def _log_tail(path: str, lines: int = 20) -> str:
@@ -83,8 +87,9 @@ def _prepare(folder: str) -> None:
 
 
 def _open(folder: str, **config: Any) -> ChunkedSegmentStorage:
-    return open_storage(f"file://{os.path.join(folder, 'chunks')}", metadata=os.path.join(folder, "metadata"),
-                        **config)  # fmt: skip
+    return open_storage(
+        f"file://{os.path.join(folder, 'chunks')}", metadata=os.path.join(folder, "metadata"), **config
+    )
 
 
 class _Expected:
@@ -112,7 +117,9 @@ def _parallel(names: list[str], work: Callable[[str, random.Random], None], seed
         list(pool.map(run_slice, range(THREADS)))
 
 
-def _small_writes(storage: ChunkedSegmentStorage, expected: _Expected, writes: int) -> Callable[[str, random.Random], None]:
+def _small_writes(
+    storage: ChunkedSegmentStorage, expected: _Expected, writes: int
+) -> Callable[[str, random.Random], None]:
     def work(name: str, rng: random.Random) -> None:
         handle = storage.open_write(name)
         offset = storage.info(name).length
@@ -125,7 +132,9 @@ def _small_writes(storage: ChunkedSegmentStorage, expected: _Expected, writes: i
     return work
 
 
-def _transactions(storage: ChunkedSegmentStorage, expected: _Expected, counter: list[int]) -> Callable[[str, random.Random], None]:
+def _transactions(
+    storage: ChunkedSegmentStorage, expected: _Expected, counter: list[int]
+) -> Callable[[str, random.Random], None]:
     def work(name: str, rng: random.Random) -> None:
         for i in range(TXNS_PER_STREAM):
             txn = f"{name}#txn{i}"
@@ -193,10 +202,13 @@ def run_demo(
                 ingest_s = time.perf_counter() - started
             ingest_bytes = sum(len(data) for data in expected.data.values())
             report.update(
-                writes=segments * writes, ingest_bytes=ingest_bytes, ingest_s=round(ingest_s, 3),
+                writes=segments * writes,
+                ingest_bytes=ingest_bytes,
+                ingest_s=round(ingest_s, 3),
                 writes_per_s=round(segments * writes / ingest_s, 1),
-                ingest_mb_per_s=round(ingest_bytes / ingest_s / 1e6, 2), epochs=[storage.epoch],
-            )  # fmt: skip
+                ingest_mb_per_s=round(ingest_bytes / ingest_s / 1e6, 2),
+                epochs=[storage.epoch],
+            )
 
         # Failovers, as after crashes: each new epoch fences the last one and takes the streams
         # over; its first write to a stream starts a new chunk. The last instance stays open.
@@ -205,7 +217,9 @@ def run_demo(
             with _open(folder) as storage:
                 report["epochs"].append(storage.epoch)
                 with bar(segments, f"failover {failover}") as progress:
-                    _parallel(names, _small_writes(storage, expected, per_failover), SEED + 10 + failover, progress)
+                    _parallel(
+                        names, _small_writes(storage, expected, per_failover), SEED + 10 + failover, progress
+                    )
         with _open(folder, concat_merge_seam=False) as storage:
             report["epochs"].append(storage.epoch)
             with bar(segments, f"failover {FAILOVERS}") as progress:
@@ -214,7 +228,9 @@ def run_demo(
             concats: list[int] = []
             with bar(segments // 2, "transactions") as progress:
                 started = time.perf_counter()
-                _parallel(names[: segments // 2], _transactions(storage, expected, concats), SEED + 2, progress)
+                _parallel(
+                    names[: segments // 2], _transactions(storage, expected, concats), SEED + 2, progress
+                )
                 concat_s = time.perf_counter() - started
             report.update(transactions=len(concats), transactions_per_s=round(len(concats) / concat_s, 1))
 
@@ -229,13 +245,20 @@ def run_demo(
             with bar(segments, "after defrag") as progress:
                 _parallel(names, _small_writes(storage, expected, 1), SEED + 3, progress)
             report.update(
-                chunks_before_defrag=batch.chunks_before, chunks_after_defrag=batch.chunks_after,
-                defrag_driver="spark", defrag_master=SPARK_MASTER, defrag_runs=batch.runs_committed,
-                defrag_runs_dropped=batch.runs_dropped, defrag_runs_failed=batch.runs_failed,
-                defrag_bytes_native=batch.bytes_native, defrag_bytes_copied=batch.bytes_copied,
-                defrag_s=round(batch.seconds, 3), spark_start_s=round(spark_start_s, 3),
-                owner_epoch_after_defrag=storage.epoch, writes_after_defrag=segments,
-            )  # fmt: skip
+                chunks_before_defrag=batch.chunks_before,
+                chunks_after_defrag=batch.chunks_after,
+                defrag_driver="spark",
+                defrag_master=SPARK_MASTER,
+                defrag_runs=batch.runs_committed,
+                defrag_runs_dropped=batch.runs_dropped,
+                defrag_runs_failed=batch.runs_failed,
+                defrag_bytes_native=batch.bytes_native,
+                defrag_bytes_copied=batch.bytes_copied,
+                defrag_s=round(batch.seconds, 3),
+                spark_start_s=round(spark_start_s, 3),
+                owner_epoch_after_defrag=storage.epoch,
+                writes_after_defrag=segments,
+            )
             # A failed run corrupts nothing (its chunk goes to GC), but the demo expects none.
             defrag_problems = [f"spark defrag: run failed: {error}" for error in batch.errors]
 
@@ -251,18 +274,26 @@ def run_demo(
                 pass
             problems = defrag_problems + verify_container(storage).problems
             report.update(
-                readable_bytes=total_bytes, verify_mb_per_s=round(total_bytes / verify_s / 1e6, 2),
+                readable_bytes=total_bytes,
+                verify_mb_per_s=round(total_bytes / verify_s / 1e6, 2),
                 gc_chunks_deleted=storage.gc.statistics().chunks_deleted,
-            )  # fmt: skip
+            )
             assert storage.durable is not None
             snapshot = storage.durable.snapshot()
-            report.update(snapshot_sequence=snapshot.sequence, snapshot_entries=snapshot.entries,
-                          snapshot_bytes=snapshot.end - snapshot.start)  # fmt: skip
+            report.update(
+                snapshot_sequence=snapshot.sequence,
+                snapshot_entries=snapshot.entries,
+                snapshot_bytes=snapshot.end - snapshot.start,
+            )
         lost, restored = _disaster_recovery(folder, expected, bar, report)
         mismatched += lost
         problems += restored
-        report.update(mismatched=mismatched, problems=problems[:20], verified=not mismatched and not problems,
-                      folder=os.path.abspath(folder) if keep else None)  # fmt: skip
+        report.update(
+            mismatched=mismatched,
+            problems=problems[:20],
+            verified=not mismatched and not problems,
+            folder=os.path.abspath(folder) if keep else None,
+        )
     finally:
         if not keep:
             shutil.rmtree(folder, ignore_errors=True)
@@ -276,18 +307,20 @@ def _spark_defrag(folder: str, owner: ChunkedSegmentStorage, quiet: bool) -> tup
     the seconds Spark took to start. Spark's output goes to ``SPARK_LOG`` in ``folder``;
     its tail is shown if the step fails."""
     from slts.bindings import from_url
+    from slts.tools.spark_defrag import spark_quietly
 
     from slts.metadata.layout import TABLES
     from slts.metadata.lmdb_store import LmdbMetadataStore
     from slts.storage.batch_defrag import BatchDefrag, run_batch
-    from slts.tools.spark_defrag import spark_quietly
 
     root = os.path.abspath(folder)  # the executors rebuild the binding from this URL
     log = os.path.join(root, SPARK_LOG)
     try:
-        with tqdm(desc=f"spark defrag ({SPARK_MASTER})", unit="run", disable=quiet) as progress, \
-                from_url(f"file://{os.path.join(root, 'chunks')}") as binding, \
-                LmdbMetadataStore(os.path.join(root, "metadata"), TABLES) as store:  # fmt: skip
+        with (
+            tqdm(desc=f"spark defrag ({SPARK_MASTER})", unit="run", disable=quiet) as progress,
+            from_url(f"file://{os.path.join(root, 'chunks')}") as binding,
+            LmdbMetadataStore(os.path.join(root, "metadata"), TABLES) as store,
+        ):
             driver = BatchDefrag(binding, store, 0, owner.config)  # not an owner: fences nobody
             started = time.perf_counter()
             with spark_quietly(log, SPARK_MASTER) as executor:
@@ -310,9 +343,12 @@ def _disaster_recovery(
     restored = os.path.join(folder, "metadata-restored")
     with from_url(f"file://{os.path.join(folder, 'chunks')}") as binding:
         restore = restore_to_folder(binding, 0, restored)
-    report.update(restore_s=round(restore.seconds, 3), restore_sequence=restore.sequence,
-                  restore_log_records=restore.log_records,
-                  restore_mb_per_s=round(restore.bytes_read / max(restore.seconds, 1e-9) / 1e6, 2))  # fmt: skip
+    report.update(
+        restore_s=round(restore.seconds, 3),
+        restore_sequence=restore.sequence,
+        restore_log_records=restore.log_records,
+        restore_mb_per_s=round(restore.bytes_read / max(restore.seconds, 1e-9) / 1e6, 2),
+    )
     with open_storage(f"file://{os.path.join(folder, 'chunks')}", metadata=restored) as storage:
         report["epochs"].append(storage.epoch)
         with bar(len(expected.data), "verify restored") as progress:
@@ -325,30 +361,36 @@ def _format(report: dict[str, Any]) -> str:
     if not report["verified"]:
         verdict = f"FAILED: mismatched {report['mismatched']}, problems {report['problems']}"
     per_segment = report["writes"] // report["segments"]
-    return "\n".join([
-        "SLTS demo: filesystem binding + LMDB metadata, durable writes (fsync data, sync metadata)",
-        f"  ingest        {report['segments']} segments x {per_segment} small writes"
-        f" ({WRITE_BYTES_MIN}-{WRITE_BYTES_MAX} B) from {THREADS} threads",
-        f"                {report['writes']} writes, {report['ingest_bytes'] / 1e6:.2f} MB in {report['ingest_s']} s:"
-        f" {report['writes_per_s']} writes/s, {report['ingest_mb_per_s']} MB/s",
-        f"  failovers     epochs {' -> '.join(str(e) for e in report['epochs'][:FAILOVERS + 1])}: each took every"
-        " stream over and appended small writes (a new chunk per stream and epoch)",
-        f"  transactions  {report['transactions']} written, sealed and concatenated into streams"
-        f" ({report['transactions_per_s']}/s)",
-        f"  truncate      {report['truncated']} streams cut in half",
-        f"  spark defrag  chunks {report['chunks_before_defrag']} -> {report['chunks_after_defrag']}:"
-        f" {report['defrag_runs']} runs on Spark {report['defrag_master']} in {report['defrag_s']} s"
-        f" (after {report['spark_start_s']} s of Spark start-up),",
-        f"                {report['defrag_bytes_native'] / 1e6:.2f} MB concatenated natively,"
-        f" {report['defrag_bytes_copied'] / 1e6:.2f} MB copied through the executors;",
-        f"                beside the live owner: it kept epoch {report['owner_epoch_after_defrag']} and wrote"
-        f" {report['writes_after_defrag']} more writes through the new layout",
-        f"  gc            {report['gc_chunks_deleted']} chunks deleted",
-        f"  verify        {report['readable_bytes'] / 1e6:.2f} MB read back at {report['verify_mb_per_s']} MB/s",
-        f"  snapshot      metadata snapshot on tier-2 at sequence {report['snapshot_sequence']}:"
-        f" {report['snapshot_entries']} records, {report['snapshot_bytes'] / 1e6:.2f} MB",
-        f"  lose machine  metadata folder deleted; restored from tier-2 alone in {report['restore_s']} s"
-        f" ({report['restore_mb_per_s']} MB/s, snapshot + {report['restore_log_records']} log records,"
-        f" up to sequence {report['restore_sequence']}); epoch {report['epochs'][-1]} takes over",
-        f"  verify        every segment read back again from the restored metadata: {verdict}",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "SLTS demo: filesystem binding + LMDB metadata, durable writes (fsync data, sync metadata)",
+            f"  ingest        {report['segments']} segments x {per_segment} small writes"
+            f" ({WRITE_BYTES_MIN}-{WRITE_BYTES_MAX} B) from {THREADS} threads",
+            f"                {report['writes']} writes, {report['ingest_bytes'] / 1e6:.2f} MB in "
+            f"{report['ingest_s']} s:"
+            f" {report['writes_per_s']} writes/s, {report['ingest_mb_per_s']} MB/s",
+            f"  failovers     epochs {' -> '.join(str(e) for e in report['epochs'][: FAILOVERS + 1])}: each "
+            "took every"
+            " stream over and appended small writes (a new chunk per stream and epoch)",
+            f"  transactions  {report['transactions']} written, sealed and concatenated into streams"
+            f" ({report['transactions_per_s']}/s)",
+            f"  truncate      {report['truncated']} streams cut in half",
+            f"  spark defrag  chunks {report['chunks_before_defrag']} -> {report['chunks_after_defrag']}:"
+            f" {report['defrag_runs']} runs on Spark {report['defrag_master']} in {report['defrag_s']} s"
+            f" (after {report['spark_start_s']} s of Spark start-up),",
+            f"                {report['defrag_bytes_native'] / 1e6:.2f} MB concatenated natively,"
+            f" {report['defrag_bytes_copied'] / 1e6:.2f} MB copied through the executors;",
+            f"                beside the live owner: it kept epoch {report['owner_epoch_after_defrag']} and "
+            "wrote"
+            f" {report['writes_after_defrag']} more writes through the new layout",
+            f"  gc            {report['gc_chunks_deleted']} chunks deleted",
+            f"  verify        {report['readable_bytes'] / 1e6:.2f} MB read back at "
+            f"{report['verify_mb_per_s']} MB/s",
+            f"  snapshot      metadata snapshot on tier-2 at sequence {report['snapshot_sequence']}:"
+            f" {report['snapshot_entries']} records, {report['snapshot_bytes'] / 1e6:.2f} MB",
+            f"  lose machine  metadata folder deleted; restored from tier-2 alone in {report['restore_s']} s"
+            f" ({report['restore_mb_per_s']} MB/s, snapshot + {report['restore_log_records']} log records,"
+            f" up to sequence {report['restore_sequence']}); epoch {report['epochs'][-1]} takes over",
+            f"  verify        every segment read back again from the restored metadata: {verdict}",
+        ]
+    )

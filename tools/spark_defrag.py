@@ -85,8 +85,10 @@ def spark_executor(
         .config("spark.speculation", "false")
     )
     if (conf or {}).get("spark.speculation", "false").lower() != "false":
-        raise InvalidConfig("spark.speculation must stay off: a speculative task could build its chunk after "
-                            "the driver released the run")  # fmt: skip
+        raise InvalidConfig(
+            "spark.speculation must stay off: a speculative task could build its chunk after "
+            "the driver released the run"
+        )
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
@@ -147,6 +149,7 @@ def spark_defrag(
     """Defrag the container at ``url`` (metadata in LMDB folder ``metadata``) on Spark,
     beside its live owner. Raises ``Fenced`` if a new owner starts meanwhile."""
     from slts.bindings import from_url
+
     from slts.metadata.layout import TABLES
     from slts.metadata.lmdb_store import LmdbMetadataStore
 

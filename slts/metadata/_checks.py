@@ -132,9 +132,7 @@ def check_replicate(
     last_sequence``); the version each op writes (``sequence`` where none was given)."""
     check_commit(tables, ops, ())
     if not _is_int(sequence) or not 1 <= sequence <= SEQUENCE_MAX:  # type: ignore[operator]
-        raise InvalidArgument(
-            f"replicated sequence must be an int in [1, {SEQUENCE_MAX}]", sequence=sequence
-        )
+        raise InvalidArgument(f"replicated sequence must be an int in [1, {SEQUENCE_MAX}]", sequence=sequence)
     assert isinstance(sequence, int)
     if versions is None:
         return (sequence,) * len(ops)
@@ -173,8 +171,7 @@ def check_replicate_order(sequence: int, last: int) -> None:
 def conflict(condition: Expect, actual: int) -> VersionConflict:
     """The error for an expectation that did not hold (``actual`` 0: the key is absent)."""
     return VersionConflict(
-        f"{condition.table}/{condition.key!r}: expected version {condition.version}, "
-        f"found {actual}",
+        f"{condition.table}/{condition.key!r}: expected version {condition.version}, found {actual}",
         table=condition.table,
         key=condition.key,
         expected=condition.version,

@@ -59,7 +59,7 @@ _Key = tuple[str, bytes]
 class _Flight:
     """The commits in flight on one key, and the newest outcome among the finished ones."""
 
-    __slots__ = ("count", "newest", "value", "unknown")
+    __slots__ = ("count", "newest", "unknown", "value")
 
     def __init__(self) -> None:
         self.count = 0

@@ -49,5 +49,7 @@ class DelegatingStore(MetadataStore):
     def discard_changes(self, through: int) -> int:
         return self.inner.discard_changes(through)
 
-    def replicate(self, sequence: int, ops: Sequence[Operation], versions: Sequence[int] | None = None) -> None:
+    def replicate(
+        self, sequence: int, ops: Sequence[Operation], versions: Sequence[int] | None = None
+    ) -> None:
         self.inner.replicate(sequence, ops, versions)

@@ -88,14 +88,18 @@ class FaultyMetadataStore(DelegatingStore):
                     self.on_crash()
                 if landed:
                     self.inner.commit(ops, expect)
-                raise MetadataError("injected crash at a commit", injected=True, crash=True, reply_lost=landed)
+                raise MetadataError(
+                    "injected crash at a commit", injected=True, crash=True, reply_lost=landed
+                )
         if self._fail_p and self.random.random() < self._fail_p:
             self.faults["commit-fail"] += 1
             raise MetadataError("injected: commit failed before it landed", injected=True)
         sequence = self.inner.commit(ops, expect)
         if self._lose_p and self.random.random() < self._lose_p:
             self.faults["commit-lost-reply"] += 1
-            raise MetadataError("injected: the commit landed, its answer was lost", injected=True, reply_lost=True)
+            raise MetadataError(
+                "injected: the commit landed, its answer was lost", injected=True, reply_lost=True
+            )
         return sequence
 
     def snapshot(self) -> contextlib.AbstractContextManager[ReadView]:
@@ -119,6 +123,8 @@ class FaultyMetadataStore(DelegatingStore):
         self._check_alive()
         return self.inner.discard_changes(through)
 
-    def replicate(self, sequence: int, ops: Sequence[Operation], versions: Sequence[int] | None = None) -> None:
+    def replicate(
+        self, sequence: int, ops: Sequence[Operation], versions: Sequence[int] | None = None
+    ) -> None:
         self._check_alive()
         self.inner.replicate(sequence, ops, versions)

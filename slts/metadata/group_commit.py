@@ -31,7 +31,7 @@ GROUP_SIZE_MAX_DEFAULT = 256
 class _Ticket(Generic[Item, Result]):
     """One queued item and, once its group ran, its outcome."""
 
-    __slots__ = ("item", "done", "value", "error")
+    __slots__ = ("done", "error", "item", "value")
 
     def __init__(self, item: Item) -> None:
         self.item = item
@@ -98,7 +98,7 @@ class GroupCommitter(Generic[Item, Result]):
                     ticket.error = result
                 else:
                     ticket.value = result
-        except BaseException as exc:  # every caller of the group learns that the group failed
+        except BaseException as exc:  # noqa: BLE001 - every caller of the group learns that the group failed
             for ticket in group:
                 ticket.error = exc
         finally:

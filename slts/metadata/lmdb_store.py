@@ -54,8 +54,8 @@ from slts.errors import (
     VersionConflict,
 )
 from slts.metadata import _checks
-from slts.metadata.lmdb_file import check_data_file
 from slts.metadata.group_commit import GroupCommitter
+from slts.metadata.lmdb_file import check_data_file
 from slts.metadata.store import (
     KEY_BYTES_MAX,
     SCAN_LIMIT_DEFAULT,
@@ -101,7 +101,7 @@ _process_id = os.getpid()
 
 
 def _after_fork_in_child() -> None:
-    global _process_id
+    global _process_id  # noqa: PLW0603 - the fork hook updates the module's pid
     _process_id = os.getpid()
 
 
@@ -160,9 +160,7 @@ def _decode_change(raw_key: bytes, raw: bytes) -> Change:
 def _unframe(raw: bytes, table: str, key: bytes) -> Versioned:
     """Decode a stored value, checking its framing."""
     if len(raw) < _VERSION.size:
-        raise MetadataCorrupted(
-            "stored value shorter than its version header", table=table, key=key
-        )
+        raise MetadataCorrupted("stored value shorter than its version header", table=table, key=key)
     (version,) = _VERSION.unpack_from(raw)
     if version < 1:
         raise MetadataCorrupted("stored value has version 0", table=table, key=key)
@@ -354,12 +352,10 @@ class _Environment:
                 return [error] * len(group)
             else:
                 carried = {
-                    id(p.store): p.store
-                    for p, r in zip(group, results, strict=True)
-                    if isinstance(r, int)
+                    id(p.store): p.store for p, r in zip(group, results, strict=True) if isinstance(r, int)
                 }
                 for store in carried.values():  # each store object counts the groups it was in
-                    store._count(group_commits=1)
+                    store._count(group_commits=1)  # noqa: SLF001 - same class
                 self._grow_if_nearly_full()
                 return results
         error = MetadataError("LMDB map still full after growing it", path=self.path)
@@ -403,9 +399,7 @@ class _Environment:
                     txn.put(SEQUENCE_KEY, _VERSION.pack(sequence), db=self.internal)
             return results
 
-    def _failed_expectation(
-        self, txn: lmdb.Transaction, expect: Sequence[Expect]
-    ) -> MetadataError | None:
+    def _failed_expectation(self, txn: lmdb.Transaction, expect: Sequence[Expect]) -> MetadataError | None:
         """Why this commit may not apply (a conflict, or an unreadable record), or None."""
         for condition in expect:
             raw = txn.get(condition.key, db=self.dbs[condition.table])
@@ -470,9 +464,7 @@ class _Environment:
                     return
                 current = self.env.info()["map_size"]
                 if current >= MAP_SIZE_BYTES_MAX:
-                    raise MetadataError(
-                        "LMDB map is at its maximum size", path=self.path, map_size=current
-                    )
+                    raise MetadataError("LMDB map is at its maximum size", path=self.path, map_size=current)
                 self.env.set_mapsize(min(current * 2, MAP_SIZE_BYTES_MAX))
 
     def map_size_bytes(self) -> int:
@@ -513,9 +505,13 @@ def _acquire(path: str, map_size_bytes: int, durable: bool, readonly: bool) -> _
     except FileNotFoundError as exc:
         if readonly:
             raise StoreNotFound(f"no metadata store (LMDB folder) at {path!r}", path=path) from None
-        raise InvalidConfig(f"cannot use {path!r} as a metadata folder: {exc.strerror or exc}", path=path) from exc
+        raise InvalidConfig(
+            f"cannot use {path!r} as a metadata folder: {exc.strerror or exc}", path=path
+        ) from exc
     except OSError as exc:  # a file in the way, no permission, a read-only or virtual file system
-        raise InvalidConfig(f"cannot use {path!r} as a metadata folder: {exc.strerror or exc}", path=path) from exc
+        raise InvalidConfig(
+            f"cannot use {path!r} as a metadata folder: {exc.strerror or exc}", path=path
+        ) from exc
     if not stat.S_ISDIR(status.st_mode):
         raise InvalidConfig(f"cannot use {path!r} as a metadata folder: it is not a folder", path=path)
     check_data_file(path)  # a damaged file would kill the process with SIGBUS once mapped
@@ -539,9 +535,7 @@ def _acquire(path: str, map_size_bytes: int, durable: bool, readonly: bool) -> _
                 "this folder is already open in this process with another durable flag", path=path
             )
         if env.readonly and not readonly:
-            raise InvalidArgument(
-                "this folder is already open read-only in this process", path=path
-            )
+            raise InvalidArgument("this folder is already open read-only in this process", path=path)
         env.references += 1
         return env
 
@@ -778,9 +772,7 @@ class LmdbMetadataStore(MetadataStore):
         """Persist the ``capture`` flag (every process's next write transaction sees it)."""
         self._check_usable()
         if self._env.gate.depth():
-            raise InvalidArgument(
-                "enable_change_capture inside an open snapshot() block of the same thread"
-            )
+            raise InvalidArgument("enable_change_capture inside an open snapshot() block of the same thread")
         if self.change_capture_enabled:
             return  # nothing to write (also on a read-only store)
         self._check_writable("enable_change_capture")

@@ -90,9 +90,7 @@ class _MemoryView(ReadView):
 
     def floor(self, table: str, key: bytes, lowest: bytes = b"") -> tuple[bytes, Versioned] | None:
         data = self._table(table)
-        return floor_entry(
-            data, _checks.check_bound("key", key), _checks.check_bound("lowest", lowest)
-        )
+        return floor_entry(data, _checks.check_bound("key", key), _checks.check_bound("lowest", lowest))
 
     def scan(
         self,
@@ -301,9 +299,7 @@ class MemoryMetadataStore(MetadataStore):
     def statistics(self) -> StoreStatistics:
         """Commits, conflicts and reads since the store was created."""
         with self._lock:
-            return StoreStatistics(
-                commits=self._commits, conflicts=self._conflicts, reads=self._reads
-            )
+            return StoreStatistics(commits=self._commits, conflicts=self._conflicts, reads=self._reads)
 
     def close(self) -> None:
         """Mark the store closed (idempotent); its contents are dropped."""

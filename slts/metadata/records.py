@@ -69,7 +69,9 @@ class Record:
         """Fields added after a record kind first shipped: they have a default, and a
         record written before them decodes with it."""
         return frozenset(
-            f.name for f in dataclasses.fields(cls) if f.name != "extra" and f.default is not dataclasses.MISSING
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.name != "extra" and f.default is not dataclasses.MISSING
         )
 
     def encode(self) -> bytes:
@@ -91,7 +93,9 @@ class Record:
             raise MetadataCorrupted(f"{cls.KIND} record has no format version")
         payload.pop(_VERSION_KEY)
         try:
-            values = {name: payload.pop(name) for name in cls._field_names() if name not in cls._optional_fields()}
+            values = {
+                name: payload.pop(name) for name in cls._field_names() if name not in cls._optional_fields()
+            }
         except KeyError as exc:
             raise MetadataCorrupted(f"{cls.KIND} record lacks field {exc}") from exc
         values.update((name, payload.pop(name)) for name in cls._optional_fields() if name in payload)

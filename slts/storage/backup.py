@@ -49,7 +49,9 @@ def export_segment(storage: ChunkedSegmentStorage, name: str) -> bytes:
     """The export document of segment ``name``. Raises ``SegmentNotFound``."""
     record, _ = storage._load(name)  # noqa: SLF001 - backup is part of the engine
     chunks = [[start, chunk.encode()] for start, chunk in storage.chunks(name)]
-    payload = msgpack.packb({"v": FORMAT_VERSION, "segment": record.encode(), "chunks": chunks}, use_bin_type=True)
+    payload = msgpack.packb(
+        {"v": FORMAT_VERSION, "segment": record.encode(), "chunks": chunks}, use_bin_type=True
+    )
     return MAGIC + _CRC.pack(crc32c.crc32c(payload)) + payload
 
 
@@ -73,7 +75,9 @@ def parse_export(document: bytes) -> tuple[SegmentRecord, list[tuple[int, ChunkR
     return record, chunks
 
 
-def import_segment(storage: ChunkedSegmentStorage, document: bytes, *, name: str | None = None) -> SegmentInfo:
+def import_segment(
+    storage: ChunkedSegmentStorage, document: bytes, *, name: str | None = None
+) -> SegmentInfo:
     """Create the exported segment (under ``name`` if given) from an export document.
 
     Raises ``MetadataCorrupted`` (damaged document), ``InvalidName``, ``SegmentExists``,
@@ -85,7 +89,9 @@ def import_segment(storage: ChunkedSegmentStorage, document: bytes, *, name: str
     record, chunks = parse_export(document)
     target = check_segment_name(record.name if name is None else name)
     if len(chunks) > IMPORT_CHUNKS_MAX:
-        raise InvalidArgument(f"segment export has {len(chunks)} chunks; one import takes {IMPORT_CHUNKS_MAX}")
+        raise InvalidArgument(
+            f"segment export has {len(chunks)} chunks; one import takes {IMPORT_CHUNKS_MAX}"
+        )
     if storage.exists(target):
         raise SegmentExists(f"segment {target!r} exists", segment=target)
     binding = storage.chunk_storage
@@ -103,9 +109,13 @@ def import_segment(storage: ChunkedSegmentStorage, document: bytes, *, name: str
         expect.append(Expect(CHUNKS, name_key(chunk.name), 0))
     now = storage._now_ms()  # noqa: SLF001
     restored = record.replace(
-        name=target, segment_id=segment_id, owner_epoch=storage.epoch, modified_ms=now, index_depth=0,
+        name=target,
+        segment_id=segment_id,
+        owner_epoch=storage.epoch,
+        modified_ms=now,
+        index_depth=0,
         status=int((record.status | SegmentStatus.ACTIVE) & ~SegmentStatus.DELETED),
-    )  # fmt: skip
+    )
     ops.append(Put(SEGMENTS, name_key(target), restored.encode()))
     storage._ownership.commit(ops, expect)  # noqa: SLF001
     return storage.info(target)

@@ -144,8 +144,14 @@ def binding_for(url: str) -> ChunkStorage:
 def execute(task: RunTask, binding: ChunkStorage | None = None) -> defrag.BuiltChunk:
     """Build ``task``'s chunk (see module doc). Raises ``ChunkStorageError``."""
     chosen = binding if binding is not None else binding_for(task.url)
-    return defrag.build_from_sources(chosen, task.sources, task.new_chunk, checksums=task.checksums, reuse=True,
-                                     block_bytes=task.block_bytes)  # fmt: skip
+    return defrag.build_from_sources(
+        chosen,
+        task.sources,
+        task.new_chunk,
+        checksums=task.checksums,
+        reuse=True,
+        block_bytes=task.block_bytes,
+    )
 
 
 def execute_locally(binding: ChunkStorage, threads: int = 4) -> Executor:
@@ -194,16 +200,22 @@ class BatchDefrag:
             raise Fenced(f"container {container_id} has never been started: nothing to defrag")
         owner = ContainerRecord.decode(stored.value)
         if owner.container_id != container_id:
-            raise InvalidArgument(f"this metadata store belongs to container {owner.container_id}, not {container_id}")
+            raise InvalidArgument(
+                f"this metadata store belongs to container {owner.container_id}, not {container_id}"
+            )
         self.epoch = owner.epoch
         self._fence = Expect(CONTAINER, CONTAINER_KEY, stored.version)
 
     # -- plan --------------------------------------------------------------------------------
 
     def plan(
-        self, prefix: str = "", names: Sequence[str] | None = None, batch_runs: int = BATCH_RUNS_DEFAULT,
-        report: BatchReport | None = None, batch_bytes: int = BATCH_BYTES_DEFAULT,
-    ) -> Iterator[list[defrag.Run]]:  # fmt: skip
+        self,
+        prefix: str = "",
+        names: Sequence[str] | None = None,
+        batch_runs: int = BATCH_RUNS_DEFAULT,
+        report: BatchReport | None = None,
+        batch_bytes: int = BATCH_BYTES_DEFAULT,
+    ) -> Iterator[list[defrag.Run]]:
         """Batches of at most about ``batch_runs`` runs and ``batch_bytes`` bytes (a
         segment's runs stay together, so a batch holds at least one segment's), each
         planned in one read-only transaction. ``names``: only these segments (missing
@@ -262,8 +274,15 @@ class BatchDefrag:
         ops: list[Operation] = []
         for run in runs:
             new_chunk = chunk_name(self.container_id, run.segment, self.epoch, run.start)
-            task = RunTask(self.binding.url, run.segment, run.start, new_chunk, defrag.run_sources(run),
-                           self.config.checksums, self.config.checksum_block_bytes)  # fmt: skip
+            task = RunTask(
+                self.binding.url,
+                run.segment,
+                run.start,
+                new_chunk,
+                defrag.run_sources(run),
+                self.config.checksums,
+                self.config.checksum_block_bytes,
+            )
             intent = queue_entry(new_chunk, GcReason.INTENT, now_ms)
             ops.append(intent)
             planned.append((run, task, intent.key))
@@ -297,8 +316,12 @@ class BatchDefrag:
                 version = self._commit(ops, expect)
             except VersionConflict:
                 continue  # GC claimed one of them meanwhile: look again
-            return [replace(p, intent_key=moved[p.intent_key], intent_version=version) if p.intent_key in moved
-                    else p for p in planned]  # fmt: skip
+            return [
+                replace(p, intent_key=moved[p.intent_key], intent_version=version)
+                if p.intent_key in moved
+                else p
+                for p in planned
+            ]
         _log.warning("could not renew the lease of %d defrag run(s): GC kept claiming intents", len(planned))
         return list(planned)
 
@@ -315,9 +338,18 @@ class BatchDefrag:
             record = SegmentRecord.decode(stored.value)
             if record.segment_id != planned.run.segment_id:
                 return False  # deleted and created again
-            if defrag.swap_in(self.store, self._commit, record, stored.version, planned.run, built, epoch=self.epoch,
-                              intent_key=planned.intent_key, intent_version=planned.intent_version,
-                              dropped_entries=dropped):  # fmt: skip
+            if defrag.swap_in(
+                self.store,
+                self._commit,
+                record,
+                stored.version,
+                planned.run,
+                built,
+                epoch=self.epoch,
+                intent_key=planned.intent_key,
+                intent_version=planned.intent_version,
+                dropped_entries=dropped,
+            ):
                 return True
             if not self._segment_moved(planned.run.segment, stored.version):
                 return False  # the run itself changed: dropped
@@ -331,14 +363,17 @@ class BatchDefrag:
         run's task has ended. Raises ``Fenced`` (the intent then waits out its lease)."""
         chunk = planned.task.new_chunk
         try:
-            self._commit([Delete(GC, planned.intent_key), self._gc_entry(chunk)],
-                         [Expect(GC, planned.intent_key, planned.intent_version)])  # fmt: skip
+            self._commit(
+                [Delete(GC, planned.intent_key), self._gc_entry(chunk)],
+                [Expect(GC, planned.intent_key, planned.intent_version)],
+            )
             return False
         except VersionConflict:
             pass  # the intent is gone or claimed
         now_ms = int(self._clock() * 1000)
-        lost = requeue_lost_intents(self.store, self._commit, [(planned.intent_key, chunk)], planned.intent_version,
-                                    now_ms)  # fmt: skip
+        lost = requeue_lost_intents(
+            self.store, self._commit, [(planned.intent_key, chunk)], planned.intent_version, now_ms
+        )
         assert lost == [chunk], (lost, chunk)
         return True
 
@@ -356,8 +391,10 @@ class BatchDefrag:
         except VersionConflict:
             current = self.store.get(CONTAINER, CONTAINER_KEY)
             if current is None or current.version != self._fence.version:
-                raise Fenced(f"container {self.container_id}: a new owner started during the defrag batch",
-                             container=self.container_id) from None  # fmt: skip
+                raise Fenced(
+                    f"container {self.container_id}: a new owner started during the defrag batch",
+                    container=self.container_id,
+                ) from None
             raise
 
 
@@ -378,8 +415,9 @@ class _LeaseRenewal:
             self._thread.start()
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:  # fmt: skip
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()

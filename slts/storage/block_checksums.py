@@ -103,8 +103,9 @@ def verify(blocks: bytes, first: int, end: int, data: bytes, *, chunk: str, star
             raise ChunkCorrupted(
                 f"chunk {chunk!r} fails the CRC32C of its block at offset {start + position} "
                 f"({length} bytes): its bytes are not the ones written",
-                chunk=chunk, offset=start + position,
-            )  # fmt: skip
+                chunk=chunk,
+                offset=start + position,
+            )
         position += length
     assert position == len(data), (position, len(data))
 

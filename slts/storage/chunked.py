@@ -50,16 +50,16 @@ from slts.errors import (
     WriteExpired,
 )
 from slts.gc import GarbageCollector
+from slts.journal import identity
 from slts.journal.durable_copy import DurableCopy
 from slts.metadata.cache import CachedMetadataStore
 from slts.metadata.layout import CHUNKS, DELETED, GC, SEGMENTS, name_key, segment_id_key
 from slts.metadata.records import ChunkRecord, DecodedRecords, GcReason, SegmentRecord, SegmentStatus
 from slts.metadata.store import Delete, Expect, MetadataStore, Put, prefix_stop
 from slts.storage import block_checksums, index
-from slts.storage.names import chunk_name, check_segment_name
 from slts.storage.layout_ops import LayoutOperations
 from slts.storage.leaks import LeakReport, find_leaks
-from slts.journal import identity
+from slts.storage.names import check_segment_name, chunk_name
 from slts.storage.ownership import EPOCH_MAX, Ownership, ReadOnlyOwnership
 from slts.storage.types import SegmentHandle, SegmentInfo, StorageStatistics
 
@@ -130,9 +130,17 @@ class ChunkedSegmentStorage(LayoutOperations):
         read_only: bool = False,
     ) -> None:
         # Every argument is checked before anything is written (the epoch commit fences).
-        if isinstance(container_id, bool) or not isinstance(container_id, int) or not 0 <= container_id <= EPOCH_MAX:
-            raise InvalidArgument(f"container_id must be an integer in [0, {EPOCH_MAX}], got {container_id!r}")
-        if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int) or not 1 <= epoch <= EPOCH_MAX):
+        if (
+            isinstance(container_id, bool)
+            or not isinstance(container_id, int)
+            or not 0 <= container_id <= EPOCH_MAX
+        ):
+            raise InvalidArgument(
+                f"container_id must be an integer in [0, {EPOCH_MAX}], got {container_id!r}"
+            )
+        if epoch is not None and (
+            isinstance(epoch, bool) or not isinstance(epoch, int) or not 1 <= epoch <= EPOCH_MAX
+        ):
             raise InvalidArgument(f"epoch must be an integer in [1, {EPOCH_MAX}] or None, got {epoch!r}")
         if config is not None and not isinstance(config, StorageConfig):
             raise InvalidArgument(f"config must be a StorageConfig, got {type(config).__name__}")
@@ -179,9 +187,14 @@ class ChunkedSegmentStorage(LayoutOperations):
         self.durable: DurableCopy | None = None
         if not read_only and self.config.journal:
             self.durable = DurableCopy(
-                self._store, chunk_storage, container_id, self.epoch, self.config,
-                clock=clock, fence_check=self._ownership.check,
-            )  # fmt: skip
+                self._store,
+                chunk_storage,
+                container_id,
+                self.epoch,
+                self.config,
+                clock=clock,
+                fence_check=self._ownership.check,
+            )
             self.gc.barrier = self.durable.barrier
             if self.config.metadata_log_flush_interval_s > 0:
                 self.durable.start(self.config.metadata_log_flush_interval_s)
@@ -225,9 +238,17 @@ class ChunkedSegmentStorage(LayoutOperations):
         c = self._counters
         with c.lock:
             return StorageStatistics(
-                self.epoch, c.writes, c.bytes_written, c.appends, c.chunks_created,
-                c.reads, c.bytes_read, c.commit_retries, c.write_failures, self._leaks,
-            )  # fmt: skip
+                self.epoch,
+                c.writes,
+                c.bytes_written,
+                c.appends,
+                c.chunks_created,
+                c.reads,
+                c.bytes_read,
+                c.commit_retries,
+                c.write_failures,
+                self._leaks,
+            )
 
     def check_leaks(self) -> LeakReport:
         """Look for metadata nothing reaches any more (``slts.storage.leaks``) in one
@@ -273,7 +294,9 @@ class ChunkedSegmentStorage(LayoutOperations):
         stored = self._store.get(SEGMENTS, key)
         if stored is None:
             raise SegmentNotFound(f"segment {name!r} does not exist", segment=name)
-        return self._decoded.decode(SEGMENTS, key, stored.version, stored.value, SegmentRecord), stored.version
+        return self._decoded.decode(
+            SEGMENTS, key, stored.version, stored.value, SegmentRecord
+        ), stored.version
 
     def _chunk(self, name: str) -> tuple[ChunkRecord, int]:
         key = name_key(name)
@@ -293,9 +316,16 @@ class ChunkedSegmentStorage(LayoutOperations):
     @staticmethod
     def _info(record: SegmentRecord) -> SegmentInfo:
         return SegmentInfo(
-            record.name, record.length, record.start_offset, record.sealed, record.chunk_count,
-            record.max_rolling_length, record.owner_epoch, record.created_ms, record.modified_ms,
-        )  # fmt: skip
+            record.name,
+            record.length,
+            record.start_offset,
+            record.sealed,
+            record.chunk_count,
+            record.max_rolling_length,
+            record.owner_epoch,
+            record.created_ms,
+            record.modified_ms,
+        )
 
     # -- metadata-only operations ----------------------------------------------------------------
 
@@ -308,16 +338,31 @@ class ChunkedSegmentStorage(LayoutOperations):
         """
         self._check_open(changes=True)
         check_segment_name(name)
-        rolling = self.config.rolling_length_bytes_default if max_rolling_length is None else max_rolling_length
+        rolling = (
+            self.config.rolling_length_bytes_default if max_rolling_length is None else max_rolling_length
+        )
         if isinstance(rolling, bool) or not isinstance(rolling, int) or not 0 < rolling <= INTEGER_MAX:
-            raise InvalidArgument(f"max_rolling_length must be an integer in [1, {INTEGER_MAX}], got {rolling!r}")
+            raise InvalidArgument(
+                f"max_rolling_length must be an integer in [1, {INTEGER_MAX}], got {rolling!r}"
+            )
         now = self._now_ms()
         record = SegmentRecord(
-            name=name, segment_id=self._new_segment_id(), status=SegmentStatus.ACTIVE,
-            start_offset=0, length=0, first_chunk=None, last_chunk=None,
-            first_chunk_start_offset=0, last_chunk_start_offset=0, max_rolling_length=rolling,
-            owner_epoch=self.epoch, chunk_count=0, created_ms=now, modified_ms=now, index_depth=0,
-        )  # fmt: skip
+            name=name,
+            segment_id=self._new_segment_id(),
+            status=SegmentStatus.ACTIVE,
+            start_offset=0,
+            length=0,
+            first_chunk=None,
+            last_chunk=None,
+            first_chunk_start_offset=0,
+            last_chunk_start_offset=0,
+            max_rolling_length=rolling,
+            owner_epoch=self.epoch,
+            chunk_count=0,
+            created_ms=now,
+            modified_ms=now,
+            index_depth=0,
+        )
         key = name_key(name)
         with self._stripe(name):
             if self._store.get(SEGMENTS, key) is not None:
@@ -465,7 +510,8 @@ class ChunkedSegmentStorage(LayoutOperations):
             if len(data) > self.config.write_chunks_max * record.max_rolling_length:
                 raise InvalidArgument(
                     f"write of {len(data)} bytes needs more than write_chunks_max "
-                    f"({self.config.write_chunks_max}) chunks of max_rolling_length {record.max_rolling_length}",
+                    f"({self.config.write_chunks_max}) chunks of max_rolling_length "
+                    f"{record.max_rolling_length}",
                     segment=handle.name,
                 )
             try:
@@ -499,12 +545,16 @@ class ChunkedSegmentStorage(LayoutOperations):
         while position < len(data):
             piece = data[position : position + record.max_rolling_length]
             start = record.length + position
-            new_chunks.append(_NewChunk(chunk_name(self.container_id, record.name, self.epoch, start), start, piece))
+            new_chunks.append(
+                _NewChunk(chunk_name(self.container_id, record.name, self.epoch, start), start, piece)
+            )
             position += len(piece)
 
         # 1. GC intents for the chunks about to exist (leak-free whatever happens next).
         intents = [self.gc.entry(chunk.name, GcReason.INTENT) for chunk in new_chunks]
-        intent_version = self._ownership.commit(intents, [Expect(GC, op.key, 0) for op in intents]) if intents else 0
+        intent_version = (
+            self._ownership.commit(intents, [Expect(GC, op.key, 0) for op in intents]) if intents else 0
+        )
 
         try:
             # 2. Data, durable.
@@ -538,7 +588,9 @@ class ChunkedSegmentStorage(LayoutOperations):
         times on conflicts that left the segment's end as this write found it.
         ``WriteExpired`` if GC took the intents meanwhile (no commit can succeed then)."""
         for attempt in range(self.config.commit_retries_max + 1):
-            ops, expect = self._write_commit(record, version, previous, appended, new_chunks, intents, intent_version)
+            ops, expect = self._write_commit(
+                record, version, previous, appended, new_chunks, intents, intent_version
+            )
             try:
                 self._ownership.commit(ops, expect)
                 return
@@ -547,8 +599,11 @@ class ChunkedSegmentStorage(LayoutOperations):
                     raise WriteExpired(
                         f"write of {len(appended) + sum(len(c.data) for c in new_chunks)} bytes at offset "
                         f"{record.length} took longer than gc_delay_s ({self.config.gc_delay_s:g} s) between "
-                        f"registering its chunks and committing them; GC took {len(lost)} of them: not applied",
-                        segment=record.name, offset=record.length, chunks=lost,
+                        f"registering its chunks and committing them; GC took {len(lost)} of them: not "
+                        "applied",
+                        segment=record.name,
+                        offset=record.length,
+                        chunks=lost,
                     ) from exc
                 if attempt == self.config.commit_retries_max:
                     raise
@@ -588,8 +643,12 @@ class ChunkedSegmentStorage(LayoutOperations):
                 if checksums and previous.checksum is not None:
                     checksum = _checksum(appended, previous.checksum)
                 if checksums and previous.blocks is not None:
-                    blocks = block_checksums.extend(previous.blocks, appended, self.config.checksum_block_bytes)
-                previous = previous.replace(length=previous.length + len(appended), checksum=checksum, blocks=blocks)
+                    blocks = block_checksums.extend(
+                        previous.blocks, appended, self.config.checksum_block_bytes
+                    )
+                previous = previous.replace(
+                    length=previous.length + len(appended), checksum=checksum, blocks=blocks
+                )
             if new_chunks:
                 previous = previous.replace(next_chunk=new_chunks[0].name)
             ops.append(Put(CHUNKS, name_key(previous_name), previous.encode()))
@@ -597,11 +656,17 @@ class ChunkedSegmentStorage(LayoutOperations):
         for i, chunk in enumerate(new_chunks):
             following = new_chunks[i + 1].name if i + 1 < len(new_chunks) else None
             chunk_record = ChunkRecord(
-                name=chunk.name, index_id=record.segment_id, index_offset=chunk.start,
-                length=len(chunk.data), next_chunk=following, epoch=self.epoch,
+                name=chunk.name,
+                index_id=record.segment_id,
+                index_offset=chunk.start,
+                length=len(chunk.data),
+                next_chunk=following,
+                epoch=self.epoch,
                 checksum=_checksum(chunk.data) if checksums else None,
-                blocks=block_checksums.compute(chunk.data, self.config.checksum_block_bytes) if checksums else None,
-            )  # fmt: skip
+                blocks=block_checksums.compute(chunk.data, self.config.checksum_block_bytes)
+                if checksums
+                else None,
+            )
             ops.append(Put(CHUNKS, name_key(chunk.name), chunk_record.encode()))
             ops.append(index.chunk_entry(chunk_record))
         for intent in intents:
@@ -752,4 +817,3 @@ class ChunkedSegmentStorage(LayoutOperations):
             current = chunk.next_chunk
         assert len(result) == record.chunk_count, (name, len(result), record.chunk_count)
         return result
-

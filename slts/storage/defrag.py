@@ -104,7 +104,9 @@ def plan_runs(record: SegmentRecord, listed: list[ListedChunk], config: StorageC
     run_bytes = 0
     for position, chunk in enumerate([*candidates, None]):
         small = chunk is not None and chunk.record.length < config.defrag_small_chunk_bytes
-        fits = small and run_bytes + chunk.record.length <= bytes_max and len(run) < config.defrag_run_chunks_max
+        fits = (
+            small and run_bytes + chunk.record.length <= bytes_max and len(run) < config.defrag_run_chunks_max
+        )
         if fits:
             assert chunk is not None
             run.append(chunk)
@@ -112,7 +114,9 @@ def plan_runs(record: SegmentRecord, listed: list[ListedChunk], config: StorageC
             continue
         if len(run) >= 2:
             first = position - len(run)
-            yield Run(record.name, record.segment_id, run[0].start, tuple(run), listed[first - 1] if first else None)
+            yield Run(
+                record.name, record.segment_id, run[0].start, tuple(run), listed[first - 1] if first else None
+            )
         run, run_bytes = ([chunk], chunk.record.length) if small and chunk is not None else ([], 0)
 
 
@@ -128,14 +132,18 @@ class Source:
 
 def run_sources(run: Run) -> tuple[Source, ...]:
     """The run's chunks as ``Source`` values, in order."""
-    return tuple(Source(c.record.name, c.record.length, c.record.checksum, c.record.blocks) for c in run.chunks)
+    return tuple(
+        Source(c.record.name, c.record.length, c.record.checksum, c.record.blocks) for c in run.chunks
+    )
 
 
 def build_chunk(
     binding: ChunkStorage, run: Run, new_name: str, *, checksums: bool, block_bytes: int = BLOCK_BYTES_DEFAULT
 ) -> BuiltChunk:
     """Create chunk ``new_name`` holding the run's bytes (recorded lengths only)."""
-    return build_from_sources(binding, run_sources(run), new_name, checksums=checksums, block_bytes=block_bytes)
+    return build_from_sources(
+        binding, run_sources(run), new_name, checksums=checksums, block_bytes=block_bytes
+    )
 
 
 def build_from_sources(
@@ -163,7 +171,9 @@ def build_from_sources(
                 if not checksums:
                     return BuiltChunk(new_name, length, None, 0, 0)
                 data = _read_whole(binding, new_name, length)
-                return BuiltChunk(new_name, length, crc32c.crc32c(data), 0, 0, _blocks(sources, data, block_bytes))
+                return BuiltChunk(
+                    new_name, length, crc32c.crc32c(data), 0, 0, _blocks(sources, data, block_bytes)
+                )
     ranges = [ConcatSource(source.name, 0, source.length) for source in sources]
     if binding.supports_concat:
         copied = binding.concat_bytes_through_client(ranges)
@@ -236,7 +246,9 @@ def swap_in(
     logic every defrag driver shares."""
     run = dataclasses.replace(run, predecessor=predecessor(store, record, run.start))
     with store.snapshot() as view:
-        planned = commit_ops(view, record, version, run, built, epoch, intent_key, intent_version, dropped_entries)
+        planned = commit_ops(
+            view, record, version, run, built, epoch, intent_key, intent_version, dropped_entries
+        )
     if planned is None:
         return False
     try:
@@ -266,9 +278,15 @@ def commit_ops(
     if not head and run.predecessor.record.next_chunk != first:  # type: ignore[union-attr]
         return None
     new = ChunkRecord(
-        name=built.name, index_id=record.segment_id, index_offset=run.start, length=built.length,
-        next_chunk=last.record.next_chunk, epoch=epoch, checksum=built.checksum, blocks=built.blocks,
-    )  # fmt: skip
+        name=built.name,
+        index_id=record.segment_id,
+        index_offset=run.start,
+        length=built.length,
+        next_chunk=last.record.next_chunk,
+        epoch=epoch,
+        checksum=built.checksum,
+        blocks=built.blocks,
+    )
     ops: list[Operation] = [Put(CHUNKS, name_key(new.name), new.encode()), Delete(GC, intent_key)]
     expect = [Expect(SEGMENTS, name_key(record.name), version), Expect(GC, intent_key, intent_version)]
     for chunk in run.chunks:
@@ -282,7 +300,9 @@ def commit_ops(
         ops.extend(index.split_ops(view, record.segment_id, run.end))
     # Every key serving the run's range goes, the run chunks' own entries (in whichever
     # namespace they were written) and the links that led there, at any depth.
-    ops.extend(index.clear_ops(view, record.segment_id, run.start, run.end, index.clear_bound(len(run.chunks))))
+    ops.extend(
+        index.clear_ops(view, record.segment_id, run.start, run.end, index.clear_bound(len(run.chunks)))
+    )
     ops.append(index.chunk_entry(new))
     ops.extend(dropped_entries)
     changes: dict[str, object] = {"chunk_count": record.chunk_count - len(run.chunks) + 1}

@@ -30,10 +30,12 @@ def open_metadata(metadata: str | os.PathLike[str] | MetadataStore) -> MetadataS
         from slts.metadata.lmdb_store import LmdbMetadataStore
 
         return LmdbMetadataStore(os.fspath(metadata), TABLES)
-    raise InvalidConfig(f"metadata must be a folder path, {MEMORY_METADATA!r} or a MetadataStore, got {metadata!r}")
+    raise InvalidConfig(
+        f"metadata must be a folder path, {MEMORY_METADATA!r} or a MetadataStore, got {metadata!r}"
+    )
 
 
-def open(  # noqa: A001 - the public name the design gives it: slts.open(url, ...)
+def open(
     url: str,
     *,
     metadata: str | os.PathLike[str] | MetadataStore | None = None,
@@ -76,9 +78,16 @@ def open(  # noqa: A001 - the public name the design gives it: slts.open(url, ..
     extra = {} if clock is None else {"clock": clock}
     try:
         return ChunkedSegmentStorage(
-            container_id, epoch, binding, store, settings, owns_resources=True, owns_store=not caller_store,
-            read_only=read_only, **extra,
-        )  # fmt: skip
+            container_id,
+            epoch,
+            binding,
+            store,
+            settings,
+            owns_resources=True,
+            owns_store=not caller_store,
+            read_only=read_only,
+            **extra,
+        )
     except BaseException:
         if not caller_store:
             store.close()

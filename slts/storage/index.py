@@ -95,7 +95,9 @@ def resolve(view: ReadView, segment_id: int, offset: int) -> tuple[str, int]:
         shift += start - target_offset
         at = at - start + target_offset
         namespace = target_namespace
-    raise MetadataCorrupted(f"index links of segment {segment_id} deeper than {LINK_DEPTH_MAX} at offset {offset}")
+    raise MetadataCorrupted(
+        f"index links of segment {segment_id} deeper than {LINK_DEPTH_MAX} at offset {offset}"
+    )
 
 
 def split_ops(view: ReadView, segment_id: int, offset: int) -> list[Put]:
@@ -115,7 +117,9 @@ def split_ops(view: ReadView, segment_id: int, offset: int) -> list[Put]:
         if start != at:
             ops.append(Put(INDEX, index_key(namespace, at), link_value(target_namespace, mapped)))
         namespace, at = target_namespace, mapped
-    raise MetadataCorrupted(f"index links of segment {segment_id} deeper than {LINK_DEPTH_MAX} at offset {offset}")
+    raise MetadataCorrupted(
+        f"index links of segment {segment_id} deeper than {LINK_DEPTH_MAX} at offset {offset}"
+    )
 
 
 def clear_bound(chunks: int) -> int:
@@ -140,8 +144,12 @@ def clear_ops(view: ReadView, segment_id: int, low: int, high: int, limit: int) 
         namespace, lo, hi, depth = pending.pop()
         if depth > LINK_DEPTH_MAX:
             raise MetadataCorrupted(f"index links of segment {segment_id} deeper than {LINK_DEPTH_MAX}")
-        entries = view.scan(INDEX, index_key(namespace, lo), index_key(namespace, hi), limit=limit - len(deletes) + 1)
-        assert len(deletes) + len(entries) <= limit, f"more than {limit} index keys serve [{low}, {high}) of {segment_id}"
+        entries = view.scan(
+            INDEX, index_key(namespace, lo), index_key(namespace, hi), limit=limit - len(deletes) + 1
+        )
+        assert len(deletes) + len(entries) <= limit, (
+            f"more than {limit} index keys serve [{low}, {high}) of {segment_id}"
+        )
         first = index_key_offset(entries[0][0]) if entries else hi
         if first > lo:  # a link below ``lo`` may map part of the range
             found = view.floor(INDEX, index_key(namespace, lo), index_prefix(namespace))

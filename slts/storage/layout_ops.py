@@ -113,7 +113,9 @@ class LayoutOperations:
                 try:
                     self._merge_seam(target.name, seam.name, record.last_chunk_start_offset)
                 except SltsError:  # Fenced, MetadataError, ChunkStorageError...: the concat stands
-                    _log.warning("concat into %r: merging the chunks at the seam failed", target.name, exc_info=True)
+                    _log.warning(
+                        "concat into %r: merging the chunks at the seam failed", target.name, exc_info=True
+                    )
 
     def _index_depth(self, record: SegmentRecord) -> int:
         """``record.index_depth``, or read from the index for an older record."""
@@ -140,10 +142,15 @@ class LayoutOperations:
             return
         before = self._predecessor(record, start)
         run = defrag.Run(
-            name, record.segment_id, start,
-            (defrag.ListedChunk(left, left_version, start), defrag.ListedChunk(right, right_version, start + left.length)),
+            name,
+            record.segment_id,
+            start,
+            (
+                defrag.ListedChunk(left, left_version, start),
+                defrag.ListedChunk(right, right_version, start + left.length),
+            ),
             before,
-        )  # fmt: skip
+        )
         with contextlib.suppress(VersionConflict):  # the segment moved on: nothing to merge
             self._apply_run(run, record, version)
 
@@ -188,8 +195,12 @@ class LayoutOperations:
                         raise  # nothing changed
                     # The first batch moved the start: the truncate has happened. Chunks
                     # left below the start are dropped by the next truncate of the segment.
-                    _log.warning("truncate of %r: dropping the chunks below its new start stopped after "
-                                 "%d batches", handle.name, batch, exc_info=True)  # fmt: skip
+                    _log.warning(
+                        "truncate of %r: dropping the chunks below its new start stopped after %d batches",
+                        handle.name,
+                        batch,
+                        exc_info=True,
+                    )
                     return
             raise AssertionError(f"truncate of {handle.name!r} did not converge")
 
@@ -222,12 +233,23 @@ class LayoutOperations:
             with self._store.snapshot() as view:
                 if name is not None:
                     ops.extend(index.split_ops(view, record.segment_id, start))
-                    ops.extend(index.clear_ops(view, record.segment_id, record.first_chunk_start_offset, start, bound))
+                    ops.extend(
+                        index.clear_ops(
+                            view, record.segment_id, record.first_chunk_start_offset, start, bound
+                        )
+                    )
                 else:
-                    ops.extend(index.clear_ops(view, record.segment_id, record.first_chunk_start_offset,
-                                               record.length + 1, bound))  # fmt: skip
+                    ops.extend(
+                        index.clear_ops(
+                            view, record.segment_id, record.first_chunk_start_offset, record.length + 1, bound
+                        )
+                    )
         remaining = record.chunk_count - len(dropped)
-        changes: dict[str, object] = {"start_offset": new_start, "chunk_count": remaining, "modified_ms": self._now_ms()}
+        changes: dict[str, object] = {
+            "start_offset": new_start,
+            "chunk_count": remaining,
+            "modified_ms": self._now_ms(),
+        }
         if dropped:
             changes["first_chunk"] = name
             changes["first_chunk_start_offset"] = start if name is not None else new_start
@@ -263,7 +285,9 @@ class LayoutOperations:
                 native += built.bytes_native
                 copied += built.bytes_copied
         after = self.info(name).chunk_count
-        return DefragResult(name, len(listed), after, len(runs), committed, len(runs) - committed, native, copied)
+        return DefragResult(
+            name, len(listed), after, len(runs), committed, len(runs) - committed, native, copied
+        )
 
     def _apply_run(
         self, run: defrag.Run, record: SegmentRecord | None, version: int | None
@@ -284,12 +308,22 @@ class LayoutOperations:
         return built
 
     def _swap_in_run(
-        self, run: defrag.Run, record: SegmentRecord | None, version: int | None, new_name: str, intent: Put,
+        self,
+        run: defrag.Run,
+        record: SegmentRecord | None,
+        version: int | None,
+        new_name: str,
+        intent: Put,
         intent_version: int,
-    ) -> defrag.BuiltChunk | None:  # fmt: skip
+    ) -> defrag.BuiltChunk | None:
         """Build the run's chunk under the registered ``intent``, then swap it in."""
-        built = defrag.build_chunk(self.chunk_storage, run, new_name, checksums=self.config.checksums,
-                                   block_bytes=self.config.checksum_block_bytes)  # fmt: skip
+        built = defrag.build_chunk(
+            self.chunk_storage,
+            run,
+            new_name,
+            checksums=self.config.checksums,
+            block_bytes=self.config.checksum_block_bytes,
+        )
         dropped = [self.gc.entry(chunk.record.name, GcReason.DROPPED) for chunk in run.chunks]
         lock = contextlib.nullcontext() if record is not None else self._stripe(run.segment)
         with lock:
@@ -299,9 +333,19 @@ class LayoutOperations:
                 except SegmentNotFound:
                     return None
             assert version is not None
-            if not defrag.swap_in(self._store, self._ownership.commit, record, version, run, built, epoch=self.epoch,
-                                  intent_key=intent.key, intent_version=intent_version, dropped_entries=dropped):
-                return None  # fmt: skip
+            if not defrag.swap_in(
+                self._store,
+                self._ownership.commit,
+                record,
+                version,
+                run,
+                built,
+                epoch=self.epoch,
+                intent_key=intent.key,
+                intent_version=intent_version,
+                dropped_entries=dropped,
+            ):
+                return None
             for chunk in run.chunks:
                 self._tainted.discard(chunk.record.name)
         return built

@@ -56,8 +56,12 @@ class LeakReport:
             (self.chunk_records, "chunk records on no segment's chunk list", self.chunk_examples),
         ]
         if gc:
-            kinds.append((self.gc_entries, "GC queue entries overdue (due over gc_delay_s ago)", self.gc_examples))
-        return [f"leak: {count} {what}, e.g. {', '.join(examples)}" for count, what, examples in kinds if count]
+            kinds.append(
+                (self.gc_entries, "GC queue entries overdue (due over gc_delay_s ago)", self.gc_examples)
+            )
+        return [
+            f"leak: {count} {what}, e.g. {', '.join(examples)}" for count, what, examples in kinds if count
+        ]
 
 
 def _entries(view: ReadView, table: str) -> Iterator[tuple[bytes, Versioned]]:

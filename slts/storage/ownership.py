@@ -45,13 +45,14 @@ class Ownership:
             recorded = ContainerRecord.decode(current.value) if current else None
             if recorded is not None and recorded.container_id != container_id:
                 raise InvalidConfig(
-                    f"this metadata store belongs to container {recorded.container_id}, "
-                    f"not {container_id}"
+                    f"this metadata store belongs to container {recorded.container_id}, not {container_id}"
                 )
             recorded_epoch = recorded.epoch if recorded else 0
             chosen = recorded_epoch + 1 if epoch is None else epoch
             if chosen > EPOCH_MAX:  # checked before the commit: a rejected epoch fences nobody
-                raise InvalidArgument(f"container {container_id}: epoch {chosen} is past the largest, {EPOCH_MAX}")
+                raise InvalidArgument(
+                    f"container {container_id}: epoch {chosen} is past the largest, {EPOCH_MAX}"
+                )
             if chosen <= recorded_epoch:
                 raise Fenced(
                     f"container {container_id} was started with epoch {recorded_epoch}; "

@@ -107,8 +107,9 @@ def import_segment(storage: ChunkedSegmentStorage, name: str, *, sealed: bool = 
     """Create segment ``name`` from its RollingStorage header on the chunk storage.
 
     Raises ``InvalidName``, ``SegmentExists``, ``ChunkNotFound`` (no header or a chunk
-    missing), ``InvalidArgument`` (a chunk another segment references), ``MetadataCorrupted`` (bad header, or a chunk shorter than the header
-    implies). One commit; nothing is written to the chunk storage.
+    missing), ``InvalidArgument`` (a chunk another segment references), ``MetadataCorrupted``
+    (bad header, or a chunk shorter than the header implies). One commit; nothing is written
+    to the chunk storage.
     """
     check_segment_name(name)
     binding = storage.chunk_storage
@@ -122,7 +123,9 @@ def import_segment(storage: ChunkedSegmentStorage, name: str, *, sealed: bool = 
         if position + 1 < len(header.chunks):
             length = header.chunks[position + 1][0] - start
             if stored < length:
-                raise MetadataCorrupted(f"legacy chunk {chunk!r} holds {stored} bytes, header implies {length}")
+                raise MetadataCorrupted(
+                    f"legacy chunk {chunk!r} holds {stored} bytes, header implies {length}"
+                )
         else:
             length = stored
         lengths.append(length)
@@ -140,13 +143,22 @@ def import_segment(storage: ChunkedSegmentStorage, name: str, *, sealed: bool = 
     length = header.chunks[-1][0] + lengths[-1] if header.chunks else 0
     status = SegmentStatus.ACTIVE | (SegmentStatus.SEALED if sealed else 0)
     segment = SegmentRecord(
-        name=name, segment_id=segment_id, status=int(status), start_offset=first_start, length=length,
+        name=name,
+        segment_id=segment_id,
+        status=int(status),
+        start_offset=first_start,
+        length=length,
         first_chunk=header.chunks[0][1] if header.chunks else None,
         last_chunk=header.chunks[-1][1] if header.chunks else None,
-        first_chunk_start_offset=first_start, last_chunk_start_offset=header.chunks[-1][0] if header.chunks else 0,
-        max_rolling_length=header.max_size, owner_epoch=storage.epoch, chunk_count=len(header.chunks),
-        created_ms=now, modified_ms=now, index_depth=0,
-    )  # fmt: skip
+        first_chunk_start_offset=first_start,
+        last_chunk_start_offset=header.chunks[-1][0] if header.chunks else 0,
+        max_rolling_length=header.max_size,
+        owner_epoch=storage.epoch,
+        chunk_count=len(header.chunks),
+        created_ms=now,
+        modified_ms=now,
+        index_depth=0,
+    )
     ops.append(Put(SEGMENTS, name_key(name), segment.encode()))
     storage._ownership.commit(ops, expect)  # noqa: SLF001
     return storage.info(name)
@@ -163,10 +175,13 @@ def export_segment(storage: ChunkedSegmentStorage, name: str, *, replace: bool =
     chunks = storage.chunks(name)
     if chunks and chunks[0][0] != info.start_offset:
         raise InvalidArgument(
-            f"segment {name!r} starts inside its first chunk ({info.start_offset}); a rolling header cannot say so",
+            f"segment {name!r} starts inside its first chunk ({info.start_offset}); a rolling header cannot "
+            "say so",
             segment=name,
         )
-    text = format_header(RollingHeader(info.max_rolling_length, tuple((start, c.name) for start, c in chunks)))
+    text = format_header(
+        RollingHeader(info.max_rolling_length, tuple((start, c.name) for start, c in chunks))
+    )
     binding = storage.chunk_storage
     target = header_name(name)
     if binding.exists(target):

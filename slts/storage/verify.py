@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 import crc32c
 
 from slts.bindings.base import ChunkStorage
-
 from slts.errors import ChunkNotFound
 from slts.journal.names import system_prefix
 from slts.journal.restore import verify_copy
@@ -44,13 +43,17 @@ class ContainerReport:
     problems: list[str] = field(default_factory=list)
 
 
-def _walk(storage: ChunkedSegmentStorage, record: SegmentRecord) -> tuple[list[tuple[int, ChunkRecord]], list[str]]:
+def _walk(
+    storage: ChunkedSegmentStorage, record: SegmentRecord
+) -> tuple[list[tuple[int, ChunkRecord]], list[str]]:
     problems: list[str] = []
     listed: list[tuple[int, ChunkRecord]] = []
     name, start = record.first_chunk, record.first_chunk_start_offset
     while name is not None:
         if len(listed) > record.chunk_count:
-            problems.append(f"{record.name}: chunk list longer than chunk_count {record.chunk_count} (cycle?)")
+            problems.append(
+                f"{record.name}: chunk list longer than chunk_count {record.chunk_count} (cycle?)"
+            )
             break
         stored = storage._store.get(CHUNKS, name_key(name))  # noqa: SLF001 - verification reads raw
         if stored is None:
@@ -62,10 +65,14 @@ def _walk(storage: ChunkedSegmentStorage, record: SegmentRecord) -> tuple[list[t
         name = chunk.next_chunk
     if not problems:
         if len(listed) != record.chunk_count:
-            problems.append(f"{record.name}: {len(listed)} chunks listed, chunk_count says {record.chunk_count}")
+            problems.append(
+                f"{record.name}: {len(listed)} chunks listed, chunk_count says {record.chunk_count}"
+            )
         if listed and start != record.length:
             problems.append(f"{record.name}: chunks end at {start}, length is {record.length}")
-        if listed and (listed[-1][1].name != record.last_chunk or listed[-1][0] != record.last_chunk_start_offset):
+        if listed and (
+            listed[-1][1].name != record.last_chunk or listed[-1][0] != record.last_chunk_start_offset
+        ):
             problems.append(f"{record.name}: last_chunk / last_chunk_start_offset disagree with the list")
     return listed, problems
 
@@ -83,9 +90,13 @@ def verify_segment(storage: ChunkedSegmentStorage, name: str, *, checksums: bool
             problems.append(f"{name}: chunk {chunk.name!r} is missing from the chunk storage")
             continue
         if stored_length < chunk.length:
-            problems.append(f"{name}: chunk {chunk.name!r} holds {stored_length} bytes, {chunk.length} recorded")
+            problems.append(
+                f"{name}: chunk {chunk.name!r} holds {stored_length} bytes, {chunk.length} recorded"
+            )
         elif checksums and chunk.checksum is not None and _checksum(binding, chunk) != chunk.checksum:
-            problems.append(f"{name}: chunk {chunk.name!r} fails its CRC32C (its bytes are not the ones written)")
+            problems.append(
+                f"{name}: chunk {chunk.name!r} fails its CRC32C (its bytes are not the ones written)"
+            )
         if chunk.length == 0 or start + chunk.length <= record.start_offset:
             continue  # empty, or wholly below the start (an interrupted truncate leaves such)
         for offset in {max(start, record.start_offset), start + chunk.length - 1}:
@@ -94,7 +105,8 @@ def verify_segment(storage: ChunkedSegmentStorage, name: str, *, checksums: bool
             found, found_start = index.resolve(storage._store, record.segment_id, offset)  # noqa: SLF001
             if (found, found_start) != (chunk.name, start):
                 problems.append(
-                    f"{name}: index maps offset {offset} to {found!r}@{found_start}, list says {chunk.name!r}@{start}"
+                    f"{name}: index maps offset {offset} to {found!r}@{found_start}, list says "
+                    f"{chunk.name!r}@{start}"
                 )
     return problems
 
@@ -129,7 +141,9 @@ def verify_container(storage: ChunkedSegmentStorage, *, checksums: bool = False)
     system = system_prefix(storage.container_id)
     for chunk in storage.chunk_storage.list(chunk_prefix(storage.container_id)):
         if chunk not in referenced and chunk not in queued and not chunk.startswith(system):
-            report.problems.append(f"chunk {chunk!r} is on the chunk storage but nothing references it (leak)")
+            report.problems.append(
+                f"chunk {chunk!r} is on the chunk storage but nothing references it (leak)"
+            )
     report.leaks = storage.check_leaks()
     report.problems.extend(report.leaks.problems(gc=False))
     copy = verify_copy(storage.chunk_storage, storage.container_id)

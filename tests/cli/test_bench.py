@@ -7,10 +7,12 @@ import json
 from slts.tools import cli
 
 
-def test_bench_quick_json_shape(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_bench_quick_json_shape(tmp_path, capsys) -> None:
     out_file = tmp_path / "bench.json"
     only = ["write_4k", "concat_10", "defrag"]
-    code = cli.main(["bench", "--quick", "--only", *only, "--dir", str(tmp_path), "--json-file", str(out_file), "--json"])
+    code = cli.main(
+        ["bench", "--quick", "--only", *only, "--dir", str(tmp_path), "--json-file", str(out_file), "--json"]
+    )
     assert code == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == json.loads(out_file.read_text())
@@ -19,9 +21,13 @@ def test_bench_quick_json_shape(tmp_path, capsys) -> None:  # noqa: ANN001
     for figure in printed["figures"]:
         assert figure["subject_min"] <= figure["subject_median"] <= figure["subject_max"]
         assert figure["baseline_min"] <= figure["baseline_median"] <= figure["baseline_max"]
-        assert figure["ratio"] > 0 and figure["repetitions"] == 3 and figure["unit"] in ("writes/s", "ops/s", "MB/s")
+        assert (
+            figure["ratio"] > 0
+            and figure["repetitions"] == 3
+            and figure["unit"] in ("writes/s", "ops/s", "MB/s")
+        )
     assert [p.name for p in tmp_path.iterdir()] == ["bench.json"], "scratch folders are removed"
 
 
-def test_bench_rejects_unknown_names(capsys) -> None:  # noqa: ANN001
+def test_bench_rejects_unknown_names(capsys) -> None:
     assert cli.main(["bench", "--only", "nope"]) == cli.EXIT_INVALID

@@ -9,12 +9,11 @@ import subprocess
 import sys
 
 import pytest
-
 from slts.tools import cli
 
 
 @pytest.fixture
-def store(tmp_path) -> list[str]:  # noqa: ANN001
+def store(tmp_path) -> list[str]:
     return ["--store", str(tmp_path / "store")]
 
 
@@ -24,7 +23,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
-def test_put_cat_info_ls(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str], monkeypatch) -> None:  # noqa: ANN001
+def test_put_cat_info_ls(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
     payload = os.urandom(100_000)
     source = tmp_path / "in.bin"
     source.write_bytes(payload)
@@ -53,7 +52,7 @@ def test_put_cat_info_ls(tmp_path, store: list[str], capsys: pytest.CaptureFixtu
     assert [entry["name"] for entry in json.loads(out)] == ["s/one", "s/two"]
 
 
-def test_cat_range(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+def test_cat_range(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     source = tmp_path / "in.bin"
     source.write_bytes(b"0123456789")
     run(capsys, "put", "r", str(source), *store)
@@ -64,7 +63,7 @@ def test_cat_range(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str
     assert result.returncode == 0 and result.stdout == b"3456"
 
 
-def test_exit_codes(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+def test_exit_codes(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     source = tmp_path / "in.bin"
     source.write_bytes(b"abc")
     code, _, err = run(capsys, "info", "missing", *store)  # no store yet: a look creates none
@@ -83,7 +82,7 @@ def test_exit_codes(tmp_path, store: list[str], capsys: pytest.CaptureFixture[st
     assert usage.value.code == cli.EXIT_USAGE
 
 
-def test_console_script_and_demo(tmp_path) -> None:  # noqa: ANN001
+def test_console_script_and_demo(tmp_path) -> None:
     folder = tmp_path / "demo"
     script = os.path.join(os.path.dirname(sys.executable), "slts")
     result = subprocess.run(
@@ -103,7 +102,9 @@ def test_console_script_and_demo(tmp_path) -> None:  # noqa: ANN001
     assert report["defrag_driver"] == "spark" and report["defrag_master"] == "local[2]"
     assert report["chunks_after_defrag"] < report["chunks_before_defrag"]
     assert report["defrag_runs"] == 4 and report["defrag_runs_dropped"] == report["defrag_runs_failed"] == 0
-    assert report["defrag_bytes_native"] > 0 and report["defrag_bytes_copied"] == 0  # filesystem: copy_file_range
+    assert (
+        report["defrag_bytes_native"] > 0 and report["defrag_bytes_copied"] == 0
+    )  # filesystem: copy_file_range
     assert report["defrag_s"] > 0 and report["spark_start_s"] > 0
     assert report["owner_epoch_after_defrag"] == 4 and report["writes_after_defrag"] == 4
     assert report["gc_chunks_deleted"] > 0 and report["problems"] == []
@@ -111,13 +112,13 @@ def test_console_script_and_demo(tmp_path) -> None:  # noqa: ANN001
     assert not folder.exists(), "the demo folder is removed unless --keep"
 
 
-def test_demo_refuses_a_foreign_folder(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+def test_demo_refuses_a_foreign_folder(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "precious.txt").write_text("keep me")
-    code, _, err = run(capsys, "demo", "--dir", str(tmp_path), "--segments", "1", "--writes", "1")
+    code, _, _ = run(capsys, "demo", "--dir", str(tmp_path), "--segments", "1", "--writes", "1")
     assert code == cli.EXIT_INVALID and (tmp_path / "precious.txt").exists()
 
 
-def test_concat_truncate_defrag_gc(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+def test_concat_truncate_defrag_gc(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     source = tmp_path / "in.bin"
     for i in range(4):
         source.write_bytes(bytes([65 + i]) * 10)
@@ -137,17 +138,23 @@ def test_concat_truncate_defrag_gc(tmp_path, store: list[str], capsys: pytest.Ca
     assert run(capsys, "defrag", *store)[0] == cli.EXIT_INVALID
     code, out, _ = run(capsys, "gc", "--json", *store)
     assert code == 0 and json.loads(out)["errors"] == 0
-    result = subprocess.run([sys.executable, "-m", "slts.tools.cli", "cat", "main", *store], capture_output=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "slts.tools.cli", "cat", "main", *store], capture_output=True
+    )
     assert result.stdout == (b"D" * 10 + b"A" * 10 + b"B" * 10 + b"C" * 10 + b"D" * 10)[15:]
 
 
-def test_verify_and_orphans(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+def test_verify_and_orphans(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     source = tmp_path / "in.bin"
     source.write_bytes(b"payload")
     run(capsys, "put", "v", str(source), *store)
     code, out, _ = run(capsys, "verify", "--json", *store)
-    assert code == 0 and json.loads(out) == {"segments": 1, "problems": [], "copy_sequence": json.loads(out)["copy_sequence"],
-                                             "leaks": {"index_entries": 0, "chunk_records": 0, "gc_entries": 0}}
+    assert code == 0 and json.loads(out) == {
+        "segments": 1,
+        "problems": [],
+        "copy_sequence": json.loads(out)["copy_sequence"],
+        "leaks": {"index_entries": 0, "chunk_records": 0, "gc_entries": 0},
+    }
     assert json.loads(out)["copy_sequence"] > 0
     leaked = tmp_path / "store" / "chunks" / "0%" / "v%" / "E1.O7.0123456789abcdef0123456789abcdef"
     leaked.write_bytes(b"nobody references me")
@@ -161,7 +168,7 @@ def test_verify_and_orphans(tmp_path, store: list[str], capsys: pytest.CaptureFi
     assert leaked.exists(), "queued orphans wait gc_delay_s like any garbage"
 
 
-def test_export_import(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+def test_export_import(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     source = tmp_path / "in.bin"
     source.write_bytes(b"exported bytes")
     run(capsys, "put", "e", str(source), *store)
@@ -176,7 +183,9 @@ def test_export_import(tmp_path, store: list[str], capsys: pytest.CaptureFixture
     assert run(capsys, "import", "--format", "rolling", *store)[0] == cli.EXIT_INVALID
 
 
-def test_snapshot_restore_journal_show(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+def test_snapshot_restore_journal_show(
+    tmp_path, store: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     source = tmp_path / "in.bin"
     payloads = {f"dr/{i}": os.urandom(5000 + i) for i in range(5)}
     for name, payload in payloads.items():
@@ -205,18 +214,27 @@ def test_snapshot_restore_journal_show(tmp_path, store: list[str], capsys: pytes
     assert code == 0 and report["snapshot_sequence"] == snapshot["sequence"] and report["log_records"] > 0
     moved = ["--store", chunks, "--metadata", restored]
     for name, payload in payloads.items():
-        result = subprocess.run([sys.executable, "-m", "slts.tools.cli", "cat", name, *moved],
-                                capture_output=True, check=True)  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, "-m", "slts.tools.cli", "cat", name, *moved], capture_output=True, check=True
+        )
         assert result.stdout == payload
     code, out, _ = run(capsys, "verify", "--json", *moved)
-    assert code == 0 and json.loads(out)["problems"] == [] and json.loads(out)["copy_sequence"] >= report["sequence"]
+    assert (
+        code == 0
+        and json.loads(out)["problems"] == []
+        and json.loads(out)["copy_sequence"] >= report["sequence"]
+    )
 
 
-def test_restore_and_snapshot_bad_input(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+def test_restore_and_snapshot_bad_input(
+    tmp_path, store: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     occupied = tmp_path / "occupied"
     occupied.mkdir()
     (occupied / "keep.txt").write_text("mine")
-    code, _, err = run(capsys, "restore", "--to", str(tmp_path / "target"), *store)  # no store: nothing created
+    code, _, err = run(
+        capsys, "restore", "--to", str(tmp_path / "target"), *store
+    )  # no store: nothing created
     assert code == cli.EXIT_NOT_FOUND and "StoreNotFound" in err
     assert not (tmp_path / "target").exists() and not (tmp_path / "store").exists()
     (tmp_path / "store" / "chunks").mkdir(parents=True)  # a store with nothing on tier-2 yet
@@ -238,7 +256,9 @@ def test_restore_and_snapshot_bad_input(tmp_path, store: list[str], capsys: pyte
     assert exited.value.code == cli.EXIT_USAGE
 
 
-def test_verify_checksums_finds_bit_rot(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+def test_verify_checksums_finds_bit_rot(
+    tmp_path, store: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     source = tmp_path / "in.bin"
     source.write_bytes(os.urandom(3000))
     run(capsys, "put", "rot", str(source), *store)

@@ -68,8 +68,15 @@ def test_export_to_a_missing_folder_is_one_line(store: list[str], tmp_path: Path
 
 @pytest.mark.parametrize(
     "argv",
-    [["cat", "x"], ["ls"], ["info", "x"], ["verify"], ["journal", "show"], ["restore", "--to", "TARGET"],
-     ["export", "x", "-"]],  # fmt: skip
+    [
+        ["cat", "x"],
+        ["ls"],
+        ["info", "x"],
+        ["verify"],
+        ["journal", "show"],
+        ["restore", "--to", "TARGET"],
+        ["export", "x", "-"],
+    ],
     ids=lambda argv: argv[0],
 )
 def test_looking_at_a_mistyped_store_creates_nothing(tmp_path: Path, argv: list[str]) -> None:

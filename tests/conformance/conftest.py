@@ -22,15 +22,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
 from slts.bindings import ChunkStorage
 from slts.bindings.faulty import FaultyChunkStorage
 from slts.bindings.filesystem import FileSystemChunkStorage, chunk_relpath
 from slts.bindings.memory import MemoryChunkStorage, _Chunk
 
-from .harness import BindingUnderTest, remove_tree
 from tests.hdfs.harness import hdfs_binding, hdfs_real_binding, real_cluster_configured
 from tests.s3.harness import s3_binding
+
+from .harness import BindingUnderTest, remove_tree
 
 # -- raw access hooks ------------------------------------------------------------------------
 
@@ -138,9 +138,7 @@ BINDINGS: dict[str, Callable[[Path], BindingUnderTest]] = {
 
 
 @pytest.fixture(params=list(BINDINGS))
-def make_binding(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> Iterator[Callable[[], BindingUnderTest]]:
+def make_binding(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], BindingUnderTest]]:
     factory = BINDINGS[request.param]
     counter = itertools.count()
     made: list[BindingUnderTest] = []
@@ -169,5 +167,5 @@ def storage(binding: BindingUnderTest) -> ChunkStorage:
 
 
 @pytest.fixture
-def raw(binding: BindingUnderTest):  # noqa: ANN201 - a RawAccess
+def raw(binding: BindingUnderTest):
     return binding.raw

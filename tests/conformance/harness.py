@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import pytest
-
 from slts.bindings import ChunkStorage
 
 #: Reasons given when a test skips for want of a capability (one wording everywhere).

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-
 from slts.bindings import ConcatSource
+
 from slts.errors import ChunkExists, ChunkInvalidOffset
 
 from .harness import NO_APPEND, NO_CONCAT, content, pattern, require
@@ -37,7 +37,7 @@ def run_together(count: int, work: Callable[[int], Any]) -> list[tuple[str, Any]
         barrier.wait()
         try:
             outcomes[index] = ("ok", work(index))
-        except Exception as exc:  # noqa: BLE001 - the test inspects it
+        except Exception as exc:
             outcomes[index] = ("error", exc)
 
     threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(count)]
@@ -72,9 +72,7 @@ def test_many_threads_build_distinct_chunks(storage, raw):
                 offset += len(data)
         else:
             for piece in range(pieces):
-                storage.create(
-                    f"t{index}/chunk{piece:02}", pattern(100 + piece, seed=index * pieces + piece)
-                )
+                storage.create(f"t{index}/chunk{piece:02}", pattern(100 + piece, seed=index * pieces + piece))
 
     outcomes = run_together(THREADS, work)
     assert outcomes == [("ok", None)] * THREADS

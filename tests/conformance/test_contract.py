@@ -7,8 +7,8 @@ read-only) are in ``test_optional.py``; names and listing in ``test_names.py``.
 from __future__ import annotations
 
 import pytest
-
 from slts.bindings import ChunkHandle, ChunkInfo, ConcatSource
+
 from slts.errors import (
     ChunkExists,
     ChunkInvalidOffset,
@@ -23,8 +23,8 @@ from .harness import (
     NO_CONCAT,
     content,
     pattern,
-    require_missing,
     require,
+    require_missing,
 )
 
 DATA = pattern(100)
@@ -117,9 +117,20 @@ def test_open_gives_handles_of_the_right_kind(storage):
 
 @pytest.mark.parametrize(
     ("offset", "length"),
-    [(0, 100), (0, 0), (0, 1), (10, 20), (99, 1), (99, 5), (90, 50), (100, 0), (100, 7),
-     (0, 1000), (50, 10**12)],
-)  # fmt: skip
+    [
+        (0, 100),
+        (0, 0),
+        (0, 1),
+        (10, 20),
+        (99, 1),
+        (99, 5),
+        (90, 50),
+        (100, 0),
+        (100, 7),
+        (0, 1000),
+        (50, 10**12),
+    ],
+)
 def test_read_returns_the_range_clipped_at_the_end(storage, offset, length):
     writable = storage.create("c", DATA)
     expected = DATA[offset : offset + length]

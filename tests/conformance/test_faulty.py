@@ -8,9 +8,9 @@ and leaves the inner binding in the state it claims.
 from __future__ import annotations
 
 import pytest
-
 from slts.bindings.faulty import OPERATIONS, FaultyChunkStorage
 from slts.bindings.memory import MemoryChunkStorage
+
 from slts.errors import ChunkNotFound, StorageUnavailable
 
 from .harness import pattern

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from slts.bindings import ConcatSource, from_url
 from slts.bindings.base import CHUNK_NAME_BYTES_MAX
 from slts.bindings.filesystem import TMP_AGE_S_MAX, FileSystemChunkStorage, chunk_relpath
+
 from slts.errors import ChunkStorageError, StorageUnavailable
 
 from .harness import remove_tree
@@ -34,15 +34,11 @@ FILE_NAME_BYTES_MAX = 255
 
 # Text heavy in the characters the mapping treats specially.
 SPECIAL = st.sampled_from(list("/.%~-_aZ9 é\\:*😀\t+"))
-HOSTILE_TEXT = st.lists(
-    SPECIAL | st.characters(blacklist_characters="\x00"), min_size=1, max_size=40
-).map("".join)
-NAME = (
-    HOSTILE_TEXT | st.text(min_size=1, max_size=60) | st.text(min_size=200, max_size=400)
-).filter(
-    lambda name: (
-        "\x00" not in name and len(name.encode("utf-8", "surrogatepass")) <= CHUNK_NAME_BYTES_MAX
-    )
+HOSTILE_TEXT = st.lists(SPECIAL | st.characters(blacklist_characters="\x00"), min_size=1, max_size=40).map(
+    "".join
+)
+NAME = (HOSTILE_TEXT | st.text(min_size=1, max_size=60) | st.text(min_size=200, max_size=400)).filter(
+    lambda name: "\x00" not in name and len(name.encode("utf-8", "surrogatepass")) <= CHUNK_NAME_BYTES_MAX
 )
 
 
@@ -209,7 +205,7 @@ def test_creates_racing_with_deletes_in_one_folder_all_land(fs):
             for i in range(rounds):
                 fs.delete(fs.create(f"deep/er/t{index}-{i}"))
             fs.create(f"deep/er/t{index}")
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=churn, args=(i,)) for i in range(threads_count)]

@@ -25,8 +25,8 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-
 from slts.bindings import ChunkHandle, ConcatSource
+
 from slts.errors import (
     ChunkExists,
     ChunkInvalidOffset,

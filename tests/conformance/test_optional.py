@@ -4,8 +4,8 @@ and ``UnsupportedOperation`` on every binding that does not."""
 from __future__ import annotations
 
 import pytest
-
 from slts.bindings import ChunkInfo, ConcatSource
+
 from slts.errors import (
     ChunkExists,
     ChunkInvalidOffset,
@@ -21,8 +21,8 @@ from .harness import (
     NO_TRUNCATE,
     content,
     pattern,
-    require_missing,
     require,
+    require_missing,
 )
 
 DATA = pattern(100)
@@ -108,15 +108,11 @@ def test_concat_from_a_missing_source_raises_and_creates_nothing(sources, raw):
 @pytest.mark.parametrize(
     ("offset", "length"), [(45, 6), (0, 51), (51, 0), (50, 1), (10**9, 1), (-1, 1), (0, -1)]
 )
-def test_concat_of_a_range_outside_a_source_raises_and_creates_nothing(
-    sources, raw, offset, length
-):
+def test_concat_of_a_range_outside_a_source_raises_and_creates_nothing(sources, raw, offset, length):
     storage = sources
     require(storage, "supports_concat", NO_CONCAT)
     with pytest.raises(ChunkInvalidOffset):
-        storage.concat(
-            "target", [ConcatSource("src/b", 0, 5), ConcatSource("src/a", offset, length)]
-        )
+        storage.concat("target", [ConcatSource("src/b", 0, 5), ConcatSource("src/a", offset, length)])
     assert not storage.exists("target")
     assert not raw.exists("target")
     assert list(storage.list()) == ["src/a", "src/b", "src/empty"]

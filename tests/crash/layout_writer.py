@@ -6,8 +6,8 @@ after its ``KILL_AT``-th chunk storage change (create, write, delete, concat) or
 commit, counted from the start. That places kills at every step *inside* operations
 (between a chunk write and its commit, between the commits of a batched truncate,
 between a GC claim and the chunk deletion...), which a kill from outside, arriving
-right after a line was printed, rarely hits. It works on the filesystem binding + LMDB in FOLDER: main segments
-``main/0``, ``main/1`` and short-lived transaction segments ``txn/<epoch>.<n>`` that are
+right after a line was printed, rarely hits. It works on the filesystem binding + LMDB in
+FOLDER: main segments ``main/0``, ``main/1`` and short-lived transaction segments ``txn/<epoch>.<n>`` that are
 filled, sealed and concatenated into a main segment (or deleted).
 
 Protocol, one flushed line each:
@@ -99,9 +99,7 @@ def open_storage(folder: str, **overrides: object):
     """The container as the parent opens it (read-only to check, or to collect)."""
     import slts
 
-    return slts.open(
-        f"file://{folder}/chunks", metadata=f"{folder}/metadata", **{**CONFIG, **overrides}
-    )
+    return slts.open(f"file://{folder}/chunks", metadata=f"{folder}/metadata", **{**CONFIG, **overrides})
 
 
 class _KillSwitch:
@@ -122,6 +120,7 @@ def open_child_storage(folder: str, kill_at: int | None):
     """The child's container: the same binding and store, with a tick before and after
     every change, so that ``kill_at`` picks a point inside an operation."""
     from slts.bindings.filesystem import FileSystemChunkStorage
+
     from slts.config import StorageConfig
     from slts.metadata.layout import TABLES
     from slts.metadata.lmdb_store import LmdbMetadataStore
@@ -222,9 +221,7 @@ def main() -> None:
             say("ACK concat", main, offset, source, storage.info(main).length)
         elif dice < 0.83:
             info = storage.info(main)
-            offset = (
-                rng.randint(info.start_offset, info.length) if rng.random() < 0.8 else info.length
-            )
+            offset = rng.randint(info.start_offset, info.length) if rng.random() < 0.8 else info.length
             say("DO truncate", main, offset)
             storage.truncate(handle(main), offset)
             say("ACK truncate", main, offset, storage.info(main).start_offset)

@@ -58,6 +58,7 @@ class KillSwitch:
 def install(switch: KillSwitch) -> None:
     """Tick around every change of the filesystem binding and the LMDB store (all instances)."""
     from slts.bindings.filesystem import FileSystemChunkStorage
+
     from slts.metadata.lmdb_store import LmdbMetadataStore
 
     def ticking(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -85,7 +86,7 @@ def _batch_defrag(folder: str, storage: Any) -> None:
     from slts.config import StorageConfig
     from slts.storage.batch_defrag import BatchDefrag, execute_locally, run_batch
 
-    driver = BatchDefrag(storage.chunk_storage, storage._metadata_store, 0, StorageConfig(**CONFIG))  # noqa: SLF001
+    driver = BatchDefrag(storage.chunk_storage, storage._metadata_store, 0, StorageConfig(**CONFIG))
     run_batch(driver, execute_locally(storage.chunk_storage, 1))
 
 

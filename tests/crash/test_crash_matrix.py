@@ -32,10 +32,10 @@ import time
 from pathlib import Path
 
 import pytest
-import slts
 from slts.journal.restore import restore_to_folder
-from slts.orphans import reconcile
 
+import slts
+from slts.orphans import reconcile
 from tests.storage.conftest import segment_chunks
 
 from . import matrix_child
@@ -96,9 +96,17 @@ def build_store(folder: Path) -> None:
 
 def run_child(folder: Path, operation: str, kill_at: int | None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, matrix_child.__file__, str(folder), operation, "none" if kill_at is None else str(kill_at)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            matrix_child.__file__,
+            str(folder),
+            operation,
+            "none" if kill_at is None else str(kill_at),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def contents(folder: Path) -> Observed:
@@ -196,5 +204,7 @@ def test_every_kill_point_of_the_operation_leaves_a_consistent_store(
         shutil.rmtree(run)
         KILLS[operation] = KILLS.get(operation, 0) + 1
     if FULL:
-        print(f"\ncrash matrix: {operation}: {KILLS[operation]} kills of {total} points; "
-              f"{sum(KILLS.values())} kills so far")  # fmt: skip
+        print(
+            f"\ncrash matrix: {operation}: {KILLS[operation]} kills of {total} points; "
+            f"{sum(KILLS.values())} kills so far"
+        )

@@ -19,18 +19,18 @@ import pytest
 
 pytest.importorskip("boto3", reason="boto3 is not installed (pip install 'slts[s3]')")
 
-from slts.bindings.s3 import S3ChunkStorage  # noqa: E402
-from slts.config import StorageConfig  # noqa: E402
-from slts.errors import SltsError  # noqa: E402
-from slts.metadata.layout import TABLES  # noqa: E402
-from slts.metadata.lmdb_store import LmdbMetadataStore  # noqa: E402
-from slts.storage.chunked import ChunkedSegmentStorage  # noqa: E402
+from slts.bindings.s3 import S3ChunkStorage
 
-from tests.s3server import SeaweedServer, SeaweedUnavailable, find_weed  # noqa: E402
+from slts.config import StorageConfig
+from slts.errors import SltsError
+from slts.metadata.layout import TABLES
+from slts.metadata.lmdb_store import LmdbMetadataStore
+from slts.storage.chunked import ChunkedSegmentStorage
+from tests.s3server import SeaweedServer, SeaweedUnavailable, find_weed
 
-from .matrix_child import CONFIG  # noqa: E402
-from .test_crash_matrix import LEASE_PAST_S, assert_consistent  # noqa: E402
-from .test_kill9_layout import observed  # noqa: E402
+from .matrix_child import CONFIG
+from .test_crash_matrix import LEASE_PAST_S, assert_consistent
+from .test_kill9_layout import observed
 
 Operation = Callable[[ChunkedSegmentStorage], object]
 
@@ -56,15 +56,28 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def binding(server: SeaweedServer, bucket: str) -> S3ChunkStorage:
-    return S3ChunkStorage(bucket, "chunks", max_attempts=2, connect_timeout_s=1.0, read_timeout_s=10.0,
-                          **server.binding_kwargs())  # fmt: skip
+    return S3ChunkStorage(
+        bucket,
+        "chunks",
+        max_attempts=2,
+        connect_timeout_s=1.0,
+        read_timeout_s=10.0,
+        **server.binding_kwargs(),
+    )
 
 
 def owner(server: SeaweedServer, bucket: str, metadata: Path, **overrides: Any) -> ChunkedSegmentStorage:
     store = LmdbMetadataStore(str(metadata), TABLES)
     config = StorageConfig(**{**CONFIG, **overrides})
-    return ChunkedSegmentStorage(0, None, binding(server, bucket), store, config, owns_resources=True,
-                                 clock=lambda: time.time() + LEASE_PAST_S)  # fmt: skip
+    return ChunkedSegmentStorage(
+        0,
+        None,
+        binding(server, bucket),
+        store,
+        config,
+        owns_resources=True,
+        clock=lambda: time.time() + LEASE_PAST_S,
+    )
 
 
 def build(server: SeaweedServer, metadata: Path) -> str:
@@ -74,8 +87,12 @@ def build(server: SeaweedServer, metadata: Path) -> str:
     bucket = server.new_bucket("matrix")
     storage = owner(server, bucket, metadata, gc_delay_s=3600.0, concat_merge_seam=False)
     with storage:
-        for name, sizes, rolling, sealed in (("main", [40] * 6, 64, False), ("txn", [25, 25], 32, True),
-                                              ("tail", [10], 1000, False), ("doomed", [30] * 3, 16, False)):  # fmt: skip
+        for name, sizes, rolling, sealed in (
+            ("main", [40] * 6, 64, False),
+            ("txn", [25, 25], 32, True),
+            ("tail", [10], 1000, False),
+            ("doomed", [30] * 3, 16, False),
+        ):
             storage.create(name, max_rolling_length=rolling)
             for size in sizes:
                 storage.write(storage.open_write(name), storage.info(name).length, bytes([len(name)]) * size)
@@ -106,7 +123,7 @@ def run(server: SeaweedServer, bucket: str, metadata: Path, operation: str, kill
             if sent[0] == kill_at:
                 server.kill()
 
-    storage.chunk_storage._client.meta.events.register("before-send.s3", before_send)  # noqa: SLF001
+    storage.chunk_storage._client.meta.events.register("before-send.s3", before_send)
     armed[0] = True
     try:
         OPERATIONS[operation](storage)

@@ -64,7 +64,7 @@ def check(folder: str, acked: dict[str, int]) -> None:
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_acknowledged_writes_survive_sigkill(tmp_path, seed: int) -> None:  # noqa: ANN001
+def test_acknowledged_writes_survive_sigkill(tmp_path, seed: int) -> None:
     folder = str(tmp_path)
     rng = random.Random(seed)
     acked: dict[str, int] = {}
@@ -74,15 +74,17 @@ def test_acknowledged_writes_survive_sigkill(tmp_path, seed: int) -> None:  # no
     assert sum(acked.values()) > 0
 
     import slts
-    from tests.storage.conftest import segment_chunks
     from slts.storage.verify import verify_container
+    from tests.storage.conftest import segment_chunks
 
     storage = slts.open(f"file://{folder}/chunks", metadata=f"{folder}/metadata", gc_delay_s=0.0)
     try:
         while storage.gc.run_once().chunks_deleted:
             pass
         referenced = {chunk.name for name in storage.list() for _, chunk in storage.chunks(name)}
-        assert set(segment_chunks(storage.chunk_storage)) == referenced, "orphans of killed writes were not collected"
+        assert set(segment_chunks(storage.chunk_storage)) == referenced, (
+            "orphans of killed writes were not collected"
+        )
         assert verify_container(storage).problems == []  # includes the tier-2 copy: it restores
     finally:
         storage.close()

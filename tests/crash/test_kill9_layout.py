@@ -26,18 +26,17 @@ import sys
 import threading
 
 import pytest
-
 from slts.bindings import from_url
 from slts.bindings.memory import MemoryChunkStorage
+from slts.journal.restore import restore_to_folder
+
 from slts.config import StorageConfig
 from slts.errors import MetadataError
-from slts.journal.restore import restore_to_folder
 from slts.metadata.layout import TABLES
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.memory_store import MemoryMetadataStore
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.verify import verify_container, verify_segment
-
 from tests.storage.conftest import segment_chunks
 
 from . import layout_writer
@@ -68,9 +67,7 @@ def drain(child: subprocess.Popen[str]) -> tuple[str, str]:
     return rest, "".join(errors)
 
 
-def run_until_killed(
-    folder: str, seed: int, kill_after_lines: int | None, kill_at: int | None
-) -> list[str]:
+def run_until_killed(folder: str, seed: int, kill_after_lines: int | None, kill_at: int | None) -> list[str]:
     """Start the child; SIGKILL it after it printed ``kill_after_lines`` lines after READY
     (or let it SIGKILL itself at its ``kill_at``-th change); return every complete line it
     printed (drained after its death)."""
@@ -140,9 +137,7 @@ def observed(storage) -> dict[str, tuple[int, bool, bytes]]:
     result = {}
     for name in storage.list():
         info = storage.info(name)
-        data = storage.read(
-            storage.open_read(name), info.start_offset, info.length - info.start_offset
-        )
+        data = storage.read(storage.open_read(name), info.start_offset, info.length - info.start_offset)
         result[name] = (info.start_offset, info.sealed, data)
         assert info.length == info.start_offset + len(data)
     return result
@@ -158,9 +153,7 @@ def describe(actual: dict, wanted: dict) -> str:
         a, w = actual.get(name), wanted.get(name)
         if a != w:
             show = lambda v: None if v is None else (v[0], v[1], len(v[2]))
-            lines.append(
-                f"  {name}: store (start, sealed, readable bytes) {show(a)}, model {show(w)}"
-            )
+            lines.append(f"  {name}: store (start, sealed, readable bytes) {show(a)}, model {show(w)}")
     return "\n".join(lines)
 
 
@@ -221,9 +214,14 @@ def test_acknowledged_layout_changes_survive_sigkill(tmp_path, seed: int) -> Non
         )
         dump = storage._store.dump()
         assert dump["gc"] == {} and dump["deleted"] == {}
-        restorable = {name: storage.read(storage.open_read(name), storage.info(name).start_offset,
-                                       storage.info(name).length - storage.info(name).start_offset)
-                    for name in storage.list()}  # fmt: skip
+        restorable = {
+            name: storage.read(
+                storage.open_read(name),
+                storage.info(name).start_offset,
+                storage.info(name).length - storage.info(name).start_offset,
+            )
+            for name in storage.list()
+        }
         assert observed(storage) == expected(state), "GC changed what the segments hold"
         assert verify_container(storage).problems == []
     finally:
@@ -232,12 +230,20 @@ def test_acknowledged_layout_changes_survive_sigkill(tmp_path, seed: int) -> Non
     restored = os.path.join(folder, "restored-metadata")
     with from_url(f"file://{folder}/chunks") as binding:
         restore_to_folder(binding, 0, restored)
-        with LmdbMetadataStore(restored, TABLES) as store, ChunkedSegmentStorage(
-            0, None, binding, store, StorageConfig(gc_interval_s=0.0, metadata_log_flush_interval_s=0.0)
-        ) as after:
-            assert {name: after.read(after.open_read(name), after.info(name).start_offset,
-                                     after.info(name).length - after.info(name).start_offset)
-                    for name in after.list()} == restorable  # fmt: skip
+        with (
+            LmdbMetadataStore(restored, TABLES) as store,
+            ChunkedSegmentStorage(
+                0, None, binding, store, StorageConfig(gc_interval_s=0.0, metadata_log_flush_interval_s=0.0)
+            ) as after,
+        ):
+            assert {
+                name: after.read(
+                    after.open_read(name),
+                    after.info(name).start_offset,
+                    after.info(name).length - after.info(name).start_offset,
+                )
+                for name in after.list()
+            } == restorable
             assert verify_container(after).problems == []
 
 
@@ -256,9 +262,7 @@ class _FailingStore(MemoryMetadataStore):
 
 def test_verify_accepts_chunks_an_interrupted_truncate_left_below_the_start() -> None:
     store = _FailingStore(TABLES)
-    storage = ChunkedSegmentStorage(
-        0, None, MemoryChunkStorage(), store, StorageConfig(gc_batch_max=2)
-    )
+    storage = ChunkedSegmentStorage(0, None, MemoryChunkStorage(), store, StorageConfig(gc_batch_max=2))
     storage.create("t", max_rolling_length=4)
     handle = storage.open_write("t")
     storage.write(handle, 0, bytes(range(40)))  # ten chunks of 4 bytes
@@ -266,8 +270,6 @@ def test_verify_accepts_chunks_an_interrupted_truncate_left_below_the_start() ->
     storage.truncate(handle, 30)  # the first batch moved the start: the truncate has happened
     assert store.commits >= store.fail_at, "setup: the second batch did not fail"
     info = storage.info("t")
-    assert info.start_offset == 30 and storage.chunks("t")[0][0] < 28, (
-        "setup: chunks left below the start"
-    )
+    assert info.start_offset == 30 and storage.chunks("t")[0][0] < 28, "setup: chunks left below the start"
     assert storage.read(handle, 30, 10) == bytes(range(30, 40)), "the segment itself is healthy"
     assert verify_segment(storage, "t") == []

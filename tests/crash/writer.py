@@ -32,11 +32,15 @@ def expected_prefix(segment: str, length: int) -> bytes | None:
     return b"".join(parts) if offset == length else None
 
 
-def open_storage(folder: str):  # noqa: ANN201
+def open_storage(folder: str):
     import slts
 
-    return slts.open(f"file://{folder}/chunks", metadata=f"{folder}/metadata", gc_delay_s=3600.0,
-                     rolling_length_bytes_default=ROLLING_BYTES)  # fmt: skip
+    return slts.open(
+        f"file://{folder}/chunks",
+        metadata=f"{folder}/metadata",
+        gc_delay_s=3600.0,
+        rolling_length_bytes_default=ROLLING_BYTES,
+    )
 
 
 def main() -> None:

@@ -139,9 +139,11 @@ def hdfs_real_binding(workdir: Path) -> BindingUnderTest:
     storage = HdfsChunkStorage.from_url(test_url)
     options = dict(parse_qsl(parts.query))
     client = pyhdfs.HdfsClient(
-        hosts=parts.netloc, user_name=storage.user, randomize_hosts=False,
+        hosts=parts.netloc,
+        user_name=storage.user,
+        randomize_hosts=False,
         scheme="https" if options.get("https", "0").lower() in ("1", "true", "yes") else "http",
-    )  # fmt: skip
+    )
     return BindingUnderTest(
         "hdfs-real",
         storage,

@@ -58,24 +58,14 @@ def tmp_files(server: WebHdfsTestServer, root: str) -> list[str]:
 def test_create_append_and_read_go_through_the_datanode(storage, server, root):
     before = dict(server.requests)
     handle = storage.create("a/b", b"hello")
-    assert (
-        delta(server, before, "namenode", "CREATE")
-        == delta(server, before, "datanode", "CREATE")
-        == 1
-    )
+    assert delta(server, before, "namenode", "CREATE") == delta(server, before, "datanode", "CREATE") == 1
     assert delta(server, before, "namenode", "RENAME") == 1
     before = dict(server.requests)
     storage.write(handle, 5, b" world")
-    assert (
-        delta(server, before, "namenode", "APPEND")
-        == delta(server, before, "datanode", "APPEND")
-        == 1
-    )
+    assert delta(server, before, "namenode", "APPEND") == delta(server, before, "datanode", "APPEND") == 1
     before = dict(server.requests)
     assert storage.read(handle, 3, 5) == b"lo wo"
-    assert (
-        delta(server, before, "namenode", "OPEN") == delta(server, before, "datanode", "OPEN") == 1
-    )
+    assert delta(server, before, "namenode", "OPEN") == delta(server, before, "datanode", "OPEN") == 1
     assert server.raw_read(path_of(root, "a/b")) == b"hello world"
     assert tmp_files(server, root) == []
 
@@ -133,12 +123,8 @@ MAPPING = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("exception", "expected", "retryable"), MAPPING, ids=[m[0] for m in MAPPING]
-)
-def test_each_remote_exception_becomes_its_typed_error(
-    storage, server, exception, expected, retryable
-):
+@pytest.mark.parametrize(("exception", "expected", "retryable"), MAPPING, ids=[m[0] for m in MAPPING])
+def test_each_remote_exception_becomes_its_typed_error(storage, server, exception, expected, retryable):
     storage.create("c", b"x")
     server.inject("GETFILESTATUS", exception, f"{exception} injected", count=ATTEMPTS)
     with pytest.raises(ChunkStorageError) as caught:
@@ -180,14 +166,10 @@ def test_an_unexpected_answer_is_storage_unavailable(storage, server, monkeypatc
 )
 def test_a_malformed_answer_is_storage_unavailable(storage, server, monkeypatch, body):
     storage.create("c", b"x")
-    monkeypatch.setattr(
-        server, "namenode", lambda *args: (200, body, {"Content-Type": "application/json"})
-    )
+    monkeypatch.setattr(server, "namenode", lambda *args: (200, body, {"Content-Type": "application/json"}))
     with pytest.raises(StorageUnavailable) as caught:
         storage.get_info("c")
-    assert "malformed WebHDFS answer" in str(caught.value) or "unexpected answer" in str(
-        caught.value
-    )
+    assert "malformed WebHDFS answer" in str(caught.value) or "unexpected answer" in str(caught.value)
 
 
 # -- bounded retries -------------------------------------------------------------------------------
@@ -346,9 +328,7 @@ def test_delete_prunes_empty_folders_but_not_the_root(storage, server, root):
     assert server.raw_list(root) == ["%tmp"]
 
 
-def test_a_create_whose_folder_is_pruned_before_the_rename_makes_it_again(
-    storage, server, root, monkeypatch
-):
+def test_a_create_whose_folder_is_pruned_before_the_rename_makes_it_again(storage, server, root, monkeypatch):
     storage.create("a/keep", b"k")
     storage.delete(storage.open_read("a/keep"))
     real_mkdirs = storage._hdfs.mkdirs
@@ -372,9 +352,7 @@ def test_a_create_whose_folder_is_pruned_before_the_rename_makes_it_again(
 # -- the single-writer lease -----------------------------------------------------------------------
 
 
-def test_another_writer_holding_the_lease_fails_the_append_after_bounded_retries(
-    make_storage, server, root
-):
+def test_another_writer_holding_the_lease_fails_the_append_after_bounded_retries(make_storage, server, root):
     # Two instances, as two processes: the per-name lock of one does not order the other.
     first, second = make_storage(), make_storage()
     handle = first.create("c", b"head")
@@ -400,9 +378,7 @@ def test_another_writer_holding_the_lease_fails_the_append_after_bounded_retries
 
 def test_a_lease_released_meanwhile_lets_the_retry_through(storage, server, root):
     handle = storage.create("c", b"head")
-    server.inject(
-        "APPEND", "AlreadyBeingCreatedException", "owned by DFSClient_X", role="datanode", count=2
-    )
+    server.inject("APPEND", "AlreadyBeingCreatedException", "owned by DFSClient_X", role="datanode", count=2)
     assert storage.write(handle, 4, b"-tail") == 5
     assert server.raw_read(path_of(root, "c")) == b"head-tail"
 
@@ -486,9 +462,7 @@ def test_a_recovery_that_does_not_end_is_reported(own_server):
 def test_a_truncate_racing_a_shrink_is_chunk_invalid_offset(storage, server, root):
     handle = storage.create("c", b"0123456789")
     # The chunk shrinks between the binding's length check and its TRUNCATE.
-    server.inject(
-        "TRUNCATE", "HadoopIllegalArgumentException", "Cannot truncate to a larger file size."
-    )
+    server.inject("TRUNCATE", "HadoopIllegalArgumentException", "Cannot truncate to a larger file size.")
     with pytest.raises(ChunkInvalidOffset):
         storage.truncate(handle, 8)
 

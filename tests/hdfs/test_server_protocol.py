@@ -24,22 +24,16 @@ class Http:
     def __init__(self, server: WebHdfsTestServer) -> None:
         self.server = server
 
-    def nn(
-        self, method: str, path: str, op: str, user: str = USER, **params: object
-    ) -> requests.Response:
+    def nn(self, method: str, path: str, op: str, user: str = USER, **params: object) -> requests.Response:
         url = f"http://{self.server.namenode_address}/webhdfs/v1{quote(path)}"
         query = {"op": op, "user.name": user, **{k: str(v) for k, v in params.items()}}
         return requests.request(method, url, params=query, allow_redirects=False, timeout=30)
 
-    def follow(
-        self, first: requests.Response, method: str, data: bytes | None = None
-    ) -> requests.Response:
+    def follow(self, first: requests.Response, method: str, data: bytes | None = None) -> requests.Response:
         assert first.status_code == 307, first.text
         return requests.request(method, first.headers["Location"], data=data, timeout=30)
 
-    def create(
-        self, path: str, data: bytes, user: str = USER, **params: object
-    ) -> requests.Response:
+    def create(self, path: str, data: bytes, user: str = USER, **params: object) -> requests.Response:
         return self.follow(self.nn("PUT", path, "CREATE", user, **params), "PUT", data)
 
     def append(self, path: str, data: bytes, user: str = USER) -> requests.Response:
@@ -95,8 +89,11 @@ def test_create_redirects_to_the_datanode_which_takes_the_bytes(http, server, fo
     assert second.headers["Location"] == f"hdfs://{server.namenode_address}{path}"
     status = http.status(path)
     assert (status["type"], status["length"], status["owner"], status["permission"]) == (
-        "FILE", 5, USER, "644",
-    )  # fmt: skip
+        "FILE",
+        5,
+        USER,
+        "644",
+    )
 
 
 def test_append_and_open_are_redirected_too(http, server, folder):
@@ -157,19 +154,30 @@ def test_file_status_and_listing_have_the_shapes_of_the_spec(http, folder):
     assert listing.status_code == 200
     statuses = listing.json()["FileStatuses"]["FileStatus"]
     assert [(s["pathSuffix"], s["type"], s["length"]) for s in statuses] == [
-        ("a", "DIRECTORY", 0), ("b", "FILE", 5),
-    ]  # fmt: skip
-    keys = {"accessTime", "blockSize", "childrenNum", "fileId", "group", "length",
-            "modificationTime", "owner", "pathSuffix", "permission", "replication", "type"}  # fmt: skip
+        ("a", "DIRECTORY", 0),
+        ("b", "FILE", 5),
+    ]
+    keys = {
+        "accessTime",
+        "blockSize",
+        "childrenNum",
+        "fileId",
+        "group",
+        "length",
+        "modificationTime",
+        "owner",
+        "pathSuffix",
+        "permission",
+        "replication",
+        "type",
+    }
     assert all(keys <= set(status) for status in statuses)
     assert statuses[0]["permission"] == "755" and statuses[0]["replication"] == 0
     assert statuses[1]["permission"] == "644" and statuses[1]["blockSize"] > 0
     single = http.nn("GET", f"{folder}/b", "LISTSTATUS").json()["FileStatuses"]["FileStatus"]
     assert [(s["pathSuffix"], s["length"]) for s in single] == [("", 5)]  # "List a File"
     assert http.status(folder)["childrenNum"] == 2
-    message = remote(
-        http.nn("GET", f"{folder}/missing", "GETFILESTATUS"), 404, "FileNotFoundException"
-    )
+    message = remote(http.nn("GET", f"{folder}/missing", "GETFILESTATUS"), 404, "FileNotFoundException")
     assert f"{folder}/missing" in message
 
 
@@ -189,16 +197,12 @@ def test_mkdirs_makes_parents_and_delete_needs_recursive_for_a_full_folder(http,
 @pytest.mark.parametrize("bad", ["/a/%2E%2E/b", "/a/%2E/b", "/a/b:c", "/a//b"])
 def test_invalid_paths_are_refused(http, folder, bad):
     # Dots percent-encoded: urllib3 would resolve literal "." and ".." segments itself.
-    url = (
-        f"http://{http.server.namenode_address}/webhdfs/v1{folder}{bad}?op=MKDIRS&user.name={USER}"
-    )
+    url = f"http://{http.server.namenode_address}/webhdfs/v1{folder}{bad}?op=MKDIRS&user.name={USER}"
     remote(requests.put(url, timeout=30), 400, "InvalidPathException")
 
 
 def test_path_limits_of_the_namenode(http, folder):
-    message = remote(
-        http.nn("PUT", f"{folder}/{'x' * 256}", "MKDIRS"), 403, "PathComponentTooLongException"
-    )
+    message = remote(http.nn("PUT", f"{folder}/{'x' * 256}", "MKDIRS"), 403, "PathComponentTooLongException")
     assert "limit=255 length=256" in message
     assert http.nn("PUT", f"{folder}/{'x' * 255}", "MKDIRS").json() == {"boolean": True}
     deep = folder + "/d" * 1000
@@ -210,9 +214,7 @@ def test_unknown_and_unimplemented_operations(http, folder):
     assert "GetOpParam.Op.FROBNICATE" in message
     remote(http.nn("GET", folder, "CREATE"), 400, "IllegalArgumentException")  # a PUT op
     remote(http.nn("GET", folder, "GETCONTENTSUMMARY"), 400, "UnsupportedOperationException")
-    assert (
-        requests.get(f"http://{http.server.namenode_address}/other", timeout=30).status_code == 404
-    )
+    assert requests.get(f"http://{http.server.namenode_address}/other", timeout=30).status_code == 404
 
 
 # -- rename ----------------------------------------------------------------------------------------
@@ -221,18 +223,14 @@ def test_unknown_and_unimplemented_operations(http, folder):
 def test_rename_answers_false_instead_of_overwriting(http, folder):
     http.create(f"{folder}/a", b"A")
     http.create(f"{folder}/b", b"B")
-    assert http.nn("PUT", f"{folder}/a", "RENAME", destination=f"{folder}/b").json() == {
-        "boolean": False
-    }
+    assert http.nn("PUT", f"{folder}/a", "RENAME", destination=f"{folder}/b").json() == {"boolean": False}
     assert http.open(f"{folder}/a").content == b"A"
     assert http.open(f"{folder}/b").content == b"B"
     missing_parent = http.nn("PUT", f"{folder}/a", "RENAME", destination=f"{folder}/no/such")
     assert missing_parent.json() == {"boolean": False}
     missing_source = http.nn("PUT", f"{folder}/zz", "RENAME", destination=f"{folder}/c")
     assert missing_source.json() == {"boolean": False}
-    assert http.nn("PUT", f"{folder}/a", "RENAME", destination=f"{folder}/c").json() == {
-        "boolean": True
-    }
+    assert http.nn("PUT", f"{folder}/a", "RENAME", destination=f"{folder}/c").json() == {"boolean": True}
     assert http.open(f"{folder}/c").content == b"A"
     assert http.nn("GET", f"{folder}/a", "GETFILESTATUS").status_code == 404
 
@@ -240,9 +238,7 @@ def test_rename_answers_false_instead_of_overwriting(http, folder):
 def test_rename_onto_a_folder_moves_the_source_inside(http, folder):
     http.create(f"{folder}/a", b"A")
     http.nn("PUT", f"{folder}/d", "MKDIRS")
-    assert http.nn("PUT", f"{folder}/a", "RENAME", destination=f"{folder}/d").json() == {
-        "boolean": True
-    }
+    assert http.nn("PUT", f"{folder}/a", "RENAME", destination=f"{folder}/d").json() == {"boolean": True}
     assert http.open(f"{folder}/d/a").content == b"A"
 
 
@@ -307,9 +303,7 @@ def test_truncate_on_a_block_boundary_is_done_at_once(small_blocks):
     http = Http(small_blocks)
     http.create("/f", bytes(40))
     assert http.nn("POST", "/f", "TRUNCATE", newlength=32).json() == {"boolean": True}
-    assert http.nn("POST", "/f", "TRUNCATE", newlength=32).json() == {
-        "boolean": True
-    }  # same length
+    assert http.nn("POST", "/f", "TRUNCATE", newlength=32).json() == {"boolean": True}  # same length
     assert http.status("/f")["length"] == 32
     assert http.append("/f", b"x").status_code == 200
     assert http.nn("POST", "/f", "TRUNCATE", newlength=0).json() == {"boolean": True}
@@ -340,9 +334,7 @@ def test_truncate_inside_a_block_starts_a_recovery_that_refuses_appends(small_bl
 )
 def test_truncate_refuses_bad_lengths(http, folder, new_length, status, exception, text):
     http.create(f"{folder}/f", b"0123456789")
-    message = remote(
-        http.nn("POST", f"{folder}/f", "TRUNCATE", newlength=new_length), status, exception
-    )
+    message = remote(http.nn("POST", f"{folder}/f", "TRUNCATE", newlength=new_length), status, exception)
     assert text in message
     assert http.open(f"{folder}/f").content == b"0123456789"
 
@@ -383,9 +375,7 @@ def test_one_writer_at_a_time_per_file(http, server, folder):
     http.create(path, b"head")
     outcome: list[int] = []
     with server.pause_writes(path) as pause:
-        writer = threading.Thread(
-            target=lambda: outcome.append(http.append(path, b"-first").status_code)
-        )
+        writer = threading.Thread(target=lambda: outcome.append(http.append(path, b"-first").status_code))
         writer.start()
         assert pause.lease_taken.wait(30), "the first append never took the lease"
         message = remote(http.append(path, b"-second"), 403, "AlreadyBeingCreatedException")
@@ -415,9 +405,7 @@ def test_safe_mode_refuses_changes_but_not_reads(http, server, folder):
 
 def test_a_standby_namenode_answers_standby_exception(server, http):
     address = server.add_standby_namenode()
-    response = requests.get(
-        f"http://{address}/webhdfs/v1/?op=GETFILESTATUS&user.name={USER}", timeout=30
-    )
+    response = requests.get(f"http://{address}/webhdfs/v1/?op=GETFILESTATUS&user.name={USER}", timeout=30)
     assert "state standby" in remote(response, 403, "StandbyException")
 
 

@@ -55,9 +55,7 @@ def test_credentials_in_the_url_are_refused_without_being_echoed():
 
 
 def test_a_good_url_sets_every_option(server, root):
-    url = server.url(
-        root + "/", user=TEST_USER, attempts_max=3, backoff_s=0.25, timeout_s=5, https=0
-    )
+    url = server.url(root + "/", user=TEST_USER, attempts_max=3, backoff_s=0.25, timeout_s=5, https=0)
     storage = from_url(url)
     assert isinstance(storage, HdfsChunkStorage)
     assert (storage.root, storage.user, storage.attempts_max, storage.backoff_s) == (

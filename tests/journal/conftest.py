@@ -9,15 +9,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-
 from slts.bindings.base import ChunkStorage
+
 from tests.storage.conftest import BINDINGS, FakeClock, env  # noqa: F401 - the engine fixture, reused
 
 KINDS = ["memory", "filesystem", "no-append", "s3"]
 
 
 @pytest.fixture(params=KINDS)
-def binding(request: pytest.FixtureRequest, tmp_path) -> Iterator[ChunkStorage]:  # noqa: ANN001
+def binding(request: pytest.FixtureRequest, tmp_path) -> Iterator[ChunkStorage]:
     made = BINDINGS[request.param](tmp_path)
     yield made
     made.close()

@@ -16,12 +16,12 @@ import shutil
 from collections.abc import Iterator
 
 import pytest
-
 from slts.bindings.faulty import FaultyChunkStorage
-from slts.config import StorageConfig
-from slts.errors import Fenced, InvalidArgument, MetadataCorrupted, StorageUnavailable
 from slts.journal.names import METADATA_SNAPSHOTS
 from slts.journal.restore import restore, verify_copy
+
+from slts.config import StorageConfig
+from slts.errors import Fenced, InvalidArgument, MetadataCorrupted, StorageUnavailable
 from slts.metadata.layout import TABLES
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.memory_store import MemoryMetadataStore
@@ -38,7 +38,9 @@ def contents(storage: ChunkedSegmentStorage) -> dict[str, bytes]:
     result = {}
     for name in storage.list():
         info = storage.info(name)
-        result[name] = storage.read(storage.open_read(name), info.start_offset, info.length - info.start_offset)
+        result[name] = storage.read(
+            storage.open_read(name), info.start_offset, info.length - info.start_offset
+        )
     return result
 
 
@@ -83,7 +85,7 @@ def lose_machine(storage: ChunkedSegmentStorage, env: Env) -> None:
 
 
 @contextlib.contextmanager
-def restored(env: Env, tmp_path) -> Iterator[ChunkedSegmentStorage]:  # noqa: ANN001
+def restored(env: Env, tmp_path) -> Iterator[ChunkedSegmentStorage]:
     """A new owner on a store restored from ``env.binding`` alone (closed afterwards)."""
     target = fresh_store(env, tmp_path)
     report = restore(env.binding, 0, target)
@@ -96,20 +98,20 @@ def restored(env: Env, tmp_path) -> Iterator[ChunkedSegmentStorage]:  # noqa: AN
         target.close()
 
 
-def assert_restores(env: Env, tmp_path, expected: dict[str, bytes]) -> None:  # noqa: ANN001
+def assert_restores(env: Env, tmp_path, expected: dict[str, bytes]) -> None:
     """Tier-2 alone restores exactly ``expected``, with every invariant holding."""
     with restored(env, tmp_path) as instance:
         assert contents(instance) == expected
         assert verify_container(instance).problems == []
 
 
-def fresh_store(env: Env, tmp_path) -> MetadataStore:  # noqa: ANN001
+def fresh_store(env: Env, tmp_path) -> MetadataStore:
     if isinstance(env.store, LmdbMetadataStore):
         return LmdbMetadataStore(str(tmp_path / f"restored-{os.urandom(4).hex()}"), TABLES)
     return MemoryMetadataStore(TABLES)
 
 
-def test_restore_is_byte_identical_up_to_the_last_flush(env: Env, tmp_path) -> None:  # noqa: ANN001
+def test_restore_is_byte_identical_up_to_the_last_flush(env: Env, tmp_path) -> None:
     storage = env.open(**MANUAL)
     rng = random.Random(1)
     churn(storage, rng, 120)
@@ -137,7 +139,7 @@ def test_restore_is_byte_identical_up_to_the_last_flush(env: Env, tmp_path) -> N
         assert verify_copy(env.binding, 0).problems == []
 
 
-def test_gc_never_deletes_a_chunk_the_restorable_state_needs(env: Env, tmp_path) -> None:  # noqa: ANN001
+def test_gc_never_deletes_a_chunk_the_restorable_state_needs(env: Env, tmp_path) -> None:
     storage = env.open(**MANUAL)
     rng = random.Random(2)
     churn(storage, rng, 150)
@@ -145,7 +147,7 @@ def test_gc_never_deletes_a_chunk_the_restorable_state_needs(env: Env, tmp_path)
     churn(storage, rng, 150)  # drops more chunks; none of it flushed yet
     env.clock.advance(60)
     deleted = 0
-    while (done := storage.gc.run_once().chunks_deleted):
+    while done := storage.gc.run_once().chunks_deleted:
         deleted += done
     assert deleted > 20, "the churn must give GC real work"
     expected = contents(storage)
@@ -153,7 +155,7 @@ def test_gc_never_deletes_a_chunk_the_restorable_state_needs(env: Env, tmp_path)
     assert_restores(env, tmp_path, expected)
 
 
-def test_failed_metadata_snapshot_keeps_the_previous_one(env: Env, tmp_path) -> None:  # noqa: ANN001
+def test_failed_metadata_snapshot_keeps_the_previous_one(env: Env, tmp_path) -> None:
     faulty = FaultyChunkStorage(env.binding)
     env.binding = faulty
     storage = env.open(**MANUAL)
@@ -173,7 +175,7 @@ def test_failed_metadata_snapshot_keeps_the_previous_one(env: Env, tmp_path) -> 
     assert_restores(env, tmp_path, expected)
 
 
-def test_a_store_older_than_its_copy_is_snapshotted_at_boot(env: Env, tmp_path) -> None:  # noqa: ANN001
+def test_a_store_older_than_its_copy_is_snapshotted_at_boot(env: Env, tmp_path) -> None:
     plain = env.open(journal=False)
     churn(plain, random.Random(5), 60)
     plain.close()
@@ -184,7 +186,7 @@ def test_a_store_older_than_its_copy_is_snapshotted_at_boot(env: Env, tmp_path) 
     assert_restores(env, tmp_path, expected)
 
 
-def test_restarts_keep_the_copy_contiguous(env: Env, tmp_path) -> None:  # noqa: ANN001
+def test_restarts_keep_the_copy_contiguous(env: Env, tmp_path) -> None:
     rng = random.Random(6)
     for _ in range(4):
         storage = env.reopen(**MANUAL)
@@ -197,7 +199,7 @@ def test_restarts_keep_the_copy_contiguous(env: Env, tmp_path) -> None:  # noqa:
     assert_restores(env, tmp_path, expected)
 
 
-def test_a_fenced_instance_stops_copying(env: Env, tmp_path) -> None:  # noqa: ANN001
+def test_a_fenced_instance_stops_copying(env: Env, tmp_path) -> None:
     old = env.open(**MANUAL)
     churn(old, random.Random(7), 30)
     new = env.open(**MANUAL)
@@ -213,7 +215,7 @@ def test_a_fenced_instance_stops_copying(env: Env, tmp_path) -> None:  # noqa: A
     assert_restores(env, tmp_path, expected)
 
 
-def test_restore_bad_input_changes_nothing(env: Env, tmp_path) -> None:  # noqa: ANN001
+def test_restore_bad_input_changes_nothing(env: Env, tmp_path) -> None:
     target = fresh_store(env, tmp_path)
     try:
         with pytest.raises(MetadataCorrupted, match="no system journal"):
@@ -232,7 +234,7 @@ def test_restore_bad_input_changes_nothing(env: Env, tmp_path) -> None:  # noqa:
         target.close()
 
 
-def test_restore_rebuilds_every_record_with_its_version(env: Env, tmp_path) -> None:  # noqa: ANN001
+def test_restore_rebuilds_every_record_with_its_version(env: Env, tmp_path) -> None:
     storage = env.open(**MANUAL)
     rng = random.Random(9)
     churn(storage, rng, 80)

@@ -5,12 +5,15 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from slts.errors import InvalidArgument
 from slts.journal.framing import HEADER_BYTES, RECORD_BYTES_MAX, encode_record, read_records
 
-payloads = st.dictionaries(st.text(max_size=8), st.one_of(st.integers(-(2**63), 2**64 - 1), st.binary(max_size=40), st.text(max_size=20)),
-                           max_size=5)  # fmt: skip
+from slts.errors import InvalidArgument
+
+payloads = st.dictionaries(
+    st.text(max_size=8),
+    st.one_of(st.integers(-(2**63), 2**64 - 1), st.binary(max_size=40), st.text(max_size=20)),
+    max_size=5,
+)
 
 
 @given(st.lists(payloads, max_size=12))
@@ -22,7 +25,9 @@ def test_round_trip(records: list[dict]) -> None:
 
 
 @given(st.lists(payloads, min_size=1, max_size=8), st.data())
-def test_a_torn_tail_yields_exactly_the_whole_records_before_it(records: list[dict], data: st.DataObject) -> None:
+def test_a_torn_tail_yields_exactly_the_whole_records_before_it(
+    records: list[dict], data: st.DataObject
+) -> None:
     frames = [encode_record(record) for record in records]
     blob = b"".join(frames)
     cut = data.draw(st.integers(0, len(blob) - 1))

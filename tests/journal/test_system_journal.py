@@ -11,29 +11,36 @@ import os
 from collections.abc import Callable
 
 import pytest
-
 from slts.bindings.base import ChunkHandle, ChunkStorage
 from slts.bindings.faulty import FaultyChunkStorage
-from slts.errors import Fenced, InvalidOffset, StorageUnavailable
 from slts.journal import framing, names
 from slts.journal.journal import JournalSettings, SystemJournal
 from slts.journal.layout import SystemLayout
 from slts.journal.replay import read_object, replay
 from slts.journal.system_segments import SystemSegments, read_range
 
+from slts.errors import Fenced, InvalidOffset, StorageUnavailable
+
 LOG = names.METADATA_LOG
 SNAPS = names.METADATA_SNAPSHOTS
 NO_SNAPSHOTS = JournalSettings(snapshot_records=10**9)
 
 
-def start(binding: ChunkStorage, epoch: int, settings: JournalSettings = NO_SNAPSHOTS,
-          rolling: int = 1 << 20, fence_check: Callable[[], None] = lambda: None) -> SystemSegments:  # fmt: skip
+def start(
+    binding: ChunkStorage,
+    epoch: int,
+    settings: JournalSettings = NO_SNAPSHOTS,
+    rolling: int = 1 << 20,
+    fence_check: Callable[[], None] = lambda: None,
+) -> SystemSegments:
     journal = SystemJournal.boot(binding, 0, epoch, settings, fence_check=fence_check)
     return SystemSegments(journal, rolling, fence_check)
 
 
 def contents(binding: ChunkStorage, layout: SystemLayout) -> dict[str, bytes]:
-    return {name: read_range(binding, seg, seg.start_offset, seg.length) for name, seg in layout.segments.items()}
+    return {
+        name: read_range(binding, seg, seg.start_offset, seg.length) for name, seg in layout.segments.items()
+    }
 
 
 def encoded(layout: SystemLayout) -> dict[str, object]:
@@ -54,7 +61,7 @@ def write_some(segments: SystemSegments, count: int, seed: int = 0) -> dict[str,
             cut = (layout.start_offset + layout.length) // 2
             segments.truncate(segment, cut)
             starts[segment] = cut
-    return {name: data[starts[name]:] for name, data in expected.items()}
+    return {name: data[starts[name] :] for name, data in expected.items()}
 
 
 def test_boot_from_nothing(binding: ChunkStorage) -> None:
@@ -82,15 +89,20 @@ def test_boot_after_many_records(binding: ChunkStorage, snapshot_records: int) -
 
 
 def _listing(binding: ChunkStorage) -> tuple[list[str], list[str], list[str]]:
-    return (list(binding.list(names.journal_prefix(0))), list(binding.list(names.snapshots_prefix(0))),
-            list(binding.list(names.checkpoints_prefix(0))))  # fmt: skip
+    return (
+        list(binding.list(names.journal_prefix(0))),
+        list(binding.list(names.snapshots_prefix(0))),
+        list(binding.list(names.checkpoints_prefix(0))),
+    )
 
 
 def test_torn_last_record_is_ignored(binding: ChunkStorage) -> None:
     segments = start(binding, 1)
     write_some(segments, 20)
     layout = encoded(segments.journal.layout)
-    torn = framing.encode_record({"k": "append", "id": [1, 999], "seg": LOG, "chunk": "x", "offset": 0, "length": 5})
+    torn = framing.encode_record(
+        {"k": "append", "id": [1, 999], "seg": LOG, "chunk": "x", "offset": 0, "length": 5}
+    )
     last = sorted(binding.list(names.journal_prefix(0)))[-1]
     if binding.supports_append:  # a crash mid-append leaves half a record at the end of the file
         size = binding.get_info(last).length
@@ -120,8 +132,11 @@ def test_corrupt_record_is_skipped_and_gaps_in_file_numbers_are_tolerated(bindin
     segments = start(binding, 1)
     write_some(segments, 10)
     layout = encoded(segments.journal.layout)
-    bad = bytearray(framing.encode_record({"k": "append", "id": [1, 500], "seg": LOG, "chunk": "y",
-                                           "offset": 0, "length": 1}))  # fmt: skip
+    bad = bytearray(
+        framing.encode_record(
+            {"k": "append", "id": [1, 500], "seg": LOG, "chunk": "y", "offset": 0, "length": 1}
+        )
+    )
     bad[-1] ^= 0xFF  # the CRC no longer matches
     binding.create(names.journal_file(0, 1, 10**6 + 7), bytes(bad))  # far beyond the last number: a gap
     found = replay(binding, 0)
@@ -178,7 +193,9 @@ def test_half_written_snapshot_falls_back_to_the_previous(binding: ChunkStorage)
     layout = encoded(segments.journal.layout)
     valid = replay(binding, 0).checkpoint
     # A newer snapshot whose write failed half-way, with a checkpoint that points at it.
-    body = framing.encode_record(segments.journal.layout.snapshot_record((1, 10**6)) | {"journal": [1, 10**6]})
+    body = framing.encode_record(
+        segments.journal.layout.snapshot_record((1, 10**6)) | {"journal": [1, 10**6]}
+    )
     half = names.journal_snapshot(0, 1, 10**5)
     binding.create(half, body[: len(body) // 2])
     pointer = {"k": "checkpoint", "snapshot": half, "epoch": 1, "number": 10**5}

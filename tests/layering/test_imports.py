@@ -68,7 +68,9 @@ def test_core_imports_no_cloud_sdk(module: str) -> None:
     assert not any(name.split(".")[0] in SDKS for name in MODULES[module]), module
 
 
-@pytest.mark.parametrize("module", ["slts.errors", "slts.config", "slts.metadata.store", "slts.metadata.records"])
+@pytest.mark.parametrize(
+    "module", ["slts.errors", "slts.config", "slts.metadata.store", "slts.metadata.records"]
+)
 def test_foundations_import_no_engine(module: str) -> None:
     assert not any(name.startswith(("slts.storage", "slts.gc", "slts.journal")) for name in MODULES[module])
 
@@ -77,6 +79,9 @@ def test_importing_bindings_does_not_load_the_engine() -> None:
     import subprocess
     import sys
 
-    code = "import sys, slts.bindings, slts.journal; print(any(m.startswith('slts.storage') for m in sys.modules))"
+    code = (
+        "import sys, slts.bindings, slts.journal; "
+        "print(any(m.startswith('slts.storage') for m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

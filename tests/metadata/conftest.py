@@ -40,9 +40,7 @@ class StoreFactory:
             inner: MetadataStore = LmdbMetadataStore(str(self.folder), tables)
         else:
             inner = MemoryMetadataStore(tables)
-        store = (
-            CachedMetadataStore(inner, CACHE_CAPACITY) if self.kind.startswith("cached") else inner
-        )
+        store = CachedMetadataStore(inner, CACHE_CAPACITY) if self.kind.startswith("cached") else inner
         self.opened.append(store)
         return store
 

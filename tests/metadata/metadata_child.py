@@ -30,18 +30,14 @@ def main(argv: list[str]) -> int:
         count, value_bytes = int(argv[2]), int(argv[3])
         with LmdbMetadataStore(path, TABLES, map_size_bytes=64 << 10) as store:
             for index in range(count):
-                store.commit(
-                    [Put("chunks", b"big%06d" % index, bytes([index % 256]) * value_bytes)]
-                )
+                store.commit([Put("chunks", b"big%06d" % index, bytes([index % 256]) * value_bytes)])
             print(store.map_size_bytes)
         return 0
     if command == "loop":
         count, prefix = int(argv[2]), argv[3].encode()
         with LmdbMetadataStore(path, TABLES, durable=True) as store:
             for index in range(count):
-                sequence = store.commit(
-                    [Put("segments", prefix + b"%06d" % index, b"payload-%d" % index)]
-                )
+                sequence = store.commit([Put("segments", prefix + b"%06d" % index, b"payload-%d" % index)])
                 sys.stdout.write(f"{index} {sequence}\n")
                 sys.stdout.flush()
         return 0

@@ -176,9 +176,7 @@ def test_discard_changes(store: MetadataStore) -> None:
     assert [change.sequence for change in store.changes(0)] == [12]
 
 
-def test_discard_a_backlog_of_several_batches(
-    store: MetadataStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_discard_a_backlog_of_several_batches(store: MetadataStore, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lmdb_store, "DISCARD_BATCH_MAX", 7)
     store.enable_change_capture()
     for index in range(50):
@@ -354,9 +352,7 @@ def test_restore_from_a_snapshot_and_the_log(store_factory: StoreFactory) -> Non
     source = MemoryMetadataStore(TABLES)
     source.enable_change_capture()
     for index in range(30):
-        source.commit(
-            [Put(T, b"%02d" % (index % 7), b"v%d" % index), Delete(U, b"%d" % (index % 3))]
-        )
+        source.commit([Put(T, b"%02d" % (index % 7), b"v%d" % index), Delete(U, b"%d" % (index % 3))])
         if index % 4 == 0:
             source.commit([Put(U, b"%d" % (index % 3), b"u%d" % index)])
     with source.snapshot() as view:
@@ -398,16 +394,12 @@ def test_another_handle_captures_once_one_enabled(store_factory: StoreFactory) -
     assert [change.sequence for change in reopened.changes(0)] == [sequence, later]
 
 
-def _child_commits(
-    path: str, prefix: bytes, count: int, ready: object, go: object, results: object
-) -> None:
+def _child_commits(path: str, prefix: bytes, count: int, ready: object, go: object, results: object) -> None:
     """In a spawned process: open the store (never enabling capture), wait, commit."""
     with LmdbMetadataStore(path, TABLES) as store:
         ready.set()  # type: ignore[attr-defined]
         assert go.wait(WAIT_S)  # type: ignore[attr-defined]
-        sequences = [
-            store.commit([Put(T, prefix + b"%03d" % index, b"c")]) for index in range(count)
-        ]
+        sequences = [store.commit([Put(T, prefix + b"%03d" % index, b"c")]) for index in range(count)]
         results.put((store.change_capture_enabled, sequences))  # type: ignore[attr-defined]
 
 
@@ -418,9 +410,7 @@ def test_another_process_captures_once_the_flag_is_set(lmdb_path: str) -> None:
     ready, go, results = context.Event(), context.Event(), context.Queue()
     with LmdbMetadataStore(lmdb_path, TABLES) as store:
         store.commit([Put(T, b"parent", b"p")])
-        child = context.Process(
-            target=_child_commits, args=(lmdb_path, b"child/", 20, ready, go, results)
-        )
+        child = context.Process(target=_child_commits, args=(lmdb_path, b"child/", 20, ready, go, results))
         child.start()
         try:
             assert ready.wait(WAIT_S)
@@ -443,9 +433,7 @@ def _child_commits_forever(path: str, prefix: bytes) -> None:
     with LmdbMetadataStore(path, TABLES) as store:
         index = 0
         while True:
-            store.commit(
-                [Put(T, prefix + b"%06d" % index, b"%d" % index), Delete(U, b"%d" % index)]
-            )
+            store.commit([Put(T, prefix + b"%06d" % index, b"%d" % index), Delete(U, b"%d" % index)])
             index += 1
 
 
@@ -456,9 +444,7 @@ def test_capture_survives_kill_9(lmdb_path: str) -> None:
         store.enable_change_capture()
     context = multiprocessing.get_context("spawn")
     for round_number, wanted in enumerate((50, 173)):
-        child = context.Process(
-            target=_child_commits_forever, args=(lmdb_path, b"r%d/" % round_number)
-        )
+        child = context.Process(target=_child_commits_forever, args=(lmdb_path, b"r%d/" % round_number))
         child.start()
         try:
             with LmdbMetadataStore(lmdb_path, TABLES) as store:

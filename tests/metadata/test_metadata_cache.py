@@ -97,9 +97,7 @@ def in_thread(call: Callable[[], object]) -> tuple[threading.Thread, list[object
     return thread, result
 
 
-def served_from_cache(
-    cache: CachedMetadataStore, hooked: HookedStore, key: bytes
-) -> Versioned | None:
+def served_from_cache(cache: CachedMetadataStore, hooked: HookedStore, key: bytes) -> Versioned | None:
     """``cache.get``, asserting that the inner store was not asked."""
     before = hooked.gets
     value = cache.get(T, key)
@@ -235,9 +233,7 @@ def test_capacity_bounds_the_cache_lru(hooked: HookedStore) -> None:
     assert hooked.gets == before + 1
 
 
-def test_absent_keys_are_cached_and_counted(
-    cache: CachedMetadataStore, hooked: HookedStore
-) -> None:
+def test_absent_keys_are_cached_and_counted(cache: CachedMetadataStore, hooked: HookedStore) -> None:
     assert cache.get(T, b"missing") is None
     assert served_from_cache(cache, hooked, b"missing") is None
     stats = cache.statistics()
@@ -246,16 +242,16 @@ def test_absent_keys_are_cached_and_counted(
 
 
 def test_commit_caches_what_it_wrote(cache: CachedMetadataStore, hooked: HookedStore) -> None:
-    sequence = cache.commit(
-        [Put(T, b"a", b"1"), Put(T, b"b", b"x"), Put(T, b"b", b"2"), Delete(T, b"c")]
-    )
+    sequence = cache.commit([Put(T, b"a", b"1"), Put(T, b"b", b"x"), Put(T, b"b", b"2"), Delete(T, b"c")])
     assert served_from_cache(cache, hooked, b"a") == Versioned(sequence, b"1")
     assert served_from_cache(cache, hooked, b"b") == Versioned(sequence, b"2")
     assert served_from_cache(cache, hooked, b"c") is None
     assert hooked.gets == 0
 
 
-def test_a_commit_by_another_writer_is_seen_by_the_next_get(cache: CachedMetadataStore, hooked: HookedStore) -> None:
+def test_a_commit_by_another_writer_is_seen_by_the_next_get(
+    cache: CachedMetadataStore, hooked: HookedStore
+) -> None:
     own = cache.commit([Put(T, b"a", b"mine"), Put(T, b"b", b"mine")])
     assert served_from_cache(cache, hooked, b"a") == Versioned(own, b"mine")  # own commits keep the cache
     foreign = hooked.inner.commit([Put(T, b"a", b"theirs")])  # e.g. a defrag driver in another process
@@ -292,9 +288,7 @@ def test_invalidate_and_clear(cache: CachedMetadataStore, hooked: HookedStore) -
     assert cache.get(T, b"b").value == b"1" and hooked.gets == before + 2
 
 
-def test_reads_other_than_get_are_never_cached(
-    cache: CachedMetadataStore, hooked: HookedStore
-) -> None:
+def test_reads_other_than_get_are_never_cached(cache: CachedMetadataStore, hooked: HookedStore) -> None:
     cache.commit([Put(T, b"a", b"1")])
     later = hooked.inner.commit([Put(T, b"a", b"2")])
     assert cache.floor(T, b"b") == (b"a", Versioned(later, b"2"))

@@ -73,9 +73,7 @@ def test_empty_commit_takes_a_sequence_and_checks_expectations(store: MetadataSt
 
 
 def test_operations_apply_in_order(store: MetadataStore) -> None:
-    sequence = store.commit(
-        [Put(T, b"a", b"1"), Delete(T, b"a"), Delete(T, b"b"), Put(T, b"b", b"2")]
-    )
+    sequence = store.commit([Put(T, b"a", b"1"), Delete(T, b"a"), Delete(T, b"b"), Put(T, b"b", b"2")])
     assert store.get(T, b"a") is None
     assert store.get(T, b"b") == Versioned(sequence, b"2")
 
@@ -110,9 +108,7 @@ def test_expect_version_zero_means_absent(store: MetadataStore) -> None:
 
 def test_expectations_on_keys_not_written(store: MetadataStore) -> None:
     guard = store.commit([Put(U, b"guard", b"g")])
-    done = store.commit(
-        [Put(T, b"k", b"v")], [Expect(U, b"guard", guard), Expect(U, b"missing", 0)]
-    )
+    done = store.commit([Put(T, b"k", b"v")], [Expect(U, b"guard", guard), Expect(U, b"missing", 0)])
     assert store.get(T, b"k").version == done
     assert store.get(U, b"guard").version == guard
 
@@ -140,7 +136,7 @@ def test_two_handles_on_one_folder_conflict(store_factory: StoreFactory) -> None
 def test_floor(store: MetadataStore) -> None:
     assert store.floor(T, b"anything") is None  # empty table
     sequence = put_many(store, T, [b"b", b"d", b"d\x00", b"f"])
-    entry = lambda key: (key, Versioned(sequence, b"v:" + key))  # noqa: E731
+    entry = lambda key: (key, Versioned(sequence, b"v:" + key))
     assert store.floor(T, b"a") is None
     assert store.floor(T, b"b") == entry(b"b")
     assert store.floor(T, b"c") == entry(b"b")
@@ -179,7 +175,7 @@ def test_scan_forward_reverse_limit_stop(store: MetadataStore) -> None:
     keys = [b"a", b"b", b"b\x00", b"c", b"d"]
     put_many(store, T, keys)
     put_many(store, U, [b"zz"])
-    names = lambda entries: [key for key, _ in entries]  # noqa: E731
+    names = lambda entries: [key for key, _ in entries]
     assert names(store.scan(T)) == keys
     assert names(store.scan(T, reverse=True)) == keys[::-1]
     assert names(store.scan(T, b"b", b"d")) == [b"b", b"b\x00", b"c"]
@@ -235,7 +231,7 @@ def test_scan_paging_past_a_longest_key(store: MetadataStore) -> None:
 
 def test_iterate_and_prefix_stop(store: MetadataStore) -> None:
     keys = [b"seg/%04d" % i for i in range(25)]
-    put_many(store, T, keys + [b"seg0", b"sef", b"seg\xff\xff"])
+    put_many(store, T, [*keys, b"seg0", b"sef", b"seg\xff\xff"])
     prefix = b"seg/"
     assert [key for key, _ in store.iterate(T, prefix, prefix_stop(prefix), page=4)] == keys
     assert [key for key, _ in store.iterate(T, b"seg/0020", None, page=3)][:5] == keys[20:25]

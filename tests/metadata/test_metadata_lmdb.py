@@ -91,9 +91,8 @@ def test_handles_in_one_process_share_the_environment(lmdb_path: str) -> None:
 
 
 def test_durable_flag_must_match_within_a_process(lmdb_path: str) -> None:
-    with LmdbMetadataStore(lmdb_path, TABLES, durable=True):
-        with pytest.raises(InvalidArgument):
-            LmdbMetadataStore(lmdb_path, TABLES, durable=False)
+    with LmdbMetadataStore(lmdb_path, TABLES, durable=True), pytest.raises(InvalidArgument):
+        LmdbMetadataStore(lmdb_path, TABLES, durable=False)
 
 
 def test_readonly(lmdb_path: str) -> None:
@@ -129,9 +128,7 @@ def test_map_grows_instead_of_failing(lmdb_path: str) -> None:
         def writer(thread: int) -> None:
             try:
                 for index in range(40):
-                    store.commit(
-                        [Put("chunks", b"%d/%03d" % (thread, index), bytes([thread]) * 20_000)]
-                    )
+                    store.commit([Put("chunks", b"%d/%03d" % (thread, index), bytes([thread]) * 20_000)])
             except BaseException as exc:  # reported below
                 errors.append(exc)
 
@@ -144,9 +141,7 @@ def test_map_grows_instead_of_failing(lmdb_path: str) -> None:
         assert store.map_size_bytes > initial
         entries = store.scan("chunks", limit=1000)
         assert len(entries) == 160
-        assert all(
-            value.value == bytes([int(key.split(b"/")[0])]) * 20_000 for key, value in entries
-        )
+        assert all(value.value == bytes([int(key.split(b"/")[0])]) * 20_000 for key, value in entries)
 
 
 def test_map_grown_by_another_process_is_adopted(lmdb_path: str) -> None:
@@ -177,9 +172,7 @@ def test_another_process_commits_and_the_cache_sees_it(lmdb_path: str) -> None:
         with pytest.raises(VersionConflict):  # and a stale expectation still fails
             cached.commit([Put("segments", b"k", b"parent-2")], [Expect("segments", b"k", first)])
         assert fresh == Versioned(child_sequence, b"child")
-        final = cached.commit(
-            [Put("segments", b"k", b"parent-2")], [Expect("segments", b"k", fresh.version)]
-        )
+        final = cached.commit([Put("segments", b"k", b"parent-2")], [Expect("segments", b"k", fresh.version)])
         assert plain.get("segments", b"k") == Versioned(final, b"parent-2")
         # And the child's own expectation can fail the same way.
         failed = subprocess.run(
@@ -295,9 +288,7 @@ def test_eight_threads_commit_exactly_once(lmdb_path: str) -> None:
             except BaseException as exc:  # reported below
                 errors.append(exc)
 
-        threads = [
-            threading.Thread(target=worker, args=(thread,)) for thread in range(threads_count)
-        ]
+        threads = [threading.Thread(target=worker, args=(thread,)) for thread in range(threads_count)]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -310,9 +301,7 @@ def test_eight_threads_commit_exactly_once(lmdb_path: str) -> None:
         for thread, mine in results.items():
             assert mine == sorted(mine)  # one thread's commits are ordered
             for index, sequence in enumerate(mine):
-                assert store.get("segments", b"%d/%03d" % (thread, index)) == Versioned(
-                    sequence, b"x"
-                )
+                assert store.get("segments", b"%d/%03d" % (thread, index)) == Versioned(sequence, b"x")
         stats = store.statistics()
         assert stats.commits == 1 + 2 * total
         assert stats.conflicts == sum(conflicts)

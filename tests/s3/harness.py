@@ -30,14 +30,20 @@ class S3Raw:
 
     def read(self, name: str) -> bytes:
         try:
-            response = self._client.get_object(Bucket=self._storage.bucket, Key=self._storage.object_key(name))
+            response = self._client.get_object(
+                Bucket=self._storage.bucket, Key=self._storage.object_key(name)
+            )
         except self._client.exceptions.NoSuchKey:
             raise KeyError(name) from None
         return response["Body"].read()
 
     def write(self, name: str, data: bytes) -> None:
-        self._client.put_object(Bucket=self._storage.bucket, Key=self._storage.object_key(name), Body=bytes(data),
-                                Metadata=self._storage.object_metadata(name))  # fmt: skip
+        self._client.put_object(
+            Bucket=self._storage.bucket,
+            Key=self._storage.object_key(name),
+            Body=bytes(data),
+            Metadata=self._storage.object_metadata(name),
+        )
 
     def exists(self, name: str) -> bool:
         import botocore.exceptions

@@ -23,18 +23,18 @@ import pytest
 
 pytest.importorskip("boto3", reason="boto3 is not installed (pip install 'slts[s3]')")
 
-import botocore.exceptions  # noqa: E402 - after the skip above
+import botocore.exceptions
+from slts.bindings import ChunkHandle, ConcatSource, from_url
+from slts.bindings.s3 import PART_BYTES_MIN, S3ChunkStorage, S3Statistics, bytes_through_client
+from slts.tools import cli
 
-import slts  # noqa: E402
-from slts.bindings import ChunkHandle, ConcatSource, from_url  # noqa: E402
-from slts.bindings.s3 import PART_BYTES_MIN, S3ChunkStorage, S3Statistics, bytes_through_client  # noqa: E402
-from slts.config import StorageConfig  # noqa: E402
-from slts.errors import ChunkExists, ChunkNotFound, ChunkStorageError, InvalidConfig, StorageUnavailable  # noqa: E402
-from slts.metadata.layout import TABLES  # noqa: E402
-from slts.metadata.lmdb_store import LmdbMetadataStore  # noqa: E402
-from slts.storage.chunked import ChunkedSegmentStorage  # noqa: E402
-from slts.tools import cli  # noqa: E402
-from tests.s3server import SeaweedServer, SeaweedUnavailable, find_weed  # noqa: E402
+import slts
+from slts.config import StorageConfig
+from slts.errors import ChunkExists, ChunkNotFound, ChunkStorageError, InvalidConfig, StorageUnavailable
+from slts.metadata.layout import TABLES
+from slts.metadata.lmdb_store import LmdbMetadataStore
+from slts.storage.chunked import ChunkedSegmentStorage
+from tests.s3server import SeaweedServer, SeaweedUnavailable, find_weed
 
 FIVE_MIB = PART_BYTES_MIN
 SMALL = 64 << 10
@@ -167,8 +167,12 @@ def test_list_reads_every_page_of_a_large_listing(s3_server) -> None:
     client = s3_server.client()
     names = [f"0/seg/E1.O{i}" for i in range(1005)]  # one more page than S3's 1000 keys
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda name: client.put_object(Bucket=binding.bucket, Key=binding.object_key(name), Body=b""),
-                      names))  # fmt: skip
+        list(
+            pool.map(
+                lambda name: client.put_object(Bucket=binding.bucket, Key=binding.object_key(name), Body=b""),
+                names,
+            )
+        )
     before = binding.statistics().list_requests
     assert list(binding.list("0/")) == sorted(names)
     assert binding.statistics().list_requests - before == 2
@@ -194,9 +198,12 @@ def test_the_server_honours_conditional_writes(s3_server) -> None:
     upload = client.create_multipart_upload(Bucket=bucket, Key="k")["UploadId"]
     part = client.upload_part(Bucket=bucket, Key="k", UploadId=upload, PartNumber=1, Body=b"4")
     complete = lambda: client.complete_multipart_upload(
-        Bucket=bucket, Key="k", UploadId=upload, IfNoneMatch="*",
+        Bucket=bucket,
+        Key="k",
+        UploadId=upload,
+        IfNoneMatch="*",
         MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]},
-    )  # fmt: skip
+    )
     assert status(complete) == 412
     client.abort_multipart_upload(Bucket=bucket, Key="k", UploadId=upload)
     assert client.get_object(Bucket=bucket, Key="k")["Body"].read() == b"1"
@@ -239,7 +246,7 @@ def test_a_server_killed_mid_write_loses_no_acknowledged_data(tmp_path) -> None:
                     if index == 20:
                         running.set()
                 outcome["error"] = None
-            except BaseException as exc:  # noqa: BLE001 - inspected below
+            except BaseException as exc:
                 outcome["error"] = exc
             finally:
                 running.set()
@@ -297,14 +304,29 @@ def test_credentials_appear_in_no_repr_message_or_log(s3_server, caplog) -> None
 
     failing(lambda: good.get_info("missing"))
     failing(lambda: good.create("c", b"again"))
-    failing(lambda: S3ChunkStorage("no-such-bucket-slts", "p", **s3_server.binding_kwargs()).create("c", b"x"))
-    bad = S3ChunkStorage(good.bucket, "chunks", endpoint_url=s3_server.endpoint_url, region="us-east-1",
-                         access_key_id=key, secret_access_key=wrong_secret)  # fmt: skip
+    failing(
+        lambda: S3ChunkStorage("no-such-bucket-slts", "p", **s3_server.binding_kwargs()).create("c", b"x")
+    )
+    bad = S3ChunkStorage(
+        good.bucket,
+        "chunks",
+        endpoint_url=s3_server.endpoint_url,
+        region="us-east-1",
+        access_key_id=key,
+        secret_access_key=wrong_secret,
+    )
     texts.append(repr(bad))
     failing(lambda: bad.create("d", b"x"))
     failing(lambda: bad.read(ChunkHandle("c", readonly=True), 0, 1))
-    closed_port = S3ChunkStorage(good.bucket, "p", endpoint_url="http://127.0.0.1:9", region="us-east-1",
-                                 access_key_id=key, secret_access_key=s3_server.secret_key, max_attempts=2)  # fmt: skip
+    closed_port = S3ChunkStorage(
+        good.bucket,
+        "p",
+        endpoint_url="http://127.0.0.1:9",
+        region="us-east-1",
+        access_key_id=key,
+        secret_access_key=s3_server.secret_key,
+        max_attempts=2,
+    )
     failing(lambda: closed_port.create("c", b"x"))
     assert isinstance(errors[-1], StorageUnavailable)
     with pytest.raises(InvalidConfig) as caught:
@@ -374,8 +396,11 @@ def test_the_cli_takes_an_s3_url(s3_server, monkeypatch, tmp_path, capsys) -> No
     # A fresh process finds the credentials in the environment, as an operator's shell would.
     result = subprocess.run(
         [sys.executable, "-m", "slts.tools.cli", "cat", "logs/a", *common],
-        capture_output=True, timeout=120, env={**os.environ}, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        timeout=120,
+        env={**os.environ},
+        check=False,
+    )
     assert result.returncode == cli.EXIT_OK, result.stderr
     assert result.stdout == b"from a file" * 1000
     assert cli.main(["cat", "nope", *common]) == cli.EXIT_NOT_FOUND
@@ -402,7 +427,9 @@ def test_bench_runs_the_s3_benchmarks_against_the_store(s3_server, monkeypatch, 
     assert list(tmp_path.iterdir()) == []  # scratch folders removed
     assert s3_server.client().list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0  # scratch objects too
     # Without an s3:// store the S3 benchmarks do not exist.
-    assert cli.main(["bench", "--quick", "--only", "s3_write_64k", "--dir", str(tmp_path)]) == cli.EXIT_INVALID
+    assert (
+        cli.main(["bench", "--quick", "--only", "s3_write_64k", "--dir", str(tmp_path)]) == cli.EXIT_INVALID
+    )
 
 
 @pytest.mark.parametrize("ours", [True, False], ids=["completed-by-us", "someone-elses"])
@@ -420,14 +447,20 @@ def test_a_concat_whose_completion_answer_was_lost_is_settled_by_its_write_id(s3
         if not lost:  # the server completed the upload; its answer never arrives
             lost.append("CompleteMultipartUpload")
             if not ours:  # someone else's object now stands where the upload completed
-                binding._client.put_object(Bucket=binding.bucket, Key=binding.object_key("target"), Body=b"other")
+                binding._client.put_object(
+                    Bucket=binding.bucket, Key=binding.object_key("target"), Body=b"other"
+                )
             raise botocore.exceptions.ConnectionClosedError(endpoint_url="http://lost")
         # The retry: AWS answers NoSuchUpload for an upload already completed (SeaweedFS
         # answers otherwise), so that answer is the one this client sees.
         lost.append("retry")
         raise botocore.exceptions.ClientError(
-            {"Error": {"Code": "NoSuchUpload", "Message": "The specified upload does not exist."},
-             "ResponseMetadata": {"HTTPStatusCode": 404}}, "CompleteMultipartUpload")  # fmt: skip
+            {
+                "Error": {"Code": "NoSuchUpload", "Message": "The specified upload does not exist."},
+                "ResponseMetadata": {"HTTPStatusCode": 404},
+            },
+            "CompleteMultipartUpload",
+        )
 
     binding._client.meta.events.register("after-call.s3.CompleteMultipartUpload", lose_the_answer)
     try:

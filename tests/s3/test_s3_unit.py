@@ -17,11 +17,10 @@ from hypothesis import strategies as st
 
 pytest.importorskip("boto3", reason="boto3 is not installed (pip install 'slts[s3]')")
 
-import botocore.exceptions  # noqa: E402 - after the skip above
-
-from slts.bindings import ChunkHandle, ConcatSource, from_url  # noqa: E402
-from slts.bindings.base import CHUNK_NAME_BYTES_MAX  # noqa: E402
-from slts.bindings.s3 import (  # noqa: E402
+import botocore.exceptions
+from slts.bindings import ChunkHandle, ConcatSource, from_url
+from slts.bindings.base import CHUNK_NAME_BYTES_MAX
+from slts.bindings.s3 import (
     LEAF_BYTES_MAX,
     META_WRITE,
     PART_BYTES_MIN,
@@ -33,7 +32,8 @@ from slts.bindings.s3 import (  # noqa: E402
     object_leaf,
     plan_parts,
 )
-from slts.errors import (  # noqa: E402
+
+from slts.errors import (
     ChunkExists,
     ChunkInvalidOffset,
     ChunkNotFound,
@@ -48,7 +48,9 @@ MiB = 1 << 20
 
 # -- key mapping (invariants 1 and 2 of bindings/s3.py) ------------------------------------------
 
-NAMES = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=300)
+NAMES = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=300
+)
 
 
 @settings(max_examples=300)
@@ -104,8 +106,11 @@ def test_planned_parts_are_valid_and_cover_the_ranges_in_order(lengths: list[int
         assert part.length >= PART_BYTES_MIN
     pieces = []
     for part in parts:
-        pieces.extend([(part.source, part.offset, part.length)] if isinstance(part, CopyPart)
-                      else [(p.name, p.offset, p.length) for p in part.pieces])  # fmt: skip
+        pieces.extend(
+            [(part.source, part.offset, part.length)]
+            if isinstance(part, CopyPart)
+            else [(p.name, p.offset, p.length) for p in part.pieces]
+        )
     merged: list[list[Any]] = []
     for name, offset, length in pieces:  # adjacent pieces of one source join up again
         if merged and merged[-1][0] == name and merged[-1][1] + merged[-1][2] == offset:
@@ -234,8 +239,16 @@ class FakeS3:
     def _etag(data: bytes) -> str:
         return f'"{hashlib.md5(data).hexdigest()}"'
 
-    def put_object(self, *, Bucket: str, Key: str, Body: bytes, Metadata: Mapping[str, str] | None = None,
-                   IfNoneMatch: str | None = None, IfMatch: str | None = None) -> Mapping[str, Any]:
+    def put_object(
+        self,
+        *,
+        Bucket: str,
+        Key: str,
+        Body: bytes,
+        Metadata: Mapping[str, str] | None = None,
+        IfNoneMatch: str | None = None,
+        IfMatch: str | None = None,
+    ) -> Mapping[str, Any]:
         after = self._enter("put_object")
         if IfNoneMatch == "*" and Key in self.objects:
             raise client_error("PreconditionFailed", 412)
@@ -278,8 +291,11 @@ class FakeS3:
         start = int(kwargs.get("ContinuationToken", "0"))
         page = keys[start : start + self.page_keys]
         more = start + self.page_keys < len(keys)
-        return {"Contents": [{"Key": k} for k in page], "IsTruncated": more,
-                **({"NextContinuationToken": str(start + self.page_keys)} if more else {})}  # fmt: skip
+        return {
+            "Contents": [{"Key": k} for k in page],
+            "IsTruncated": more,
+            **({"NextContinuationToken": str(start + self.page_keys)} if more else {}),
+        }
 
     def __getattr__(self, name: str) -> Any:  # the multipart calls: not used by these tests
         raise AttributeError(name)
@@ -317,13 +333,18 @@ def connection_closed() -> Exception:
         lambda: botocore.exceptions.ReadTimeoutError(endpoint_url="http://127.0.0.1:1"),
     ],
 )
-def test_throttling_and_transient_errors_are_retried_with_growing_delays(fake, storage, sleeps, error) -> None:
+def test_throttling_and_transient_errors_are_retried_with_growing_delays(
+    fake, storage, sleeps, error
+) -> None:
     fake.fail("put_object", error, error)
     storage.create("c", b"data")
     assert fake.objects["p/c"][0] == b"data"
     assert fake.calls == ["put_object"] * 3
     # base * 2**(attempt-1), times a jitter in [0.5, 1)
-    assert len(sleeps) == 2 and RETRY_DELAY_S_BASE / 2 <= sleeps[0] < RETRY_DELAY_S_BASE <= sleeps[1] < 2 * RETRY_DELAY_S_BASE
+    assert (
+        len(sleeps) == 2
+        and RETRY_DELAY_S_BASE / 2 <= sleeps[0] < RETRY_DELAY_S_BASE <= sleeps[1] < 2 * RETRY_DELAY_S_BASE
+    )
     stats = storage.statistics()
     assert (stats.put_requests, stats.retries) == (3, 2)
 

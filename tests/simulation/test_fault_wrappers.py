@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from slts.bindings.faulty import FaultyChunkStorage
 from slts.bindings.memory import MemoryChunkStorage
+
 from slts.errors import MetadataError, StorageUnavailable
 from slts.metadata.faulty_store import FaultyMetadataStore
 from slts.metadata.layout import TABLES

@@ -9,10 +9,11 @@ command that replays it. A seed that found a defect stays a fixed case after the
 from __future__ import annotations
 
 import pytest
-from slts.errors import InvalidArgument
-from slts.storage.chunked import ChunkedSegmentStorage
 from slts.tools.cli import main
 from slts.tools.simulation.runner import run_seed, shrink, soak
+
+from slts.errors import InvalidArgument
+from slts.storage.chunked import ChunkedSegmentStorage
 
 SEEDS = range(30)
 OPS = 150
@@ -31,7 +32,10 @@ REGRESSIONS = {
 
 def test_fixed_seeds_have_no_unknown_violation() -> None:
     summary = soak(SEEDS, OPS)
-    replay = {kind: [f"slts simulate --seed {s} --ops {OPS}" for s in seeds] for kind, seeds in summary.violations.items()}
+    replay = {
+        kind: [f"slts simulate --seed {s} --ops {OPS}" for s in seeds]
+        for kind, seeds in summary.violations.items()
+    }
     assert summary.violations == {}, f"{summary.line()}\nreplay: {replay}"
     # The slice exercises what it claims to: faults of every kind, crashes, takeovers, restores.
     assert summary.operations >= len(SEEDS) * OPS * 0.9
@@ -89,13 +93,16 @@ def test_cli_soak_and_replay(capsys: pytest.CaptureFixture[str], monkeypatch: py
     assert "shrunk program" in out and "VIOLATION content" in out, out
 
 
-@pytest.mark.parametrize(("call", "what"), [
-    (lambda: run_seed(-1, 10), "seed"),
-    (lambda: run_seed(1, -5), "ops"),
-    (lambda: run_seed(True, 5), "seed"),  # type: ignore[arg-type]
-    (lambda: soak([1, "2"], 5), "seed"),  # type: ignore[list-item]
-    (lambda: soak([1], 5, jobs=0), "jobs"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("call", "what"),
+    [
+        (lambda: run_seed(-1, 10), "seed"),
+        (lambda: run_seed(1, -5), "ops"),
+        (lambda: run_seed(True, 5), "seed"),  # type: ignore[arg-type]
+        (lambda: soak([1, "2"], 5), "seed"),  # type: ignore[list-item]
+        (lambda: soak([1], 5, jobs=0), "jobs"),
+    ],
+)
 def test_bad_arguments_raise_invalid_argument(call, what: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(InvalidArgument, match=what):
         call()

@@ -41,7 +41,9 @@ def require_spark() -> None:
     """Skip the calling test unless PySpark and a Java runtime are installed."""
     pytest.importorskip("pyspark", reason="PySpark is not installed (pip install 'slts[spark]')")
     java_home = os.environ.get("JAVA_HOME", "")
-    if not (java_home and os.access(os.path.join(java_home, "bin", "java"), os.X_OK)) and not shutil.which("java"):
+    if not (java_home and os.access(os.path.join(java_home, "bin", "java"), os.X_OK)) and not shutil.which(
+        "java"
+    ):
         pytest.skip("Spark needs a Java runtime: no JAVA_HOME and no java on PATH")
 
 
@@ -75,8 +77,9 @@ class Fragmented:
         return sum(sum(sizes[:-1]) for sizes in self.pieces.values() if len(sizes) > 1)
 
 
-def fragment(url: str, metadata: str, names: Sequence[str], pieces: int, *, seal: Sequence[str] = (),
-             **config: object) -> Fragmented:  # fmt: skip
+def fragment(
+    url: str, metadata: str, names: Sequence[str], pieces: int, *, seal: Sequence[str] = (), **config: object
+) -> Fragmented:
     """Create ``names`` and give each ``pieces`` chunks: one ``piece`` per owner, a new
     owner (epoch) per round; then seal ``seal``. The metadata is written without syncs
     (setup speed only: nothing here crashes); every owner is closed when this returns."""
@@ -112,8 +115,9 @@ def fragment(url: str, metadata: str, names: Sequence[str], pieces: int, *, seal
     return written
 
 
-def defrag_with(executor: Executor, url: str, metadata: str, config: StorageConfig | None = None,
-                **options: object) -> BatchReport:  # fmt: skip
+def defrag_with(
+    executor: Executor, url: str, metadata: str, config: StorageConfig | None = None, **options: object
+) -> BatchReport:
     """One batch defrag of the container at ``url``/``metadata`` through ``executor``,
     from a driver of its own (its binding and metadata store opened here)."""
     from slts.bindings import from_url

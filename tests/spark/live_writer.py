@@ -39,7 +39,7 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
-def read_whole(storage, name: str, length: int) -> bool:  # noqa: ANN001
+def read_whole(storage, name: str, length: int) -> bool:
     info = storage.info(name)
     data = storage.read(storage.open_read(name), 0, length) if length else b""
     return info.length == length and data == expected(name, length)
@@ -89,10 +89,22 @@ def main(folder: str, stop_file: str) -> int:
     except SltsError as exc:
         say(f"ERROR {type(exc).__name__} {exc}")
         return 4
-    fenced = storage._ownership.fenced  # noqa: SLF001
-    say("DONE " + json.dumps({"epoch": epoch, "epoch_end": storage.epoch, "fenced": fenced, "writes": writes,
-                              "creates": creates, "bad": bad, "segments": len(lengths),
-                              "gc_deleted": storage.gc.statistics().chunks_deleted}))  # fmt: skip
+    fenced = storage._ownership.fenced
+    say(
+        "DONE "
+        + json.dumps(
+            {
+                "epoch": epoch,
+                "epoch_end": storage.epoch,
+                "fenced": fenced,
+                "writes": writes,
+                "creates": creates,
+                "bad": bad,
+                "segments": len(lengths),
+                "gc_deleted": storage.gc.statistics().chunks_deleted,
+            }
+        )
+    )
     storage.close()
     return 0
 

@@ -17,7 +17,7 @@ from .conftest import collect_garbage, defrag_with, file_locations, fragment, mi
 SEGMENTS, PIECES = 2000, 4
 
 
-def test_thousands_of_segments_merge_byte_identical(tmp_path, spark: Executor) -> None:  # noqa: ANN001
+def test_thousands_of_segments_merge_byte_identical(tmp_path, spark: Executor) -> None:
     url, metadata = file_locations(tmp_path)
     names = [f"stream/{i:05d}/0" for i in range(SEGMENTS)]
     sealed = names[::2]  # a sealed segment's last chunk merges too

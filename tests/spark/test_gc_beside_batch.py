@@ -30,7 +30,7 @@ def _gc_then(spark: Executor, owner: object) -> Executor:
     return slow_batch
 
 
-def test_the_owners_gc_leaves_a_running_batch_alone(tmp_path, spark: Executor) -> None:  # noqa: ANN001
+def test_the_owners_gc_leaves_a_running_batch_alone(tmp_path, spark: Executor) -> None:
     url, metadata = file_locations(tmp_path)
     written = fragment(url, metadata, [f"leased/{i}" for i in range(SEGMENTS)], PIECES)
     with open_owner(url, metadata) as owner:  # the live owner, gc_delay_s=0
@@ -42,7 +42,7 @@ def test_the_owners_gc_leaves_a_running_batch_alone(tmp_path, spark: Executor) -
         assert all(owner.info(name).chunk_count == 2 for name in written.lengths)
 
 
-def test_a_batch_that_outlives_its_lease_leaks_no_chunk(tmp_path, spark: Executor) -> None:  # noqa: ANN001
+def test_a_batch_that_outlives_its_lease_leaks_no_chunk(tmp_path, spark: Executor) -> None:
     url, metadata = file_locations(tmp_path)
     written = fragment(url, metadata, [f"slow/{i}" for i in range(SEGMENTS)], PIECES)
     with open_owner(url, metadata) as owner:

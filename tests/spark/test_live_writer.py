@@ -2,8 +2,8 @@
 
 The driver fences nobody: the writer keeps its epoch and keeps appending to the very
 segments the batch merges (and creating new ones) for the whole run, and until its GC
-has deleted some of the chunks the batch replaced (``GC_DELETED``); its cache learns the new layout through its
-conflict handling and the stale-cache retry on reads. Every acknowledged write is then
+has deleted some of the chunks the batch replaced (``GC_DELETED``); its cache learns the
+new layout through its conflict handling and the stale-cache retry on reads. Every acknowledged write is then
 readable byte-identical, to the writer itself and to the next owner, and nothing leaks.
 
 The batches are of ``BATCH_RUNS`` runs so that each commits well within the writer's
@@ -39,8 +39,9 @@ class Child:
     """The writer process, its stdout lines collected by a thread as they come."""
 
     def __init__(self, *argv: str) -> None:
-        self.process = subprocess.Popen([sys.executable, WRITER, *argv], stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True)  # fmt: skip
+        self.process = subprocess.Popen(
+            [sys.executable, WRITER, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         self.lines: list[str] = []
         self.ready = threading.Event()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -72,7 +73,7 @@ class Child:
         return code, self.process.stderr.read()
 
 
-def test_the_live_writer_keeps_writing_and_loses_nothing(tmp_path, spark: Executor) -> None:  # noqa: ANN001
+def test_the_live_writer_keeps_writing_and_loses_nothing(tmp_path, spark: Executor) -> None:
     url, metadata = file_locations(tmp_path)
     names = [f"live/{i:04d}" for i in range(SEGMENTS)]
     written = fragment(url, metadata, names, PIECES)
@@ -90,7 +91,9 @@ def test_the_live_writer_keeps_writing_and_loses_nothing(tmp_path, spark: Execut
         acks_during = child.acks() - acks_before
         replaced = report.chunks_before - report.chunks_after + report.runs_committed
         deadline = time.monotonic() + GC_S_MAX  # the writer goes on until its GC deleted them
-        while child.gc_deleted() < GC_DELETED and time.monotonic() < deadline and child.process.poll() is None:
+        while (
+            child.gc_deleted() < GC_DELETED and time.monotonic() < deadline and child.process.poll() is None
+        ):
             time.sleep(0.1)
     finally:
         stop.touch()
@@ -99,7 +102,9 @@ def test_the_live_writer_keeps_writing_and_loses_nothing(tmp_path, spark: Execut
 
     # The batch: every run committed (the writer appends after the runs: no conflict drops one).
     assert report.runs_failed == report.runs_dropped == 0 and report.errors == [], report
-    assert report.runs_committed == report.runs_planned == SEGMENTS and report.batches == SEGMENTS // BATCH_RUNS
+    assert (
+        report.runs_committed == report.runs_planned == SEGMENTS and report.batches == SEGMENTS // BATCH_RUNS
+    )
     assert report.chunks_after < report.chunks_before
     assert acks_during >= 50, f"the writer wrote only {acks_during} times during the batch"
 

@@ -55,7 +55,9 @@ def flaky_task(item: tuple[int, RunTask], attempts: int) -> tuple[int, object]:
 
     def build_then_fail(failing: RunTask) -> object:
         execute(failing)  # the chunk lands: a leftover the next attempt (or GC) finds
-        raise StorageUnavailable(f"injected: executor lost after building {failing.new_chunk}, attempt {attempt}")
+        raise StorageUnavailable(
+            f"injected: executor lost after building {failing.new_chunk}, attempt {attempt}"
+        )
 
     spark_defrag.execute = build_then_fail  # type: ignore[assignment]
     try:
@@ -84,7 +86,7 @@ def attempts(root: object) -> list[tuple[str, int]]:
         return [(line.split()[0], int(line.split()[1])) for line in log]
 
 
-def test_a_task_that_fails_once_is_retried(tmp_path, spark: Executor) -> None:  # noqa: ANN001
+def test_a_task_that_fails_once_is_retried(tmp_path, spark: Executor) -> None:
     url, metadata = file_locations(tmp_path)
     names = [f"once/{i:04d}" for i in range(SEGMENTS)]
     written = fragment(url, metadata, names, PIECES)
@@ -102,7 +104,7 @@ def test_a_task_that_fails_once_is_retried(tmp_path, spark: Executor) -> None:  
         assert mismatched(owner, written.lengths) == []
 
 
-def test_a_task_that_always_fails_fails_its_run_alone(tmp_path, spark: Executor) -> None:  # noqa: ANN001
+def test_a_task_that_always_fails_fails_its_run_alone(tmp_path, spark: Executor) -> None:
     url, metadata = file_locations(tmp_path)
     names = [f"always/{i:04d}" for i in range(SEGMENTS)]
     written = fragment(url, metadata, names, PIECES)
@@ -110,10 +112,14 @@ def test_a_task_that_always_fails_fails_its_run_alone(tmp_path, spark: Executor)
     assert report.runs_failed == 1 and report.runs_dropped == 0, report
     assert report.runs_committed == SEGMENTS - 1 and len(report.errors) == 1
     assert report.errors[0].startswith(f"{ALWAYS}@0: StorageUnavailable: injected"), report.errors
-    assert sorted(attempt for name, attempt in attempts(tmp_path) if name == ALWAYS) == list(range(TASK_ATTEMPTS))
+    assert sorted(attempt for name, attempt in attempts(tmp_path) if name == ALWAYS) == list(
+        range(TASK_ATTEMPTS)
+    )
     with open_owner(url, metadata) as owner:
         leftover = report.errors[0].split("after building ")[1].split(", attempt")[0]
-        assert leftover.startswith(f"0/{ALWAYS}/") and owner.chunk_storage.exists(leftover), "a leftover is there"
+        assert leftover.startswith(f"0/{ALWAYS}/") and owner.chunk_storage.exists(leftover), (
+            "a leftover is there"
+        )
         assert owner.info(ALWAYS).chunk_count == PIECES, "the failed run changed nothing"
         assert mismatched(owner, written.lengths) == []
         assert verify_container(owner).problems == [], "the leftover is queued for GC, not leaked"

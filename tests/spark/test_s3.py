@@ -41,7 +41,7 @@ def spark(s3_url: str, s3_server: SeaweedServer) -> Iterator[Executor]:
         yield executor
 
 
-def test_segments_on_s3_merge_byte_identical(tmp_path, s3_url: str, spark: Executor) -> None:  # noqa: ANN001
+def test_segments_on_s3_merge_byte_identical(tmp_path, s3_url: str, spark: Executor) -> None:
     metadata = str(tmp_path / "metadata")
     names = [f"stream/{i:04d}/0" for i in range(SEGMENTS)]
     written = fragment(s3_url, metadata, names, PIECES)

@@ -15,6 +15,7 @@ from slts.bindings.base import ChunkStorage
 from slts.bindings.filesystem import FileSystemChunkStorage
 from slts.bindings.memory import MemoryChunkStorage
 from slts.journal.names import system_prefix
+from slts.tools.simulation.seam import FakeClock  # one fake clock for tests and the simulator
 
 from slts.config import StorageConfig
 from slts.metadata.layout import TABLES
@@ -22,7 +23,6 @@ from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.memory_store import MemoryMetadataStore
 from slts.metadata.store import MetadataStore
 from slts.storage.chunked import ChunkedSegmentStorage
-from slts.tools.simulation.seam import FakeClock  # one fake clock for tests and the simulator
 from tests.s3.harness import s3_storage_binding
 
 
@@ -63,7 +63,10 @@ class Env:
 
     def snapshot(self) -> tuple[dict, list[tuple[str, bytes]]]:
         """Everything observable: every metadata table and every chunk's bytes."""
-        chunks = [(name, self.binding.read(self.binding.open_read(name), 0, 1 << 40)) for name in self.binding.list("")]
+        chunks = [
+            (name, self.binding.read(self.binding.open_read(name), 0, 1 << 40))
+            for name in self.binding.list("")
+        ]
         return self.store.dump(), chunks
 
 

@@ -27,7 +27,9 @@ def test_export_then_import_into_a_store_that_lost_it(env: Env) -> None:
     from slts.metadata.layout import CHUNKS, SEGMENTS, name_key
     from slts.metadata.store import Delete
 
-    env.store.commit([Delete(SEGMENTS, name_key("s"))] + [Delete(CHUNKS, name_key(c.name)) for _, c in chunks])
+    env.store.commit(
+        [Delete(SEGMENTS, name_key("s"))] + [Delete(CHUNKS, name_key(c.name)) for _, c in chunks]
+    )
     fresh = env.reopen()
     assert not fresh.exists("s")
     info = import_segment(fresh, document)
@@ -44,7 +46,9 @@ def test_bad_imports_change_nothing(env: Env) -> None:
     fill(storage, "s", b"0123456789", piece=5, rolling=5)
     document = export_segment(storage, "s")
     expect_unchanged(env, SegmentExists, lambda: import_segment(storage, document))
-    expect_unchanged(env, MetadataCorrupted, lambda: import_segment(storage, document[:-1] + b"\x00", name="t"))
+    expect_unchanged(
+        env, MetadataCorrupted, lambda: import_segment(storage, document[:-1] + b"\x00", name="t")
+    )
     expect_unchanged(env, MetadataCorrupted, lambda: import_segment(storage, b"nonsense", name="t"))
     # The chunks are referenced by "s" already: an import under another name must fail whole.
     expect_unchanged(env, InvalidArgument, lambda: import_segment(storage, document, name="t"))

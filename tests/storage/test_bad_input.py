@@ -64,7 +64,9 @@ def expect_unchanged(env: Env, error: type[SltsError], call: Callable[[], object
 
 
 @pytest.mark.parametrize("name", BAD_NAMES, ids=repr)
-def test_invalid_names_are_rejected_everywhere(populated: tuple[Env, ChunkedSegmentStorage], name: object) -> None:
+def test_invalid_names_are_rejected_everywhere(
+    populated: tuple[Env, ChunkedSegmentStorage], name: object
+) -> None:
     env, storage = populated
     for operation in (storage.create, storage.exists, storage.info, storage.open_read, storage.open_write):
         expect_unchanged(env, InvalidName, lambda op=operation: op(name))  # type: ignore[misc]

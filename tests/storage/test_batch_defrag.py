@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from slts.bindings.memory import MemoryChunkStorage
+
 from slts.errors import Fenced, InvalidArgument, InvalidName, StorageUnavailable
 from slts.storage.batch_defrag import BatchDefrag, BatchReport, RunTask, execute, execute_locally, run_batch
 from slts.storage.chunked import ChunkedSegmentStorage
@@ -22,7 +22,9 @@ from .conftest import Env, segment_chunks
 SMALL = {"defrag_small_chunk_bytes": 1000}
 
 
-def fragment(env: Env, count: int, pieces: int, prefix: str = "f/") -> tuple[ChunkedSegmentStorage, dict[str, bytearray]]:
+def fragment(
+    env: Env, count: int, pieces: int, prefix: str = "f/"
+) -> tuple[ChunkedSegmentStorage, dict[str, bytearray]]:
     """``count`` segments of ``pieces`` chunks each: every piece is written by a new owner
     (a takeover always starts a new chunk). Returns the last owner and the bytes."""
     written: dict[str, bytearray] = {}
@@ -45,13 +47,16 @@ def contents(storage: ChunkedSegmentStorage) -> dict[str, bytes]:
     result = {}
     for name in storage.list():
         info = storage.info(name)
-        result[name] = storage.read(storage.open_read(name), info.start_offset, info.length - info.start_offset)
+        result[name] = storage.read(
+            storage.open_read(name), info.start_offset, info.length - info.start_offset
+        )
     return result
 
 
 def driver(env: Env) -> BatchDefrag:
-    return BatchDefrag(env.binding, env.store, 0, env.instances[-1].config if env.instances else None,
-                       clock=env.clock)  # fmt: skip
+    return BatchDefrag(
+        env.binding, env.store, 0, env.instances[-1].config if env.instances else None, clock=env.clock
+    )
 
 
 def test_a_batch_merges_runs_of_every_segment_and_a_second_plans_nothing(env: Env) -> None:
@@ -88,7 +93,9 @@ def test_the_live_owner_keeps_writing_and_sees_the_new_layout(env: Env) -> None:
         extra = os.urandom(150)
         owner.write(owner.open_write(name), len(data), extra)
         data += extra
-    assert all(batch.commit(p, b) for p, b in zip(planned, built, strict=True)), "writes elsewhere drop no run"
+    assert all(batch.commit(p, b) for p, b in zip(planned, built, strict=True)), (
+        "writes elsewhere drop no run"
+    )
     for name, data in written.items():  # reads and writes of the owner after the swap
         assert owner.read(owner.open_read(name), 0, len(data)) == bytes(data)
         owner.write(owner.open_write(name), len(data), b"tail")

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from slts.bindings.base import ChunkStorage
 from slts.bindings.filesystem import FileSystemChunkStorage
 from slts.bindings.memory import MemoryChunkStorage
+
 from slts.config import StorageConfig
 from slts.errors import ChunkCorrupted
 from slts.metadata.layout import CHUNKS, TABLES, name_key
@@ -27,24 +28,33 @@ BLOCK = 16
 
 
 def storage_on(binding: ChunkStorage, **config: object) -> ChunkedSegmentStorage:
-    settings_ = StorageConfig(**{"checksum_block_bytes": BLOCK, "gc_interval_s": 0.0,  # type: ignore[arg-type]
-                                 "metadata_log_flush_interval_s": 0.0, "defrag_small_chunk_bytes": 1 << 20,
-                                 **config})  # fmt: skip
+    settings_ = StorageConfig(
+        **{
+            "checksum_block_bytes": BLOCK,
+            "gc_interval_s": 0.0,  # type: ignore[arg-type]
+            "metadata_log_flush_interval_s": 0.0,
+            "defrag_small_chunk_bytes": 1 << 20,
+            **config,
+        }
+    )
     return ChunkedSegmentStorage(0, None, binding, MemoryMetadataStore(TABLES), settings_)
 
 
 def flip(binding: ChunkStorage, chunk: str, offset: int, tmp_path: Path) -> None:
     """Flip one bit of a chunk's stored bytes behind the binding's back (bit rot)."""
     if isinstance(binding, MemoryChunkStorage):
-        binding._chunks[chunk].data[offset] ^= 0x01  # noqa: SLF001
+        binding._chunks[chunk].data[offset] ^= 0x01
         return
-    path = Path(binding._path(chunk))  # noqa: SLF001
+    path = Path(binding._path(chunk))
     data = bytearray(path.read_bytes())
     data[offset] ^= 0x01
     path.write_bytes(bytes(data))
 
 
-BINDINGS = {"memory": lambda tmp: MemoryChunkStorage(), "filesystem": lambda tmp: FileSystemChunkStorage(str(tmp / "c"))}
+BINDINGS = {
+    "memory": lambda tmp: MemoryChunkStorage(),
+    "filesystem": lambda tmp: FileSystemChunkStorage(str(tmp / "c")),
+}
 
 
 @pytest.fixture(params=list(BINDINGS))
@@ -52,7 +62,9 @@ def binding(request: pytest.FixtureRequest, tmp_path: Path) -> ChunkStorage:
     return BINDINGS[request.param](tmp_path)
 
 
-def test_a_flipped_byte_is_caught_by_a_partial_read_of_its_block(binding: ChunkStorage, tmp_path: Path) -> None:
+def test_a_flipped_byte_is_caught_by_a_partial_read_of_its_block(
+    binding: ChunkStorage, tmp_path: Path
+) -> None:
     storage = storage_on(binding)
     storage.create("s", max_rolling_length=1000)
     data = bytes(range(200))
@@ -80,7 +92,7 @@ def test_appends_continue_the_last_block(binding: ChunkStorage, tmp_path: Path) 
         storage.write(handle, len(written), piece)
         written += piece
     ((_, chunk),) = storage.chunks("s")  # one chunk, appended to
-    lengths = [length for length, _ in block_checksums._PAIR.iter_unpack(chunk.blocks)]  # noqa: SLF001
+    lengths = [length for length, _ in block_checksums._PAIR.iter_unpack(chunk.blocks)]
     assert lengths == [16, 16, 16, 16, 2]
     assert chunk.blocks == block_checksums.compute(written, BLOCK), "as if written at once"
     flip(binding, chunk.name, 65, tmp_path)
@@ -116,7 +128,7 @@ def test_chunks_without_block_checksums_are_verified_as_before(binding: ChunkSto
     storage.write(storage.open_write("s"), 0, bytes(100))
     ((_, chunk),) = storage.chunks("s")
     legacy = chunk.replace(blocks=None)
-    storage._store.commit([Put(CHUNKS, name_key(chunk.name), legacy.encode())])  # noqa: SLF001
+    storage._store.commit([Put(CHUNKS, name_key(chunk.name), legacy.encode())])
     flip(binding, chunk.name, 50, tmp_path)
     handle = storage.open_read("s")
     assert storage.read(handle, 40, 20)[10] == 1  # a partial read of an old chunk: unverified, as before
@@ -140,7 +152,9 @@ def test_verification_can_be_switched_off(tmp_path: Path) -> None:
     rolling=st.sampled_from([8, 16, 40, 1000]),
     ranges=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 100)), min_size=1, max_size=8),
 )
-def test_any_read_of_any_layout_returns_the_bytes_written(writes: list[int], rolling: int, ranges: list) -> None:
+def test_any_read_of_any_layout_returns_the_bytes_written(
+    writes: list[int], rolling: int, ranges: list
+) -> None:
     storage = storage_on(MemoryChunkStorage())
     storage.create("s", max_rolling_length=rolling)
     handle = storage.open_write("s")
@@ -151,7 +165,7 @@ def test_any_read_of_any_layout_returns_the_bytes_written(writes: list[int], rol
         data += piece
     for _, chunk in storage.chunks("s"):
         assert block_checksums.total_length(chunk.blocks) == chunk.length
-        assert all(0 < length <= BLOCK for length, _ in block_checksums._PAIR.iter_unpack(chunk.blocks))  # noqa: SLF001
+        assert all(0 < length <= BLOCK for length, _ in block_checksums._PAIR.iter_unpack(chunk.blocks))
     for start, length in ranges:
         start %= len(data) + 1
         length = min(length, len(data) - start)

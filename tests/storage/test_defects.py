@@ -9,6 +9,7 @@ characters passed the name check; a released memoryview raised ``ValueError``.
 from __future__ import annotations
 
 import pytest
+
 from slts.errors import ConcatTooDeep, Fenced, InvalidArgument, InvalidName, MetadataError
 from slts.metadata.layout import SEGMENTS, name_key
 from slts.metadata.store import Expect, Operation, Put
@@ -26,7 +27,9 @@ def sealed(storage: ChunkedSegmentStorage, name: str, data: bytes) -> None:
     storage.seal(handle)
 
 
-@pytest.mark.parametrize("failure", [MetadataError("injected"), Fenced("injected")], ids=["metadata", "fenced"])
+@pytest.mark.parametrize(
+    "failure", [MetadataError("injected"), Fenced("injected")], ids=["metadata", "fenced"]
+)
 def test_concat_that_committed_succeeds_even_if_the_seam_merge_fails(
     env: Env, monkeypatch: pytest.MonkeyPatch, failure: Exception
 ) -> None:
@@ -34,7 +37,7 @@ def test_concat_that_committed_succeeds_even_if_the_seam_merge_fails(
     storage.create("target")
     storage.write(storage.open_write("target"), 0, b"ab")
     sealed(storage, "source", b"cd")
-    commit = storage._ownership.commit  # noqa: SLF001
+    commit = storage._ownership.commit
     calls: list[int] = []
 
     def failing_after_the_concat(ops: list[Operation], expect: list[Expect] = ()) -> int:
@@ -43,7 +46,7 @@ def test_concat_that_committed_succeeds_even_if_the_seam_merge_fails(
             raise failure
         return commit(ops, expect)
 
-    monkeypatch.setattr(storage._ownership, "commit", failing_after_the_concat)  # noqa: SLF001
+    monkeypatch.setattr(storage._ownership, "commit", failing_after_the_concat)
     storage.concat(storage.open_write("target"), 2, "source")  # must not raise: it took effect
     monkeypatch.undo()
     assert len(calls) > 1, "the seam merge did not run: the test proves nothing"
@@ -77,14 +80,16 @@ def test_depth_of_a_record_written_before_it_was_kept_is_read_from_the_index(env
     storage.create("b")
     storage.concat(storage.open_write("b"), 0, "t")
     storage.seal(storage.open_write("b"))
-    record, version = storage._load("b")  # noqa: SLF001
+    record, version = storage._load("b")
     assert record.index_depth == 1
     legacy = record.replace(index_depth=None)
-    storage._ownership.commit([Put(SEGMENTS, name_key("b"), legacy.encode())],  # noqa: SLF001
-                              [Expect(SEGMENTS, name_key("b"), version)])  # fmt: skip
+    storage._ownership.commit(
+        [Put(SEGMENTS, name_key("b"), legacy.encode())],
+        [Expect(SEGMENTS, name_key("b"), version)],
+    )
     storage.create("a")
     storage.concat(storage.open_write("a"), 0, "b")
-    assert storage._load("a")[0].index_depth == 2  # noqa: SLF001
+    assert storage._load("a")[0].index_depth == 2
 
 
 @pytest.mark.parametrize("operation", ["truncate", "seal", "unseal", "defrag", "write"])
@@ -130,6 +135,7 @@ def test_write_of_a_released_memoryview_is_a_typed_error(env: Env) -> None:
 def test_read_only_read_of_a_missing_chunk_is_chunk_not_found(env: Env) -> None:
     """The read's retry path dropped the cache of a store that has none (AttributeError)."""
     from slts.bindings.base import ChunkHandle
+
     from slts.errors import ChunkNotFound
 
     storage = env.open()

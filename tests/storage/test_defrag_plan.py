@@ -23,14 +23,30 @@ def segment(lengths: list[int], sealed: bool, rolling: int = 1000) -> tuple[Segm
         listed.append(ListedChunk(ChunkRecord(f"c{i}", 1, start, length, following, 1, None), 1, start))
         start += length
     status = SegmentStatus.ACTIVE | (SegmentStatus.SEALED if sealed else 0)
-    record = SegmentRecord("s", 1, int(status), 0, start, "c0", f"c{len(lengths) - 1}", 0,
-                           listed[-1].start, rolling, 1, len(lengths), 0, 0)  # fmt: skip
+    record = SegmentRecord(
+        "s",
+        1,
+        int(status),
+        0,
+        start,
+        "c0",
+        f"c{len(lengths) - 1}",
+        0,
+        listed[-1].start,
+        rolling,
+        1,
+        len(lengths),
+        0,
+        0,
+    )
     return record, listed
 
 
 def runs_of(lengths: list[int], sealed: bool = True, **config: int) -> list[list[str]]:
     record, listed = segment(lengths, sealed)
-    settings = StorageConfig(defrag_small_chunk_bytes=10, defrag_run_bytes_max=25, gc_interval_s=0.0, **config)
+    settings = StorageConfig(
+        defrag_small_chunk_bytes=10, defrag_run_bytes_max=25, gc_interval_s=0.0, **config
+    )
     return [[chunk.record.name for chunk in run.chunks] for run in plan_runs(record, listed, settings)]
 
 

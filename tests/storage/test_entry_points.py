@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 import slts
 from slts.errors import Fenced, InvalidArgument, InvalidConfig, MetadataCorrupted, StoreNotFound
 from slts.metadata.layout import TABLES
@@ -51,13 +52,21 @@ def test_the_next_epoch_past_the_largest_is_refused_before_it_is_written(tmp_pat
 def test_out_of_range_integers_are_typed_errors(tmp_path: Path, kwargs: dict[str, object]) -> None:
     with pytest.raises(InvalidArgument):
         open_at(tmp_path, **kwargs)
-    assert not (tmp_path / "metadata" / "data.mdb").exists() or LmdbMetadataStore(
-        str(tmp_path / "metadata"), TABLES
-    ).dump()["container"] == {}
+    assert (
+        not (tmp_path / "metadata" / "data.mdb").exists()
+        or LmdbMetadataStore(str(tmp_path / "metadata"), TABLES).dump()["container"] == {}
+    )
 
 
-@pytest.mark.parametrize("setting", [{"rolling_length_bytes_default": 2**64}, {"gc_delay_s": math.nan},
-                                     {"gc_delay_s": math.inf}, {"write_bytes_max": 2**63}])  # fmt: skip
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"rolling_length_bytes_default": 2**64},
+        {"gc_delay_s": math.nan},
+        {"gc_delay_s": math.inf},
+        {"write_bytes_max": 2**63},
+    ],
+)
 def test_out_of_range_settings_are_invalid_config(tmp_path: Path, setting: dict[str, object]) -> None:
     with pytest.raises(InvalidConfig):
         open_at(tmp_path, **setting)

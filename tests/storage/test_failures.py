@@ -15,13 +15,13 @@ from slts.bindings.memory import MemoryChunkStorage
 
 from slts.config import StorageConfig
 from slts.errors import MetadataError, SltsError, StorageUnavailable
+from slts.metadata.delegating import DelegatingStore
 from slts.metadata.layout import TABLES
 from slts.metadata.memory_store import MemoryMetadataStore
 from slts.metadata.store import Expect, MetadataStore, Operation
 from slts.storage.chunked import ChunkedSegmentStorage
 
 from .conftest import FakeClock, NoAppendMemoryChunkStorage, segment_chunks
-from slts.metadata.delegating import DelegatingStore
 
 
 class FailingCommitStore(DelegatingStore):
@@ -58,7 +58,11 @@ def collect_all(storage: ChunkedSegmentStorage) -> None:
 
 
 def make(inner_binding: MemoryChunkStorage) -> tuple[FaultyChunkStorage, FailingCommitStore, FakeClock]:
-    return FaultyChunkStorage(inner_binding, seed=7), FailingCommitStore(MemoryMetadataStore(TABLES)), FakeClock()
+    return (
+        FaultyChunkStorage(inner_binding, seed=7),
+        FailingCommitStore(MemoryMetadataStore(TABLES)),
+        FakeClock(),
+    )
 
 
 @pytest.mark.parametrize("binding_class", [MemoryChunkStorage, NoAppendMemoryChunkStorage])
@@ -86,7 +90,9 @@ def test_sweep_chunk_storage_failures(binding_class: type[MemoryChunkStorage], o
         assert storage.read(handle, 0, len(expected)) == expected
         clock.advance(120)
         collect_all(storage)
-        assert set(segment_chunks(binding.inner)) == referenced_chunks(storage), f"leak after failing {op} #{n}"
+        assert set(segment_chunks(binding.inner)) == referenced_chunks(storage), (
+            f"leak after failing {op} #{n}"
+        )
 
 
 def test_partial_append_is_never_visible_and_next_write_starts_a_new_chunk() -> None:

@@ -12,19 +12,21 @@ from __future__ import annotations
 
 import pytest
 from slts.bindings.memory import MemoryChunkStorage
+
 from slts.config import StorageConfig
 from slts.metadata.layout import INDEX, TABLES
 from slts.metadata.memory_store import MemoryMetadataStore
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.leaks import find_leaks
-
 from tests.storage.conftest import FakeClock
 
 
 def make(**config: object) -> tuple[ChunkedSegmentStorage, FakeClock]:
     clock = FakeClock()
     settings = StorageConfig.from_mapping({"defrag_small_chunk_bytes": 16, "gc_delay_s": 1.0, **config})
-    storage = ChunkedSegmentStorage(0, 1, MemoryChunkStorage(), MemoryMetadataStore(TABLES), settings, clock=clock)
+    storage = ChunkedSegmentStorage(
+        0, 1, MemoryChunkStorage(), MemoryMetadataStore(TABLES), settings, clock=clock
+    )
     return storage, clock
 
 
@@ -51,7 +53,7 @@ def collect_all(storage: ChunkedSegmentStorage, clock: FakeClock) -> None:
 
 
 def assert_no_leak(storage: ChunkedSegmentStorage, clock: FakeClock) -> None:
-    report = find_leaks(storage._store, now_ms=int(clock() * 1000), gc_delay_s=1.0)  # noqa: SLF001
+    report = find_leaks(storage._store, now_ms=int(clock() * 1000), gc_delay_s=1.0)
     assert report.total == 0, report.problems()
 
 
@@ -137,5 +139,5 @@ def test_gc_of_a_deleted_chain_visits_every_namespace(batch: int) -> None:
     assert storage.info("s3").length == 10
     storage.delete(storage.open_write("s3"))
     collect_all(storage, clock)
-    assert storage._store.dump()[INDEX] == {}  # noqa: SLF001
+    assert storage._store.dump()[INDEX] == {}
     assert_no_leak(storage, clock)

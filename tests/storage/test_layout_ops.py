@@ -23,7 +23,14 @@ from .conftest import Env, segment_chunks
 from .test_bad_input import expect_unchanged
 
 
-def fill(storage: ChunkedSegmentStorage, name: str, data: bytes, piece: int = 7, rolling: int = 16, seal: bool = False) -> None:
+def fill(
+    storage: ChunkedSegmentStorage,
+    name: str,
+    data: bytes,
+    piece: int = 7,
+    rolling: int = 16,
+    seal: bool = False,
+) -> None:
     storage.create(name, max_rolling_length=rolling)
     handle = storage.open_write(name)
     for offset in range(0, len(data), piece):
@@ -100,9 +107,11 @@ def test_concat_cost_does_not_depend_on_source_chunks(env: Env) -> None:
     storage.concat(storage.open_write("t"), 10, "big")
     after = env.store.dump()
     changed = sum(
-        1 for table in after for key in set(before[table]) | set(after[table])
+        1
+        for table in after
+        for key in set(before[table]) | set(after[table])
         if before[table].get(key) != after[table].get(key)
-    )  # fmt: skip
+    )
     assert changed <= 4, f"concat touched {changed} records (target, source, seam chunk, one index link)"
     assert storage.read(storage.open_read("t"), 1000, 20) == bytes(20)
     healthy(storage)

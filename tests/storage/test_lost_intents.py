@@ -39,7 +39,9 @@ def collect(owner: ChunkedSegmentStorage, env: Env) -> None:
         pass
 
 
-def stall_once(env: Env, owner: ChunkedSegmentStorage, monkeypatch: pytest.MonkeyPatch, prefix: str) -> list[str]:
+def stall_once(
+    env: Env, owner: ChunkedSegmentStorage, monkeypatch: pytest.MonkeyPatch, prefix: str
+) -> list[str]:
     """Make the binding's next ``create``/``concat`` of a chunk under ``prefix`` stall past
     ``gc_delay_s``, with the owner's GC running meanwhile; the stalled chunk names."""
     stalled: list[str] = []
@@ -59,7 +61,7 @@ def stall_once(env: Env, owner: ChunkedSegmentStorage, monkeypatch: pytest.Monke
     return stalled
 
 
-def test_a_write_stalled_past_gc_delay_fails_and_its_chunk_is_collected(env: Env, monkeypatch) -> None:  # noqa: ANN001
+def test_a_write_stalled_past_gc_delay_fails_and_its_chunk_is_collected(env: Env, monkeypatch) -> None:
     owner = env.open()
     owner.create("s")
     stalled = stall_once(env, owner, monkeypatch, "0/s/")
@@ -78,7 +80,9 @@ def test_a_write_stalled_past_gc_delay_fails_and_its_chunk_is_collected(env: Env
     assert verify_container(owner).problems == []
 
 
-def test_an_in_process_defrag_stalled_past_gc_delay_drops_its_run_and_leaks_nothing(env: Env, monkeypatch) -> None:  # noqa: ANN001
+def test_an_in_process_defrag_stalled_past_gc_delay_drops_its_run_and_leaks_nothing(
+    env: Env, monkeypatch
+) -> None:
     owner, written = fragment(env, 1, 4)
     before = segment_chunks(env.binding)
     stalled = stall_once(env, owner, monkeypatch, "0/f/0000/")
@@ -93,7 +97,9 @@ def test_an_in_process_defrag_stalled_past_gc_delay_drops_its_run_and_leaks_noth
     assert again.runs_committed == 1, again
 
 
-def gc_during_the_batch(env: Env, owner: ChunkedSegmentStorage) -> Callable[[Sequence[RunTask]], list[Outcome]]:
+def gc_during_the_batch(
+    env: Env, owner: ChunkedSegmentStorage
+) -> Callable[[Sequence[RunTask]], list[Outcome]]:
     """An in-process executor that first lets ``gc_delay_s`` pass and the owner's GC run,
     as a minute into a long batch."""
     build = execute_locally(env.binding, 2)
@@ -124,14 +130,18 @@ def test_a_batch_that_outlives_its_lease_expires_its_runs_and_leaks_nothing(env:
     batch = BatchDefrag(env.binding, env.store, 0, config, clock=env.clock)
     report = run_batch(batch, gc_during_the_batch(env, owner))
     assert report.runs_expired == report.runs_planned == 3 and report.runs_committed == 0, report
-    assert report.runs_dropped == report.runs_failed == 0, "an expiry is told apart from a change of the segment"
+    assert report.runs_dropped == report.runs_failed == 0, (
+        "an expiry is told apart from a change of the segment"
+    )
     assert len(segment_chunks(env.binding)) == len(before) + 3, "the tasks built their chunks after GC's pass"
     assert contents(owner) == {name: bytes(data) for name, data in written.items()}
     assert verify_container(owner).problems == [], "the built chunks are queued again, not leaked"
     collect(owner, env)
     assert segment_chunks(env.binding) == before, "GC deleted them"
-    again = run_batch(BatchDefrag(env.binding, env.store, 0, StorageConfig(**SMALL), clock=env.clock),
-                      execute_locally(env.binding))  # fmt: skip
+    again = run_batch(
+        BatchDefrag(env.binding, env.store, 0, StorageConfig(**SMALL), clock=env.clock),
+        execute_locally(env.binding),
+    )
     assert again.runs_committed == 3, again
 
 
@@ -140,22 +150,29 @@ def end_runs(batch: BatchDefrag, planned: Sequence[PlannedRun], outcomes: Sequen
     ends = []
     for item, outcome in zip(planned, outcomes, strict=True):
         assert not isinstance(outcome, BaseException), outcome
-        ends.append("committed" if batch.commit(item, outcome) else "expired" if batch.release(item) else "dropped")
+        ends.append(
+            "committed" if batch.commit(item, outcome) else "expired" if batch.release(item) else "dropped"
+        )
     return ends
 
 
-def test_renewal_moves_the_intents_still_held_and_leaves_those_gc_took(env: Env, monkeypatch) -> None:  # noqa: ANN001
+def test_renewal_moves_the_intents_still_held_and_leaves_those_gc_took(env: Env, monkeypatch) -> None:
     owner, written = fragment(env, 3, 4)
     lease = 100.0
-    batch = BatchDefrag(env.binding, env.store, 0, StorageConfig(**SMALL, defrag_batch_lease_s=lease),  # type: ignore[arg-type]
-                        clock=env.clock)  # fmt: skip
+    batch = BatchDefrag(
+        env.binding,
+        env.store,
+        0,
+        StorageConfig(**SMALL, defrag_batch_lease_s=lease),  # type: ignore[arg-type]
+        clock=env.clock,
+    )
     [runs] = list(batch.plan())
     planned = batch.register(runs)
     taken = planned[0]
     commits: list[int] = []
     commit = batch._commit
 
-    def racing_gc(ops, expect):  # noqa: ANN001, ANN202
+    def racing_gc(ops, expect):
         if not commits:  # GC takes one intent between the renewal's look and its commit
             env.store.commit([Delete(GC, taken.intent_key)], [])
         commits.append(len(ops))
@@ -167,9 +184,13 @@ def test_renewal_moves_the_intents_still_held_and_leaves_those_gc_took(env: Env,
     monkeypatch.undo()
     assert commits == [6, 4], "the first commit lost to GC's; the second moved the two intents still held"
     assert renewed[0] == taken, "a taken intent is left as it was"
-    assert all(new.intent_key != old.intent_key and new.intent_version > old.intent_version
-               for new, old in zip(renewed[1:], planned[1:], strict=True))  # fmt: skip
-    env.clock.advance(lease / 2 + owner.config.gc_delay_s + 1)  # the first lease is over, the renewed one is not
+    assert all(
+        new.intent_key != old.intent_key and new.intent_version > old.intent_version
+        for new, old in zip(renewed[1:], planned[1:], strict=True)
+    )
+    env.clock.advance(
+        lease / 2 + owner.config.gc_delay_s + 1
+    )  # the first lease is over, the renewed one is not
     owner.gc.run_once()
     ends = end_runs(batch, renewed, execute_locally(env.binding)([item.task for item in renewed]))
     assert ends == ["expired", "committed", "committed"]
@@ -177,11 +198,16 @@ def test_renewal_moves_the_intents_still_held_and_leaves_those_gc_took(env: Env,
     assert verify_container(owner).problems == []
 
 
-def test_a_batch_held_up_for_longer_than_its_lease_keeps_its_runs(env: Env, monkeypatch) -> None:  # noqa: ANN001
+def test_a_batch_held_up_for_longer_than_its_lease_keeps_its_runs(env: Env, monkeypatch) -> None:
     owner, written = fragment(env, 3, 4)
     lease = 0.3  # renewed every 0.1 s of real time; the fake clock says when intents fall due
-    batch = BatchDefrag(env.binding, env.store, 0, StorageConfig(**SMALL, defrag_batch_lease_s=lease),  # type: ignore[arg-type]
-                        clock=env.clock)  # fmt: skip
+    batch = BatchDefrag(
+        env.binding,
+        env.store,
+        0,
+        StorageConfig(**SMALL, defrag_batch_lease_s=lease),  # type: ignore[arg-type]
+        clock=env.clock,
+    )
     renewals = threading.Condition()
     count = [0]
     renew = batch.renew
@@ -211,4 +237,3 @@ def test_a_batch_held_up_for_longer_than_its_lease_keeps_its_runs(env: Env, monk
     collect(owner, env)
     assert verify_container(owner).problems == []
     assert all(owner.info(name).chunk_count == 2 for name in written)
-

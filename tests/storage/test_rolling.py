@@ -25,12 +25,18 @@ def test_parse_with_concat_entries() -> None:
     text = "maxsize=100&0=s$offset.0&10=s$offset.10&concat=2@25&0=t$offset.0&5=t$offset.5&40=s$offset.40&"
     header = parse_header(text)
     assert header.max_size == 100
-    assert header.chunks == ((0, "s$offset.0"), (10, "s$offset.10"), (25, "t$offset.0"), (30, "t$offset.5"),
-                             (40, "s$offset.40"))  # fmt: skip
+    assert header.chunks == (
+        (0, "s$offset.0"),
+        (10, "s$offset.10"),
+        (25, "t$offset.0"),
+        (30, "t$offset.5"),
+        (40, "s$offset.40"),
+    )
 
 
 @pytest.mark.parametrize(
-    "text", ["", "0=a&", "maxsize=0&", "maxsize=x&", "maxsize=5&10=a&5=b&", "maxsize=5&concat=2@3&0=a&", "maxsize"]
+    "text",
+    ["", "0=a&", "maxsize=0&", "maxsize=x&", "maxsize=5&10=a&5=b&", "maxsize=5&concat=2@3&0=a&", "maxsize"],
 )
 def test_bad_headers_are_rejected(text: str) -> None:
     with pytest.raises(MetadataCorrupted):

@@ -72,6 +72,7 @@ from slts.errors import (
     SltsError,
     StorageUnavailable,
 )
+from slts.metadata.delegating import DelegatingStore
 from slts.metadata.layout import CHUNKS, INDEX, SEGMENTS, TABLES
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.memory_store import MemoryMetadataStore
@@ -82,7 +83,6 @@ from slts.storage.index import parse_value
 from slts.storage.verify import verify_container, verify_segment
 
 from .conftest import FakeClock, NoAppendMemoryChunkStorage, segment_chunks
-from slts.metadata.delegating import DelegatingStore
 
 NAMES = ("s/a", "s/b", "s/c", "t/x", "t/y")
 GC_DELAY_S = 10.0
@@ -151,15 +151,12 @@ class CrashableStore(DelegatingStore):
 
 def expected_state(model: dict[str, Model]) -> dict[str, tuple[int, int, bool, bytes]]:
     return {
-        name: (m.start, len(m.data), m.sealed, bytes(m.data[m.start :]))
-        for name, m in sorted(model.items())
+        name: (m.start, len(m.data), m.sealed, bytes(m.data[m.start :])) for name, m in sorted(model.items())
     }
 
 
 def summary(state: dict[str, tuple[int, int, bool, bytes]]) -> dict[str, tuple[int, int, bool]]:
     return {name: value[:3] for name, value in state.items()}
-
-
 
 
 def index_leaks(dump: dict[str, dict[bytes, Any]]) -> dict[int, list[int]]:
@@ -176,9 +173,7 @@ def index_leaks(dump: dict[str, dict[bytes, Any]]) -> dict[int, list[int]]:
         if namespace not in reached:
             reached.add(namespace)
             pending.extend(
-                link[0]
-                for _, value in namespaces.get(namespace, [])
-                if (link := parse_value(value)[1])
+                link[0] for _, value in namespaces.get(namespace, []) if (link := parse_value(value)[1])
             )
     leaks = {
         namespace: [offset for offset, _ in entries]
@@ -188,9 +183,7 @@ def index_leaks(dump: dict[str, dict[bytes, Any]]) -> dict[int, list[int]]:
     chunks = {key.decode() for key in dump[CHUNKS]}
     for namespace, entries in namespaces.items():
         dangling = [
-            offset
-            for offset, value in entries
-            if (name := parse_value(value)[0]) and name not in chunks
+            offset for offset, value in entries if (name := parse_value(value)[0]) and name not in chunks
         ]
         if dangling:
             leaks.setdefault(namespace, []).extend(dangling)
@@ -335,7 +328,7 @@ class StorageMachine(RuleBasedStateMachine):
             "concat_merge_seam": merge_seam,
         }
         self.storage = self._open()
-        for name, (rolling, sizes) in zip(NAMES, initial):
+        for name, (rolling, sizes) in zip(NAMES, initial, strict=False):  # up to 3 of the 5 names
             self.create(name, rolling)
             for size in sizes:
                 self._write(name, size)
@@ -343,9 +336,7 @@ class StorageMachine(RuleBasedStateMachine):
     @rule(name=st.sampled_from(NAMES), rolling=ROLLING)
     def create(self, name: str, rolling: int) -> None:
         if name in self.model:
-            self.expect_error(
-                (SegmentExists,), lambda: self.s.create(name, max_rolling_length=rolling)
-            )
+            self.expect_error((SegmentExists,), lambda: self.s.create(name, max_rolling_length=rolling))
             return
         info = self.s.create(name, max_rolling_length=rolling)
         assert (info.length, info.start_offset, info.sealed, info.chunk_count) == (0, 0, False, 0)
@@ -371,9 +362,7 @@ class StorageMachine(RuleBasedStateMachine):
         written = payload(self.writes, size)
         handle = self.handle(name)
         if model.sealed:
-            self.expect_error(
-                (SegmentSealed,), lambda: self.s.write(handle, len(model.data), written)
-            )
+            self.expect_error((SegmentSealed,), lambda: self.s.write(handle, len(model.data), written))
             return
         ok, _ = self.may_fail(lambda: self.s.write(handle, len(model.data), written))
         if ok:
@@ -389,9 +378,7 @@ class StorageMachine(RuleBasedStateMachine):
         offset = len(model.data) + delta
         if offset < 0:
             return
-        errors: tuple[type[SltsError], ...] = (InvalidOffset,) + (
-            (SegmentSealed,) if model.sealed else ()
-        )
+        errors: tuple[type[SltsError], ...] = (InvalidOffset,) + ((SegmentSealed,) if model.sealed else ())
         handle = self.handle(name)
         self.expect_error(errors, lambda: self.s.write(handle, offset, b"x" * size))
 
@@ -437,7 +424,7 @@ class StorageMachine(RuleBasedStateMachine):
         if source == target:
             errors += (InvalidArgument,)
         if source not in self.model:
-            return errors + (SegmentNotFound,)
+            return (*errors, SegmentNotFound)
         if self.model[target].sealed:
             errors += (SegmentSealed,)
         if not self.model[source].sealed:
@@ -526,11 +513,7 @@ class StorageMachine(RuleBasedStateMachine):
     def defrag(self, data: st.DataObject) -> None:
         # Prefer segments with something to merge (several chunks); any segment otherwise.
         fragmented = sorted(name for name in self.model if self.s.info(name).chunk_count >= 3)
-        name = (
-            data.draw(st.sampled_from(fragmented), label="segment")
-            if fragmented
-            else self.pick(data)
-        )
+        name = data.draw(st.sampled_from(fragmented), label="segment") if fragmented else self.pick(data)
         ok, result = self.may_fail(lambda: self.s.defrag(name))
         if not ok:
             return  # content unchanged: the invariants check it
@@ -634,9 +617,7 @@ class StorageMachine(RuleBasedStateMachine):
     @precondition(has_segments)
     @rule(
         data=st.data(),
-        kind=st.sampled_from(
-            ["write", "concat", "truncate", "defrag", "delete", "gc", "seal", "create"]
-        ),
+        kind=st.sampled_from(["write", "concat", "truncate", "defrag", "delete", "gc", "seal", "create"]),
         nth=st.integers(1, 4),
         landed=st.booleans(),
     )
@@ -725,9 +706,7 @@ class StorageMachine(RuleBasedStateMachine):
         result = {}
         for name in self.s.list():
             info = self.s.info(name)
-            readable = self.s.read(
-                self.s.open_read(name), info.start_offset, info.length - info.start_offset
-            )
+            readable = self.s.read(self.s.open_read(name), info.start_offset, info.length - info.start_offset)
             result[name] = (info.start_offset, info.length, info.sealed, readable)
         return result
 
@@ -746,12 +725,8 @@ class StorageMachine(RuleBasedStateMachine):
                 model.sealed,
             ), name
             assert verify_segment(self.s, name) == []
-            readable = self.s.read(
-                self.s.open_read(name), model.start, len(model.data) - model.start
-            )
-            assert readable == bytes(model.data[model.start :]), (
-                f"{name}: content differs from the model"
-            )
+            readable = self.s.read(self.s.open_read(name), model.start, len(model.data) - model.start)
+            assert readable == bytes(model.data[model.start :]), f"{name}: content differs from the model"
 
     @invariant()
     def container_is_leak_free(self) -> None:

@@ -7,12 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import slts
 from slts.bindings.filesystem import FileSystemChunkStorage
-from slts.errors import StoreMismatch
 from slts.journal import identity
 from slts.journal.names import identity_object
 from slts.journal.restore import restore_to_folder
+
+import slts
+from slts.errors import StoreMismatch
 from slts.metadata.layout import CONTAINER, TABLES
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.store import Delete
@@ -68,8 +69,10 @@ def test_a_store_made_before_identities_adopts_one(tmp_path: Path) -> None:
     forget_identity(tmp_path, metadata=True, storage=True)
     with slts.open(f"file://{tmp_path / 'chunks'}", metadata=str(tmp_path / "metadata")) as storage:
         assert storage.read(storage.open_read("s"), 0, 6) == b"legacy"
-    with LmdbMetadataStore(str(tmp_path / "metadata"), TABLES) as store, \
-            FileSystemChunkStorage(str(tmp_path / "chunks")) as binding:  # fmt: skip
+    with (
+        LmdbMetadataStore(str(tmp_path / "metadata"), TABLES) as store,
+        FileSystemChunkStorage(str(tmp_path / "chunks")) as binding,
+    ):
         recorded = identity.IdentityRecord.decode(store.get(CONTAINER, identity.IDENTITY_KEY).value)
         assert recorded.confirmed and identity.storage_identity(binding, 0) == recorded.store_id
 
@@ -78,18 +81,24 @@ def test_a_store_made_before_identities_adopts_one(tmp_path: Path) -> None:
 def test_an_adoption_cut_short_is_finished_by_the_next_owner(tmp_path: Path, stopped_after: str) -> None:
     make_store(tmp_path, b"legacy")
     forget_identity(tmp_path, metadata=True, storage=True)
-    with LmdbMetadataStore(str(tmp_path / "metadata"), TABLES) as store, \
-            FileSystemChunkStorage(str(tmp_path / "chunks")) as binding:  # fmt: skip
+    with (
+        LmdbMetadataStore(str(tmp_path / "metadata"), TABLES) as store,
+        FileSystemChunkStorage(str(tmp_path / "chunks")) as binding,
+    ):
         store.commit([identity._put(identity.IdentityRecord("abc123", False))])  # step 1 only
         if stopped_after == "object":
             binding.create(identity_object(0), b"abc123")  # step 2 too
         # A read-only look in between decides nothing and writes nothing.
-        assert identity.settle(store, binding, 0, read_only=True) == (None if stopped_after == "pending" else "abc123")
+        assert identity.settle(store, binding, 0, read_only=True) == (
+            None if stopped_after == "pending" else "abc123"
+        )
         assert not identity.IdentityRecord.decode(store.get(CONTAINER, identity.IDENTITY_KEY).value).confirmed
     with slts.open(f"file://{tmp_path / 'chunks'}", metadata=str(tmp_path / "metadata")) as storage:
         assert storage.read(storage.open_read("s"), 0, 6) == b"legacy"
-    with LmdbMetadataStore(str(tmp_path / "metadata"), TABLES) as store, \
-            FileSystemChunkStorage(str(tmp_path / "chunks")) as binding:  # fmt: skip
+    with (
+        LmdbMetadataStore(str(tmp_path / "metadata"), TABLES) as store,
+        FileSystemChunkStorage(str(tmp_path / "chunks")) as binding,
+    ):
         assert identity.settle(store, binding, 0, read_only=True) == "abc123"
         assert identity.IdentityRecord.decode(store.get(CONTAINER, identity.IDENTITY_KEY).value).confirmed
 

@@ -164,4 +164,3 @@ def test_random_writes_and_reads_match_a_bytearray(
         assert storage.read(handle, offset, length) == reference[offset : offset + length]
     assert_layout(storage, name, bytes(reference))
     assert all(chunk.length <= rolling for _, chunk in storage.chunks(name))
-

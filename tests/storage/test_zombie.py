@@ -50,13 +50,9 @@ class HookedChunkStorage(FaultyChunkStorage):
         return super()._fault(op)
 
 
-def instance(
-    env: Env, binding: ChunkStorage | None = None, **config: object
-) -> ChunkedSegmentStorage:
+def instance(env: Env, binding: ChunkStorage | None = None, **config: object) -> ChunkedSegmentStorage:
     settings = StorageConfig(**{"gc_delay_s": GC_DELAY_S, "defrag_small_chunk_bytes": 64, **config})  # type: ignore[arg-type]
-    storage = ChunkedSegmentStorage(
-        0, None, binding or env.binding, env.store, settings, clock=env.clock
-    )
+    storage = ChunkedSegmentStorage(0, None, binding or env.binding, env.store, settings, clock=env.clock)
     env.instances.append(storage)
     return storage
 
@@ -66,9 +62,7 @@ def contents(storage: ChunkedSegmentStorage) -> dict[str, tuple[int, int, bytes]
     result = {}
     for name in storage.list():
         info = storage.info(name)
-        data = storage.read(
-            storage.open_read(name), info.start_offset, info.length - info.start_offset
-        )
+        data = storage.read(storage.open_read(name), info.start_offset, info.length - info.start_offset)
         result[name] = (info.start_offset, info.length, data)
     return result
 
@@ -155,9 +149,7 @@ def test_every_change_by_the_old_epoch_raises_fenced(env: Env, takeover: bool) -
         with pytest.raises(Fenced):
             attempt()
         assert env.store.dump() == metadata_before, f"the zombie's {what} changed metadata"
-        assert segment_chunks(env.binding) == chunks_before, (
-            f"the zombie's {what} added or removed a chunk"
-        )
+        assert segment_chunks(env.binding) == chunks_before, f"the zombie's {what} added or removed a chunk"
 
     # Through the new instance: the pre-takeover state exactly, no zombie byte anywhere.
     seen = contents(new)
@@ -169,16 +161,11 @@ def test_every_change_by_the_old_epoch_raises_fenced(env: Env, takeover: bool) -
     main = new.open_write("z/main")
     count = new.info("z/main").chunk_count
     new.write(main, len(expected["z/main"]), b"+new")
-    assert new.info("z/main").chunk_count == count + 1, (
-        "the new owner appended to the zombie's chunk"
-    )
+    assert new.info("z/main").chunk_count == count + 1, "the new owner appended to the zombie's chunk"
     assert new.chunks("z/main")[-1][1].epoch == new.epoch
     assert new.read(main, 0, len(expected["z/main"]) + 4) == expected["z/main"] + b"+new"
     new.concat(main, len(expected["z/main"]) + 4, "z/source")
-    assert (
-        new.read(main, 0, new.info("z/main").length)
-        == expected["z/main"] + b"+new" + expected["z/source"]
-    )
+    assert new.read(main, 0, new.info("z/main").length) == expected["z/main"] + b"+new" + expected["z/source"]
 
     # GC by the new owner collects what the old one deleted (and the seam merge dropped).
     env.clock.advance(GC_DELAY_S + 1)
@@ -267,9 +254,7 @@ def test_zombie_append_in_flight_during_takeover(env: Env) -> None:
         old.write(handle, 10, MARKER)
     new = started[0]
     (last,) = [chunk.name for _, chunk in new.chunks("a")]
-    assert env.binding.get_info(last).length == 10 + len(MARKER), (
-        "the in-flight append should have landed"
-    )
+    assert env.binding.get_info(last).length == 10 + len(MARKER), "the in-flight append should have landed"
     assert_new_owner_ignores_bytes_past_the_committed_length(env, new, "a", b"committed|", last)
 
 
@@ -298,9 +283,7 @@ def assert_new_owner_ignores_bytes_past_the_committed_length(
 ) -> None:
     handle = new.open_write(name)
     info = new.info(name)
-    assert (info.length, info.chunk_count) == (len(committed), 1), (
-        "a length was taken from the chunk storage"
-    )
+    assert (info.length, info.chunk_count) == (len(committed), 1), "a length was taken from the chunk storage"
     assert new.read(handle, 0, len(committed)) == committed
     assert verify_segment(new, name) == []
     new.write(handle, len(committed), b"-NEXT-")
@@ -323,9 +306,7 @@ def assert_new_owner_ignores_bytes_past_the_committed_length(
     assert verify_container(new).problems == []
     env.clock.advance(GC_DELAY_S + 1)
     collect_all(new)
-    assert not env.binding.exists(zombie_chunk), (
-        "the chunk holding the zombie's bytes was not collected"
-    )
+    assert not env.binding.exists(zombie_chunk), "the chunk holding the zombie's bytes was not collected"
     assert set(segment_chunks(env.binding)) == referenced(new)
 
 

@@ -7,8 +7,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from slts.storage.factory import open as open_storage
 from slts.tools.bench import Benchmark, Folder, Workload, durable_writes
+
+from slts.storage.factory import open as open_storage
 
 WRITERS = 8
 
@@ -37,7 +38,9 @@ def concurrent_small_writes(parent: str, quick: bool) -> Iterator[tuple[str, Wor
     count = 100 if quick else 500
     payload = os.urandom(4096)
     folder = Folder(parent)
-    storage = open_storage(f"file://{folder.sub('chunks')}", metadata=folder.sub("metadata"), gc_interval_s=0.0)
+    storage = open_storage(
+        f"file://{folder.sub('chunks')}", metadata=folder.sub("metadata"), gc_interval_s=0.0
+    )
     runs = 0
 
     def subject() -> float:
@@ -55,8 +58,12 @@ def concurrent_small_writes(parent: str, quick: bool) -> Iterator[tuple[str, Wor
         return _together(work)
 
     def baseline() -> float:
-        fds = [os.open(os.path.join(folder.sub("raw"), f"f{runs}-{i}"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-               for i in range(WRITERS)]  # fmt: skip
+        fds = [
+            os.open(
+                os.path.join(folder.sub("raw"), f"f{runs}-{i}"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
+            )
+            for i in range(WRITERS)
+        ]
 
         def work(i: int) -> None:
             for _ in range(count):
@@ -70,8 +77,13 @@ def concurrent_small_writes(parent: str, quick: bool) -> Iterator[tuple[str, Wor
                 os.close(fd)
 
     try:
-        yield (f"{WRITERS} writers x {count} durable 4 KiB writes, own segment vs. own file", subject, baseline,
-               float(WRITERS * count), "writes/s")  # fmt: skip
+        yield (
+            f"{WRITERS} writers x {count} durable 4 KiB writes, own segment vs. own file",
+            subject,
+            baseline,
+            float(WRITERS * count),
+            "writes/s",
+        )
     finally:
         storage.close()
         folder.close()
@@ -79,10 +91,13 @@ def concurrent_small_writes(parent: str, quick: bool) -> Iterator[tuple[str, Wor
 
 BENCHMARKS = {
     "write_8m": Benchmark(
-        "write_8m", "8 MiB durable writes (bulk ingest) vs. raw append + fdatasync",
+        "write_8m",
+        "8 MiB durable writes (bulk ingest) vs. raw append + fdatasync",
         lambda parent, quick: durable_writes(parent, quick, 8 << 20, 4 if quick else 32),
     ),
     "write_4k_x8": Benchmark(
-        "write_4k_x8", "8 concurrent writers of 4 KiB durable writes vs. 8 raw appenders", concurrent_small_writes
+        "write_4k_x8",
+        "8 concurrent writers of 4 KiB durable writes vs. 8 raw appenders",
+        concurrent_small_writes,
     ),
 }

@@ -85,8 +85,10 @@ def journal_replay(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Wo
             assert found.records == records and not (found.corrupt or found.torn or found.inconsistent), found
             return elapsed
 
-        work = (f"replay of {records} journal records ({len(files)} files, {journal_bytes / 1e6:.2f} MB) "
-                "vs. raw read of the journal files")  # fmt: skip
+        work = (
+            f"replay of {records} journal records ({len(files)} files, {journal_bytes / 1e6:.2f} MB) "
+            "vs. raw read of the journal files"
+        )
         yield work, subject, lambda: _raw_read(binding, files), float(records), "records/s"
     finally:
         if binding is not None:
@@ -119,13 +121,20 @@ def journal_boot(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Work
                 elapsed = time.perf_counter() - started
             finally:
                 target.close()
-            assert booted.boot_replay is not None and booted.boot_replay.records == records, booted.boot_replay
+            assert booted.boot_replay is not None and booted.boot_replay.records == records, (
+                booted.boot_replay
+            )
             assert booted.statistics.snapshots == 1, booted.statistics
             shutil.rmtree(copy)
             return elapsed
 
-        yield (f"boot of epoch 2 over {records} journal records vs. raw read of the journal files", subject,
-               lambda: _raw_read(binding, files), 1.0, "boots/s")  # fmt: skip
+        yield (
+            f"boot of epoch 2 over {records} journal records vs. raw read of the journal files",
+            subject,
+            lambda: _raw_read(binding, files),
+            1.0,
+            "boots/s",
+        )
     finally:
         if binding is not None:
             binding.close()
@@ -140,8 +149,9 @@ def _build_container(folder: Folder, segments: int) -> tuple[int, int, int]:
     # A non-durable local store: the build's speed does not matter, and what is measured
     # is read from tier-2 only.
     store = LmdbMetadataStore(folder.sub("metadata"), TABLES, durable=False)
-    storage = open_storage(f"file://{folder.sub('chunks')}", metadata=store, metadata_log_flush_interval_s=0,
-                           gc_interval_s=0.0)  # fmt: skip
+    storage = open_storage(
+        f"file://{folder.sub('chunks')}", metadata=store, metadata_log_flush_interval_s=0, gc_interval_s=0.0
+    )
     payload = os.urandom(SEGMENT_BYTES)
 
     def make(i: int) -> None:
@@ -168,8 +178,11 @@ def _entries(path: str) -> list[tuple[str, bytes, bytes]]:
     value is framed as in LMDB (8-byte version, then the value)."""
     store = LmdbMetadataStore(path, TABLES, durable=False, readonly=True)
     try:
-        return [(table, key, stored.version.to_bytes(8, "big") + stored.value)
-                for table in TABLES for key, stored in store.iterate(table)]  # fmt: skip
+        return [
+            (table, key, stored.version.to_bytes(8, "big") + stored.value)
+            for table in TABLES
+            for key, stored in store.iterate(table)
+        ]
     finally:
         store.close()
 
@@ -190,8 +203,13 @@ def restore_segments(parent: str, quick: bool) -> Iterator[tuple[str, Workload, 
         found = replay(binding, 0)
         snapshots = found.layout.segment(names.METADATA_SNAPSHOTS)
         log = found.layout.segment(names.METADATA_LOG)
-        tier2_bytes = (snapshots.attrs[SNAPSHOT_END] - snapshots.start_offset + log.length - log.start_offset
-                       + found.bytes_read)  # fmt: skip
+        tier2_bytes = (
+            snapshots.attrs[SNAPSHOT_END]
+            - snapshots.start_offset
+            + log.length
+            - log.start_offset
+            + found.bytes_read
+        )
         os.sync()  # the build's writeback must not land in the measured restores
         runs = 0
 
@@ -230,9 +248,11 @@ def restore_segments(parent: str, quick: bool) -> Iterator[tuple[str, Workload, 
             shutil.rmtree(path)
             return elapsed
 
-        work = (f"restore of {segments} segments ({tier2_bytes / 1e6:.1f} MB read from tier-2: snapshot of "
-                f"{snapshot_entries} entries + {sequence - snapshot_sequence} log commits) vs. raw LMDB puts of "
-                f"the {len(entries)} restored entries ({entry_bytes / 1e6:.1f} MB)")  # fmt: skip
+        work = (
+            f"restore of {segments} segments ({tier2_bytes / 1e6:.1f} MB read from tier-2: snapshot of "
+            f"{snapshot_entries} entries + {sequence - snapshot_sequence} log commits) vs. raw LMDB puts of "
+            f"the {len(entries)} restored entries ({entry_bytes / 1e6:.1f} MB)"
+        )
         yield work, subject, baseline, float(segments), "segments/s"
     finally:
         if binding is not None:

@@ -9,13 +9,13 @@ import time
 from collections.abc import Iterator
 
 import lmdb
+from slts.tools.bench import Benchmark, Folder, Workload
 
 from slts.metadata.layout import SEGMENTS, TABLES, name_key
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.records import SegmentRecord, SegmentStatus
 from slts.metadata.store import Put
 from slts.storage.factory import open as open_storage
-from slts.tools.bench import Benchmark, Folder, Workload
 
 BATCH = 1000
 
@@ -33,7 +33,9 @@ def create_delete(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Wor
     durable LMDB transactions of one record."""
     count = 100 if quick else 1000
     folder = Folder(parent)
-    storage = open_storage(f"file://{folder.sub('chunks')}", metadata=folder.sub("metadata"), gc_interval_s=0.0)
+    storage = open_storage(
+        f"file://{folder.sub('chunks')}", metadata=folder.sub("metadata"), gc_interval_s=0.0
+    )
     raw = lmdb.open(folder.sub("raw"), map_size=1 << 30)
     runs = 0
 
@@ -50,8 +52,13 @@ def create_delete(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Wor
         return _raw_durable_txns(raw, 2 * count, b"r%d-" % runs)
 
     try:
-        yield (f"create + delete of {count} segments vs. {2 * count} raw durable LMDB txns", subject, baseline,
-               float(count), "segments/s")  # fmt: skip
+        yield (
+            f"create + delete of {count} segments vs. {2 * count} raw durable LMDB txns",
+            subject,
+            baseline,
+            float(count),
+            "segments/s",
+        )
     finally:
         storage.close()
         raw.close()
@@ -63,8 +70,11 @@ def truncate(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload
     durable LMDB transactions deleting N keys in the same batches."""
     chunks = 2000 if quick else 20_000
     folder = Folder(parent)
-    storage = open_storage("memory://bench-truncate-" + os.path.basename(folder.path), metadata=folder.sub("metadata"),
-                           gc_interval_s=0.0)  # fmt: skip
+    storage = open_storage(
+        "memory://bench-truncate-" + os.path.basename(folder.path),
+        metadata=folder.sub("metadata"),
+        gc_interval_s=0.0,
+    )
     raw = lmdb.open(folder.sub("raw"), map_size=1 << 32)
     runs = 0
 
@@ -92,8 +102,13 @@ def truncate(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload
         return time.perf_counter() - started
 
     try:
-        yield (f"truncate dropping {chunks} chunks vs. raw LMDB deletes in batches of {BATCH}", subject, baseline,
-               float(chunks), "chunks/s")  # fmt: skip
+        yield (
+            f"truncate dropping {chunks} chunks vs. raw LMDB deletes in batches of {BATCH}",
+            subject,
+            baseline,
+            float(chunks),
+            "chunks/s",
+        )
     finally:
         storage.close()
         raw.close()
@@ -105,8 +120,9 @@ def garbage_collection(parent: str, quick: bool) -> Iterator[tuple[str, Workload
     baseline: unlink of N files of the same size."""
     chunks = 500 if quick else 5000
     folder = Folder(parent)
-    storage = open_storage(f"file://{folder.sub('chunks')}", metadata=folder.sub("metadata"), gc_delay_s=0.0,
-                           gc_interval_s=0.0)  # fmt: skip
+    storage = open_storage(
+        f"file://{folder.sub('chunks')}", metadata=folder.sub("metadata"), gc_delay_s=0.0, gc_interval_s=0.0
+    )
     runs = 0
 
     def subject() -> float:
@@ -134,8 +150,13 @@ def garbage_collection(parent: str, quick: bool) -> Iterator[tuple[str, Workload
         return time.perf_counter() - started
 
     try:
-        yield (f"GC of a deleted segment of {chunks} chunks vs. unlink of {chunks} files", subject, baseline,
-               float(chunks), "chunks/s")  # fmt: skip
+        yield (
+            f"GC of a deleted segment of {chunks} chunks vs. unlink of {chunks} files",
+            subject,
+            baseline,
+            float(chunks),
+            "chunks/s",
+        )
     finally:
         storage.close()
         folder.close()
@@ -167,28 +188,40 @@ def memory_at_scale(parent: str, quick: bool) -> Iterator[tuple[str, Workload, W
         ops = []
         for i in range(first, min(first + 10_000, segments)):
             name = f"scope/stream-{i:07d}/0"
-            record = SegmentRecord(name, i + 1, int(SegmentStatus.ACTIVE), 0, 0, None, None, 0, 0, 64 << 20, 0, 0, 0, 0)
+            record = SegmentRecord(
+                name, i + 1, int(SegmentStatus.ACTIVE), 0, 0, None, None, 0, 0, 64 << 20, 0, 0, 0, 0
+            )
             ops.append(Put(SEGMENTS, name_key(name), record.encode()))
         store.commit(ops)
     store.close()
 
     def probe(touch: bool) -> float:
         code = _RSS_PROBE.format(read_only=not touch, touch=touch)
-        out = subprocess.run([sys.executable, "-c", code, metadata], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code, metadata], capture_output=True, text=True, check=True
+        )
         anonymous_mb, _file_mb = out.stdout.split()
         return float(anonymous_mb)
 
     try:
-        yield (f"anonymous RSS with {segments} segments, every info read, vs. opening only", lambda: probe(True),
-               lambda: probe(False), 1.0, "MB (lower)")  # fmt: skip
+        yield (
+            f"anonymous RSS with {segments} segments, every info read, vs. opening only",
+            lambda: probe(True),
+            lambda: probe(False),
+            1.0,
+            "MB (lower)",
+        )
     finally:
         folder.close()
 
 
 BENCHMARKS = {
-    "create_delete": Benchmark("create_delete", "create + delete of many segments vs. raw LMDB txns", create_delete),
+    "create_delete": Benchmark(
+        "create_delete", "create + delete of many segments vs. raw LMDB txns", create_delete
+    ),
     "truncate": Benchmark("truncate", "truncate dropping many chunks vs. raw LMDB deletes", truncate),
     "gc": Benchmark("gc", "GC rate vs. raw unlinks", garbage_collection),
-    "rss_1m": Benchmark("rss_1m", "peak RSS with 1,000,000 segments (100,000 with --quick)", memory_at_scale,
-                        measures="value"),
+    "rss_1m": Benchmark(
+        "rss_1m", "peak RSS with 1,000,000 segments (100,000 with --quick)", memory_at_scale, measures="value"
+    ),
 }

@@ -8,12 +8,13 @@ import time
 from collections.abc import Iterator
 
 from slts.bindings.memory import MemoryChunkStorage
+from slts.tools.bench import Benchmark, Folder, Workload
+
 from slts.config import StorageConfig
 from slts.metadata.layout import TABLES
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.factory import open as open_storage
-from slts.tools.bench import Benchmark, Folder, Workload
 
 READ_BYTES = 8 << 20
 RANDOM_READS = 2000
@@ -29,8 +30,13 @@ def sequential_read(
     after the first pass)."""
     total = (32 if quick else 256) << 20
     folder = Folder(parent)
-    storage = open_storage(f"file://{folder.sub('chunks')}", metadata=folder.sub("metadata"), gc_interval_s=0.0,
-                           checksums=verify, verify_checksums_on_read=verify)  # fmt: skip
+    storage = open_storage(
+        f"file://{folder.sub('chunks')}",
+        metadata=folder.sub("metadata"),
+        gc_interval_s=0.0,
+        checksums=verify,
+        verify_checksums_on_read=verify,
+    )
     storage.create("seq")
     handle = storage.open_write("seq")
     block = os.urandom(READ_BYTES)
@@ -55,14 +61,22 @@ def sequential_read(
 
     try:
         checked = ", every 64 KiB block's CRC32C verified," if verify else ""
-        yield (f"{total >> 20} MiB segment ({len(chunks)} chunks) read in 8 MiB reads{checked} vs. raw chunk reads",
-               subject, baseline, total / 1e6, "MB/s")  # fmt: skip
+        yield (
+            f"{total >> 20} MiB segment ({len(chunks)} chunks) read in 8 MiB reads{checked} vs. raw chunk "
+            "reads",
+            subject,
+            baseline,
+            total / 1e6,
+            "MB/s",
+        )
     finally:
         storage.close()
         folder.close()
 
 
-def random_reads(parent: str, quick: bool, chunks: int, cold: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
+def random_reads(
+    parent: str, quick: bool, chunks: int, cold: bool
+) -> Iterator[tuple[str, Workload, Workload, float, str]]:
     """Subject: 4 KiB reads of random chunks of a segment of ``chunks`` chunks (memory
     binding, LMDB metadata, so the figure isolates the lookup); ``cold`` uses a fresh
     instance (empty metadata cache) per repetition. Baseline: raw binding reads of the
@@ -99,8 +113,13 @@ def random_reads(parent: str, quick: bool, chunks: int, cold: bool) -> Iterator[
 
     try:
         state = "cold" if cold else "warm"
-        yield (f"{RANDOM_READS} random 4 KiB reads, {chunks} chunks, {state} vs. raw binding reads", subject,
-               baseline, float(RANDOM_READS), "reads/s")  # fmt: skip
+        yield (
+            f"{RANDOM_READS} random 4 KiB reads, {chunks} chunks, {state} vs. raw binding reads",
+            subject,
+            baseline,
+            float(RANDOM_READS),
+            "reads/s",
+        )
     finally:
         reader.close()
         store.close()
@@ -111,7 +130,8 @@ def _random(chunks: int, quick_chunks: int, cold: bool) -> Benchmark:
     label = {10: "10", 1000: "1k", 100_000: "100k"}[chunks]
     name = f"read_random_{label}" + ("_cold" if cold else "")
     return Benchmark(
-        name, f"random 4 KiB reads at {chunks} chunks ({quick_chunks} with --quick), {'cold' if cold else 'warm'}",
+        name,
+        f"random 4 KiB reads at {chunks} chunks ({quick_chunks} with --quick), {'cold' if cold else 'warm'}",
         lambda parent, quick: random_reads(parent, quick, quick_chunks if quick else chunks, cold),
     )
 
@@ -119,9 +139,18 @@ def _random(chunks: int, quick_chunks: int, cold: bool) -> Benchmark:
 BENCHMARKS = {
     "read_seq": Benchmark("read_seq", "sequential read vs. raw chunk reads", sequential_read),
     "read_seq_verified": Benchmark(
-        "read_seq_verified", "sequential read verifying every block's CRC32C vs. raw chunk reads",
+        "read_seq_verified",
+        "sequential read verifying every block's CRC32C vs. raw chunk reads",
         lambda parent, quick: sequential_read(parent, quick, verify=True),
     ),
-    **{b.name: b for b in (_random(10, 10, False), _random(1000, 1000, False), _random(100_000, 10_000, False),
-                           _random(10, 10, True), _random(100_000, 10_000, True))},
-}  # fmt: skip
+    **{
+        b.name: b
+        for b in (
+            _random(10, 10, False),
+            _random(1000, 1000, False),
+            _random(100_000, 10_000, False),
+            _random(10, 10, True),
+            _random(100_000, 10_000, True),
+        )
+    },
+}

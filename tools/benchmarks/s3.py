@@ -25,9 +25,10 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from slts.tools.bench import Benchmark, Folder, Workload, timed_segment_writes
+
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.factory import open as open_storage
-from slts.tools.bench import Benchmark, Folder, Workload, timed_segment_writes
 
 Setup = Iterator[tuple[str, Workload, Workload, float, str]]
 #: S3's smallest multipart part (``slts.bindings.s3.PART_BYTES_MIN``; not imported here so
@@ -55,8 +56,11 @@ class _Target:
         self.url = self.sub_url("")
         session = boto3.session.Session(profile_name=probe.profile, region_name=probe.region)
         style = {"s3": {"addressing_style": "path"}} if probe.endpoint_url else {}
-        self.client: Any = session.client("s3", endpoint_url=probe.endpoint_url,
-                                          config=botocore.config.Config(max_pool_connections=32, **style))  # fmt: skip
+        self.client: Any = session.client(
+            "s3",
+            endpoint_url=probe.endpoint_url,
+            config=botocore.config.Config(max_pool_connections=32, **style),
+        )
 
     def sub_url(self, name: str) -> str:
         """The store URL of the scratch prefix (or of ``name`` below it)."""
@@ -85,7 +89,9 @@ def _writes(url: str, parent: str, quick: bool, size: int, count: int) -> Setup:
     payload = os.urandom(size)
     target = _Target(url)
     folder = Folder(parent)
-    storage: ChunkedSegmentStorage = open_storage(target.url, metadata=folder.sub("metadata"), gc_interval_s=0.0)
+    storage: ChunkedSegmentStorage = open_storage(
+        target.url, metadata=folder.sub("metadata"), gc_interval_s=0.0
+    )
     runs = 0
 
     def subject() -> float:
@@ -96,12 +102,19 @@ def _writes(url: str, parent: str, quick: bool, size: int, count: int) -> Setup:
     def baseline() -> float:
         started = time.perf_counter()
         for i in range(count):
-            target.client.put_object(Bucket=target.bucket, Key=f"{target.prefix}/raw/{runs}/{i}", Body=payload)
+            target.client.put_object(
+                Bucket=target.bucket, Key=f"{target.prefix}/raw/{runs}/{i}", Body=payload
+            )
         return time.perf_counter() - started
 
     try:
-        yield (f"{count} x {size >> 10} KiB writes to one segment on S3 vs. raw boto3 put_object", subject, baseline,
-               count * size / 1e6, "MB/s")  # fmt: skip
+        yield (
+            f"{count} x {size >> 10} KiB writes to one segment on S3 vs. raw boto3 put_object",
+            subject,
+            baseline,
+            count * size / 1e6,
+            "MB/s",
+        )
     finally:
         storage.close()
         folder.close()
@@ -117,8 +130,12 @@ def _concat(url: str, parent: str, quick: bool) -> Setup:
     folder = Folder(parent)
     instances = {}
     for mode, native in (("server", True), ("client", False)):
-        storage = open_storage(target.sub_url(mode), metadata=folder.sub(f"metadata-{mode}"), concat_merge_seam=False,
-                               gc_interval_s=0.0)  # fmt: skip
+        storage = open_storage(
+            target.sub_url(mode),
+            metadata=folder.sub(f"metadata-{mode}"),
+            concat_merge_seam=False,
+            gc_interval_s=0.0,
+        )
         storage.chunk_storage.supports_concat = native  # an instance flag: the engine branches on it
         instances[mode] = storage
     runs = 0
@@ -148,8 +165,13 @@ def _concat(url: str, parent: str, quick: bool) -> Setup:
         return elapsed
 
     try:
-        yield (f"defrag of {chunks} x 5 MiB chunks on S3: server-side UploadPartCopy vs. through the client",
-               lambda: defrag("server"), lambda: defrag("client"), chunks * PART_BYTES_MIN / 1e6, "MB/s")  # fmt: skip
+        yield (
+            f"defrag of {chunks} x 5 MiB chunks on S3: server-side UploadPartCopy vs. through the client",
+            lambda: defrag("server"),
+            lambda: defrag("client"),
+            chunks * PART_BYTES_MIN / 1e6,
+            "MB/s",
+        )
     finally:
         for storage in instances.values():
             storage.close()
@@ -160,12 +182,24 @@ def _concat(url: str, parent: str, quick: bool) -> Setup:
 def benchmarks(url: str) -> dict[str, Benchmark]:
     """The S3 benchmarks against the store at ``url``."""
     return {
-        "s3_write_64k": Benchmark("s3_write_64k", "64 KiB writes on S3: SLTS vs. raw boto3 put_object",
-                                  lambda p, q: _writes(url, p, q, 64 << 10, 32 if q else 256)),
-        "s3_write_1m": Benchmark("s3_write_1m", "1 MiB writes on S3: SLTS vs. raw boto3 put_object",
-                                 lambda p, q: _writes(url, p, q, 1 << 20, 8 if q else 64)),
-        "s3_write_8m": Benchmark("s3_write_8m", "8 MiB writes on S3: SLTS vs. raw boto3 put_object",
-                                 lambda p, q: _writes(url, p, q, 8 << 20, 2 if q else 16)),
-        "s3_concat": Benchmark("s3_concat", "defrag on S3: server-side concat vs. through the client",
-                               lambda p, q: _concat(url, p, q)),
-    }  # fmt: skip
+        "s3_write_64k": Benchmark(
+            "s3_write_64k",
+            "64 KiB writes on S3: SLTS vs. raw boto3 put_object",
+            lambda p, q: _writes(url, p, q, 64 << 10, 32 if q else 256),
+        ),
+        "s3_write_1m": Benchmark(
+            "s3_write_1m",
+            "1 MiB writes on S3: SLTS vs. raw boto3 put_object",
+            lambda p, q: _writes(url, p, q, 1 << 20, 8 if q else 64),
+        ),
+        "s3_write_8m": Benchmark(
+            "s3_write_8m",
+            "8 MiB writes on S3: SLTS vs. raw boto3 put_object",
+            lambda p, q: _writes(url, p, q, 8 << 20, 2 if q else 16),
+        ),
+        "s3_concat": Benchmark(
+            "s3_concat",
+            "defrag on S3: server-side concat vs. through the client",
+            lambda p, q: _concat(url, p, q),
+        ),
+    }

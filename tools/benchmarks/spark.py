@@ -7,11 +7,11 @@
   hard-linked, since a batch only reads them and creates new ones) with ``run_batch``: the subject builds the
   chunks on Spark ``local[2]``, the baseline in process (``execute_locally(binding, 2)``).
   The Spark session is started, and its Python workers warmed up on a small batch, before
-  measuring; Spark's own output goes to a log in the scratch folder. Both drivers plan, register and commit the
-  same way; only where the chunks are built differs. Each run merges the first 7 chunks
-  of every segment into one (the last chunk of an unsealed segment stays). The figure is
-  chunks merged per second; the work line gives the megabytes those chunks hold, so
-  MB/s = chunks/s x MB / chunks.
+  measuring; Spark's own output goes to a log in the scratch folder. Both drivers plan,
+  register and commit the same way; only where the chunks are built differs. Each run
+  merges the first 7 chunks of every segment into one (the last chunk of an unsealed
+  segment stays). The figure is chunks merged per second; the work line gives the
+  megabytes those chunks hold, so MB/s = chunks/s x MB / chunks.
 """
 
 from __future__ import annotations
@@ -64,8 +64,12 @@ def _build_fragmented(root: str, segments: int, chunks: int = CHUNKS_PER_SEGMENT
 
     for round_ in range(chunks):
         store = LmdbMetadataStore(os.path.join(root, "metadata"), TABLES, durable=False)
-        owner = open_storage(f"file://{os.path.join(root, 'chunks')}", metadata=store, gc_interval_s=0.0,
-                             metadata_log_flush_interval_s=0.0)  # fmt: skip
+        owner = open_storage(
+            f"file://{os.path.join(root, 'chunks')}",
+            metadata=store,
+            gc_interval_s=0.0,
+            metadata_log_flush_interval_s=0.0,
+        )
         try:
             with ThreadPoolExecutor(BUILD_THREADS) as pool:
                 written = sum(pool.map(functools.partial(work, owner, round_), range(BUILD_THREADS)))
@@ -80,8 +84,10 @@ def _build_fragmented(root: str, segments: int, chunks: int = CHUNKS_PER_SEGMENT
 def _defrag(root: str, executor: Callable[[ChunkStorage], Executor]) -> tuple[float, BatchReport]:
     """Seconds ``run_batch`` took on the container under ``root``, and its report.
     ``executor(binding)``: the executor, given the driver's binding of that container."""
-    with from_url(f"file://{os.path.join(root, 'chunks')}") as binding, \
-            LmdbMetadataStore(os.path.join(root, "metadata"), TABLES) as store:  # fmt: skip
+    with (
+        from_url(f"file://{os.path.join(root, 'chunks')}") as binding,
+        LmdbMetadataStore(os.path.join(root, "metadata"), TABLES) as store,
+    ):
         driver = BatchDefrag(binding, store, 0)
         chosen = executor(binding)
         started = time.perf_counter()
@@ -123,14 +129,20 @@ def defrag_spark(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Work
             _build_fragmented(warm_up, 16, 3)  # a run of 2 chunks per segment
             _, warmed = _defrag(warm_up, lambda _: spark)  # Python workers started, slts imported in them
             assert warmed.runs_committed == 16, warmed
-            work = (f"batch defrag of {segments} segments x {CHUNKS_PER_SEGMENT} chunks: {merged} chunks"
-                    f" ({mergeable / 1e6:.1f} MB) merged into {segments}, Spark {MASTER} vs. in process"
-                    f" ({EXECUTOR_THREADS} threads)")  # fmt: skip
+            work = (
+                f"batch defrag of {segments} segments x {CHUNKS_PER_SEGMENT} chunks: {merged} chunks"
+                f" ({mergeable / 1e6:.1f} MB) merged into {segments}, Spark {MASTER} vs. in process"
+                f" ({EXECUTOR_THREADS} threads)"
+            )
             # Spark tasks rebuild the binding from the store URL (the copy's); in process, the
             # tasks build through the driver's binding of the copy.
-            yield (work, lambda: measured(lambda _: spark),
-                   lambda: measured(lambda binding: execute_locally(binding, EXECUTOR_THREADS)), float(merged),
-                   "chunks/s")  # fmt: skip
+            yield (
+                work,
+                lambda: measured(lambda _: spark),
+                lambda: measured(lambda binding: execute_locally(binding, EXECUTOR_THREADS)),
+                float(merged),
+                "chunks/s",
+            )
     finally:
         folder.close()
 
@@ -138,7 +150,8 @@ def defrag_spark(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Work
 BENCHMARKS = {
     "defrag_spark": Benchmark(
         "defrag_spark",
-        "batch defrag, chunks built on Spark local[2] vs. in process: 2,000 segments x 8 chunks (200 with --quick)",
+        "batch defrag, chunks built on Spark local[2] vs. in process: 2,000 segments x 8 chunks (200 with "
+        "--quick)",
         defrag_spark,
     ),
 }

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from slts.journal.names import system_prefix
+
 from slts.metadata.layout import CHUNKS, DELETED, GC
 from slts.metadata.records import GcEntry
 from slts.storage import verify as verify_module
@@ -56,7 +57,7 @@ def observe(storage: ChunkedSegmentStorage) -> State:
             info = storage.info(name)
             data = storage.read(storage.open_read(name), info.start_offset, info.length - info.start_offset)
             result[name] = (info.start_offset, info.length, info.sealed, data)
-    except Exception as exc:  # noqa: BLE001 - any failure to read back is the violation
+    except Exception as exc:
         raise Violation("read_failed", f"reading back the store raised {type(exc).__name__}: {exc}") from exc
     return result
 
@@ -76,11 +77,15 @@ def check_content(observed: State, expected: State) -> None:
 def check_verify(storage: ChunkedSegmentStorage, segments: int) -> None:
     try:
         report = verify_module.verify_container(storage)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise Violation("verify", f"verify_container raised {type(exc).__name__}: {exc}") from exc
     if report.problems:
-        system_only = all("system chunk" in problem and "no journal state" in problem for problem in report.problems)
-        raise Violation("verify_system_chunk_leak" if system_only else "verify", "; ".join(report.problems[:3]))
+        system_only = all(
+            "system chunk" in problem and "no journal state" in problem for problem in report.problems
+        )
+        raise Violation(
+            "verify_system_chunk_leak" if system_only else "verify", "; ".join(report.problems[:3])
+        )
     if report.segments != segments:
         raise Violation("verify", f"verify saw {report.segments} segments, the model has {segments}")
 
@@ -111,9 +116,15 @@ def check_exact(storage: ChunkedSegmentStorage, binding: Any) -> None:
     dump = storage._store.dump()  # noqa: SLF001
     if dump[GC]:
         entries = [GcEntry.decode(s.value) for s in dump[GC].values()]
-        raise Violation("gc_not_exact", f"{len(entries)} GC entries left after everything was due: {entries[:2]}")
+        raise Violation(
+            "gc_not_exact", f"{len(entries)} GC entries left after everything was due: {entries[:2]}"
+        )
     if dump[DELETED]:
-        raise Violation("gc_tombstone_stuck", f"{len(dump[DELETED])} tombstones left after everything was due")
+        raise Violation(
+            "gc_tombstone_stuck", f"{len(dump[DELETED])} tombstones left after everything was due"
+        )
     records = {key.decode() for key in dump[CHUNKS]}
     if records != referenced:
-        raise Violation("leak_chunk_records", f"chunk records of no live segment: {sorted(records - referenced)[:3]}")
+        raise Violation(
+            "leak_chunk_records", f"chunk records of no live segment: {sorted(records - referenced)[:3]}"
+        )

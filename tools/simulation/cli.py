@@ -17,23 +17,42 @@ def _replay(args: argparse.Namespace) -> int:
     if result.violation is not None and not args.no_shrink:
         shown = shrink(args.seed, result, ignore=args.ignore)
     if args.json:
-        print(json.dumps({
-            "seed": args.seed, "ops": args.ops, "digest": result.digest,
-            "violation": None if result.violation is None else {
-                "kind": result.violation.kind, "detail": result.violation.detail, "step": result.failed_step},
-            "program": shown.lines, "faults": dict(result.faults), "counters": dict(result.counters),
-            "ignored": dict(result.ignored),
-        }, indent=2))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "seed": args.seed,
+                    "ops": args.ops,
+                    "digest": result.digest,
+                    "violation": None
+                    if result.violation is None
+                    else {
+                        "kind": result.violation.kind,
+                        "detail": result.violation.detail,
+                        "step": result.failed_step,
+                    },
+                    "program": shown.lines,
+                    "faults": dict(result.faults),
+                    "counters": dict(result.counters),
+                    "ignored": dict(result.ignored),
+                },
+                indent=2,
+            )
+        )
     else:
         title = "shrunk program" if shown is not result else "program"
         print(f"seed {args.seed}, {result.steps_run} steps, state digest {result.digest[:16]}; {title}:")
         for index, line in enumerate(shown.lines):
             print(f"  {index:4d}  {line}")
         if result.violation is None:
-            print(f"seed {args.seed}: no violation" + (f" (ignored {dict(result.ignored)})" if result.ignored else ""))
+            print(
+                f"seed {args.seed}: no violation"
+                + (f" (ignored {dict(result.ignored)})" if result.ignored else "")
+            )
         else:
-            print(f"seed {args.seed}: VIOLATION {result.violation.kind} at step {result.failed_step}: "
-                  f"{result.violation.detail}")  # fmt: skip
+            print(
+                f"seed {args.seed}: VIOLATION {result.violation.kind} at step {result.failed_step}: "
+                f"{result.violation.detail}"
+            )
     return EXIT_OK if result.violation is None else EXIT_VIOLATION
 
 
@@ -45,14 +64,26 @@ def main(args: argparse.Namespace) -> int:
 
     def progress(result: SeedResult) -> None:
         if result.violation is not None and not args.json:
-            print(f"seed {result.seed}: {result.violation.kind} at step {result.failed_step} "
-                  f"(replay: slts simulate --seed {result.seed} --ops {args.ops})", file=sys.stderr)  # fmt: skip
+            print(
+                f"seed {result.seed}: {result.violation.kind} at step {result.failed_step} "
+                f"(replay: slts simulate --seed {result.seed} --ops {args.ops})",
+                file=sys.stderr,
+            )
 
     summary = soak(seeds, args.ops, ignore=args.ignore, progress=progress, jobs=args.jobs)
     if args.json:
-        print(json.dumps({"seeds": summary.seeds, "operations": summary.operations, "faults": dict(summary.faults),
-                          "counters": dict(summary.counters), "violations": summary.violations,
-                          "ignored": summary.ignored}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "seeds": summary.seeds,
+                    "operations": summary.operations,
+                    "faults": dict(summary.faults),
+                    "counters": dict(summary.counters),
+                    "violations": summary.violations,
+                    "ignored": summary.ignored,
+                }
+            )
+        )
     else:
         print(summary.line())
         if args.by_kind:

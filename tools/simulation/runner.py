@@ -67,7 +67,9 @@ def _check_count(what: str, value: object, minimum: int = 0) -> None:
         raise InvalidArgument(f"{what} must be an integer >= {minimum}, got {value!r}")
 
 
-def run_seed(seed: int, ops: int, *, program: Sequence[Step] | None = None, ignore: Iterable[str] = ()) -> SeedResult:
+def run_seed(
+    seed: int, ops: int, *, program: Sequence[Step] | None = None, ignore: Iterable[str] = ()
+) -> SeedResult:
     """Run seed ``seed`` (``program``: these steps instead of the ``ops`` it draws).
     Raises ``InvalidArgument`` unless ``seed`` and ``ops`` are integers >= 0."""
     _check_count("seed", seed)
@@ -93,11 +95,13 @@ def run_seed(seed: int, ops: int, *, program: Sequence[Step] | None = None, igno
                 world.trail = []
                 try:
                     try:
-                        result.lines.append(f"{step.kind}: " + world.step(step.kind, random.Random(step.salt)))
+                        result.lines.append(
+                            f"{step.kind}: " + world.step(step.kind, random.Random(step.salt))
+                        )
                         _check(world)
                     except Violation:
                         raise
-                    except Exception as exc:  # noqa: BLE001 - an error where the step expects none
+                    except Exception as exc:
                         kind = "unexpected_error" if isinstance(exc, SltsError) else "exception"
                         raise Violation(f"{kind}:{type(exc).__name__}", f"{step.kind} step: {exc!r}") from exc
                 except Violation as violation:
@@ -115,7 +119,7 @@ def run_seed(seed: int, ops: int, *, program: Sequence[Step] | None = None, igno
             result.counters = world.counters
             try:
                 world.close()
-            except Exception:  # noqa: BLE001, S110 - a broken world may not close cleanly
+            except Exception:  # noqa: BLE001 - a broken world may not close cleanly
                 pass
         logging.disable(previous)
     return result
@@ -164,10 +168,14 @@ class SoakSummary:
         faults = " ".join(f"{k}={v}" for k, v in sorted(self.faults.items())) or "none"
         kinds = " ".join(f"{k}={len(v)}" for k, v in sorted(self.violations.items()))
         ignored = sum(len(v) for v in self.ignored.values())
-        return (f"simulate: seeds {self.seeds}, operations {self.operations}, faults {sum(self.faults.values())} "
-                f"({faults}), crashes {self.counters['crashes']}, takeovers {self.counters['takeovers']}, "
-                f"restores {self.counters['restores']}, violations {sum(len(v) for v in self.violations.values())}"
-                + (f" ({kinds})" if kinds else "") + (f", ignored {ignored}" if ignored else ""))  # fmt: skip
+        return (
+            f"simulate: seeds {self.seeds}, operations {self.operations}, faults {sum(self.faults.values())} "
+            f"({faults}), crashes {self.counters['crashes']}, takeovers {self.counters['takeovers']}, "
+            f"restores {self.counters['restores']}, violations "
+            f"{sum(len(v) for v in self.violations.values())}"
+            + (f" ({kinds})" if kinds else "")
+            + (f", ignored {ignored}" if ignored else "")
+        )
 
 
 def _run_one(arguments: tuple[int, int, tuple[str, ...]]) -> SeedResult:
@@ -175,8 +183,14 @@ def _run_one(arguments: tuple[int, int, tuple[str, ...]]) -> SeedResult:
     return run_seed(seed, ops, ignore=ignore)
 
 
-def soak(seeds: Iterable[int], ops: int, *, ignore: Iterable[str] = (),
-         progress: Callable[[SeedResult], None] | None = None, jobs: int = 1) -> SoakSummary:  # fmt: skip
+def soak(
+    seeds: Iterable[int],
+    ops: int,
+    *,
+    ignore: Iterable[str] = (),
+    progress: Callable[[SeedResult], None] | None = None,
+    jobs: int = 1,
+) -> SoakSummary:
     """Run every seed of ``seeds`` for ``ops`` steps (in ``jobs`` processes; each seed's
     run is the same wherever it runs, and results are taken in seed order); the summary.
     Raises ``InvalidArgument`` for a seed or ``ops`` below 0 or ``jobs`` below 1 (before any run)."""

@@ -23,9 +23,10 @@ from typing import Any
 
 from slts.bindings.faulty import FaultyChunkStorage
 from slts.bindings.memory import MemoryChunkStorage
+from slts.journal.restore import restore
+
 from slts.config import StorageConfig
 from slts.errors import SltsError
-from slts.journal.restore import restore
 from slts.metadata.faulty_store import FaultyMetadataStore
 from slts.metadata.layout import TABLES
 from slts.metadata.memory_store import MemoryMetadataStore
@@ -83,12 +84,19 @@ class World:
         self.store: MetadataStore = MemoryMetadataStore(TABLES)
         checksums = profile.random() < 0.7
         self.config = StorageConfig(
-            gc_delay_s=GC_DELAY_S, gc_interval_s=0.0, metadata_log_flush_interval_s=0.0,
-            gc_batch_max=profile.randint(2, 8), defrag_small_chunk_bytes=profile.choice([16, 48, 200, 1000]),
-            read_parallel_bytes_min=256 << 20, checksums=checksums, verify_checksums_on_read=checksums,
-            concat_merge_seam=profile.random() < 0.6, defrag_batch_lease_s=LEASE_S,
-            metadata_snapshot_interval_s=1e9, journal_snapshot_records=profile.choice([5, 20, 100]),
-        )  # fmt: skip
+            gc_delay_s=GC_DELAY_S,
+            gc_interval_s=0.0,
+            metadata_log_flush_interval_s=0.0,
+            gc_batch_max=profile.randint(2, 8),
+            defrag_small_chunk_bytes=profile.choice([16, 48, 200, 1000]),
+            read_parallel_bytes_min=256 << 20,
+            checksums=checksums,
+            verify_checksums_on_read=checksums,
+            concat_merge_seam=profile.random() < 0.6,
+            defrag_batch_lease_s=LEASE_S,
+            metadata_snapshot_interval_s=1e9,
+            journal_snapshot_records=profile.choice([5, 20, 100]),
+        )
         #: Probability of faults in a step, and per call while armed.
         self.step_fault_p = profile.choice([0.1, 0.25, 0.5])
         self.call_fault_p = profile.choice([0.05, 0.15, 0.3])
@@ -110,8 +118,10 @@ class World:
             process.storage = ChunkedSegmentStorage(
                 0, None, process.binding, process.store, self.config, clock=self.seam.clock
             )
-        except Exception as exc:  # noqa: BLE001
-            raise Violation("start_failed", f"starting an instance raised {type(exc).__name__}: {exc}") from exc
+        except Exception as exc:
+            raise Violation(
+                "start_failed", f"starting an instance raised {type(exc).__name__}: {exc}"
+            ) from exc
         epoch = process.storage.epoch
         if self.epochs and epoch <= self.epochs[-1]:
             raise Violation("epoch", f"a new instance took epoch {epoch}, not newer than {self.epochs[-1]}")
@@ -171,7 +181,9 @@ class World:
     def observe(self) -> State:
         return checks.observe(self.s)
 
-    def run_op(self, process: Process, rng: random.Random | None, fn: Callable[[], Any]) -> tuple[bool, Any, Counter]:
+    def run_op(
+        self, process: Process, rng: random.Random | None, fn: Callable[[], Any]
+    ) -> tuple[bool, Any, Counter]:
         """Run ``fn`` on ``process`` (faults armed from ``rng`` if given): (returned,
         result or error, faults injected meanwhile). A non-``SltsError`` is a violation."""
         before = process.faults()
@@ -181,7 +193,7 @@ class World:
             return True, fn(), process.faults() - before
         except SltsError as exc:
             return False, exc, process.faults() - before
-        except Exception as exc:  # noqa: BLE001 - an untyped error is what the simulator looks for
+        except Exception as exc:
             raise Violation(f"exception:{type(exc).__name__}", f"{exc!r}") from exc
         finally:
             self.disarm(process)
@@ -194,25 +206,33 @@ class World:
             self.model = after
             return "ok"
         if not injected:
-            raise Violation(f"unexpected_error:{type(result).__name__}",
-                            f"{what} raised {result!r} with no fault injected")
+            raise Violation(
+                f"unexpected_error:{type(result).__name__}",
+                f"{what} raised {result!r} with no fault injected",
+            )
         if observed == self.model.state():
             return f"failed ({type(result).__name__})"
         if observed == after.state():
             lost = injected["commit-lost-reply"] or injected["crash"]
             self.model = after  # what the store holds, whether or not the error was right to say otherwise
             if not lost:
-                raise Violation(f"error_after_effect:{what.split()[0]}",
-                                f"{what} raised {result!r}, yet it took effect "
-                                                      f"(faults {dict(injected)})")  # fmt: skip
+                raise Violation(
+                    f"error_after_effect:{what.split()[0]}",
+                    f"{what} raised {result!r}, yet it took effect (faults {dict(injected)})",
+                )
             self.model = after
             return f"failed ({type(result).__name__}) but landed"
-        raise Violation("partial_effect", f"{what} raised {result!r}; the store holds neither the state before "
-                                          f"nor after: {summary(observed)} vs {summary(after.state())}")  # fmt: skip
+        raise Violation(
+            "partial_effect",
+            f"{what} raised {result!r}; the store holds neither the state before "
+            f"nor after: {summary(observed)} vs {summary(after.state())}",
+        )
 
     # -- choices ----------------------------------------------------------------------------------
 
-    def pick(self, rng: random.Random, predicate: Callable[[str, Segment], bool] = lambda n, s: True) -> str | None:
+    def pick(
+        self, rng: random.Random, predicate: Callable[[str, Segment], bool] = lambda n, s: True
+    ) -> str | None:
         names = sorted(n for n, s in self.model.segments.items() if predicate(n, s))
         return rng.choice(names) if names else None
 
@@ -244,8 +264,12 @@ class World:
         rolling = rng.choice([8, 16, 32, 64, 160, 1024])
         after = self.model.copy()
         after.segments[name] = Segment()
-        return self.mutate(rng, f"create {name} rolling {rolling}", after,
-                           lambda: self.s.create(name, max_rolling_length=rolling))  # fmt: skip
+        return self.mutate(
+            rng,
+            f"create {name} rolling {rolling}",
+            after,
+            lambda: self.s.create(name, max_rolling_length=rolling),
+        )
 
     def _write(self, rng: random.Random | None, name: str, size: int, data_rng: random.Random) -> str:
         after = self.model.copy()
@@ -253,8 +277,12 @@ class World:
         data = payload(data_rng, size)
         offset = len(segment.data)
         segment.data += data
-        return self.mutate(rng, f"write {name} @{offset} +{size}", after,
-                           lambda: self.s.write(self.s.open_write(name), offset, data))  # fmt: skip
+        return self.mutate(
+            rng,
+            f"write {name} @{offset} +{size}",
+            after,
+            lambda: self.s.write(self.s.open_write(name), offset, data),
+        )
 
     def do_write(self, rng: random.Random) -> str:
         name = self.pick(rng, lambda n, s: not s.sealed)
@@ -278,15 +306,18 @@ class World:
                 raise Violation("read_content", f"{what} returned other bytes than the model's")
             return f"{what}: ok"
         if not injected:
-            raise Violation(f"unexpected_error:{type(result).__name__}", f"{what} raised {result!r}, no fault injected")
+            raise Violation(
+                f"unexpected_error:{type(result).__name__}", f"{what} raised {result!r}, no fault injected"
+            )
         return f"{what}: failed ({type(result).__name__})"
 
     def _set_sealed(self, rng: random.Random | None, name: str, sealed: bool) -> str:
         after = self.model.copy()
         after.segments[name].sealed = sealed
         verb = "seal" if sealed else "unseal"
-        return self.mutate(rng, f"{verb} {name}", after,
-                           lambda: getattr(self.s, verb)(self.s.open_write(name)))  # fmt: skip
+        return self.mutate(
+            rng, f"{verb} {name}", after, lambda: getattr(self.s, verb)(self.s.open_write(name))
+        )
 
     def do_seal(self, rng: random.Random) -> str:
         name = self.pick(rng)
@@ -302,8 +333,12 @@ class World:
         after.segments[target].data += after.segments.pop(source).data
         after.targets.discard(source)
         after.targets.add(target)
-        return self.mutate(rng, f"concat {source} -> {target} @{offset}", after,
-                           lambda: self.s.concat(self.s.open_write(target), offset, source))  # fmt: skip
+        return self.mutate(
+            rng,
+            f"concat {source} -> {target} @{offset}",
+            after,
+            lambda: self.s.concat(self.s.open_write(target), offset, source),
+        )
 
     def _valid_targets(self, source: str) -> Callable[[str, Segment], bool]:
         return lambda n, s: n != source and not s.sealed
@@ -322,8 +357,14 @@ class World:
         if target is None or source is None:
             return "transaction: no parent or no free name"
         rolling = rng.choice([8, 32, 160, 1024])
-        lines = [self.mutate(None, f"create {source}", self._with(source),
-                             lambda: self.s.create(source, max_rolling_length=rolling))]  # fmt: skip
+        lines = [
+            self.mutate(
+                None,
+                f"create {source}",
+                self._with(source),
+                lambda: self.s.create(source, max_rolling_length=rolling),
+            )
+        ]
         for _ in range(rng.randint(0, 3)):
             lines.append(self._write(None, source, rng.randint(1, 40), rng))
         lines.append(self._set_sealed(None, source, True))
@@ -353,8 +394,9 @@ class World:
         segment = after.segments[name]
         offset = rng.randint(segment.start, len(segment.data))
         segment.start = offset
-        return self.mutate(rng, f"truncate {name} @{offset}", after,
-                           lambda: self.s.truncate(self.s.open_write(name), offset))  # fmt: skip
+        return self.mutate(
+            rng, f"truncate {name} @{offset}", after, lambda: self.s.truncate(self.s.open_write(name), offset)
+        )
 
     def do_delete(self, rng: random.Random) -> str:
         name = self.pick(rng)
@@ -379,11 +421,13 @@ class World:
     def do_gc_full(self, rng: random.Random) -> str:
         """Everything due (past the delay and any batch lease): GC until quiet, then exact."""
         self.seam.clock.advance(GC_DELAY_S + LEASE_S + 1)
-        for passes in range(1, 501):
+        for passes in range(1, 501):  # noqa: B007 - the count is reported below
             sequence = self.store.last_sequence
             returned, stats, _ = self.run_op(self.owner, None, lambda: self.s.gc.run_once())
             if not returned:
-                raise Violation(f"unexpected_error:{type(stats).__name__}", f"GC without faults raised {stats!r}")
+                raise Violation(
+                    f"unexpected_error:{type(stats).__name__}", f"GC without faults raised {stats!r}"
+                )
             if stats.errors:
                 raise Violation("gc_errors", f"GC without faults counted {stats.errors} errors")
             # Quiet: nothing counted and nothing committed (a pass that only clears a deleted
@@ -413,7 +457,7 @@ class World:
         fresh = MemoryMetadataStore(TABLES)
         try:
             report = restore(self.binding, 0, fresh)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise Violation("restore_failed", f"restore raised {type(exc).__name__}: {exc}") from exc
         self.store = fresh
         self.owner = self._start(fresh)
@@ -423,8 +467,19 @@ class World:
 
     # -- crash, takeover, batch defrag --------------------------------------------------------
 
-    _CRASHABLE = ("write", "truncate", "delete", "defrag", "gc", "seal", "create", "transaction", "chain",
-                  "snapshot", "flush")  # fmt: skip
+    _CRASHABLE = (
+        "write",
+        "truncate",
+        "delete",
+        "defrag",
+        "gc",
+        "seal",
+        "create",
+        "transaction",
+        "chain",
+        "snapshot",
+        "flush",
+    )
 
     def do_crash(self, rng: random.Random) -> str:
         """The owner dies at the n-th commit of an operation (landed or not) and restarts
@@ -436,7 +491,7 @@ class World:
         self.in_flight, self.in_flight_what = None, ""
         try:
             what = self.step(kind, inner_rng)
-        except Violation as violation:
+        except Violation:
             if not self.owner.store.dead:
                 raise
             what = f"{self.in_flight_what or kind} (died)"  # judged below, against the restart
@@ -453,14 +508,29 @@ class World:
         if observed == after.state():
             self.model = after
         elif observed != before.state():
-            raise Violation("crash_state", f"after a crash in {kind}: neither the state before nor after it: "
-                                           f"{summary(observed)}")  # fmt: skip
+            raise Violation(
+                "crash_state",
+                f"after a crash in {kind}: neither the state before nor after it: {summary(observed)}",
+            )
         elif returned:
-            raise Violation("acknowledged_lost", f"{kind} returned before the crash (died: {died}), its effect is gone")
+            raise Violation(
+                "acknowledged_lost", f"{kind} returned before the crash (died: {died}), its effect is gone"
+            )
         how = "landed" if landed else "not landed"
         return f"crash at commit {nth} ({how}) of [{what}]; restart epoch {self.s.epoch}"
 
-    _ZOMBIE_ACTS = ("write", "truncate", "seal", "unseal", "delete", "defrag", "gc", "create", "flush", "read")
+    _ZOMBIE_ACTS = (
+        "write",
+        "truncate",
+        "seal",
+        "unseal",
+        "delete",
+        "defrag",
+        "gc",
+        "create",
+        "flush",
+        "read",
+    )
 
     def do_zombie(self, rng: random.Random) -> str:
         """A new owner takes over; the old instance keeps acting: it must change nothing
@@ -501,14 +571,22 @@ class World:
             raise Violation("zombie_changed_state", f"the zombie's {what} changed the store ({how})")
         if kind == "read":
             if returned and result != bytes(segment.data[segment.start :]):
-                raise Violation("zombie_read_content", f"the zombie's {what} returned other bytes than the model's")
+                raise Violation(
+                    "zombie_read_content", f"the zombie's {what} returned other bytes than the model's"
+                )
             return f"{what}: {'ok' if returned else type(result).__name__}"
         if returned:
-            noop = kind in ("defrag", "flush") or (kind == "seal" and segment.sealed) or (
-                kind == "unseal" and not segment.sealed) or (kind == "truncate" and name in self.model.segments)
+            noop = (
+                kind in ("defrag", "flush")
+                or (kind == "seal" and segment.sealed)
+                or (kind == "unseal" and not segment.sealed)
+                or (kind == "truncate" and name in self.model.segments)
+            )
             # (a zombie's truncate picks an offset <= length; state unchanged means at or below the start)
-            raise Violation("zombie_noop_acknowledged" if noop else "zombie_acknowledged",
-                            f"the zombie's {what} returned normally after a takeover")  # fmt: skip
+            raise Violation(
+                "zombie_noop_acknowledged" if noop else "zombie_acknowledged",
+                f"the zombie's {what} returned normally after a takeover",
+            )
         return f"{what}: {type(result).__name__}"
 
     def do_batch_defrag(self, rng: random.Random) -> str:
@@ -537,7 +615,7 @@ class World:
                     events.append(f"{item.run.segment}@{item.run.start}:{how}")
         except SltsError as exc:
             events.append(f"driver stopped: {type(exc).__name__}")
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise Violation(f"exception:{type(exc).__name__}", f"batch defrag: {exc!r}") from exc
         finally:
             self.disarm(driver_process)
