@@ -26,6 +26,7 @@ Every ``OSError`` becomes a typed error in ``_translated``; typed errors pass th
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import fcntl
@@ -400,12 +401,12 @@ class FileSystemChunkStorage(ChunkStorage):
             names = self._collect(start, base, prefix)
         return iter(sorted(names))
 
-    def _collect(self, start: str, base: str, prefix: str) -> list[str]:
+    def _collect(self, start: str, base: str, prefix: str) -> builtins.list[str]:
         """Names of the chunks below folder ``start`` (whose names begin with ``base``).
 
         Iterative: a 1024-byte name can be 1024 folders deep.
         """
-        out: list[str] = []
+        out: builtins.list[str] = []
         stack = [(start, base, "")]  # (folder, name so far, pending encoded pieces)
         while stack:
             folder, base, pending = stack.pop()

@@ -48,6 +48,7 @@ that stay readable (see ``docs/bindings.md``). The engine copies through the cli
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import functools
 import getpass
@@ -778,12 +779,12 @@ class HdfsChunkStorage(ChunkStorage):
         base = "".join(folder + "/" for folder in folders)
         return iter(sorted(self._collect(start, base, prefix)))
 
-    def _collect(self, start: str, base: str, prefix: str) -> list[str]:
+    def _collect(self, start: str, base: str, prefix: str) -> builtins.list[str]:
         """Names of the chunks below folder ``start`` (whose names begin with ``base``).
 
         Iterative: one LISTSTATUS per folder, bounded by the folders that exist.
         """
-        out: list[str] = []
+        out: builtins.list[str] = []
         stack = [(start, base, "")]  # (folder, name so far, pending encoded pieces)
         while stack:
             folder, base, pending = stack.pop()

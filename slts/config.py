@@ -19,6 +19,8 @@ MiB = 1 << 20
 #: Largest value of any integer setting (and of a segment's ``max_rolling_length``):
 #: records store them as msgpack integers, and no size or count comes near it.
 INTEGER_MAX = 1 << 62
+#: The default size of the blocks a chunk's checksums cover (HDFS keeps one per 512 bytes).
+CHECKSUM_BLOCK_BYTES_DEFAULT = 64 * 1024
 
 #: Fields where 0 means "off" (or "no delay") rather than a bad value.
 _ZERO_ALLOWED = ("gc_delay_s", "gc_interval_s", "metadata_log_flush_interval_s", "defrag_batch_lease_s")
@@ -52,7 +54,7 @@ class StorageConfig:
     #: written before block checksums: the chunk's CRC32C when a read covers it whole).
     verify_checksums_on_read: bool = True
     #: Size of the blocks a write cuts for their checksums (``slts.storage.block_checksums``).
-    checksum_block_bytes: int = 64 * 1024
+    checksum_block_bytes: int = CHECKSUM_BLOCK_BYTES_DEFAULT
     #: How long a chunk waits in the GC queue before it may be deleted.
     gc_delay_s: float = 60.0
     #: Most queue entries (or chunks of a deleted segment) one GC batch handles.

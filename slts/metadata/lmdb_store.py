@@ -113,7 +113,7 @@ def _frame(version: int, value: bytes) -> bytes:
     return _VERSION.pack(version) + value
 
 
-def _read_sequence(txn: lmdb.Transaction, internal: object | None) -> int:
+def _read_sequence(txn: lmdb.Transaction[bytes], internal: lmdb._Database | None) -> int:
     """The stored last sequence as ``txn`` sees it (0 if none)."""
     raw = txn.get(SEQUENCE_KEY, db=internal) if internal is not None else None
     if raw is None:
@@ -266,7 +266,7 @@ class _Environment:
             )
         except lmdb.Error as exc:
             raise MetadataError(f"cannot open LMDB environment {path!r}: {exc}", path=path) from exc
-        self.dbs: dict[str, object | None] = {}
+        self.dbs: dict[str, lmdb._Database | None] = {}
         self.page_bytes = int(self.env.stat()["psize"])
         try:
             with _translated(self):
@@ -281,7 +281,7 @@ class _Environment:
 
     # -- set up ----------------------------------------------------------------------------
 
-    def _open_db(self, name: bytes) -> object | None:
+    def _open_db(self, name: bytes) -> lmdb._Database | None:
         """A sub-database handle (None: read-only and the sub-database does not exist)."""
         try:
             return self.env.open_db(name, create=not self.readonly)
@@ -311,7 +311,7 @@ class _Environment:
     # -- reads -----------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def reading(self) -> Iterator[lmdb.Transaction]:
+    def reading(self) -> Iterator[lmdb.Transaction[bytes]]:
         """A read transaction; adopts another process's map growth if LMDB asks for it."""
         for _ in range(MAP_RESIZE_ATTEMPTS_MAX):
             with self.gate.shared():
@@ -399,7 +399,9 @@ class _Environment:
                     txn.put(SEQUENCE_KEY, _VERSION.pack(sequence), db=self.internal)
             return results
 
-    def _failed_expectation(self, txn: lmdb.Transaction, expect: Sequence[Expect]) -> MetadataError | None:
+    def _failed_expectation(
+        self, txn: lmdb.Transaction[bytes], expect: Sequence[Expect]
+    ) -> MetadataError | None:
         """Why this commit may not apply (a conflict, or an unreadable record), or None."""
         for condition in expect:
             raw = txn.get(condition.key, db=self.dbs[condition.table])
@@ -411,7 +413,7 @@ class _Environment:
                 return _checks.conflict(condition, actual)
         return None
 
-    def write(self, action: Callable[[lmdb.Transaction], _T]) -> _T:
+    def write(self, action: Callable[[lmdb.Transaction[bytes]], _T]) -> _T:
         """Run ``action`` in a write transaction of its own (not a commit: for replication and
         change-log maintenance), under the writer lock, growing or adopting the map and
         retrying as a group does. An exception from ``action`` aborts the transaction (and
@@ -517,8 +519,8 @@ def _acquire(path: str, map_size_bytes: int, durable: bool, readonly: bool) -> _
     check_data_file(path)  # a damaged file would kill the process with SIGBUS once mapped
     identity = (status.st_dev, status.st_ino)
     with _registry_lock:
-        for (pid, *other), env in _registry.items():
-            if tuple(other) == identity and pid != _process_id and not env.closed:
+        for (pid, *other), opened in _registry.items():
+            if tuple(other) == identity and pid != _process_id and not opened.closed:
                 raise MetadataError(
                     f"LMDB environment {path!r} was opened by process {pid} before this process "
                     "forked; a forked child must not use or reopen it (open it in a process "
@@ -553,9 +555,9 @@ def _release(env: _Environment) -> None:
 class _LmdbView(ReadView):
     """Reads inside one LMDB read transaction."""
 
-    def __init__(self, env: _Environment, txn: lmdb.Transaction, tables: tuple[str, ...]) -> None:
+    def __init__(self, env: _Environment, txn: lmdb.Transaction[bytes], tables: tuple[str, ...]) -> None:
         self._env = env
-        self._txn: lmdb.Transaction | None = txn
+        self._txn: lmdb.Transaction[bytes] | None = txn
         self._tables = tables
         self._sequence: int | None = None  # read from the transaction on first use
 
@@ -568,7 +570,7 @@ class _LmdbView(ReadView):
                 self._sequence = _read_sequence(self._txn, self._env.internal)
         return self._sequence
 
-    def _db(self, table: str) -> object | None:
+    def _db(self, table: str) -> lmdb._Database | None:
         if self._txn is None:
             raise StorageClosed("snapshot used outside its with block")
         return self._env.dbs[_checks.check_table(self._tables, table)]
@@ -644,7 +646,7 @@ class _LmdbView(ReadView):
         self._txn = None
 
 
-def _seek(cursor: lmdb.Cursor, bound: bytes) -> bool:
+def _seek(cursor: lmdb.Cursor[bytes], bound: bytes) -> bool:
     """Position ``cursor`` at the first key >= ``bound`` (any length); False if none."""
     if not bound:
         return cursor.first()
@@ -753,7 +755,7 @@ class LmdbMetadataStore(MetadataStore):
         self._check_writable("replicate")
         ops = tuple(ops)
 
-        def apply(txn: lmdb.Transaction) -> None:
+        def apply(txn: lmdb.Transaction[bytes]) -> None:
             _checks.check_replicate_order(sequence, _read_sequence(txn, self._env.internal))
             for op, version in zip(ops, resolved, strict=True):
                 db = self._env.dbs[op.table]
@@ -817,7 +819,7 @@ class LmdbMetadataStore(MetadataStore):
         batch_max = DISCARD_BATCH_MAX
         assert batch_max >= 1
 
-        def discard_batch(txn: lmdb.Transaction) -> int:
+        def discard_batch(txn: lmdb.Transaction[bytes]) -> int:
             removed = 0
             with txn.cursor(db) as cursor:
                 positioned = cursor.first()

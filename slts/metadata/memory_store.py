@@ -21,6 +21,7 @@ import contextlib
 import itertools
 import threading
 from collections.abc import Iterator, Sequence
+from typing import TypeAlias
 
 from sortedcontainers import SortedDict
 
@@ -40,7 +41,7 @@ from slts.metadata.store import (
     Versioned,
 )
 
-_Table = SortedDict  # bytes -> Versioned
+_Table: TypeAlias = SortedDict  # bytes -> Versioned
 
 
 def floor_entry(table: _Table, key: bytes, lowest: bytes) -> tuple[bytes, Versioned] | None:

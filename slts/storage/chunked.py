@@ -21,6 +21,7 @@ Reads take the stripe only to resolve the layout, never during chunk I/O.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import threading
 import time
@@ -540,7 +541,7 @@ class ChunkedSegmentStorage(LayoutOperations):
         appended = b""
         if last is not None:
             appended = data[: record.max_rolling_length - last.length]
-        new_chunks: list[_NewChunk] = []
+        new_chunks: builtins.list[_NewChunk] = []
         position = len(appended)
         while position < len(data):
             piece = data[position : position + record.max_rolling_length]
@@ -580,8 +581,8 @@ class ChunkedSegmentStorage(LayoutOperations):
         version: int,
         previous: tuple[ChunkRecord, int] | None,
         appended: bytes,
-        new_chunks: list[_NewChunk],
-        intents: list[Put],
+        new_chunks: builtins.list[_NewChunk],
+        intents: builtins.list[Put],
         intent_version: int,
     ) -> None:
         """Step 3 of ``_write_locked``: commit, re-based at most ``commit_retries_max``
@@ -624,16 +625,16 @@ class ChunkedSegmentStorage(LayoutOperations):
         version: int,
         last: tuple[ChunkRecord, int] | None,
         appended: bytes,
-        new_chunks: list[_NewChunk],
-        intents: list[Put],
+        new_chunks: builtins.list[_NewChunk],
+        intents: builtins.list[Put],
         intent_version: int,
-    ) -> tuple[list[Put | Delete], list[Expect]]:
+    ) -> tuple[builtins.list[Put | Delete], list[Expect]]:
         """The operations and expectations that make a written ``data`` readable.
 
         ``record``/``version``: the segment as read; ``last``: its last chunk (record,
         version) as read, which receives ``appended`` and points at the new chunks."""
         checksums = self.config.checksums
-        ops: list[Put | Delete] = []
+        ops: builtins.list[Put | Delete] = []
         expect = [Expect(SEGMENTS, name_key(record.name), version)]
         if last is not None and (appended or new_chunks):
             previous, previous_version = last
@@ -742,12 +743,12 @@ class ChunkedSegmentStorage(LayoutOperations):
             pieces = self._locate(record, offset, length) if length else []
         return self._fetch(pieces, length)
 
-    def _locate(self, record: SegmentRecord, offset: int, length: int) -> list[_ReadPiece]:
+    def _locate(self, record: SegmentRecord, offset: int, length: int) -> builtins.list[_ReadPiece]:
         """The chunk pieces holding ``[offset, offset+length)``: one O(log n) index lookup,
         then a walk along ``next_chunk`` over the chunks the range covers only."""
         name: str | None
         name, chunk_start = index.resolve(self._store, record.segment_id, offset)
-        pieces: list[_ReadPiece] = []
+        pieces: builtins.list[_ReadPiece] = []
         end = offset + length
         position = offset
         while position < end:
@@ -765,7 +766,7 @@ class ChunkedSegmentStorage(LayoutOperations):
             chunk_start, name = chunk_end, chunk.next_chunk
         return pieces
 
-    def _fetch(self, pieces: list[_ReadPiece], length: int) -> bytes:
+    def _fetch(self, pieces: builtins.list[_ReadPiece], length: int) -> bytes:
         if len(pieces) > 1 and length >= self.config.read_parallel_bytes_min:
             parts = list(self._read_pool().map(self._fetch_piece, pieces))
         else:
@@ -799,7 +800,7 @@ class ChunkedSegmentStorage(LayoutOperations):
 
     # -- inspection -------------------------------------------------------------------------------------
 
-    def chunks(self, name: str) -> list[tuple[int, ChunkRecord]]:
+    def chunks(self, name: str) -> builtins.list[tuple[int, ChunkRecord]]:
         """The segment's chunk list as (start offset, record) pairs, walked from the head.
 
         For tools and tests (``slts verify``); O(chunks).
@@ -807,7 +808,7 @@ class ChunkedSegmentStorage(LayoutOperations):
         self._check_open()
         check_segment_name(name)
         record, _ = self._load(name)
-        result: list[tuple[int, ChunkRecord]] = []
+        result: builtins.list[tuple[int, ChunkRecord]] = []
         current, start = record.first_chunk, record.first_chunk_start_offset
         while current is not None:
             assert len(result) < record.chunk_count, f"chunk list of {name!r} is longer than recorded"

@@ -28,14 +28,14 @@ from dataclasses import dataclass
 import crc32c
 
 from slts.bindings.base import ChunkStorage, ConcatSource
-from slts.config import StorageConfig
+from slts.config import CHECKSUM_BLOCK_BYTES_DEFAULT, StorageConfig
 from slts.errors import ChunkCorrupted, ChunkNotFound, MetadataCorrupted, VersionConflict
 from slts.metadata.layout import CHUNKS, GC, SEGMENTS, name_key
 from slts.metadata.records import ChunkRecord, SegmentRecord
 from slts.metadata.store import Delete, Expect, MetadataStore, Operation, Put, ReadView
 from slts.storage import block_checksums, index
 
-BLOCK_BYTES_DEFAULT = StorageConfig.checksum_block_bytes
+BLOCK_BYTES_DEFAULT = CHECKSUM_BLOCK_BYTES_DEFAULT
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import crc32c
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,7 +22,7 @@ from slts.errors import ChunkCorrupted
 from slts.metadata.layout import CHUNKS, TABLES, name_key
 from slts.metadata.memory_store import MemoryMetadataStore
 from slts.metadata.store import Put
-from slts.storage import block_checksums
+from slts.storage import block_checksums, defrag
 from slts.storage.chunked import ChunkedSegmentStorage
 
 BLOCK = 16
@@ -170,3 +171,17 @@ def test_any_read_of_any_layout_returns_the_bytes_written(
         start %= len(data) + 1
         length = min(length, len(data) - start)
         assert storage.read(handle, start, length) == data[start : start + length]
+
+
+def test_a_run_built_without_a_block_size_cuts_the_default_blocks() -> None:
+    # The default once was ``StorageConfig.checksum_block_bytes`` read off the class: with
+    # slots, that is a member descriptor, not 65536 (found by mypy). An earlier attempt of
+    # the task left the whole chunk (``reuse``): its blocks are cut from its bytes.
+    binding = MemoryChunkStorage()
+    data = bytes(range(256)) * 1024  # 256 KiB: four default blocks
+    binding.create("ab", data)
+    sources = [defrag.Source("a", 100_000, None), defrag.Source("b", len(data) - 100_000, None)]
+    built = defrag.build_from_sources(binding, sources, "ab", checksums=True, reuse=True)
+    assert built.length == len(data) and built.checksum == crc32c.crc32c(data)
+    assert built.blocks == block_checksums.compute(data, StorageConfig().checksum_block_bytes)
+    assert block_checksums.total_length(built.blocks) == len(data)
