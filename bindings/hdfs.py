@@ -334,7 +334,7 @@ class _WebHdfs:
 
     @_protocol
     def read(self, path: str, offset: int, length: int) -> bytes:
-        raw = self.client.open(path, offset=offset, length=length)
+        raw: Any = self.client.open(path, offset=offset, length=length)  # a urllib3 response
         try:
             data = raw.read()
         except BaseException:
@@ -789,7 +789,7 @@ class HdfsChunkStorage(ChunkStorage):
         while stack:
             folder, base, pending = stack.pop()
             try:
-                entries = self._retrying(prefix, lambda folder=folder: self._hdfs.list(folder))
+                entries = self._retrying(prefix, functools.partial(self._hdfs.list, folder))
             except ChunkNotFound:
                 continue
             for entry in entries:

@@ -69,6 +69,7 @@ Invariants (asserted or checked by tests):
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import logging
 import random
@@ -915,9 +916,7 @@ class S3ChunkStorage(ChunkStorage):
             arguments = {"Bucket": self.bucket, "Prefix": key_prefix}
             if token is not None:
                 arguments["ContinuationToken"] = token
-            page = self._call(
-                "LIST", prefix, lambda arguments=arguments: self._client.list_objects_v2(**arguments)
-            )
+            page = self._call("LIST", prefix, functools.partial(self._client.list_objects_v2, **arguments))
             assert page is not None
             for entry in page.get("Contents", []) or []:
                 name = self._name_of(str(entry["Key"]))

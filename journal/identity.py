@@ -133,6 +133,7 @@ def settle(
             except ChunkExists:
                 pass  # created meanwhile: compare again
             continue
+        assert stored is not None  # recorded was decoded from it
         try:
             store.commit(
                 [_put(recorded.replace(confirmed=True))], [Expect(CONTAINER, IDENTITY_KEY, stored.version)]

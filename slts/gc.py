@@ -247,7 +247,7 @@ class GarbageCollector:
             ops.append(index.chunk_entry_delete(record))
         key = segment_id_key(tombstone.segment_id)
         remaining = tombstone.chunk_count - len(batch)
-        finished, keys = False, []
+        finished, keys = False, list[bytes]()
         if name is None:
             assert remaining == 0, (tombstone, len(batch))
             # The chunks are gone; what is left of the index are links. Clear them, and the

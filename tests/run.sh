@@ -9,12 +9,22 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,s3,hdfs,spark]'
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test,s3,hdfs,spark]'
+
+# Lint, format and types first (seconds); the tests run either way, the exit code counts all.
+checks=0
+.venv/bin/ruff check --quiet . || checks=1
+.venv/bin/ruff format --check --quiet . || checks=1
+bash .ci/typecheck || checks=1
 
 status=0
 .venv/bin/python -m pytest "$@" || status=$?
 if [ "$status" -eq 5 ]; then
     echo "tests/run.sh: pytest collected no tests; that is a failure" >&2
+    exit 1
+fi
+if [ "$status" -eq 0 ] && [ "$checks" -ne 0 ]; then
+    echo "tests/run.sh: the tests passed, but ruff or mypy found problems (above)" >&2
     exit 1
 fi
 exit "$status"

@@ -314,10 +314,9 @@ def run(
     available = dict(BENCHMARKS)
     from slts.tools.benchmarks import s3
 
-    if s3.is_s3_url(store):
-        assert store is not None
-        available.update(s3.benchmarks(store))
-    names = list(only) if only else (list(s3.benchmarks(store)) if s3.is_s3_url(store) else list(BENCHMARKS))
+    on_s3 = s3.benchmarks(store) if store is not None and s3.is_s3_url(store) else {}
+    available.update(on_s3)
+    names = list(only) if only else list(on_s3 or BENCHMARKS)
     unknown = [name for name in names if name not in available]
     if unknown:
         from slts.errors import InvalidArgument

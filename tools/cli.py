@@ -478,7 +478,7 @@ def cmd_journal(args: argparse.Namespace) -> int:
             else None,
         )
     layouts = {name: layout.encode() for name, layout in sorted(found.layout.segments.items())}
-    document = {
+    document: dict[str, Any] = {
         "checkpoint": found.checkpoint,
         "snapshot": found.snapshot,
         "covered": list(found.covered),

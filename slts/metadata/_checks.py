@@ -45,7 +45,7 @@ def check_tables(tables: Iterable[str]) -> tuple[str, ...]:
 
 def check_table(tables: Iterable[str], table: object) -> str:
     """``table`` if it is one of ``tables``."""
-    if table not in tables:
+    if not isinstance(table, str) or table not in tables:
         raise InvalidArgument(f"unknown table {table!r}", table=table)
     assert isinstance(table, str)
     return table

@@ -99,7 +99,8 @@ class Record:
         except KeyError as exc:
             raise MetadataCorrupted(f"{cls.KIND} record lacks field {exc}") from exc
         values.update((name, payload.pop(name)) for name in cls._optional_fields() if name in payload)
-        record = cls(**values, extra=MappingProxyType(payload) if payload else _EMPTY)
+        # Every concrete record declares ``extra`` last (a dataclass base cannot: defaults first).
+        record = cls(**values, extra=MappingProxyType(payload) if payload else _EMPTY)  # type: ignore[call-arg]
         try:
             record.check()
         except (AssertionError, TypeError) as exc:

@@ -510,6 +510,6 @@ def run_batch(
             if progress is not None:
                 progress(len(planned))
     report.seconds = time.perf_counter() - began
-    ended = report.runs_committed + report.runs_dropped + report.runs_failed + report.runs_expired
-    assert ended == report.runs_planned, report
+    runs_ended = report.runs_committed + report.runs_dropped + report.runs_failed + report.runs_expired
+    assert runs_ended == report.runs_planned, report
     return report

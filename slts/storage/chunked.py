@@ -628,7 +628,7 @@ class ChunkedSegmentStorage(LayoutOperations):
         new_chunks: builtins.list[_NewChunk],
         intents: builtins.list[Put],
         intent_version: int,
-    ) -> tuple[builtins.list[Put | Delete], list[Expect]]:
+    ) -> tuple[builtins.list[Put | Delete], builtins.list[Expect]]:
         """The operations and expectations that make a written ``data`` readable.
 
         ``record``/``version``: the segment as read; ``last``: its last chunk (record,

@@ -105,7 +105,10 @@ def plan_runs(record: SegmentRecord, listed: list[ListedChunk], config: StorageC
     for position, chunk in enumerate([*candidates, None]):
         small = chunk is not None and chunk.record.length < config.defrag_small_chunk_bytes
         fits = (
-            small and run_bytes + chunk.record.length <= bytes_max and len(run) < config.defrag_run_chunks_max
+            chunk is not None
+            and small
+            and run_bytes + chunk.record.length <= bytes_max
+            and len(run) < config.defrag_run_chunks_max
         )
         if fits:
             assert chunk is not None

@@ -26,11 +26,12 @@ Rules every layout change keeps (``tests/storage`` check them through ``verify``
 from __future__ import annotations
 
 import struct
+from typing import Protocol
 
 from slts.errors import MetadataCorrupted
 from slts.metadata.layout import INDEX, index_key, index_key_offset, index_prefix
 from slts.metadata.records import ChunkRecord
-from slts.metadata.store import Delete, Put, ReadView
+from slts.metadata.store import Delete, Put, ReadView, Versioned
 
 #: First byte of a link entry's value (chunk names never contain NUL).
 LINK_TAG = b"\x00"
@@ -68,7 +69,13 @@ def chunk_entry_delete(chunk: ChunkRecord) -> Delete:
     return Delete(INDEX, index_key(chunk.index_id, chunk.index_offset))
 
 
-def _floor(view: ReadView, namespace: int, offset: int) -> tuple[int, str | None, tuple[int, int] | None]:
+class FloorReader(Protocol):
+    """What a lookup needs: a ``ReadView``, or a ``MetadataStore`` (one read per call)."""
+
+    def floor(self, table: str, key: bytes, lowest: bytes = b"") -> tuple[bytes, Versioned] | None: ...
+
+
+def _floor(view: FloorReader, namespace: int, offset: int) -> tuple[int, str | None, tuple[int, int] | None]:
     found = view.floor(INDEX, index_key(namespace, offset), index_prefix(namespace))
     if found is None:  # a stale cached layout, or a damaged store
         raise MetadataCorrupted(f"index namespace {namespace} has no entry at or below {offset}")
@@ -77,7 +84,7 @@ def _floor(view: ReadView, namespace: int, offset: int) -> tuple[int, str | None
     return index_key_offset(key), name, link
 
 
-def resolve(view: ReadView, segment_id: int, offset: int) -> tuple[str, int]:
+def resolve(view: FloorReader, segment_id: int, offset: int) -> tuple[str, int]:
     """(name, start offset in the segment) of the chunk holding ``offset``.
 
     ``offset`` must be readable (>= the segment's start, < its length) or the end of a

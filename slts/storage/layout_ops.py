@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from slts.errors import (
     ConcatTooDeep,
@@ -26,6 +29,7 @@ from slts.metadata.layout import CHUNKS, GC, SEGMENTS, name_key
 from slts.metadata.records import ChunkRecord, GcReason, SegmentRecord
 from slts.metadata.store import Delete, Expect, Operation, Put
 from slts.storage import defrag, index
+from slts.storage.defrag import BuiltChunk, Run
 from slts.storage.names import check_segment_name, chunk_name
 from slts.storage.types import DefragResult, SegmentHandle
 
@@ -34,6 +38,33 @@ _log = logging.getLogger("slts.storage")
 
 class LayoutOperations:
     """concat, truncate and defrag; the state they use is ``ChunkedSegmentStorage``'s."""
+
+    if TYPE_CHECKING:  # what the mixin uses of ChunkedSegmentStorage (mypy checks that it has it)
+        from slts.bindings.base import ChunkStorage
+        from slts.config import StorageConfig
+        from slts.gc import GarbageCollector
+        from slts.metadata.store import MetadataStore
+        from slts.storage.ownership import Ownership, ReadOnlyOwnership
+        from slts.storage.types import SegmentInfo
+
+        config: StorageConfig
+        container_id: int
+        chunk_storage: ChunkStorage
+        epoch: int
+        gc: GarbageCollector
+        _store: MetadataStore
+        _ownership: Ownership | ReadOnlyOwnership
+        _tainted: set[str]
+        _load: Callable[[str], tuple[SegmentRecord, int]]
+        _chunk: Callable[[str], tuple[ChunkRecord, int]]
+        _stripe: Callable[[str], threading.Lock]
+        _stripes: Callable[..., contextlib.AbstractContextManager[None]]
+        _now_ms: Callable[[], int]
+        _check_offset: Callable[[object, str], None]
+        info: Callable[[str], SegmentInfo]
+
+        def _check_open(self, *, changes: bool = False) -> None: ...
+        def _check_handle(self, handle: object, *, writable: bool) -> SegmentHandle: ...
 
     def concat(self, target: SegmentHandle, offset: int, source: str) -> None:
         """Append the sealed segment ``source`` to ``target`` at ``offset``; ``source`` is gone.
@@ -289,9 +320,7 @@ class LayoutOperations:
             name, len(listed), after, len(runs), committed, len(runs) - committed, native, copied
         )
 
-    def _apply_run(
-        self, run: defrag.Run, record: SegmentRecord | None, version: int | None
-    ) -> defrag.BuiltChunk | None:
+    def _apply_run(self, run: Run, record: SegmentRecord | None, version: int | None) -> BuiltChunk | None:
         """Build the run's new chunk and swap it in; None if the run was dropped.
 
         With ``record``/``version`` the caller holds the segment's lock (seam merge);
@@ -309,13 +338,13 @@ class LayoutOperations:
 
     def _swap_in_run(
         self,
-        run: defrag.Run,
+        run: Run,
         record: SegmentRecord | None,
         version: int | None,
         new_name: str,
         intent: Put,
         intent_version: int,
-    ) -> defrag.BuiltChunk | None:
+    ) -> BuiltChunk | None:
         """Build the run's chunk under the registered ``intent``, then swap it in."""
         built = defrag.build_chunk(
             self.chunk_storage,

@@ -23,6 +23,7 @@ from typing import Any
 
 from slts.bindings.faulty import FaultyChunkStorage
 from slts.bindings.memory import MemoryChunkStorage
+from slts.journal.durable_copy import DurableCopy
 from slts.journal.restore import restore
 
 from slts.config import StorageConfig
@@ -441,13 +442,18 @@ class World:
         checks.check_exact(self.s, self.binding)
         return f"gc until quiet: {passes} passes, storage exact"
 
+    def _durable(self) -> DurableCopy:
+        """The owner's durable copy of the metadata, as it is now (the owner may change)."""
+        assert self.s.durable is not None
+        return self.s.durable
+
     def do_snapshot(self, rng: random.Random) -> str:
         assert self.s.durable is not None
-        return self.mutate(rng, "metadata snapshot", self.model.copy(), lambda: self.s.durable.snapshot())
+        return self.mutate(rng, "metadata snapshot", self.model.copy(), lambda: self._durable().snapshot())
 
     def do_flush(self, rng: random.Random) -> str:
         assert self.s.durable is not None
-        return self.mutate(rng, "metadata log flush", self.model.copy(), lambda: self.s.durable.flush())
+        return self.mutate(rng, "metadata log flush", self.model.copy(), lambda: self._durable().flush())
 
     def do_restore(self, rng: random.Random) -> str:
         """The machine is lost after a flush: restore from tier-2 into a fresh store."""
