@@ -119,7 +119,7 @@ class SegmentTruncated(SegmentError, IndexError):
 
 class ConcatTooDeep(SegmentError):
     """A concat would nest the target's index links deeper than a lookup follows
-    (``slts.storage.index.LINK_DEPTH_MAX``): refused, nothing changed."""
+    (``slts.metadata.index.LINK_DEPTH_MAX``): refused, nothing changed."""
 
 
 # --- chunk storage (bindings) --------------------------------------------------------------

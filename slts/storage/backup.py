@@ -23,10 +23,10 @@ import crc32c
 import msgpack
 
 from slts.errors import ChunkNotFound, InvalidArgument, MetadataCorrupted, SegmentExists
+from slts.metadata import index
 from slts.metadata.layout import CHUNKS, SEGMENTS, name_key
 from slts.metadata.records import ChunkRecord, SegmentRecord, SegmentStatus
 from slts.metadata.store import Expect, Operation, Put
-from slts.storage import index
 from slts.storage.chunked import ChunkedSegmentStorage, SegmentInfo
 from slts.storage.names import check_segment_name
 

@@ -3,7 +3,7 @@
 A mixin of ``ChunkedSegmentStorage`` (slts/storage/chunked.py), kept in its own module:
 these operations change a segment's chunk list without changing its bytes (concat
 appends a sealed segment's list, truncate drops the head, defrag replaces runs) and
-share the index rules of ``slts.storage.index``. See docs/architecture.md.
+share the index rules of ``slts.metadata.index``. See docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ from slts.errors import (
     SltsError,
     VersionConflict,
 )
+from slts.metadata import index
 from slts.metadata.layout import CHUNKS, GC, SEGMENTS, name_key
 from slts.metadata.records import ChunkRecord, GcReason, SegmentRecord
 from slts.metadata.store import Delete, Expect, Operation, Put
-from slts.storage import defrag, index
+from slts.storage import defrag
 from slts.storage.defrag import BuiltChunk, Run
 from slts.storage.names import check_segment_name, chunk_name
 from slts.storage.types import DefragResult, SegmentHandle
@@ -43,8 +44,8 @@ class LayoutOperations:
         from slts.bindings.base import ChunkStorage
         from slts.config import StorageConfig
         from slts.gc import GarbageCollector
+        from slts.metadata.ownership import Ownership, ReadOnlyOwnership
         from slts.metadata.store import MetadataStore
-        from slts.storage.ownership import Ownership, ReadOnlyOwnership
         from slts.storage.types import SegmentInfo
 
         config: StorageConfig

@@ -22,10 +22,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from slts.metadata import index
 from slts.metadata.layout import CHUNKS, DELETED, GC, INDEX, SEGMENTS, name_key
 from slts.metadata.records import ChunkRecord, GcEntry, SegmentRecord
 from slts.metadata.store import SCAN_LIMIT_DEFAULT, MetadataStore, ReadView, Versioned
-from slts.storage import index
 
 #: How many examples of each kind a report keeps.
 EXAMPLES_MAX = 5

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 from slts.bindings.base import ChunkStorage
 from slts.errors import ChunkExists, ChunkNotFound, InvalidArgument, MetadataCorrupted, SegmentExists
+from slts.metadata import index
 from slts.metadata.layout import CHUNKS, SEGMENTS, name_key
 from slts.metadata.records import ChunkRecord, SegmentRecord, SegmentStatus
 from slts.metadata.store import Expect, Operation, Put
-from slts.storage import index
 from slts.storage.backup import check_unreferenced
 from slts.storage.chunked import ChunkedSegmentStorage, SegmentInfo
 from slts.storage.names import check_segment_name

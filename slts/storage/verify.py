@@ -24,9 +24,9 @@ from slts.bindings.base import ChunkStorage
 from slts.errors import ChunkNotFound
 from slts.journal.names import system_prefix
 from slts.journal.restore import verify_copy
+from slts.metadata import index
 from slts.metadata.layout import CHUNKS, DELETED, GC, name_key
 from slts.metadata.records import ChunkRecord, GcEntry, SegmentRecord
-from slts.storage import index
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.leaks import LeakReport
 from slts.storage.names import chunk_prefix

@@ -1,14 +1,19 @@
-"""The layers point one way (DESIGN.md §2), checked by walking imports with ``ast``.
+"""The floor plan (DESIGN.md §2, docs/architecture.md), checked by walking imports with ``ast``.
 
-foundations (``slts.errors``, ``slts.config``, ``slts.metadata``) <- bindings, journal
-<- engine (``slts.storage``, ``slts.gc``) <- tools. Bindings import nothing of the core
-but the errors; nothing imports the tools; the core imports no cloud SDK.
+Every module of the package has a rank; a module imports only modules of its own rank or
+a lower one (``RANKS``). A new room gets its rank when it lands: a module without one
+fails ``test_every_module_has_a_rank``. Bindings import nothing of the core but the errors;
+the core imports no cloud SDK; nothing imports the source folders by their bare names (that
+loads a second copy of every class in them); pyproject's package list names every folder
+that holds an ``__init__.py`` (a forgotten one ships a broken wheel while editable installs
+work).
 """
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import tomllib
 
 import pytest
 
@@ -43,6 +48,71 @@ def modules() -> dict[str, list[str]]:
 
 
 MODULES = modules()
+
+#: (a module, or a package and everything in it; its rank). No import goes up a rank.
+RANKS: tuple[tuple[str, int], ...] = (
+    ("slts", 0),  # the package itself: lazy names only
+    ("slts.errors", 0),
+    ("slts.config", 0),
+    ("slts.chunk_names", 0),
+    ("slts.metadata", 1),  # stores, records, key layout, the index rules, ownership
+    ("slts.bindings", 2),
+    ("slts.journal", 3),  # system segments: on bindings and metadata
+    ("slts.gc", 4),
+    ("slts.storage", 5),  # the engine
+    ("slts.orphans", 6),  # admin and repair, on the engine
+    ("slts.tools", 7),  # CLI, demo, bench, simulator
+)
+
+
+def room_of(module: str) -> tuple[str, int] | None:
+    """The most specific room holding ``module`` (None: not a module of the package)."""
+    found = [(room, rank) for room, rank in RANKS if module == room or module.startswith(room + ".")]
+    return max(found, key=lambda entry: len(entry[0])) if found else None
+
+
+def test_every_module_has_a_rank() -> None:
+    assert not [module for module in MODULES if room_of(module) is None]
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_go_down_the_ranks(module: str) -> None:
+    room = room_of(module)
+    assert room is not None
+    for name in MODULES[module]:
+        target = room_of(name) if name.startswith("slts") else None
+        if target is not None:
+            assert target[1] <= room[1], f"{module} (rank {room[1]}) imports {name} (rank {target[1]})"
+
+
+def _all_imports(path: pathlib.Path) -> list[str]:
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names.append(node.module or "")
+    return names
+
+
+@pytest.mark.parametrize("top", ["slts", "bindings", "journal", "tools", "tests"])
+def test_no_import_of_a_bare_source_folder(top: str) -> None:
+    bare = tuple(folder for folder in FOLDERS if folder != "slts")
+    for path in sorted((ROOT / top).rglob("*.py")):
+        for name in _all_imports(path):
+            assert name.split(".")[0] not in bare, f"{path.relative_to(ROOT)} imports {name}: use slts.{name}"
+
+
+def test_pyproject_lists_every_package() -> None:
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {package: folder for folder, package in FOLDERS.items()}
+    assert setuptools["package-dir"] == folders
+    found = set()
+    for package, folder in folders.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            relative = init.parent.relative_to(ROOT / folder)
+            found.add(".".join([package, *relative.parts]))
+    assert sorted(setuptools["packages"]) == sorted(found)
 
 
 def test_the_tree_was_found() -> None:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from slts.errors import ConcatTooDeep, Fenced, InvalidArgument, InvalidName, MetadataError
+from slts.metadata import index
 from slts.metadata.layout import SEGMENTS, name_key
 from slts.metadata.store import Expect, Operation, Put
-from slts.storage import index
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.verify import verify_container
 
