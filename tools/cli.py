@@ -241,13 +241,8 @@ def cmd_defrag(args: argparse.Namespace) -> int:
     """Merge runs of small consecutive chunks of one segment, or of every segment (under
     --prefix), as a batch beside the container's owner: this command fences nobody, a
     live writer keeps writing. In process, or with --spark on a Spark cluster."""
-    from slts.bindings import from_url
-
     from slts.config import StorageConfig
-    from slts.metadata.layout import SEGMENTS, TABLES, name_key
-    from slts.metadata.lmdb_store import LmdbMetadataStore
-    from slts.storage.batch_defrag import BatchDefrag, execute_locally, run_batch
-    from slts.storage.names import check_segment_name
+    from slts.storage.batch_defrag import ExecutorFactory, defrag_store, local_executor
 
     if (args.name is None) == (not args.all):
         raise InvalidArgument("give a segment NAME or --all, not both")
@@ -256,28 +251,26 @@ def cmd_defrag(args: argparse.Namespace) -> int:
     url, metadata = store_locations(args.store, args.metadata)
     if not os.path.isdir(metadata):
         raise InvalidArgument(f"no metadata folder {metadata!r}: nothing to defrag")
-    with from_url(url) as binding, LmdbMetadataStore(metadata, TABLES) as store:
-        if args.name is not None and store.get(SEGMENTS, name_key(check_segment_name(args.name))) is None:
-            raise SegmentNotFound(f"segment {args.name!r} does not exist", segment=args.name)
-        driver = BatchDefrag(binding, store, args.container, StorageConfig.from_mapping({}))
-        names = None if args.all else [args.name]
-        quiet = args.json or not sys.stderr.isatty()
-        with tqdm(desc="defrag", unit="run", disable=quiet) as bar, contextlib.ExitStack() as stack:
-            if args.spark:
-                from slts.tools.spark_defrag import spark_executor
+    executor: ExecutorFactory = local_executor(args.threads)
+    if args.spark:
+        from slts.tools.spark_defrag import spark_executor
 
-                executor = stack.enter_context(spark_executor(args.master or "local[*]", args.partitions))
-            else:
-                executor = execute_locally(binding, args.threads)
-            report = run_batch(
-                driver,
-                executor,
-                prefix=args.prefix,
-                names=names,
-                batch_runs=args.batch_runs,
-                batch_bytes=args.batch_bytes,
-                progress=bar.update,
-            )
+        master, partitions = args.master or "local[*]", args.partitions
+        executor = lambda _: spark_executor(master, partitions)  # noqa: E731 - one line, a factory
+    quiet = args.json or not sys.stderr.isatty()
+    with tqdm(desc="defrag", unit="run", disable=quiet) as bar:
+        report = defrag_store(
+            url,
+            metadata,
+            executor,
+            container_id=args.container,
+            config=StorageConfig.from_mapping({}),  # SLTS_* variables apply
+            prefix=args.prefix,
+            names=None if args.all else [args.name],
+            batch_runs=args.batch_runs,
+            batch_bytes=args.batch_bytes,
+            progress=bar.update,
+        )
     document = {
         **asdict(report),
         "segments": report.segments_scanned,

@@ -24,6 +24,7 @@ the demo stops before it starts, saying so.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -31,7 +32,7 @@ import random
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -306,26 +307,32 @@ def _spark_defrag(folder: str, owner: ChunkedSegmentStorage, quiet: bool) -> tup
     """The Spark defrag batch over every segment, beside the live ``owner``: its report and
     the seconds Spark took to start. Spark's output goes to ``SPARK_LOG`` in ``folder``;
     its tail is shown if the step fails."""
-    from slts.bindings import from_url
     from slts.tools.spark_defrag import spark_quietly
 
-    from slts.metadata.layout import TABLES
-    from slts.metadata.lmdb_store import LmdbMetadataStore
-    from slts.storage.batch_defrag import BatchDefrag, run_batch
+    from slts.storage.batch_defrag import Executor, defrag_store
 
     root = os.path.abspath(folder)  # the executors rebuild the binding from this URL
     log = os.path.join(root, SPARK_LOG)
+    spark_start_s = 0.0
+
+    @contextlib.contextmanager
+    def timed_spark(_: object) -> Iterator[Executor]:
+        nonlocal spark_start_s
+        started = time.perf_counter()
+        with spark_quietly(log, SPARK_MASTER) as executor:
+            spark_start_s = time.perf_counter() - started
+            yield executor
+
     try:
-        with (
-            tqdm(desc=f"spark defrag ({SPARK_MASTER})", unit="run", disable=quiet) as progress,
-            from_url(f"file://{os.path.join(root, 'chunks')}") as binding,
-            LmdbMetadataStore(os.path.join(root, "metadata"), TABLES) as store,
-        ):
-            driver = BatchDefrag(binding, store, 0, owner.config)  # not an owner: fences nobody
-            started = time.perf_counter()
-            with spark_quietly(log, SPARK_MASTER) as executor:
-                spark_start_s = time.perf_counter() - started
-                return run_batch(driver, executor, progress=progress.update), spark_start_s
+        with tqdm(desc=f"spark defrag ({SPARK_MASTER})", unit="run", disable=quiet) as progress:
+            report = defrag_store(
+                f"file://{os.path.join(root, 'chunks')}",
+                os.path.join(root, "metadata"),
+                timed_spark,
+                config=owner.config,  # not an owner: fences nobody
+                progress=progress.update,
+            )
+        return report, spark_start_s
     except Exception:
         print(f"slts demo: the Spark defrag failed; the end of {log}:\n{_log_tail(log)}", file=sys.stderr)
         raise

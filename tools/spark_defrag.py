@@ -26,7 +26,7 @@ from typing import Any
 
 from slts.config import StorageConfig
 from slts.errors import InvalidConfig, SltsError
-from slts.storage.batch_defrag import BatchDefrag, BatchReport, Executor, Outcome, RunTask, execute, run_batch
+from slts.storage.batch_defrag import BatchReport, Executor, Outcome, RunTask, defrag_store, execute
 
 TASK_ATTEMPTS_DEFAULT = 4
 _LOCAL = re.compile(r"local\[(?P<threads>\*|[0-9]+)\]")
@@ -148,12 +148,13 @@ def spark_defrag(
 ) -> BatchReport:
     """Defrag the container at ``url`` (metadata in LMDB folder ``metadata``) on Spark,
     beside its live owner. Raises ``Fenced`` if a new owner starts meanwhile."""
-    from slts.bindings import from_url
-
-    from slts.metadata.layout import TABLES
-    from slts.metadata.lmdb_store import LmdbMetadataStore
-
-    with from_url(url) as binding, LmdbMetadataStore(metadata, TABLES) as store:
-        driver = BatchDefrag(binding, store, container_id, config)
-        with spark_executor(master, partitions, **executor_options) as executor:
-            return run_batch(driver, executor, prefix=prefix, names=names, progress=progress)
+    return defrag_store(
+        url,
+        metadata,
+        lambda _: spark_executor(master, partitions, **executor_options),
+        container_id=container_id,
+        config=config,
+        prefix=prefix,
+        names=names,
+        progress=progress,
+    )

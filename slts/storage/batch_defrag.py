@@ -42,6 +42,7 @@ layout through its conflict handling, and through the stale-cache retry on reads
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -52,7 +53,7 @@ from types import TracebackType
 
 from slts.bindings.base import ChunkStorage
 from slts.config import StorageConfig
-from slts.errors import Fenced, InvalidArgument, InvalidName, SltsError, VersionConflict
+from slts.errors import Fenced, InvalidArgument, InvalidName, SegmentNotFound, SltsError, VersionConflict
 from slts.gc import queue_entry, requeue_lost_intents
 from slts.metadata.layout import CONTAINER, CONTAINER_KEY, GC, SEGMENTS, name_key
 from slts.metadata.records import ContainerRecord, GcReason, SegmentRecord
@@ -513,3 +514,56 @@ def run_batch(
     runs_ended = report.runs_committed + report.runs_dropped + report.runs_failed + report.runs_expired
     assert runs_ended == report.runs_planned, report
     return report
+
+
+#: Makes the executor of a batch over a binding, for the length of a ``with`` block.
+ExecutorFactory = Callable[[ChunkStorage], contextlib.AbstractContextManager[Executor]]
+
+
+def local_executor(threads: int = 4) -> ExecutorFactory:
+    """The in-process executor (``execute_locally``) as an ``ExecutorFactory``."""
+    return lambda binding: contextlib.nullcontext(execute_locally(binding, threads))
+
+
+def defrag_store(
+    url: str,
+    metadata: str,
+    executor: ExecutorFactory,
+    *,
+    container_id: int = 0,
+    config: StorageConfig | None = None,
+    prefix: str = "",
+    names: Sequence[str] | None = None,
+    batch_runs: int = BATCH_RUNS_DEFAULT,
+    batch_bytes: int = BATCH_BYTES_DEFAULT,
+    progress: Callable[[int], None] | None = None,
+) -> BatchReport:
+    """The whole defrag batch over the store at ``url`` (chunk storage) with its LMDB
+    metadata folder ``metadata``, beside the container's live owner (it fences nobody):
+    open both, plan and commit every batch (``run_batch``) with the executor that
+    ``executor(binding)`` enters, close both. The one wiring the CLI, the Spark job and
+    the demo share.
+
+    Raises ``SegmentNotFound`` if one of ``names`` does not exist (nothing done),
+    ``StoreNotFound``/``InvalidConfig`` for a missing or bad metadata folder, and what
+    ``BatchDefrag`` and ``run_batch`` raise (``Fenced`` if a new owner starts meanwhile).
+    """
+    from slts.bindings import from_url
+    from slts.metadata.layout import TABLES
+    from slts.metadata.lmdb_store import LmdbMetadataStore
+
+    with from_url(url) as binding, LmdbMetadataStore(metadata, TABLES) as store:
+        for name in names or ():
+            if store.get(SEGMENTS, name_key(check_segment_name(name))) is None:
+                raise SegmentNotFound(f"segment {name!r} does not exist", segment=name)
+        driver = BatchDefrag(binding, store, container_id, config)
+        with executor(binding) as run_tasks:
+            return run_batch(
+                driver,
+                run_tasks,
+                prefix=prefix,
+                names=names,
+                batch_runs=batch_runs,
+                batch_bytes=batch_bytes,
+                progress=progress,
+            )
