@@ -3,8 +3,8 @@
 DESIGN.md §6, PDP-34 "Why SLTS needs System Journal?". Modules, bottom up:
 
 * ``framing``: the ``[length][crc32c][msgpack]`` record format and its readers;
-* ``names``: predictable, unique names of journal files, snapshots, checkpoints;
-* ``layout``: the pinned layout of the system segments and what each record means;
+* ``system_names``: predictable, unique names of journal files, snapshots, checkpoints;
+* ``system_layout``: the pinned layout of the system segments and what each record means;
 * ``replay``: boot replay from tier-2 (latest valid checkpoint, then journal files);
 * ``journal``: one epoch's writer: records, snapshots, checkpoints, clean-up;
 * ``system_segments``: append/truncate/read system segments through the journal;

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from slts.bindings.base import ChunkStorage
 from slts.journal.journal import JournalSettings, SystemJournal
 from slts.journal.metadata_copy import LogGap, MetadataLog, SnapshotInfo
-from slts.journal.names import METADATA_LOG
+from slts.journal.system_names import METADATA_LOG
 from slts.journal.system_segments import SystemSegments
 
 from slts.config import StorageConfig

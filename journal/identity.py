@@ -37,12 +37,12 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from slts.bindings.base import ChunkStorage
-from slts.journal.names import identity_object
+from slts.journal.system_names import identity_object
 
 from slts.chunk_names import unique_hex
 from slts.errors import ChunkExists, ChunkNotFound, MetadataCorrupted, StoreMismatch, VersionConflict
-from slts.metadata.layout import CONTAINER
 from slts.metadata.records import _EMPTY, Record
+from slts.metadata.schema import CONTAINER
 from slts.metadata.store import Expect, MetadataStore, Put
 
 IDENTITY_KEY = b"identity"

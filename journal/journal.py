@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from slts.bindings.base import ChunkHandle, ChunkStorage
-from slts.journal import framing, names
-from slts.journal.layout import SNAPSHOT, InconsistentRecord, SystemLayout
+from slts.journal import framing, system_names
 from slts.journal.replay import CHECKPOINT, Replay, listing, read_single_record, replay, valid_snapshot
+from slts.journal.system_layout import SNAPSHOT, InconsistentRecord, SystemLayout
 
 from slts.chunk_names import leaf_epoch
 from slts.errors import ChunkNotFound, ChunkStorageError, Fenced, StorageUnavailable
@@ -149,7 +149,9 @@ class SystemJournal:
         self._broken = False
         # The checkpoint booted from is the oldest one kept: once this epoch has its own,
         # everything older than the base's coverage is removed (restarts do not pile up).
-        base = names.parse_checkpoint(self.container_id, found.checkpoint) if found.checkpoint else None
+        base = (
+            system_names.parse_checkpoint(self.container_id, found.checkpoint) if found.checkpoint else None
+        )
         self._kept = [((base.epoch, base.number), found.covered)] if base else []
         # The boot record: a full snapshot heads this epoch's journal (a new file).
         self.write({"k": SNAPSHOT, "layouts": self.layout.snapshot_record((0, 0))["layouts"]}, new_file=True)
@@ -198,7 +200,7 @@ class SystemJournal:
                     self._file_number += 1
                     self.statistics.files += 1
                     handle = self.binding.create(
-                        names.journal_file(self.container_id, self.epoch, self._file_number), data
+                        system_names.journal_file(self.container_id, self.epoch, self._file_number), data
                     )
                     self._active, self._active_bytes = (handle, len(data)) if self._append else (None, 0)
                 self.statistics.records += 1
@@ -232,7 +234,7 @@ class SystemJournal:
         it could not be validated (the previous snapshot stays the base)."""
         self._snapshot_number += 1
         number = self._snapshot_number
-        name = names.journal_snapshot(self.container_id, self.epoch, number)
+        name = system_names.journal_snapshot(self.container_id, self.epoch, number)
         last = self._next_record - 1
         body = self.layout.snapshot_record((self.epoch, last))
         covered = (self.epoch, self._file_number)
@@ -245,7 +247,7 @@ class SystemJournal:
             return None
         pointer = {"k": CHECKPOINT, "snapshot": name, "epoch": self.epoch, "number": number}
         for attempt in range(1, CHECKPOINT_ATTEMPTS + 1):
-            checkpoint = names.checkpoint(self.container_id, self.epoch, number, attempt)
+            checkpoint = system_names.checkpoint(self.container_id, self.epoch, number, attempt)
             with contextlib.suppress(ChunkStorageError):
                 self.binding.create(checkpoint, framing.encode_record(pointer))
                 if read_single_record(self.binding, checkpoint) == pointer:
@@ -299,8 +301,8 @@ def stale_system_chunks(
     ``layout`` does not reference."""
     referenced = {chunk.name for segment in layout.segments.values() for chunk in segment.chunks}
     stale = []
-    for segment in names.SYSTEM_SEGMENTS:
-        for name in binding.list(names.segment_chunks_prefix(container_id, segment)):
+    for segment in system_names.SYSTEM_SEGMENTS:
+        for name in binding.list(system_names.segment_chunks_prefix(container_id, segment)):
             made_by = leaf_epoch(name)
             if name not in referenced and made_by is not None and made_by < epoch:
                 stale.append(name)

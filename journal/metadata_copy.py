@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from slts.journal import framing
-from slts.journal.names import METADATA_LOG, METADATA_SNAPSHOTS
+from slts.journal.system_names import METADATA_LOG, METADATA_SNAPSHOTS
 from slts.journal.system_segments import SystemSegments, iter_range
 
 from slts.errors import MetadataCorrupted

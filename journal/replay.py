@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slts.bindings.base import ChunkStorage
-from slts.journal import framing, names
-from slts.journal.layout import SNAPSHOT, InconsistentRecord, SystemLayout, record_id
+from slts.journal import framing, system_names
+from slts.journal.system_layout import SNAPSHOT, InconsistentRecord, SystemLayout, record_id
 
 from slts.errors import ChunkNotFound, ChunkStorageError
 
@@ -55,9 +55,9 @@ class Replay:
     max_file: dict[int, int] = field(default_factory=dict)
     max_snapshot: dict[int, int] = field(default_factory=dict)
     max_record: dict[int, int] = field(default_factory=dict)
-    all_files: list[names.Numbered] = field(default_factory=list)
-    all_snapshots: list[names.Numbered] = field(default_factory=list)
-    all_checkpoints: list[names.Numbered] = field(default_factory=list)
+    all_files: list[system_names.Numbered] = field(default_factory=list)
+    all_snapshots: list[system_names.Numbered] = field(default_factory=list)
+    all_checkpoints: list[system_names.Numbered] = field(default_factory=list)
 
 
 def read_object(binding: ChunkStorage, name: str) -> bytes:
@@ -78,22 +78,22 @@ def read_single_record(binding: ChunkStorage, name: str) -> dict[str, Any] | Non
     return result.records[0][1]
 
 
-def listing(binding: ChunkStorage, container_id: int) -> tuple[list[names.Numbered], ...]:
+def listing(binding: ChunkStorage, container_id: int) -> tuple[list[system_names.Numbered], ...]:
     """(journal files, journal snapshots, checkpoints) of the container, each sorted."""
     files = [
         n
-        for name in binding.list(names.journal_prefix(container_id))
-        if (n := names.parse_journal_file(container_id, name))
+        for name in binding.list(system_names.journal_prefix(container_id))
+        if (n := system_names.parse_journal_file(container_id, name))
     ]
     snapshots = [
         n
-        for name in binding.list(names.snapshots_prefix(container_id))
-        if (n := names.parse_journal_snapshot(container_id, name))
+        for name in binding.list(system_names.snapshots_prefix(container_id))
+        if (n := system_names.parse_journal_snapshot(container_id, name))
     ]
     checkpoints = [
         n
-        for name in binding.list(names.checkpoints_prefix(container_id))
-        if (n := names.parse_checkpoint(container_id, name))
+        for name in binding.list(system_names.checkpoints_prefix(container_id))
+        if (n := system_names.parse_checkpoint(container_id, name))
     ]
     return sorted(files), sorted(snapshots), sorted(checkpoints)
 
@@ -169,7 +169,7 @@ def _apply(
         on_record(file, record)
 
 
-def _load_base(binding: ChunkStorage, checkpoints: list[names.Numbered], result: Replay) -> None:
+def _load_base(binding: ChunkStorage, checkpoints: list[system_names.Numbered], result: Replay) -> None:
     for numbered in reversed(checkpoints):
         try:
             pointer = read_single_record(binding, numbered.name)

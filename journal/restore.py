@@ -25,18 +25,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from slts.bindings.base import ChunkStorage
-from slts.journal import framing, names
+from slts.journal import framing, system_names
 from slts.journal.identity import carry_over
-from slts.journal.layout import SystemLayout
 from slts.journal.metadata_copy import SNAPSHOT_END, SNAPSHOT_SEQUENCE, decode_change, iter_snapshot
-from slts.journal.names import METADATA_LOG, METADATA_SNAPSHOTS
 from slts.journal.replay import Replay, replay
+from slts.journal.system_layout import SystemLayout
+from slts.journal.system_names import METADATA_LOG, METADATA_SNAPSHOTS
 from slts.journal.system_segments import iter_range
 
 from slts.chunk_names import leaf_offset
 from slts.errors import ChunkNotFound, ChunkStorageError, InvalidArgument, MetadataCorrupted
-from slts.metadata.layout import CONTAINER, CONTAINER_KEY
 from slts.metadata.records import ContainerRecord
+from slts.metadata.schema import CONTAINER, CONTAINER_KEY
 from slts.metadata.store import MetadataStore, Operation, Put
 
 
@@ -190,7 +190,7 @@ def _truncated_away(layout: SystemLayout, container_id: int, name: str) -> bool:
     truncate whose delete failed: the owner deletes it again before its next change, a
     boot removes it too)?"""
     for segment, segment_layout in layout.segments.items():
-        if name.startswith(names.segment_chunks_prefix(container_id, segment)):
+        if name.startswith(system_names.segment_chunks_prefix(container_id, segment)):
             offset = leaf_offset(name)
             return offset is not None and offset < segment_layout.start_offset
     return False
@@ -203,8 +203,8 @@ def verify_copy(binding: ChunkStorage, container_id: int) -> CopyReport:
     Reads only; never raises for damage, which it reports as problems."""
     from slts.journal.journal import stale_system_chunks
 
-    from slts.metadata.layout import SEGMENTS, TABLES
     from slts.metadata.memory_store import MemoryMetadataStore
+    from slts.metadata.schema import SEGMENTS, TABLES
 
     report = CopyReport()
     found = replay(binding, container_id)
@@ -256,8 +256,8 @@ def restore_to_folder(binding: ChunkStorage, container_id: int, folder: str) -> 
     """
     import shutil
 
-    from slts.metadata.layout import TABLES
     from slts.metadata.lmdb_store import LmdbMetadataStore
+    from slts.metadata.schema import TABLES
 
     if not isinstance(folder, str) or not folder:
         raise InvalidArgument(f"restore needs a target folder, got {folder!r}")

@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from slts.bindings.base import ChunkHandle, ChunkStorage
-from slts.journal import names
+from slts.journal import system_names
 from slts.journal.journal import SystemJournal
-from slts.journal.layout import ADD, APPEND, TRUNCATE, SystemSegmentLayout
+from slts.journal.system_layout import ADD, APPEND, TRUNCATE, SystemSegmentLayout
 
 from slts.errors import ChunkNotFound, ChunkStorageError, InvalidOffset, MetadataCorrupted
 
@@ -92,7 +92,9 @@ class SystemSegments:
                 self._own.add(last.name)
                 return offset
             else:
-                name = names.system_chunk(self.journal.container_id, segment, self.journal.epoch, offset)
+                name = system_names.system_chunk(
+                    self.journal.container_id, segment, self.journal.epoch, offset
+                )
                 self.binding.create(name, data)
                 self._own.add(name)
                 record = {

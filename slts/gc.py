@@ -39,9 +39,9 @@ from slts.bindings.base import ChunkHandle, ChunkStorage
 from slts.config import StorageConfig
 from slts.errors import ChunkNotFound, ChunkStorageError, Fenced, ReadOnlyInstance, SltsError, VersionConflict
 from slts.metadata import index
-from slts.metadata.layout import CHUNKS, DELETED, GC, INDEX, gc_key, gc_queued_stop, name_key, segment_id_key
 from slts.metadata.ownership import Ownership, ReadOnlyOwnership
 from slts.metadata.records import ChunkRecord, GcEntry, GcReason, SegmentRecord
+from slts.metadata.schema import CHUNKS, DELETED, GC, INDEX, gc_key, gc_queued_stop, name_key, segment_id_key
 from slts.metadata.store import Delete, Expect, MetadataStore, Operation, Put
 
 _log = logging.getLogger("slts.gc")

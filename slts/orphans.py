@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from slts.journal.names import system_prefix
-from slts.metadata.layout import CHUNKS, GC, name_key
+from slts.journal.system_names import system_prefix
 from slts.metadata.records import GcEntry, GcReason
+from slts.metadata.schema import CHUNKS, GC, name_key
 from slts.metadata.store import Expect
 from slts.storage.chunked import ChunkedSegmentStorage
-from slts.storage.names import chunk_epoch, chunk_prefix
+from slts.storage.segment_names import chunk_epoch, chunk_prefix
 
 
 @dataclass

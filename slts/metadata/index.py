@@ -29,8 +29,8 @@ import struct
 from typing import Protocol
 
 from slts.errors import MetadataCorrupted
-from slts.metadata.layout import INDEX, index_key, index_key_offset, index_prefix
 from slts.metadata.records import ChunkRecord
+from slts.metadata.schema import INDEX, index_key, index_key_offset, index_prefix
 from slts.metadata.store import Delete, Put, ReadView, Versioned
 
 #: First byte of a link entry's value (chunk names never contain NUL).

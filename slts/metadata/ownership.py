@@ -14,8 +14,8 @@ import threading
 from collections.abc import Callable, Sequence
 
 from slts.errors import Fenced, InvalidArgument, InvalidConfig, ReadOnlyInstance, VersionConflict
-from slts.metadata.layout import CONTAINER, CONTAINER_KEY
 from slts.metadata.records import ContainerRecord
+from slts.metadata.schema import CONTAINER, CONTAINER_KEY
 from slts.metadata.store import Expect, MetadataStore, Operation, Put
 
 _START_ATTEMPTS_MAX = 8

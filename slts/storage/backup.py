@@ -24,11 +24,11 @@ import msgpack
 
 from slts.errors import ChunkNotFound, InvalidArgument, MetadataCorrupted, SegmentExists
 from slts.metadata import index
-from slts.metadata.layout import CHUNKS, SEGMENTS, name_key
 from slts.metadata.records import ChunkRecord, SegmentRecord, SegmentStatus
+from slts.metadata.schema import CHUNKS, SEGMENTS, name_key
 from slts.metadata.store import Expect, Operation, Put
 from slts.storage.chunked import ChunkedSegmentStorage, SegmentInfo
-from slts.storage.names import check_segment_name
+from slts.storage.segment_names import check_segment_name
 
 MAGIC = b"SLTS-SEGMENT\n"
 FORMAT_VERSION = 1

@@ -55,11 +55,11 @@ from slts.bindings.base import ChunkStorage
 from slts.config import StorageConfig
 from slts.errors import Fenced, InvalidArgument, InvalidName, SegmentNotFound, SltsError, VersionConflict
 from slts.gc import queue_entry, requeue_lost_intents
-from slts.metadata.layout import CONTAINER, CONTAINER_KEY, GC, SEGMENTS, name_key
 from slts.metadata.records import ContainerRecord, GcReason, SegmentRecord
+from slts.metadata.schema import CONTAINER, CONTAINER_KEY, GC, SEGMENTS, name_key
 from slts.metadata.store import Delete, Expect, MetadataStore, Operation, Put, prefix_stop
 from slts.storage import defrag
-from slts.storage.names import check_segment_name, chunk_name
+from slts.storage.segment_names import check_segment_name, chunk_name
 
 #: Runs planned (and registered, built, committed) per batch ...
 BATCH_RUNS_DEFAULT = 2000
@@ -549,8 +549,8 @@ def defrag_store(
     ``BatchDefrag`` and ``run_batch`` raise (``Fenced`` if a new owner starts meanwhile).
     """
     from slts.bindings import from_url
-    from slts.metadata.layout import TABLES
     from slts.metadata.lmdb_store import LmdbMetadataStore
+    from slts.metadata.schema import TABLES
 
     with from_url(url) as binding, LmdbMetadataStore(metadata, TABLES) as store:
         for name in names or ():

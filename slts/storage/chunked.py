@@ -55,14 +55,14 @@ from slts.journal import identity
 from slts.journal.durable_copy import DurableCopy
 from slts.metadata import index
 from slts.metadata.cache import CachedMetadataStore
-from slts.metadata.layout import CHUNKS, DELETED, GC, SEGMENTS, name_key, segment_id_key
 from slts.metadata.ownership import EPOCH_MAX, Ownership, ReadOnlyOwnership
 from slts.metadata.records import ChunkRecord, DecodedRecords, GcReason, SegmentRecord, SegmentStatus
+from slts.metadata.schema import CHUNKS, DELETED, GC, SEGMENTS, name_key, segment_id_key
 from slts.metadata.store import Delete, Expect, MetadataStore, Put, prefix_stop
 from slts.storage import block_checksums
-from slts.storage.layout_ops import LayoutOperations
+from slts.storage.layout_changes import LayoutOperations
 from slts.storage.leaks import LeakReport, find_leaks
-from slts.storage.names import check_segment_name, chunk_name
+from slts.storage.segment_names import check_segment_name, chunk_name
 from slts.storage.types import SegmentHandle, SegmentInfo, StorageStatistics
 
 _LOCK_STRIPES = 64

@@ -31,8 +31,8 @@ from slts.bindings.base import ChunkStorage, ConcatSource
 from slts.config import CHECKSUM_BLOCK_BYTES_DEFAULT, StorageConfig
 from slts.errors import ChunkCorrupted, ChunkNotFound, MetadataCorrupted, VersionConflict
 from slts.metadata import index
-from slts.metadata.layout import CHUNKS, GC, SEGMENTS, name_key
 from slts.metadata.records import ChunkRecord, SegmentRecord
+from slts.metadata.schema import CHUNKS, GC, SEGMENTS, name_key
 from slts.metadata.store import Delete, Expect, MetadataStore, Operation, Put, ReadView
 from slts.storage import block_checksums
 

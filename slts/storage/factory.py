@@ -9,7 +9,7 @@ from typing import Any
 from slts.bindings import from_url
 from slts.config import StorageConfig
 from slts.errors import InvalidConfig, StoreNotFound
-from slts.metadata.layout import TABLES
+from slts.metadata.schema import TABLES
 from slts.metadata.store import MetadataStore
 from slts.storage.chunked import ChunkedSegmentStorage
 

@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from slts.metadata import index
-from slts.metadata.layout import CHUNKS, DELETED, GC, INDEX, SEGMENTS, name_key
 from slts.metadata.records import ChunkRecord, GcEntry, SegmentRecord
+from slts.metadata.schema import CHUNKS, DELETED, GC, INDEX, SEGMENTS, name_key
 from slts.metadata.store import SCAN_LIMIT_DEFAULT, MetadataStore, ReadView, Versioned
 
 #: How many examples of each kind a report keeps.

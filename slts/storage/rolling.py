@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from slts.bindings.base import ChunkStorage
 from slts.errors import ChunkExists, ChunkNotFound, InvalidArgument, MetadataCorrupted, SegmentExists
 from slts.metadata import index
-from slts.metadata.layout import CHUNKS, SEGMENTS, name_key
 from slts.metadata.records import ChunkRecord, SegmentRecord, SegmentStatus
+from slts.metadata.schema import CHUNKS, SEGMENTS, name_key
 from slts.metadata.store import Expect, Operation, Put
 from slts.storage.backup import check_unreferenced
 from slts.storage.chunked import ChunkedSegmentStorage, SegmentInfo
-from slts.storage.names import check_segment_name
+from slts.storage.segment_names import check_segment_name
 
 HEADER_SUFFIX = "$header"
 _MAXSIZE = "maxsize"

@@ -22,14 +22,14 @@ import crc32c
 
 from slts.bindings.base import ChunkStorage
 from slts.errors import ChunkNotFound
-from slts.journal.names import system_prefix
 from slts.journal.restore import verify_copy
+from slts.journal.system_names import system_prefix
 from slts.metadata import index
-from slts.metadata.layout import CHUNKS, DELETED, GC, name_key
 from slts.metadata.records import ChunkRecord, GcEntry, SegmentRecord
+from slts.metadata.schema import CHUNKS, DELETED, GC, name_key
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.leaks import LeakReport
-from slts.storage.names import chunk_prefix
+from slts.storage.segment_names import chunk_prefix
 
 
 @dataclass

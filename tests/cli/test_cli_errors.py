@@ -33,9 +33,9 @@ def store(tmp_path: Path) -> list[str]:
 
 
 def epoch(store: list[str]) -> int:
-    from slts.metadata.layout import CONTAINER, CONTAINER_KEY, TABLES
     from slts.metadata.lmdb_store import LmdbMetadataStore
     from slts.metadata.records import ContainerRecord
+    from slts.metadata.schema import CONTAINER, CONTAINER_KEY, TABLES
 
     with LmdbMetadataStore(os.path.join(store[1], "metadata"), TABLES) as metadata:
         stored = metadata.get(CONTAINER, CONTAINER_KEY)

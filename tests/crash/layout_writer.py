@@ -122,8 +122,8 @@ def open_child_storage(folder: str, kill_at: int | None):
     from slts.bindings.filesystem import FileSystemChunkStorage
 
     from slts.config import StorageConfig
-    from slts.metadata.layout import TABLES
     from slts.metadata.lmdb_store import LmdbMetadataStore
+    from slts.metadata.schema import TABLES
     from slts.storage.chunked import ChunkedSegmentStorage
 
     switch = _KillSwitch(kill_at)

@@ -23,8 +23,8 @@ from slts.bindings.s3 import S3ChunkStorage
 
 from slts.config import StorageConfig
 from slts.errors import SltsError
-from slts.metadata.layout import TABLES
 from slts.metadata.lmdb_store import LmdbMetadataStore
+from slts.metadata.schema import TABLES
 from slts.storage.chunked import ChunkedSegmentStorage
 from tests.s3server import SeaweedServer, SeaweedUnavailable, find_weed
 

@@ -17,14 +17,14 @@ from collections.abc import Iterator
 
 import pytest
 from slts.bindings.faulty import FaultyChunkStorage
-from slts.journal.names import METADATA_SNAPSHOTS
 from slts.journal.restore import restore, verify_copy
+from slts.journal.system_names import METADATA_SNAPSHOTS
 
 from slts.config import StorageConfig
 from slts.errors import Fenced, InvalidArgument, MetadataCorrupted, StorageUnavailable
-from slts.metadata.layout import TABLES
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.memory_store import MemoryMetadataStore
+from slts.metadata.schema import TABLES
 from slts.metadata.store import MetadataStore
 from slts.orphans import reconcile
 from slts.storage.chunked import ChunkedSegmentStorage

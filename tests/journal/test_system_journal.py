@@ -13,16 +13,16 @@ from collections.abc import Callable
 import pytest
 from slts.bindings.base import ChunkHandle, ChunkStorage
 from slts.bindings.faulty import FaultyChunkStorage
-from slts.journal import framing, names
+from slts.journal import framing, system_names
 from slts.journal.journal import JournalSettings, SystemJournal
-from slts.journal.layout import SystemLayout
 from slts.journal.replay import read_object, replay
+from slts.journal.system_layout import SystemLayout
 from slts.journal.system_segments import SystemSegments, read_range
 
 from slts.errors import Fenced, InvalidOffset, StorageUnavailable
 
-LOG = names.METADATA_LOG
-SNAPS = names.METADATA_SNAPSHOTS
+LOG = system_names.METADATA_LOG
+SNAPS = system_names.METADATA_SNAPSHOTS
 NO_SNAPSHOTS = JournalSettings(snapshot_records=10**9)
 
 
@@ -90,9 +90,9 @@ def test_boot_after_many_records(binding: ChunkStorage, snapshot_records: int) -
 
 def _listing(binding: ChunkStorage) -> tuple[list[str], list[str], list[str]]:
     return (
-        list(binding.list(names.journal_prefix(0))),
-        list(binding.list(names.snapshots_prefix(0))),
-        list(binding.list(names.checkpoints_prefix(0))),
+        list(binding.list(system_names.journal_prefix(0))),
+        list(binding.list(system_names.snapshots_prefix(0))),
+        list(binding.list(system_names.checkpoints_prefix(0))),
     )
 
 
@@ -103,12 +103,12 @@ def test_torn_last_record_is_ignored(binding: ChunkStorage) -> None:
     torn = framing.encode_record(
         {"k": "append", "id": [1, 999], "seg": LOG, "chunk": "x", "offset": 0, "length": 5}
     )
-    last = sorted(binding.list(names.journal_prefix(0)))[-1]
+    last = sorted(binding.list(system_names.journal_prefix(0)))[-1]
     if binding.supports_append:  # a crash mid-append leaves half a record at the end of the file
         size = binding.get_info(last).length
         binding.write(binding.open_write(last), size, torn[: len(torn) // 2])
     else:  # without append every record is an object: the torn one is a file of its own
-        binding.create(names.journal_file(0, 1, 10**6), torn[: len(torn) // 2])
+        binding.create(system_names.journal_file(0, 1, 10**6), torn[: len(torn) // 2])
     found = replay(binding, 0)
     assert found.torn == 1 and encoded(found.layout) == layout
     booted = SystemJournal.boot(binding, 0, 2)
@@ -119,10 +119,10 @@ def test_duplicate_records_are_ignored(binding: ChunkStorage) -> None:
     segments = start(binding, 1)
     write_some(segments, 20)
     layout = encoded(segments.journal.layout)
-    files = sorted(binding.list(names.journal_prefix(0)))
+    files = sorted(binding.list(system_names.journal_prefix(0)))
     # A retried write that had landed after all: the same records again, in a later file.
     again = b"".join(read_object(binding, name) for name in files[-3:])
-    binding.create(names.journal_file(0, 1, 10**6), again)
+    binding.create(system_names.journal_file(0, 1, 10**6), again)
     found = replay(binding, 0)
     assert found.duplicates >= 3 and found.inconsistent == 0
     assert encoded(found.layout) == layout
@@ -138,7 +138,9 @@ def test_corrupt_record_is_skipped_and_gaps_in_file_numbers_are_tolerated(bindin
         )
     )
     bad[-1] ^= 0xFF  # the CRC no longer matches
-    binding.create(names.journal_file(0, 1, 10**6 + 7), bytes(bad))  # far beyond the last number: a gap
+    binding.create(
+        system_names.journal_file(0, 1, 10**6 + 7), bytes(bad)
+    )  # far beyond the last number: a gap
     found = replay(binding, 0)
     assert found.corrupt == 1 and encoded(found.layout) == layout
 
@@ -174,7 +176,7 @@ def test_zombie_changes_never_appear(binding: ChunkStorage) -> None:
     assert contents(binding, third.layout)[LOG] == bytes(expected_new)
     assert b"ZOMBIE" not in contents(binding, third.layout)[LOG]
     assert third.layout.segment(LOG).attrs["n"] == 2004
-    left = set(binding.list(names.segment_chunks_prefix(0, LOG)))
+    left = set(binding.list(system_names.segment_chunks_prefix(0, LOG)))
     assert not zombie_chunks & left, "boot removes the zombie's unreferenced chunks"
 
 
@@ -196,12 +198,12 @@ def test_half_written_snapshot_falls_back_to_the_previous(binding: ChunkStorage)
     body = framing.encode_record(
         segments.journal.layout.snapshot_record((1, 10**6)) | {"journal": [1, 10**6]}
     )
-    half = names.journal_snapshot(0, 1, 10**5)
+    half = system_names.journal_snapshot(0, 1, 10**5)
     binding.create(half, body[: len(body) // 2])
     pointer = {"k": "checkpoint", "snapshot": half, "epoch": 1, "number": 10**5}
-    binding.create(names.checkpoint(0, 1, 10**5, 1), framing.encode_record(pointer))
+    binding.create(system_names.checkpoint(0, 1, 10**5, 1), framing.encode_record(pointer))
     found = replay(binding, 0)
-    assert found.invalid_checkpoints == [names.checkpoint(0, 1, 10**5, 1)]
+    assert found.invalid_checkpoints == [system_names.checkpoint(0, 1, 10**5, 1)]
     assert found.checkpoint == valid and encoded(found.layout) == layout
 
 
@@ -247,6 +249,6 @@ def test_truncation_deletes_dropped_chunks(binding: ChunkStorage) -> None:
     segments.truncate(SNAPS, 250)
     layout = segments.layout(SNAPS)
     assert [c.name for c in layout.chunks] == first[2:] and layout.start_offset == 250
-    assert not set(first[:2]) & set(binding.list(names.segment_chunks_prefix(0, SNAPS)))
+    assert not set(first[:2]) & set(binding.list(system_names.segment_chunks_prefix(0, SNAPS)))
     assert segments.read(SNAPS, 250, 150) == b"x" * 150
     assert not binding.exists(first[0]) and ChunkHandle  # deleted right after the durable record

@@ -31,8 +31,8 @@ from slts.tools import cli
 import slts
 from slts.config import StorageConfig
 from slts.errors import ChunkExists, ChunkNotFound, ChunkStorageError, InvalidConfig, StorageUnavailable
-from slts.metadata.layout import TABLES
 from slts.metadata.lmdb_store import LmdbMetadataStore
+from slts.metadata.schema import TABLES
 from slts.storage.chunked import ChunkedSegmentStorage
 from tests.s3server import SeaweedServer, SeaweedUnavailable, find_weed
 

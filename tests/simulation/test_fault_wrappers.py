@@ -9,8 +9,8 @@ from slts.bindings.memory import MemoryChunkStorage
 
 from slts.errors import MetadataError, StorageUnavailable
 from slts.metadata.faulty_store import FaultyMetadataStore
-from slts.metadata.layout import TABLES
 from slts.metadata.memory_store import MemoryMetadataStore
+from slts.metadata.schema import TABLES
 from slts.metadata.store import Put
 
 KEY = b"k"

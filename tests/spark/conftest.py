@@ -83,8 +83,8 @@ def fragment(
     """Create ``names`` and give each ``pieces`` chunks: one ``piece`` per owner, a new
     owner (epoch) per round; then seal ``seal``. The metadata is written without syncs
     (setup speed only: nothing here crashes); every owner is closed when this returns."""
-    from slts.metadata.layout import TABLES
     from slts.metadata.lmdb_store import LmdbMetadataStore
+    from slts.metadata.schema import TABLES
     from slts.storage.factory import open as open_storage
 
     os.makedirs(metadata, exist_ok=True)
@@ -122,8 +122,8 @@ def defrag_with(
     from a driver of its own (its binding and metadata store opened here)."""
     from slts.bindings import from_url
 
-    from slts.metadata.layout import TABLES
     from slts.metadata.lmdb_store import LmdbMetadataStore
+    from slts.metadata.schema import TABLES
 
     with from_url(url) as binding, LmdbMetadataStore(metadata, TABLES) as store:
         return run_batch(BatchDefrag(binding, store, 0, config), executor, **options)  # type: ignore[arg-type]
@@ -144,8 +144,8 @@ def open_owner(url: str, metadata: str, *, synced: bool = True, **config: object
     """A new owner (next epoch) that collects garbage at once when asked (no background
     GC). ``synced=False``: metadata commits without syncs, for checks after the fact
     (the metadata folder must not be open elsewhere in this process)."""
-    from slts.metadata.layout import TABLES
     from slts.metadata.lmdb_store import LmdbMetadataStore
+    from slts.metadata.schema import TABLES
     from slts.storage.factory import open as open_storage
 
     store = metadata if synced else LmdbMetadataStore(metadata, TABLES, durable=False)

@@ -14,13 +14,13 @@ import pytest
 from slts.bindings.base import ChunkStorage
 from slts.bindings.filesystem import FileSystemChunkStorage
 from slts.bindings.memory import MemoryChunkStorage
-from slts.journal.names import system_prefix
+from slts.journal.system_names import system_prefix
 from slts.tools.simulation.seam import FakeClock  # one fake clock for tests and the simulator
 
 from slts.config import StorageConfig
-from slts.metadata.layout import TABLES
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.memory_store import MemoryMetadataStore
+from slts.metadata.schema import TABLES
 from slts.metadata.store import MetadataStore
 from slts.storage.chunked import ChunkedSegmentStorage
 from tests.s3.harness import s3_storage_binding

@@ -8,7 +8,7 @@ from slts.storage.verify import verify_container, verify_segment
 
 from .conftest import Env
 from .test_bad_input import expect_unchanged
-from .test_layout_ops import content, fill
+from .test_layout_changes import content, fill
 
 
 def test_export_then_import_into_a_store_that_lost_it(env: Env) -> None:
@@ -24,7 +24,7 @@ def test_export_then_import_into_a_store_that_lost_it(env: Env) -> None:
     assert record.name == "s" and len(chunks) == record.chunk_count
 
     # Lose the segment's metadata (not its chunks): drop its records by hand.
-    from slts.metadata.layout import CHUNKS, SEGMENTS, name_key
+    from slts.metadata.schema import CHUNKS, SEGMENTS, name_key
     from slts.metadata.store import Delete
 
     env.store.commit(

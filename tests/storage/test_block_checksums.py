@@ -19,8 +19,8 @@ from slts.bindings.memory import MemoryChunkStorage
 
 from slts.config import StorageConfig
 from slts.errors import ChunkCorrupted
-from slts.metadata.layout import CHUNKS, TABLES, name_key
 from slts.metadata.memory_store import MemoryMetadataStore
+from slts.metadata.schema import CHUNKS, TABLES, name_key
 from slts.metadata.store import Put
 from slts.storage import block_checksums, defrag
 from slts.storage.chunked import ChunkedSegmentStorage

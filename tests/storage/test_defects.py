@@ -12,7 +12,7 @@ import pytest
 
 from slts.errors import ConcatTooDeep, Fenced, InvalidArgument, InvalidName, MetadataError
 from slts.metadata import index
-from slts.metadata.layout import SEGMENTS, name_key
+from slts.metadata.schema import SEGMENTS, name_key
 from slts.metadata.store import Expect, Operation, Put
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.verify import verify_container

@@ -15,9 +15,9 @@ import pytest
 
 import slts
 from slts.errors import Fenced, InvalidArgument, InvalidConfig, MetadataCorrupted, StoreNotFound
-from slts.metadata.layout import TABLES
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.ownership import EPOCH_MAX
+from slts.metadata.schema import TABLES
 
 
 def open_at(tmp_path: Path, **kwargs: object) -> slts.ChunkedSegmentStorage:

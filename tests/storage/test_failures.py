@@ -16,8 +16,8 @@ from slts.bindings.memory import MemoryChunkStorage
 from slts.config import StorageConfig
 from slts.errors import MetadataError, SltsError, StorageUnavailable
 from slts.metadata.delegating import DelegatingStore
-from slts.metadata.layout import TABLES
 from slts.metadata.memory_store import MemoryMetadataStore
+from slts.metadata.schema import TABLES
 from slts.metadata.store import Expect, MetadataStore, Operation
 from slts.storage.chunked import ChunkedSegmentStorage
 

@@ -14,8 +14,8 @@ import pytest
 from slts.bindings.memory import MemoryChunkStorage
 
 from slts.config import StorageConfig
-from slts.metadata.layout import INDEX, TABLES
 from slts.metadata.memory_store import MemoryMetadataStore
+from slts.metadata.schema import INDEX, TABLES
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.leaks import find_leaks
 from tests.storage.conftest import FakeClock

@@ -22,7 +22,7 @@ import pytest
 
 from slts.config import StorageConfig
 from slts.errors import WriteExpired
-from slts.metadata.layout import GC
+from slts.metadata.schema import GC
 from slts.metadata.store import Delete
 from slts.storage.batch_defrag import BatchDefrag, Outcome, PlannedRun, RunTask, execute_locally, run_batch
 from slts.storage.chunked import ChunkedSegmentStorage

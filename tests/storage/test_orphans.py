@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from slts.orphans import reconcile
-from slts.storage.names import chunk_epoch, chunk_name
+from slts.storage.segment_names import chunk_epoch, chunk_name
 from slts.storage.verify import verify_container
 
 from .conftest import Env

@@ -74,10 +74,10 @@ from slts.errors import (
 )
 from slts.metadata.delegating import DelegatingStore
 from slts.metadata.index import parse_value
-from slts.metadata.layout import CHUNKS, INDEX, SEGMENTS, TABLES
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.memory_store import MemoryMetadataStore
 from slts.metadata.records import SegmentRecord
+from slts.metadata.schema import CHUNKS, INDEX, SEGMENTS, TABLES
 from slts.metadata.store import Expect, MetadataStore, Operation
 from slts.storage.chunked import ChunkedSegmentStorage, SegmentHandle
 from slts.storage.verify import verify_container, verify_segment

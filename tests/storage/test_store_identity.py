@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from slts.bindings.filesystem import FileSystemChunkStorage
 from slts.journal import identity
-from slts.journal.names import identity_object
 from slts.journal.restore import restore_to_folder
+from slts.journal.system_names import identity_object
 
 import slts
 from slts.errors import StoreMismatch
-from slts.metadata.layout import CONTAINER, TABLES
 from slts.metadata.lmdb_store import LmdbMetadataStore
+from slts.metadata.schema import CONTAINER, TABLES
 from slts.metadata.store import Delete
 
 

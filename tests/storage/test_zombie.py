@@ -25,7 +25,7 @@ from slts.bindings.faulty import FaultyChunkStorage
 
 from slts.config import StorageConfig
 from slts.errors import Fenced, SegmentTruncated
-from slts.metadata.layout import GC
+from slts.metadata.schema import GC
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.verify import verify_container, verify_segment
 

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import lmdb
 from slts.bindings import from_url
 from slts.bindings.base import ChunkStorage
-from slts.journal import names
+from slts.journal import system_names
 from slts.journal.journal import JournalSettings, SystemJournal
 from slts.journal.metadata_copy import SNAPSHOT_END
 from slts.journal.replay import read_object, replay
@@ -30,8 +30,8 @@ from slts.journal.system_segments import SystemSegments
 from slts.tools.bench import Benchmark, Folder, Workload
 
 from slts.config import StorageConfig
-from slts.metadata.layout import SEGMENTS, TABLES
 from slts.metadata.lmdb_store import LmdbMetadataStore
+from slts.metadata.schema import SEGMENTS, TABLES
 from slts.storage.factory import open as open_storage
 
 #: Bytes of each metadata-log append in the journal benchmarks (one journal record each).
@@ -55,9 +55,9 @@ def _journal_with_records(folder: Folder, records: int) -> tuple[ChunkStorage, l
     segments = SystemSegments(journal, StorageConfig().system_rolling_length_bytes, lambda: None)
     payload = os.urandom(APPEND_BYTES)
     for i in range(records):
-        segments.append(names.METADATA_LOG, payload, {"last_sequence": i + 1})
+        segments.append(system_names.METADATA_LOG, payload, {"last_sequence": i + 1})
     assert journal.statistics.records == records + 1 and journal.statistics.snapshots == 1, journal.statistics
-    return binding, sorted(binding.list(names.journal_prefix(0)))
+    return binding, sorted(binding.list(system_names.journal_prefix(0)))
 
 
 def _raw_read(binding: ChunkStorage, files: list[str]) -> float:
@@ -201,8 +201,8 @@ def restore_segments(parent: str, quick: bool) -> Iterator[tuple[str, Workload, 
         entries = _entries(os.path.join(folder.path, "metadata"))
         entry_bytes = sum(len(key) + len(value) for _, key, value in entries)
         found = replay(binding, 0)
-        snapshots = found.layout.segment(names.METADATA_SNAPSHOTS)
-        log = found.layout.segment(names.METADATA_LOG)
+        snapshots = found.layout.segment(system_names.METADATA_SNAPSHOTS)
+        log = found.layout.segment(system_names.METADATA_LOG)
         tier2_bytes = (
             snapshots.attrs[SNAPSHOT_END]
             - snapshots.start_offset

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import lmdb
 from slts.tools.bench import Benchmark, Folder, Workload
 
-from slts.metadata.layout import SEGMENTS, TABLES, name_key
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.records import SegmentRecord, SegmentStatus
+from slts.metadata.schema import SEGMENTS, TABLES, name_key
 from slts.metadata.store import Put
 from slts.storage.factory import open as open_storage
 

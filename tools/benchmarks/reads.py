@@ -11,8 +11,8 @@ from slts.bindings.memory import MemoryChunkStorage
 from slts.tools.bench import Benchmark, Folder, Workload
 
 from slts.config import StorageConfig
-from slts.metadata.layout import TABLES
 from slts.metadata.lmdb_store import LmdbMetadataStore
+from slts.metadata.schema import TABLES
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.factory import open as open_storage
 

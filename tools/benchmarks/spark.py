@@ -28,8 +28,8 @@ from slts.bindings import from_url
 from slts.bindings.base import ChunkStorage
 from slts.tools.bench import Benchmark, Folder, Workload
 
-from slts.metadata.layout import TABLES
 from slts.metadata.lmdb_store import LmdbMetadataStore
+from slts.metadata.schema import TABLES
 from slts.storage.batch_defrag import BatchDefrag, BatchReport, Executor, execute_locally, run_batch
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.factory import open as open_storage

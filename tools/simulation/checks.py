@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from slts.journal.names import system_prefix
+from slts.journal.system_names import system_prefix
 
-from slts.metadata.layout import CHUNKS, DELETED, GC
 from slts.metadata.records import GcEntry
+from slts.metadata.schema import CHUNKS, DELETED, GC
 from slts.storage import verify as verify_module
 from slts.storage.chunked import ChunkedSegmentStorage
 

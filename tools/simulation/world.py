@@ -29,8 +29,8 @@ from slts.journal.restore import restore
 from slts.config import StorageConfig
 from slts.errors import SltsError
 from slts.metadata.faulty_store import FaultyMetadataStore
-from slts.metadata.layout import TABLES
 from slts.metadata.memory_store import MemoryMetadataStore
+from slts.metadata.schema import TABLES
 from slts.metadata.store import MetadataStore
 from slts.storage import batch_defrag
 from slts.storage.chunked import ChunkedSegmentStorage

@@ -26,12 +26,12 @@ from slts.errors import (
     VersionConflict,
 )
 from slts.metadata import index
-from slts.metadata.layout import CHUNKS, GC, SEGMENTS, name_key
 from slts.metadata.records import ChunkRecord, GcReason, SegmentRecord
+from slts.metadata.schema import CHUNKS, GC, SEGMENTS, name_key
 from slts.metadata.store import Delete, Expect, Operation, Put
 from slts.storage import defrag
 from slts.storage.defrag import BuiltChunk, Run
-from slts.storage.names import check_segment_name, chunk_name
+from slts.storage.segment_names import check_segment_name, chunk_name
 from slts.storage.types import DefragResult, SegmentHandle
 
 _log = logging.getLogger("slts.storage")
