@@ -28,7 +28,7 @@ from slts.bindings.base import ChunkStorage
 from slts.journal import framing, system_names
 from slts.journal.system_layout import SNAPSHOT, InconsistentRecord, SystemLayout, record_id
 
-from slts.errors import ChunkNotFound, ChunkStorageError
+from slts.errors import ChunkCorrupted, ChunkNotFound
 
 CHECKPOINT = "checkpoint"
 
@@ -170,12 +170,17 @@ def _apply(
 
 
 def _load_base(binding: ChunkStorage, checkpoints: list[system_names.Numbered], result: Replay) -> None:
+    """The newest valid checkpoint and its snapshot become the replay's base. A checkpoint
+    is passed over only for what it holds (missing, torn, corrupt, pointing nowhere valid):
+    an error reading it (``StorageUnavailable``...) fails the replay, since falling back
+    to an older base, or none, would make a booting owner believe in a layout that lacks
+    the newer records, delete the chunks they hold, and journal that loss."""
     for numbered in reversed(checkpoints):
         try:
             pointer = read_single_record(binding, numbered.name)
             snapshot_name = pointer.get("snapshot") if pointer and pointer.get("k") == CHECKPOINT else None
             record = read_single_record(binding, snapshot_name) if isinstance(snapshot_name, str) else None
-        except ChunkStorageError:
+        except ChunkCorrupted:
             record = None
         if not valid_snapshot(record, numbered.epoch):
             result.invalid_checkpoints.append(numbered.name)

@@ -252,3 +252,23 @@ def test_truncation_deletes_dropped_chunks(binding: ChunkStorage) -> None:
     assert not set(first[:2]) & set(binding.list(system_names.segment_chunks_prefix(0, SNAPS)))
     assert segments.read(SNAPS, 250, 150) == b"x" * 150
     assert not binding.exists(first[0]) and ChunkHandle  # deleted right after the durable record
+
+
+def test_a_transient_error_reading_the_checkpoint_fails_the_replay(binding: ChunkStorage) -> None:
+    # Found by `slts simulate` (seed 457): a re-boot whose read of the newest checkpoint
+    # failed fell back to no base, replayed this epoch's files alone, deleted the metadata
+    # log's chunks as unreferenced and journaled the loss. The replay must fail instead.
+    segments = start(binding, 1, JournalSettings(snapshot_records=5))
+    expected = write_some(segments, 40)
+    written = encoded(segments.journal.layout)
+    assert _listing(binding)[2], "checkpoints were written"
+    faulty = FaultyChunkStorage(binding)
+    faulty.fail_nth("read", 1)  # the first read of a replay is the newest checkpoint
+    with pytest.raises(StorageUnavailable):
+        replay(faulty, 0)
+    faulty.fail_nth("read", 1)
+    with pytest.raises(StorageUnavailable):
+        SystemJournal.boot(faulty, 0, 2)
+    booted = SystemJournal.boot(binding, 0, 2)  # the fault passed: the same layout, every byte
+    assert encoded(booted.layout) == written
+    assert {n: bytes(d) for n, d in expected.items()} == contents(binding, booted.layout)
