@@ -155,3 +155,9 @@ def test_importing_bindings_does_not_load_the_engine() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("slts.tools.benchmarks.")))
+def test_benchmark_suites_build_on_base_not_on_the_runner(module: str) -> None:
+    # The runner (slts.tools.bench) imports the suites; they share types through base.
+    assert "slts.tools.bench" not in MODULES[module], module

@@ -1,6 +1,7 @@
 """Benchmark suites for ``slts bench`` beyond the basic write/concat/defrag figures.
 
-Each module exposes ``BENCHMARKS``: name -> ``slts.tools.bench.Benchmark``.
+Each module exposes ``BENCHMARKS``: name -> ``slts.tools.benchmarks.base.Benchmark``; the
+types and shared workloads live in ``base``, below the runner (``slts.tools.bench``).
 """
 
 from __future__ import annotations

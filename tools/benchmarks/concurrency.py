@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from slts.tools.bench import Benchmark, Folder, Workload, durable_writes
+from slts.tools.benchmarks.base import Benchmark, Folder, Workload, durable_writes
 
 from slts.storage.factory import open as open_storage
 

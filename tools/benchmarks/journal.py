@@ -27,7 +27,7 @@ from slts.journal.metadata_copy import SNAPSHOT_END
 from slts.journal.replay import read_object, replay
 from slts.journal.restore import restore
 from slts.journal.system_segments import SystemSegments
-from slts.tools.bench import Benchmark, Folder, Workload
+from slts.tools.benchmarks.base import Benchmark, Folder, Workload
 
 from slts.config import StorageConfig
 from slts.metadata.lmdb_store import LmdbMetadataStore

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 
 import lmdb
-from slts.tools.bench import Benchmark, Folder, Workload
+from slts.tools.benchmarks.base import Benchmark, Folder, Workload
 
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.records import SegmentRecord, SegmentStatus

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator
 
 from slts.bindings.memory import MemoryChunkStorage
-from slts.tools.bench import Benchmark, Folder, Workload
+from slts.tools.benchmarks.base import Benchmark, Folder, Workload
 
 from slts.config import StorageConfig
 from slts.metadata.lmdb_store import LmdbMetadataStore

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from slts.tools.bench import Benchmark, Folder, Workload, timed_segment_writes
+from slts.tools.benchmarks.base import Benchmark, Folder, Workload, timed_segment_writes
 
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.factory import open as open_storage

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from slts.bindings import from_url
 from slts.bindings.base import ChunkStorage
-from slts.tools.bench import Benchmark, Folder, Workload
+from slts.tools.benchmarks.base import Benchmark, Folder, Workload
 
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.schema import TABLES

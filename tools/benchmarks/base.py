@@ -1,0 +1,117 @@
+"""What every ``slts bench`` suite builds on: the figure and benchmark types, scratch
+folders, and the two write workloads several suites share. Below ``slts.tools.bench``
+(the runner) and every suite in ``slts.tools.benchmarks``, so none imports another."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from slts.storage.chunked import ChunkedSegmentStorage
+from slts.storage.factory import open as open_storage
+
+Workload = Callable[[], float]  # runs once, returns seconds spent on the measured part
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    """One benchmark's result: rates in ``unit`` (higher is better)."""
+
+    name: str
+    unit: str
+    subject_median: float
+    subject_min: float
+    subject_max: float
+    baseline_median: float
+    baseline_min: float
+    baseline_max: float
+    ratio: float
+    repetitions: int
+    work: str
+
+
+@dataclass(frozen=True, slots=True)
+class Benchmark:
+    """A named pair of workloads. ``run(parent, quick)`` sets them up (in a generator, so
+    teardown runs after measuring) and yields (work, subject, baseline, amount, unit).
+
+    With ``measures="rate"`` a workload returns the seconds it spent and the figure is
+    ``amount / seconds`` (higher is better). With ``measures="value"`` a workload returns
+    the figure itself (e.g. peak RSS in MB; lower is better)."""
+
+    name: str
+    description: str
+    run: Callable[[str, bool], Iterator[tuple[str, Workload, Workload, float, str]]]
+    measures: str = "rate"
+
+
+class Folder:
+    """A scratch folder on the disk under test, removed afterwards."""
+
+    def __init__(self, parent: str) -> None:
+        self.path = tempfile.mkdtemp(prefix="slts-bench-", dir=parent)
+
+    def sub(self, name: str) -> str:
+        path = os.path.join(self.path, name)
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def close(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def timed_segment_writes(storage: ChunkedSegmentStorage, name: str, payload: bytes, count: int) -> float:
+    """Create segment ``name`` and append ``payload`` ``count`` times; seconds the writes took."""
+    storage.create(name)
+    handle = storage.open_write(name)
+    started = time.perf_counter()
+    for i in range(count):
+        storage.write(handle, i * len(payload), payload)
+    return time.perf_counter() - started
+
+
+def durable_writes(
+    parent: str, quick: bool, size: int, count: int
+) -> Iterator[tuple[str, Workload, Workload, float, str]]:
+    """Subject: ``count`` SLTS writes of ``size`` bytes; baseline: raw append + fdatasync."""
+    payload = os.urandom(size)
+    folder = Folder(parent)
+    storage: ChunkedSegmentStorage = open_storage(
+        f"file://{folder.sub('chunks')}", metadata=folder.sub("metadata")
+    )
+    runs = 0
+
+    def subject() -> float:
+        nonlocal runs
+        runs += 1
+        return timed_segment_writes(storage, f"bench/{runs}", payload, count)
+
+    def baseline() -> float:
+        path = os.path.join(folder.sub("raw"), f"file-{runs}")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            started = time.perf_counter()
+            for _ in range(count):
+                view = memoryview(payload)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fdatasync(fd)
+            return time.perf_counter() - started
+        finally:
+            os.close(fd)
+
+    try:
+        yield (
+            f"{count} x {size} B durable writes, one segment vs. one file",
+            subject,
+            baseline,
+            float(count),
+            "writes/s",
+        )
+    finally:
+        storage.close()
+        folder.close()
