@@ -6,11 +6,10 @@ physical limit). Repetitions alternate subject and baseline so that drift in the
 machine hits both alike; the report gives median, min and max of each and the ratio of
 the medians (subject / baseline, 1.0 = as fast as the raw limit).
 
-Benchmarks so far (DESIGN.md §12 lists the rest, added as capabilities land):
-
-* ``write_4k``: 4 KiB durable writes to one segment vs. plain ``write`` + ``fdatasync``
-  appends of the same bytes to one file.
-* ``write_1m``: the same with 1 MiB writes (bulk ingest).
+The benchmarks: the basic ones here (durable writes of 4 KiB and 1 MiB, concat of 10,
+1,000 and 100,000 chunks, in-process defrag) and the suites of ``slts.tools.benchmarks``
+(concurrency, reads, metadata, journal, Spark defrag, and S3 against an ``s3://`` store).
+``slts bench --help`` lists their names; docs/benchmarks.md has the last full run.
 """
 
 from __future__ import annotations
