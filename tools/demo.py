@@ -25,7 +25,6 @@ the demo stops before it starts, saying so.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import random
@@ -57,16 +56,11 @@ SPARK_LOG = "spark.log"
 
 def _require_spark() -> None:
     """Raise ``InvalidConfig`` unless PySpark and a Java runtime are installed."""
-    if importlib.util.find_spec("pyspark") is None:
-        raise InvalidConfig("the demo's defrag step runs on Spark: pip install 'slts[spark]' (PySpark)")
-    java_home = os.environ.get("JAVA_HOME", "")
-    if not (java_home and os.access(os.path.join(java_home, "bin", "java"), os.X_OK)) and not shutil.which(
-        "java"
-    ):
-        raise InvalidConfig(
-            "the demo's defrag step runs on Spark, which needs a Java runtime (17 or newer): "
-            "none on PATH and no JAVA_HOME"
-        )
+    from slts.tools.spark_defrag import spark_unavailable
+
+    missing = spark_unavailable()
+    if missing is not None:
+        raise InvalidConfig(f"the demo's defrag step runs on Spark. {missing}")
 
 
 def _log_tail(path: str, lines: int = 20) -> str:

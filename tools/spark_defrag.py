@@ -18,8 +18,10 @@ alone (its leftovers are collected by GC), not the whole batch.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import re
+import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -50,6 +52,18 @@ def _build(item: tuple[int, RunTask], attempts: int) -> tuple[int, Outcome]:
         if context is not None and context.attemptNumber() + 1 < attempts:
             raise  # Spark retries the task
         return index, exc
+
+
+def spark_unavailable() -> str | None:
+    """Why Spark cannot run here (PySpark or a Java runtime is missing), or None."""
+    if importlib.util.find_spec("pyspark") is None:
+        return "PySpark is not installed: pip install 'slts[spark]'"
+    java_home = os.environ.get("JAVA_HOME", "")
+    if not (java_home and os.access(os.path.join(java_home, "bin", "java"), os.X_OK)) and not shutil.which(
+        "java"
+    ):
+        return "Spark needs a Java runtime (17 or newer): none on PATH and no JAVA_HOME"
+    return None
 
 
 @contextlib.contextmanager

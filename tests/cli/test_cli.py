@@ -83,6 +83,10 @@ def test_exit_codes(tmp_path, store: list[str], capsys: pytest.CaptureFixture[st
 
 
 def test_console_script_and_demo(tmp_path) -> None:
+    from slts.tools.spark_defrag import spark_unavailable
+
+    if (missing := spark_unavailable()) is not None:
+        pytest.skip(f"the demo's defrag step runs on Spark: {missing}")
     folder = tmp_path / "demo"
     script = os.path.join(os.path.dirname(sys.executable), "slts")
     result = subprocess.run(
@@ -270,3 +274,21 @@ def test_verify_checksums_finds_bit_rot(
     assert run(capsys, "verify", *store)[0] == 0, "lengths alone cannot see bit rot"
     code, out, _ = run(capsys, "verify", "--checksums", "--json", *store)
     assert code == cli.EXIT_ERROR and "CRC32C" in json.loads(out)["problems"][0]
+
+
+def test_demo_without_the_spark_extra_names_it(
+    tmp_path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    import importlib.util
+
+    from slts.tools import spark_defrag
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "pyspark" else real_find_spec(name, *a)
+    )
+    assert spark_defrag.spark_unavailable() == "PySpark is not installed: pip install 'slts[spark]'"
+    folder = tmp_path / "demo"
+    code, _, err = run(capsys, "demo", "--dir", str(folder), "--segments", "1", "--writes", "1")
+    assert code == cli.EXIT_INVALID and "pip install 'slts[spark]'" in err and "Traceback" not in err
+    assert not folder.exists(), "refused before anything was written"

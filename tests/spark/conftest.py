@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -39,12 +38,11 @@ BUILD_THREADS = 8
 
 def require_spark() -> None:
     """Skip the calling test unless PySpark and a Java runtime are installed."""
-    pytest.importorskip("pyspark", reason="PySpark is not installed (pip install 'slts[spark]')")
-    java_home = os.environ.get("JAVA_HOME", "")
-    if not (java_home and os.access(os.path.join(java_home, "bin", "java"), os.X_OK)) and not shutil.which(
-        "java"
-    ):
-        pytest.skip("Spark needs a Java runtime: no JAVA_HOME and no java on PATH")
+    from slts.tools.spark_defrag import spark_unavailable
+
+    missing = spark_unavailable()
+    if missing is not None:
+        pytest.skip(missing)
 
 
 @pytest.fixture(scope="module")
