@@ -45,7 +45,7 @@ def reconcile(storage: ChunkedSegmentStorage, *, dry_run: bool = False, limit: i
     At most ``limit`` orphans are handled per call. Raises ``ReadOnlyInstance`` unless
     ``dry_run``, ``Fenced`` if a newer epoch owns the container.
     """
-    store = storage._store  # noqa: SLF001 - the reconciler is part of the engine
+    store = storage.context.store
     queued = {GcEntry.decode(stored.value).chunk for _, stored in store.iterate(GC)}
     report = OrphanReport()
     system = system_prefix(storage.container_id)
@@ -66,6 +66,6 @@ def reconcile(storage: ChunkedSegmentStorage, *, dry_run: bool = False, limit: i
     if not dry_run:
         for name in report.orphans:
             entry = storage.gc.entry(name, GcReason.ORPHAN)
-            storage._ownership.commit([entry], [Expect(CHUNKS, name_key(name), 0)])  # noqa: SLF001
+            storage.context.ownership.commit([entry], [Expect(CHUNKS, name_key(name), 0)])
             report.queued += 1
     return report

@@ -41,13 +41,13 @@ def check_unreferenced(storage: ChunkedSegmentStorage, chunks: list[str]) -> Non
     """``InvalidArgument`` if any of ``chunks`` belongs to a segment of this store (live,
     or deleted and awaiting GC): an import never takes a chunk from another segment."""
     for chunk in chunks:
-        if storage._store.get(CHUNKS, name_key(chunk)) is not None:  # noqa: SLF001
+        if storage.context.store.get(CHUNKS, name_key(chunk)) is not None:
             raise InvalidArgument(f"chunk {chunk!r} belongs to a segment of this store already", chunk=chunk)
 
 
 def export_segment(storage: ChunkedSegmentStorage, name: str) -> bytes:
     """The export document of segment ``name``. Raises ``SegmentNotFound``."""
-    record, _ = storage._load(name)  # noqa: SLF001 - backup is part of the engine
+    record, _ = storage.context.load(name)
     chunks = [[start, chunk.encode()] for start, chunk in storage.chunks(name)]
     payload = msgpack.packb(
         {"v": FORMAT_VERSION, "segment": record.encode(), "chunks": chunks}, use_bin_type=True
@@ -99,7 +99,7 @@ def import_segment(
     for _, chunk in chunks:
         if binding.get_info(chunk.name).length < chunk.length:
             raise ChunkNotFound(f"chunk {chunk.name!r} holds fewer bytes than its record", chunk=chunk.name)
-    segment_id = storage._new_segment_id()  # noqa: SLF001
+    segment_id = storage.context.new_segment_id()
     ops: list[Operation] = []
     expect = [Expect(SEGMENTS, name_key(target), 0)]
     for start, chunk in chunks:
@@ -107,7 +107,7 @@ def import_segment(
         ops.append(Put(CHUNKS, name_key(chunk.name), anchored.encode()))
         ops.append(index.chunk_entry(anchored))
         expect.append(Expect(CHUNKS, name_key(chunk.name), 0))
-    now = storage._now_ms()  # noqa: SLF001
+    now = storage.context.now_ms()
     restored = record.replace(
         name=target,
         segment_id=segment_id,
@@ -117,5 +117,5 @@ def import_segment(
         status=int((record.status | SegmentStatus.ACTIVE) & ~SegmentStatus.DELETED),
     )
     ops.append(Put(SEGMENTS, name_key(target), restored.encode()))
-    storage._ownership.commit(ops, expect)  # noqa: SLF001
+    storage.context.ownership.commit(ops, expect)
     return storage.info(target)

@@ -22,7 +22,6 @@ Reads take the stripe only to resolve the layout, never during chunk I/O.
 from __future__ import annotations
 
 import builtins
-import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -43,7 +42,6 @@ from slts.errors import (
     MetadataCorrupted,
     ReadOnlyInstance,
     SegmentExists,
-    SegmentNotFound,
     SegmentSealed,
     SegmentTruncated,
     StorageClosed,
@@ -59,14 +57,11 @@ from slts.metadata.ownership import EPOCH_MAX, Ownership, ReadOnlyOwnership
 from slts.metadata.records import ChunkRecord, DecodedRecords, GcReason, SegmentRecord, SegmentStatus
 from slts.metadata.schema import CHUNKS, DELETED, GC, SEGMENTS, name_key, segment_id_key
 from slts.metadata.store import Delete, Expect, MetadataStore, Put, prefix_stop
-from slts.storage import block_checksums
-from slts.storage.layout_changes import LayoutOperations
+from slts.storage import block_checksums, layout_changes
+from slts.storage.context import EngineContext
 from slts.storage.leaks import LeakReport, find_leaks
 from slts.storage.segment_names import check_segment_name, chunk_name
-from slts.storage.types import SegmentHandle, SegmentInfo, StorageStatistics
-
-_LOCK_STRIPES = 64
-_SEGMENT_IDS_PER_EPOCH = 1 << 32
+from slts.storage.types import DefragResult, SegmentHandle, SegmentInfo, StorageStatistics
 
 
 @dataclass
@@ -107,7 +102,7 @@ def _checksum(data: bytes, previous: int = 0) -> int:
     return crc32c.crc32c(data, previous)
 
 
-class ChunkedSegmentStorage(LayoutOperations):
+class ChunkedSegmentStorage:
     """One container instance: segments on ``chunk_storage``, layout in ``metadata_store``.
 
     Construction starts the container with ``epoch`` (``None``: one above the recorded
@@ -175,10 +170,19 @@ class ChunkedSegmentStorage(LayoutOperations):
         self._owns_binding = owns_resources
         self._owns_store = owns_resources if owns_store is None else owns_store
         self._metadata_store = metadata_store
-        self._stripes_locks = [threading.Lock() for _ in range(_LOCK_STRIPES)]
-        self._id_lock = threading.Lock()
-        self._next_segment_number = 1
-        self._tainted: set[str] = set()  # chunks this instance must not append to any more
+        #: What the operation modules and the admin features share (``slts.storage.context``).
+        self.context = EngineContext(
+            container_id,
+            self.epoch,
+            self.config,
+            chunk_storage,
+            self._store,
+            self._ownership,
+            self.gc,
+            clock,
+            self._decoded,
+        )
+        self._tainted = self.context.tainted  # chunks this instance must not append to any more
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         self._counters = _Counters()
@@ -257,55 +261,17 @@ class ChunkedSegmentStorage(LayoutOperations):
         consistent read; the report also becomes ``statistics().leaks``. A full scan of
         the container's metadata: run it from operations tooling, not per request."""
         self._check_open()
-        report = find_leaks(self._store, now_ms=self._now_ms(), gc_delay_s=self.config.gc_delay_s)
+        report = find_leaks(self._store, now_ms=self.context.now_ms(), gc_delay_s=self.config.gc_delay_s)
         with self._counters.lock:
             self._leaks = report
         return report
 
     # -- helpers ------------------------------------------------------------------------------------
 
-    def _now_ms(self) -> int:
-        return int(self._clock() * 1000)
-
-    def _stripe(self, name: str) -> threading.Lock:
-        return self._stripes_locks[hash(name) % _LOCK_STRIPES]
-
-    @contextlib.contextmanager
-    def _stripes(self, *names: str) -> Iterator[None]:
-        """The stripes of several segments, taken in stripe order (no deadlock)."""
-        indexes = sorted({hash(name) % _LOCK_STRIPES for name in names})
-        with contextlib.ExitStack() as stack:
-            for i in indexes:
-                stack.enter_context(self._stripes_locks[i])
-            yield
-
     @staticmethod
     def _check_offset(offset: object, segment: str) -> None:
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise InvalidOffset(f"offset must be an integer >= 0, got {offset!r}", segment=segment)
-
-    def _new_segment_id(self) -> int:
-        with self._id_lock:
-            number = self._next_segment_number
-            self._next_segment_number += 1
-        assert number < _SEGMENT_IDS_PER_EPOCH, "segment ids of this epoch exhausted"
-        return self.epoch * _SEGMENT_IDS_PER_EPOCH + number
-
-    def _load(self, name: str) -> tuple[SegmentRecord, int]:
-        key = name_key(name)
-        stored = self._store.get(SEGMENTS, key)
-        if stored is None:
-            raise SegmentNotFound(f"segment {name!r} does not exist", segment=name)
-        return self._decoded.decode(
-            SEGMENTS, key, stored.version, stored.value, SegmentRecord
-        ), stored.version
-
-    def _chunk(self, name: str) -> tuple[ChunkRecord, int]:
-        key = name_key(name)
-        stored = self._store.get(CHUNKS, key)
-        if stored is None:  # a stale cached layout, or a damaged store
-            raise MetadataCorrupted(f"chunk record {name!r} is referenced but missing", chunk=name)
-        return self._decoded.decode(CHUNKS, key, stored.version, stored.value, ChunkRecord), stored.version
 
     def _check_handle(self, handle: object, *, writable: bool) -> SegmentHandle:
         self._check_open(changes=writable)
@@ -347,10 +313,10 @@ class ChunkedSegmentStorage(LayoutOperations):
             raise InvalidArgument(
                 f"max_rolling_length must be an integer in [1, {INTEGER_MAX}], got {rolling!r}"
             )
-        now = self._now_ms()
+        now = self.context.now_ms()
         record = SegmentRecord(
             name=name,
-            segment_id=self._new_segment_id(),
+            segment_id=self.context.new_segment_id(),
             status=SegmentStatus.ACTIVE,
             start_offset=0,
             length=0,
@@ -366,7 +332,7 @@ class ChunkedSegmentStorage(LayoutOperations):
             index_depth=0,
         )
         key = name_key(name)
-        with self._stripe(name):
+        with self.context.locks.stripe(name):
             if self._store.get(SEGMENTS, key) is not None:
                 raise SegmentExists(f"segment {name!r} exists", segment=name)
             try:
@@ -385,7 +351,7 @@ class ChunkedSegmentStorage(LayoutOperations):
         """The segment's length, start offset, state and chunk count. ``SegmentNotFound``."""
         self._check_open()
         check_segment_name(name)
-        return self._info(self._load(name)[0])
+        return self._info(self.context.load(name)[0])
 
     def list(self, prefix: str = "") -> Iterator[str]:
         """Names of live segments starting with ``prefix``, ascending, read page by page.
@@ -402,7 +368,7 @@ class ChunkedSegmentStorage(LayoutOperations):
         """A read handle to an existing segment. ``SegmentNotFound``."""
         self._check_open()
         check_segment_name(name)
-        self._load(name)
+        self.context.load(name)
         return SegmentHandle(name, read_only=True)
 
     def open_write(self, name: str) -> SegmentHandle:
@@ -414,13 +380,13 @@ class ChunkedSegmentStorage(LayoutOperations):
         """
         self._check_open(changes=True)
         check_segment_name(name)
-        with self._stripe(name):
-            record, version = self._load(name)
+        with self.context.locks.stripe(name):
+            record, version = self.context.load(name)
             if record.owner_epoch > self.epoch:
                 self._ownership.check()  # a newer epoch took the segment: this instance is fenced
                 raise Fenced(f"segment {name!r} is owned by epoch {record.owner_epoch}", segment=name)
             if record.owner_epoch != self.epoch:
-                taken = record.replace(owner_epoch=self.epoch, modified_ms=self._now_ms())
+                taken = record.replace(owner_epoch=self.epoch, modified_ms=self.context.now_ms())
                 key = name_key(name)
                 self._ownership.commit([Put(SEGMENTS, key, taken.encode())], [Expect(SEGMENTS, key, version)])
         return SegmentHandle(name, read_only=False)
@@ -436,13 +402,13 @@ class ChunkedSegmentStorage(LayoutOperations):
     def _set_sealed(self, handle: SegmentHandle, sealed: bool) -> None:
         self._check_open()
         handle = self._check_handle(handle, writable=True)
-        with self._stripe(handle.name):
-            record, version = self._load(handle.name)
+        with self.context.locks.stripe(handle.name):
+            record, version = self.context.load(handle.name)
             if record.sealed == sealed:  # a no-op: still, only the owner may say it succeeded
                 self._ownership.check()
                 return
             status = record.status | SegmentStatus.SEALED if sealed else record.status & ~SegmentStatus.SEALED
-            changed = record.replace(status=int(status), modified_ms=self._now_ms())
+            changed = record.replace(status=int(status), modified_ms=self.context.now_ms())
             key = name_key(handle.name)
             self._ownership.commit([Put(SEGMENTS, key, changed.encode())], [Expect(SEGMENTS, key, version)])
 
@@ -454,17 +420,70 @@ class ChunkedSegmentStorage(LayoutOperations):
         """
         self._check_open()
         handle = self._check_handle(handle, writable=True)
-        with self._stripe(handle.name):
-            record, version = self._load(handle.name)
+        with self.context.locks.stripe(handle.name):
+            record, version = self.context.load(handle.name)
             tombstone = record.replace(
                 status=int((record.status | SegmentStatus.DELETED) & ~SegmentStatus.ACTIVE),
-                modified_ms=self._now_ms(),
+                modified_ms=self.context.now_ms(),
             )
             key = name_key(handle.name)
             self._ownership.commit(
                 [Delete(SEGMENTS, key), Put(DELETED, segment_id_key(record.segment_id), tombstone.encode())],
                 [Expect(SEGMENTS, key, version), Expect(DELETED, segment_id_key(record.segment_id), 0)],
             )
+
+    # -- layout changes (slts.storage.layout_changes) --------------------------------------------
+
+    def concat(self, target: SegmentHandle, offset: int, source: str) -> None:
+        """Append the sealed segment ``source`` to ``target`` at ``offset``; ``source`` is gone.
+
+        Metadata only, one commit whose size does not depend on the number of chunks:
+        the source's chunk list is spliced after the target's and one index link maps
+        the new range to the source's index. Afterwards, if both chunks at the seam are
+        small (``concat_merge_seam``), they are merged into one.
+
+        Needs ``offset == target length``, a target that is not sealed, and a source that
+        is sealed and not truncated (``start_offset == 0``). Raises ``InvalidOffset``,
+        ``InvalidArgument`` (source is the target), ``SegmentNotFound``,
+        ``SegmentSealed``, ``SegmentNotSealed``, ``SegmentTruncated``, ``ConcatTooDeep``
+        (the source's index links are nested ``index.LINK_DEPTH_MAX`` deep already),
+        ``Fenced``, ``MetadataError``: every error means nothing changed. Once the concat
+        has committed, it has succeeded: the seam merge after it is best effort and
+        never raises (a failure leaves two chunks, merged by the next defrag). An empty
+        source simply disappears.
+        """
+        target = self._check_handle(target, writable=True)
+        check_segment_name(source)
+        self._check_offset(offset, target.name)
+        layout_changes.concat(self.context, target.name, offset, source)
+
+    def truncate(self, handle: SegmentHandle, offset: int) -> None:
+        """Make ``[0, offset)`` unreadable: the start offset moves up to ``offset``.
+
+        Chunks wholly below the new start leave the list (to GC) in bounded batches of
+        ``gc_batch_max`` chunks per commit; no data is ever rewritten. Works on sealed
+        segments. ``offset`` at or below the current start is a no-op (except that it
+        finishes dropping chunks an interrupted truncate left below the start). Once the
+        first batch has committed the truncate has happened and returns normally: an error
+        in a later batch leaves chunks below the start for the next truncate. Raises
+        ``InvalidOffset`` (negative or past the length), ``SegmentNotFound``, ``Fenced``:
+        every error means nothing changed.
+        """
+        handle = self._check_handle(handle, writable=True)
+        self._check_offset(offset, handle.name)
+        layout_changes.truncate(self.context, handle.name, offset)
+
+    def defrag(self, name: str) -> DefragResult:
+        """Merge runs of consecutive small chunks of segment ``name`` (``slts.storage.defrag``).
+
+        The segment's bytes never change; reads during a defrag return the right bytes
+        (old chunks stay until GC). Each run is built outside the segment's lock and
+        committed under it; a run whose chunks changed meanwhile is dropped and its new
+        chunk collected. Raises ``SegmentNotFound``, ``Fenced``, ``ChunkStorageError``.
+        """
+        self._check_open(changes=True)
+        check_segment_name(name)
+        return layout_changes.defrag(self.context, name)
 
     # -- write ------------------------------------------------------------------------------------------
 
@@ -496,8 +515,8 @@ class ChunkedSegmentStorage(LayoutOperations):
                 f"write of {len(data)} bytes exceeds write_bytes_max {self.config.write_bytes_max}",
                 segment=handle.name,
             )
-        with self._stripe(handle.name):
-            record, version = self._load(handle.name)
+        with self.context.locks.stripe(handle.name):
+            record, version = self.context.load(handle.name)
             if record.sealed:
                 raise SegmentSealed(f"segment {handle.name!r} is sealed", segment=handle.name)
             if offset != record.length:
@@ -537,7 +556,7 @@ class ChunkedSegmentStorage(LayoutOperations):
 
     def _write_locked(self, record: SegmentRecord, version: int, data: bytes) -> None:
         # Plan: what goes to the last chunk, what to new chunks.
-        previous = self._chunk(record.last_chunk) if record.last_chunk is not None else None
+        previous = self.context.chunk(record.last_chunk) if record.last_chunk is not None else None
         last = previous[0] if previous is not None and self._appendable(record, previous[0]) else None
         appended = b""
         if last is not None:
@@ -610,12 +629,12 @@ class ChunkedSegmentStorage(LayoutOperations):
                 if attempt == self.config.commit_retries_max:
                     raise
                 self._counters.add(commit_retries=1)
-                fresh, version = self._load(record.name)
+                fresh, version = self.context.load(record.name)
                 if fresh.length != record.length or fresh.last_chunk != record.last_chunk or fresh.sealed:
                     raise
                 record = fresh
                 if previous is not None:
-                    fresh_previous = self._chunk(previous[0].name)
+                    fresh_previous = self.context.chunk(previous[0].name)
                     if fresh_previous[0].length != previous[0].length:
                         raise
                     previous = fresh_previous
@@ -675,7 +694,7 @@ class ChunkedSegmentStorage(LayoutOperations):
             ops.append(Delete(GC, intent.key))
             expect.append(Expect(GC, intent.key, intent_version))
         total = len(appended) + sum(len(chunk.data) for chunk in new_chunks)
-        changes: dict[str, object] = {"length": record.length + total, "modified_ms": self._now_ms()}
+        changes: dict[str, object] = {"length": record.length + total, "modified_ms": self.context.now_ms()}
         if new_chunks:
             changes["last_chunk"] = new_chunks[-1].name
             changes["last_chunk_start_offset"] = new_chunks[-1].start
@@ -727,8 +746,8 @@ class ChunkedSegmentStorage(LayoutOperations):
     def _read_once(self, name: str, offset: int, length: int) -> bytes:
         """Check the range against the segment's record, resolve the pieces under the
         segment's lock, fetch them without it."""
-        with self._stripe(name):
-            record, _ = self._load(name)
+        with self.context.locks.stripe(name):
+            record, _ = self.context.load(name)
             if offset < record.start_offset:
                 raise SegmentTruncated(
                     f"segment {name!r}: offset {offset} is below its start {record.start_offset}",
@@ -754,7 +773,7 @@ class ChunkedSegmentStorage(LayoutOperations):
         position = offset
         while position < end:
             assert name is not None, f"chunk list of {record.name!r} ends before offset {position}"
-            chunk, _ = self._chunk(name)
+            chunk, _ = self.context.chunk(name)
             chunk_end = chunk_start + chunk.length
             if chunk_end > position:
                 take = min(chunk_end, end) - position
@@ -808,12 +827,12 @@ class ChunkedSegmentStorage(LayoutOperations):
         """
         self._check_open()
         check_segment_name(name)
-        record, _ = self._load(name)
+        record, _ = self.context.load(name)
         result: builtins.list[tuple[int, ChunkRecord]] = []
         current, start = record.first_chunk, record.first_chunk_start_offset
         while current is not None:
             assert len(result) < record.chunk_count, f"chunk list of {name!r} is longer than recorded"
-            chunk, _ = self._chunk(current)
+            chunk, _ = self.context.chunk(current)
             result.append((start, chunk))
             start += chunk.length
             current = chunk.next_chunk

@@ -129,8 +129,8 @@ def import_segment(storage: ChunkedSegmentStorage, name: str, *, sealed: bool = 
         else:
             length = stored
         lengths.append(length)
-    segment_id = storage._new_segment_id()  # noqa: SLF001 - import is part of the engine
-    now = storage._now_ms()  # noqa: SLF001
+    segment_id = storage.context.new_segment_id()
+    now = storage.context.now_ms()
     ops: list[Operation] = []
     expect = [Expect(SEGMENTS, name_key(name), 0)]
     for position, ((start, chunk), length) in enumerate(zip(header.chunks, lengths, strict=True)):
@@ -160,7 +160,7 @@ def import_segment(storage: ChunkedSegmentStorage, name: str, *, sealed: bool = 
         index_depth=0,
     )
     ops.append(Put(SEGMENTS, name_key(name), segment.encode()))
-    storage._ownership.commit(ops, expect)  # noqa: SLF001
+    storage.context.ownership.commit(ops, expect)
     return storage.info(name)
 
 

@@ -55,7 +55,7 @@ def _walk(
                 f"{record.name}: chunk list longer than chunk_count {record.chunk_count} (cycle?)"
             )
             break
-        stored = storage._store.get(CHUNKS, name_key(name))  # noqa: SLF001 - verification reads raw
+        stored = storage.context.store.get(CHUNKS, name_key(name))
         if stored is None:
             problems.append(f"{record.name}: chunk {name!r} is referenced but has no record")
             break
@@ -80,7 +80,7 @@ def _walk(
 def verify_segment(storage: ChunkedSegmentStorage, name: str, *, checksums: bool = False) -> list[str]:
     """Problems found in segment ``name`` (empty list: healthy). With ``checksums`` every
     chunk that has a recorded CRC32C is read whole and its bytes checked against it."""
-    record, _ = storage._load(name)  # noqa: SLF001
+    record, _ = storage.context.load(name)
     listed, problems = _walk(storage, record)
     binding = storage.chunk_storage
     for start, chunk in listed:
@@ -102,7 +102,7 @@ def verify_segment(storage: ChunkedSegmentStorage, name: str, *, checksums: bool
         for offset in {max(start, record.start_offset), start + chunk.length - 1}:
             if offset < record.start_offset or offset >= record.length:
                 continue
-            found, found_start = index.resolve(storage._store, record.segment_id, offset)  # noqa: SLF001
+            found, found_start = index.resolve(storage.context.store, record.segment_id, offset)
             if (found, found_start) != (chunk.name, start):
                 problems.append(
                     f"{name}: index maps offset {offset} to {found!r}@{found_start}, list says "
@@ -130,9 +130,9 @@ def verify_container(storage: ChunkedSegmentStorage, *, checksums: bool = False)
     for name in storage.list():
         report.segments += 1
         report.problems.extend(verify_segment(storage, name, checksums=checksums))
-        record, _ = storage._load(name)  # noqa: SLF001
+        record, _ = storage.context.load(name)
         referenced.update(chunk.name for _, chunk in _walk(storage, record)[0])
-    store = storage._store  # noqa: SLF001
+    store = storage.context.store
     for _, stored in store.iterate(DELETED):
         tombstone = SegmentRecord.decode(stored.value)
         referenced.update(chunk.name for _, chunk in _walk(storage, tombstone)[0])

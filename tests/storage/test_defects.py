@@ -80,7 +80,7 @@ def test_depth_of_a_record_written_before_it_was_kept_is_read_from_the_index(env
     storage.create("b")
     storage.concat(storage.open_write("b"), 0, "t")
     storage.seal(storage.open_write("b"))
-    record, version = storage._load("b")
+    record, version = storage.context.load("b")
     assert record.index_depth == 1
     legacy = record.replace(index_depth=None)
     storage._ownership.commit(
@@ -89,7 +89,7 @@ def test_depth_of_a_record_written_before_it_was_kept_is_read_from_the_index(env
     )
     storage.create("a")
     storage.concat(storage.open_write("a"), 0, "b")
-    assert storage._load("a")[0].index_depth == 2
+    assert storage.context.load("a")[0].index_depth == 2
 
 
 @pytest.mark.parametrize("operation", ["truncate", "seal", "unseal", "defrag", "write"])

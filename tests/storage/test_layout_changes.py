@@ -15,6 +15,7 @@ from slts.errors import (
     SegmentSealed,
     SegmentTruncated,
 )
+from slts.storage import layout_changes
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.defrag import plan_runs, read_list
 from slts.storage.verify import verify_container, verify_segment
@@ -316,11 +317,11 @@ def test_reads_during_defrag_return_the_right_bytes(env: Env) -> None:
 def test_a_run_that_changed_meanwhile_is_dropped_and_collected(env: Env) -> None:
     storage = env.open(defrag_small_chunk_bytes=64, concat_merge_seam=False)
     data = fragmented(storage, "c", 10, 6, rolling=100)
-    record, _ = storage._load("c")
+    record, _ = storage.context.load("c")
     with env.store.snapshot() as view:
         runs = list(plan_runs(record, read_list(view, record), storage.config))
     storage.truncate(storage.open_write("c"), 30)  # drops the planned run's first chunks
-    assert storage._apply_run(runs[0], None, None) is None
+    assert layout_changes._apply_run(storage.context, runs[0], None, None) is None
     assert content(storage, "c") == data[30:]
     env.clock.advance(100)
     while storage.gc.run_once().chunks_deleted:

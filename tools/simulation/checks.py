@@ -113,7 +113,7 @@ def check_exact(storage: ChunkedSegmentStorage, binding: Any) -> None:
             f"{sorted(on_storage - referenced)[:3]}, {len(referenced - on_storage)} referenced missing "
             f"{sorted(referenced - on_storage)[:3]}",
         )
-    dump = storage._store.dump()  # noqa: SLF001
+    dump = storage.context.store.dump()
     if dump[GC]:
         entries = [GcEntry.decode(s.value) for s in dump[GC].values()]
         raise Violation(

@@ -1,0 +1,119 @@
+"""What the operations of one container instance share: ``EngineContext``.
+
+``ChunkedSegmentStorage`` builds one when it starts and hands it to the modules that
+implement its operations (``layout_changes``: concat, truncate, defrag) and to the admin
+and repair features layered on it (verify, backup, rolling headers, the orphan
+reconciler), as Pravega's ``*Operation`` classes receive their ``ChunkedSegmentStorage``.
+The context is frozen: its parts are fixed for the instance's life (the objects they
+point to keep their own state: the store caches, the ownership fences, the GC queues).
+
+Rules for its users: every change goes through ``ownership.commit`` (conditional and
+epoch-fenced); ``store`` is for reads (the instance's cached view of the metadata); a
+segment's records change only under its lock (``locks``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from slts.bindings.base import ChunkStorage
+from slts.config import StorageConfig
+from slts.errors import MetadataCorrupted, SegmentNotFound
+from slts.gc import GarbageCollector
+from slts.metadata.ownership import Ownership, ReadOnlyOwnership
+from slts.metadata.records import ChunkRecord, DecodedRecords, SegmentRecord
+from slts.metadata.schema import CHUNKS, SEGMENTS, name_key
+from slts.metadata.store import MetadataStore
+
+#: Striped segment locks: enough stripes that unrelated segments rarely share one.
+LOCK_STRIPES = 64
+#: Segment ids are ``epoch * SEGMENT_IDS_PER_EPOCH + n``: unique across epochs.
+SEGMENT_IDS_PER_EPOCH = 1 << 32
+
+
+class SegmentLocks:
+    """A segment's lock is one of ``LOCK_STRIPES`` stripes, by the hash of its name."""
+
+    def __init__(self) -> None:
+        self._stripes = [threading.Lock() for _ in range(LOCK_STRIPES)]
+
+    def stripe(self, name: str) -> threading.Lock:
+        """The lock of segment ``name``."""
+        return self._stripes[hash(name) % LOCK_STRIPES]
+
+    @contextlib.contextmanager
+    def stripes(self, *names: str) -> Iterator[None]:
+        """The locks of several segments, taken in stripe order (no deadlock)."""
+        indexes = sorted({hash(name) % LOCK_STRIPES for name in names})
+        with contextlib.ExitStack() as stack:
+            for i in indexes:
+                stack.enter_context(self._stripes[i])
+            yield
+
+
+class SegmentIds:
+    """Fresh segment ids of one epoch (thread-safe)."""
+
+    def __init__(self, epoch: int) -> None:
+        self._epoch = epoch
+        self._lock = threading.Lock()
+        self._next = 1
+
+    def new(self) -> int:
+        with self._lock:
+            number = self._next
+            self._next += 1
+        assert number < SEGMENT_IDS_PER_EPOCH, "segment ids of this epoch exhausted"
+        return self._epoch * SEGMENT_IDS_PER_EPOCH + number
+
+
+@dataclass(frozen=True, eq=False)
+class EngineContext:
+    """The parts of one container instance (see module doc)."""
+
+    container_id: int
+    epoch: int
+    config: StorageConfig
+    binding: ChunkStorage
+    store: MetadataStore
+    ownership: Ownership | ReadOnlyOwnership
+    gc: GarbageCollector
+    clock: Callable[[], float]
+    records: DecodedRecords
+    locks: SegmentLocks = field(default_factory=SegmentLocks)
+    #: Chunks this instance must not append to any more (a failed append left them in doubt).
+    tainted: set[str] = field(default_factory=set)
+    segment_ids: SegmentIds | None = None
+
+    def __post_init__(self) -> None:
+        if self.segment_ids is None:
+            object.__setattr__(self, "segment_ids", SegmentIds(self.epoch))
+
+    def now_ms(self) -> int:
+        """The instance's clock, in milliseconds (record timestamps, GC due times)."""
+        return int(self.clock() * 1000)
+
+    def new_segment_id(self) -> int:
+        """An id no segment of the container ever had."""
+        assert self.segment_ids is not None
+        return self.segment_ids.new()
+
+    def load(self, name: str) -> tuple[SegmentRecord, int]:
+        """Segment ``name``'s record and version. Raises ``SegmentNotFound``."""
+        key = name_key(name)
+        stored = self.store.get(SEGMENTS, key)
+        if stored is None:
+            raise SegmentNotFound(f"segment {name!r} does not exist", segment=name)
+        return self.records.decode(SEGMENTS, key, stored.version, stored.value, SegmentRecord), stored.version
+
+    def chunk(self, name: str) -> tuple[ChunkRecord, int]:
+        """Chunk ``name``'s record and version. Raises ``MetadataCorrupted`` if missing
+        (a segment's list names it: a stale cached layout, or a damaged store)."""
+        key = name_key(name)
+        stored = self.store.get(CHUNKS, key)
+        if stored is None:
+            raise MetadataCorrupted(f"chunk record {name!r} is referenced but missing", chunk=name)
+        return self.records.decode(CHUNKS, key, stored.version, stored.value, ChunkRecord), stored.version
