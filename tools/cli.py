@@ -296,7 +296,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     if args.dry_run and not args.orphans:
         raise InvalidArgument("--dry-run goes with --orphans")
     if args.orphans:
-        from slts.orphans import reconcile
+        from slts.admin.orphans import reconcile
 
         with open_storage(args, read_only=args.dry_run) as storage:
             report = reconcile(storage, dry_run=args.dry_run)
@@ -388,7 +388,7 @@ def _verify_in_child(
     """``cmd_verify``'s walk, in the child: sends ("ok", (problems, segments, copy
     sequence, leak counts)) or ("error", SltsError) through ``sender``."""
     import slts
-    from slts.storage.verify import verify_container, verify_segment
+    from slts.admin.verify import verify_container, verify_segment
 
     try:
         with slts.open(url, metadata=metadata, container_id=container, read_only=True) as storage:
@@ -525,13 +525,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     """Export a segment's metadata to FILE (or stdout), or with --format rolling write a
     Pravega RollingStorage header (NAME$header) next to its chunks."""
     if args.format == "rolling":
-        from slts.storage.rolling import export_segment as export_header
+        from slts.admin.rolling import export_segment as export_header
 
         with open_storage(args) as storage:
             header = export_header(storage, args.name, replace=args.replace)
         emit(args, {"segment": args.name, "header": header}, f"{args.name}: wrote {header}")
         return EXIT_OK
-    from slts.storage.backup import export_segment
+    from slts.admin.backup import export_segment
 
     if args.file != "-" and not os.path.isdir(os.path.dirname(os.path.abspath(args.file))):
         raise FileNotFoundError(2, "no such folder", os.path.dirname(os.path.abspath(args.file)))
@@ -562,11 +562,11 @@ def cmd_import(args: argparse.Namespace) -> int:
             document = source.read()
     with open_storage(args) as storage:
         if document is None:
-            from slts.storage.rolling import import_segment as import_header
+            from slts.admin.rolling import import_segment as import_header
 
             info = import_header(storage, args.name)
         else:
-            from slts.storage.backup import import_segment
+            from slts.admin.backup import import_segment
 
             info = import_segment(storage, document, name=args.name)
     emit(args, asdict(info), f"{info.name}: imported, length {info.length}, {info.chunk_count} chunks")

@@ -13,7 +13,7 @@ Filesystem binding + LMDB in one local folder. Steps:
    the owner then keeps writing through the new layout. Spark's own output goes to
    ``spark.log`` in the demo folder;
 6. verify: every segment read back and compared byte for byte with what was written,
-   every invariant checked (``slts.storage.verify``), garbage collected, no leak;
+   every invariant checked (``slts.admin.verify``), garbage collected, no leak;
 7. disaster recovery: a metadata snapshot on tier-2, then the machine is "lost" (the
    LMDB folder is deleted), the metadata is restored from the chunk storage alone into
    a fresh folder, and every segment is verified byte-identical again.
@@ -37,11 +37,11 @@ from typing import Any
 
 from tqdm import tqdm
 
+from slts.admin.verify import verify_container
 from slts.errors import InvalidArgument, InvalidConfig
 from slts.storage.batch_defrag import BatchReport
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.factory import open as open_storage
-from slts.storage.verify import verify_container
 
 MARKER = ".slts-demo"
 THREADS = 4

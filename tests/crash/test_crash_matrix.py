@@ -35,7 +35,7 @@ import pytest
 from slts.journal.restore import restore_to_folder
 
 import slts
-from slts.orphans import reconcile
+from slts.admin.orphans import reconcile
 from tests.storage.conftest import segment_chunks
 
 from . import matrix_child
@@ -132,7 +132,7 @@ def assert_consistent(storage: slts.ChunkedSegmentStorage, before: Observed, aft
     after the orphan reconciler and GC exactly the referenced chunks on the storage."""
     actual = observed(storage)
     assert actual in (before, after), "neither the state before nor after:\n" + describe(actual, after)
-    report = slts.storage.verify.verify_container(storage)
+    report = slts.admin.verify.verify_container(storage)
     assert report.problems == [], report.problems
     assert report.leaks is not None and report.leaks.index_entries == report.leaks.chunk_records == 0
     reconcile(storage)

@@ -30,13 +30,13 @@ from slts.bindings import from_url
 from slts.bindings.memory import MemoryChunkStorage
 from slts.journal.restore import restore_to_folder
 
+from slts.admin.verify import verify_container, verify_segment
 from slts.config import StorageConfig
 from slts.errors import MetadataError
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.memory_store import MemoryMetadataStore
 from slts.metadata.schema import TABLES
 from slts.storage.chunked import ChunkedSegmentStorage
-from slts.storage.verify import verify_container, verify_segment
 from tests.storage.conftest import segment_chunks
 
 from . import layout_writer

@@ -20,15 +20,15 @@ from slts.bindings.faulty import FaultyChunkStorage
 from slts.journal.restore import restore, verify_copy
 from slts.journal.system_names import METADATA_SNAPSHOTS
 
+from slts.admin.orphans import reconcile
+from slts.admin.verify import verify_container
 from slts.config import StorageConfig
 from slts.errors import Fenced, InvalidArgument, MetadataCorrupted, StorageUnavailable
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.memory_store import MemoryMetadataStore
 from slts.metadata.schema import TABLES
 from slts.metadata.store import MetadataStore
-from slts.orphans import reconcile
 from slts.storage.chunked import ChunkedSegmentStorage
-from slts.storage.verify import verify_container
 from tests.storage.conftest import Env
 
 MANUAL = {"metadata_log_flush_interval_s": 0.0, "journal_snapshot_records": 20}

@@ -60,7 +60,7 @@ RANKS: tuple[tuple[str, int], ...] = (
     ("slts.journal", 3),  # system segments: on bindings and metadata
     ("slts.gc", 4),
     ("slts.storage", 5),  # the engine
-    ("slts.orphans", 6),  # admin and repair, on the engine
+    ("slts.admin", 6),  # admin and repair, on the engine's public seam
     ("slts.tools", 7),  # CLI, demo, bench, simulator
 )
 

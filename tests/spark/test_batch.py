@@ -9,8 +9,8 @@ once the replaced chunks are collected.
 
 from __future__ import annotations
 
+from slts.admin.verify import verify_container
 from slts.storage.batch_defrag import Executor
-from slts.storage.verify import verify_container
 
 from .conftest import collect_garbage, defrag_with, file_locations, fragment, mismatched, open_owner
 

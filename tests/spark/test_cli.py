@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from slts.storage.verify import verify_container
+from slts.admin.verify import verify_container
 
 from .conftest import file_locations, fragment, mismatched, open_owner, require_spark
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from slts.admin.verify import verify_container
 from slts.config import StorageConfig
 from slts.storage.batch_defrag import Executor, Outcome, RunTask
-from slts.storage.verify import verify_container
 
 from .conftest import collect_garbage, defrag_with, file_locations, fragment, mismatched, open_owner
 

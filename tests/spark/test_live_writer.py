@@ -20,8 +20,8 @@ import threading
 import time
 from pathlib import Path
 
+from slts.admin.verify import verify_container
 from slts.storage.batch_defrag import Executor
-from slts.storage.verify import verify_container
 
 from .conftest import collect_garbage, defrag_with, file_locations, fragment, mismatched, open_owner
 

@@ -19,9 +19,9 @@ from urllib.parse import urlparse
 
 import pytest
 
+from slts.admin.verify import verify_container
 from slts.errors import StorageUnavailable
 from slts.storage.batch_defrag import Executor, RunTask, execute
-from slts.storage.verify import verify_container
 
 from .conftest import (
     MASTER,

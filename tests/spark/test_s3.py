@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from slts.admin.verify import verify_container
 from slts.storage.batch_defrag import Executor
-from slts.storage.verify import verify_container
 from tests.s3server import SeaweedServer
 
 from .conftest import MASTER, defrag_with, fragment, mismatched, open_owner, require_spark

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from slts.admin.backup import export_segment, import_segment, parse_export
+from slts.admin.verify import verify_container, verify_segment
 from slts.errors import ChunkNotFound, InvalidArgument, MetadataCorrupted, SegmentExists
-from slts.storage.backup import export_segment, import_segment, parse_export
-from slts.storage.verify import verify_container, verify_segment
 
 from .conftest import Env
 from .test_bad_input import expect_unchanged

@@ -12,10 +12,10 @@ import os
 import pytest
 from slts.bindings.memory import MemoryChunkStorage
 
+from slts.admin.verify import verify_container
 from slts.errors import Fenced, InvalidArgument, InvalidName, StorageUnavailable
 from slts.storage.batch_defrag import BatchDefrag, BatchReport, RunTask, execute, execute_locally, run_batch
 from slts.storage.chunked import ChunkedSegmentStorage
-from slts.storage.verify import verify_container
 
 from .conftest import Env, segment_chunks
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 
+from slts.admin.verify import verify_container
 from slts.errors import ConcatTooDeep, Fenced, InvalidArgument, InvalidName, MetadataError
 from slts.metadata import index
 from slts.metadata.schema import SEGMENTS, name_key
 from slts.metadata.store import Expect, Operation, Put
 from slts.storage.chunked import ChunkedSegmentStorage
-from slts.storage.verify import verify_container
 
 from .conftest import Env
 

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from slts.admin.verify import verify_container, verify_segment
 from slts.errors import (
     InvalidArgument,
     InvalidOffset,
@@ -18,7 +19,6 @@ from slts.errors import (
 from slts.storage import layout_changes
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.defrag import plan_runs, read_list
-from slts.storage.verify import verify_container, verify_segment
 
 from .conftest import Env, segment_chunks
 from .test_bad_input import expect_unchanged

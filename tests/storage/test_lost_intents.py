@@ -20,13 +20,13 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
+from slts.admin.verify import verify_container
 from slts.config import StorageConfig
 from slts.errors import WriteExpired
 from slts.metadata.schema import GC
 from slts.metadata.store import Delete
 from slts.storage.batch_defrag import BatchDefrag, Outcome, PlannedRun, RunTask, execute_locally, run_batch
 from slts.storage.chunked import ChunkedSegmentStorage
-from slts.storage.verify import verify_container
 
 from .conftest import Env, segment_chunks
 from .test_batch_defrag import SMALL, contents, fragment

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from slts.orphans import reconcile
+from slts.admin.orphans import reconcile
+from slts.admin.verify import verify_container
 from slts.storage.segment_names import chunk_epoch, chunk_name
-from slts.storage.verify import verify_container
 
 from .conftest import Env
 

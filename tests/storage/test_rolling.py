@@ -6,8 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slts.errors import ChunkExists, InvalidArgument, MetadataCorrupted, SegmentExists
-from slts.storage.rolling import (
+from slts.admin.rolling import (
     RollingHeader,
     export_segment,
     format_header,
@@ -16,7 +15,8 @@ from slts.storage.rolling import (
     legacy_chunk_name,
     parse_header,
 )
-from slts.storage.verify import verify_segment
+from slts.admin.verify import verify_segment
+from slts.errors import ChunkExists, InvalidArgument, MetadataCorrupted, SegmentExists
 
 from .conftest import Env
 

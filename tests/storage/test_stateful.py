@@ -59,6 +59,7 @@ from slts.bindings.faulty import FaultyChunkStorage
 from slts.bindings.filesystem import FileSystemChunkStorage
 from slts.bindings.memory import MemoryChunkStorage
 
+from slts.admin.verify import verify_container, verify_segment
 from slts.config import StorageConfig
 from slts.errors import (
     InvalidArgument,
@@ -80,7 +81,6 @@ from slts.metadata.records import SegmentRecord
 from slts.metadata.schema import CHUNKS, INDEX, SEGMENTS, TABLES
 from slts.metadata.store import Expect, MetadataStore, Operation
 from slts.storage.chunked import ChunkedSegmentStorage, SegmentHandle
-from slts.storage.verify import verify_container, verify_segment
 
 from .conftest import FakeClock, NoAppendMemoryChunkStorage, segment_chunks
 

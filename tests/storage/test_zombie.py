@@ -23,11 +23,11 @@ import pytest
 from slts.bindings.base import ChunkHandle, ChunkStorage
 from slts.bindings.faulty import FaultyChunkStorage
 
+from slts.admin.verify import verify_container, verify_segment
 from slts.config import StorageConfig
 from slts.errors import Fenced, SegmentTruncated
 from slts.metadata.schema import GC
 from slts.storage.chunked import ChunkedSegmentStorage
-from slts.storage.verify import verify_container, verify_segment
 
 from .conftest import Env, segment_chunks
 

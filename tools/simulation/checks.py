@@ -22,9 +22,9 @@ from typing import Any
 
 from slts.journal.system_names import system_prefix
 
+from slts.admin import verify as verify_module
 from slts.metadata.records import GcEntry
 from slts.metadata.schema import CHUNKS, DELETED, GC
-from slts.storage import verify as verify_module
 from slts.storage.chunked import ChunkedSegmentStorage
 
 from .model import State

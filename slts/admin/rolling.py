@@ -23,13 +23,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from slts.admin.backup import check_unreferenced
 from slts.bindings.base import ChunkStorage
 from slts.errors import ChunkExists, ChunkNotFound, InvalidArgument, MetadataCorrupted, SegmentExists
 from slts.metadata import index
 from slts.metadata.records import ChunkRecord, SegmentRecord, SegmentStatus
 from slts.metadata.schema import CHUNKS, SEGMENTS, name_key
 from slts.metadata.store import Expect, Operation, Put
-from slts.storage.backup import check_unreferenced
 from slts.storage.chunked import ChunkedSegmentStorage, SegmentInfo
 from slts.storage.segment_names import check_segment_name
 
