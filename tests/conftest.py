@@ -1,4 +1,10 @@
-"""Fixtures shared by every test folder.
+"""Fixtures shared by every test folder, and the ``slow`` marker.
+
+``slow`` (``pytest -m "not slow"`` is the quick local loop; CI runs everything): the
+tests of the folders that start real servers or processes (SeaweedFS, Spark, SIGKILL
+crash runs, the WebHDFS server), every test parametrized over the S3 binding or the
+WebHDFS server (its id names ``s3`` or ``hdfs``), and the tests in ``SLOW_TESTS``
+(measured over 10 s).
 
 ``s3_server``: the session's SeaweedFS S3 server (``tests/s3server.py``): endpoint, test
 credentials, ``new_bucket()``. Started on first use (also by the S3 entries of the
@@ -8,6 +14,7 @@ ends; tests that need it skip with the reason when ``weed`` or boto3 is not inst
 
 from __future__ import annotations
 
+import pathlib
 from collections.abc import Iterator
 
 import pytest
@@ -30,3 +37,35 @@ def _stop_s3_server_at_session_end() -> Iterator[None]:
     # (atexit is only the fallback).
     yield
     stop_shared_server()
+
+
+#: Folders whose tests start servers or processes.
+SLOW_FOLDERS = ("s3", "spark", "crash", "hdfs")
+#: Tests of other folders that take over 10 s on the 2-core machine (file::name prefixes).
+SLOW_TESTS: tuple[str, ...] = (
+    "storage/test_stateful.py::",
+    "storage/test_layout_changes.py::test_concat_cost_does_not_depend_on_source_chunks",
+    "conformance/test_model.py::test_binding_matches_the_model",
+    "metadata/test_metadata_model.py::test_store_matches_dict_model",
+    "journal/test_system_journal.py::test_boot_after_many_records",
+    "simulation/test_simulate.py::test_fixed_seeds_have_no_unknown_violation",
+    "cli/test_cli.py::test_console_script_and_demo",
+    "cli/test_cli_errors.py::test_verify_reports_damaged_metadata_instead_of_crashing",
+    "cli/test_bench.py::",
+)
+
+
+def _is_slow(item: pytest.Item) -> bool:
+    relative = pathlib.Path(str(item.path)).relative_to(pathlib.Path(__file__).parent)
+    if relative.parts[0] in SLOW_FOLDERS:
+        return True
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and {"s3", "hdfs"} & set(callspec.id.replace("+", "-").split("-")):
+        return True  # the SeaweedFS server, the WebHDFS server
+    return item.nodeid.split("[")[0].removeprefix("tests/").startswith(SLOW_TESTS) if SLOW_TESTS else False
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _is_slow(item):
+            item.add_marker(pytest.mark.slow)
