@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from slts.errors import Fenced, InvalidArgument, InvalidConfig, ReadOnlyInstance, VersionConflict
 from slts.metadata.records import ContainerRecord
 from slts.metadata.schema import CONTAINER, CONTAINER_KEY
-from slts.metadata.store import Expect, MetadataStore, Operation, Put
+from slts.metadata.store import Expect, MetadataStore, Operation, Put, Versioned
 
 _START_ATTEMPTS_MAX = 8
 #: Largest epoch (and container id): chunk names and segment ids carry them.
@@ -40,13 +40,7 @@ class Ownership:
         self._lock = threading.Lock()
         self.fenced = False
         for _ in range(_START_ATTEMPTS_MAX):
-            with store.snapshot() as view:
-                current = view.get(CONTAINER, CONTAINER_KEY)
-            recorded = ContainerRecord.decode(current.value) if current else None
-            if recorded is not None and recorded.container_id != container_id:
-                raise InvalidConfig(
-                    f"this metadata store belongs to container {recorded.container_id}, not {container_id}"
-                )
+            current, recorded = _container_record(store, container_id)
             recorded_epoch = recorded.epoch if recorded else 0
             chosen = recorded_epoch + 1 if epoch is None else epoch
             if chosen > EPOCH_MAX:  # checked before the commit: a rejected epoch fences nobody
@@ -118,13 +112,7 @@ class ReadOnlyOwnership:
     fenced = False
 
     def __init__(self, store: MetadataStore, container_id: int) -> None:
-        with store.snapshot() as view:
-            current = view.get(CONTAINER, CONTAINER_KEY)
-        recorded = ContainerRecord.decode(current.value) if current else None
-        if recorded is not None and recorded.container_id != container_id:
-            raise InvalidConfig(
-                f"this metadata store belongs to container {recorded.container_id}, not {container_id}"
-            )
+        _, recorded = _container_record(store, container_id)
         self.container_id = container_id
         self.epoch = recorded.epoch if recorded else 0
 
@@ -134,3 +122,18 @@ class ReadOnlyOwnership:
     def commit(self, ops: Sequence[Operation], expect: Sequence[Expect] = ()) -> int:
         """Always ``ReadOnlyInstance``."""
         raise ReadOnlyInstance(f"container {self.container_id} was opened read-only")
+
+
+def _container_record(
+    store: MetadataStore, container_id: int
+) -> tuple[Versioned | None, ContainerRecord | None]:
+    """The container record as stored and decoded (None, None: never started). Raises
+    ``InvalidConfig`` if the store belongs to another container."""
+    with store.snapshot() as view:
+        current = view.get(CONTAINER, CONTAINER_KEY)
+    recorded = ContainerRecord.decode(current.value) if current else None
+    if recorded is not None and recorded.container_id != container_id:
+        raise InvalidConfig(
+            f"this metadata store belongs to container {recorded.container_id}, not {container_id}"
+        )
+    return current, recorded
