@@ -62,7 +62,7 @@ def _is_slow(item: pytest.Item) -> bool:
     callspec = getattr(item, "callspec", None)
     if callspec is not None and {"s3", "hdfs"} & set(callspec.id.replace("+", "-").split("-")):
         return True  # the SeaweedFS server, the WebHDFS server
-    return item.nodeid.split("[")[0].removeprefix("tests/").startswith(SLOW_TESTS) if SLOW_TESTS else False
+    return item.nodeid.split("[")[0].removeprefix("tests/").startswith(SLOW_TESTS)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -217,9 +217,9 @@ def run(
     available = dict(BENCHMARKS)
     from slts.tools.benchmarks import s3
 
-    on_s3 = s3.benchmarks(store) if store is not None and s3.is_s3_url(store) else {}
-    available.update(on_s3)
-    names = list(only) if only else list(on_s3 or BENCHMARKS)
+    s3_benchmarks = s3.benchmarks(store) if store is not None and s3.is_s3_url(store) else {}
+    available.update(s3_benchmarks)
+    names = list(only) if only else list(s3_benchmarks or BENCHMARKS)
     unknown = [name for name in names if name not in available]
     if unknown:
         from slts.errors import InvalidArgument

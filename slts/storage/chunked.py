@@ -58,7 +58,7 @@ from slts.metadata.records import ChunkRecord, DecodedRecords, GcReason, Segment
 from slts.metadata.schema import CHUNKS, DELETED, GC, SEGMENTS, name_key, segment_id_key
 from slts.metadata.store import Delete, Expect, MetadataStore, Put, prefix_stop
 from slts.storage import block_checksums, layout_changes
-from slts.storage.context import EngineContext
+from slts.storage.context import EngineContext, SegmentIds
 from slts.storage.leaks import LeakReport, find_leaks
 from slts.storage.segment_names import check_segment_name, chunk_name
 from slts.storage.types import DefragResult, SegmentHandle, SegmentInfo, StorageStatistics
@@ -165,7 +165,6 @@ class ChunkedSegmentStorage:
             self._ownership = Ownership(self._store, container_id, epoch, clock)
         self.epoch = self._ownership.epoch
         assert 0 <= self.epoch <= EPOCH_MAX, self.epoch
-        self._decoded = DecodedRecords(self.config.metadata_cache_entries)
         self.gc = GarbageCollector(self._store, chunk_storage, self._ownership, self.config, clock)
         self._owns_binding = owns_resources
         self._owns_store = owns_resources if owns_store is None else owns_store
@@ -180,9 +179,9 @@ class ChunkedSegmentStorage:
             self._ownership,
             self.gc,
             clock,
-            self._decoded,
+            DecodedRecords(self.config.metadata_cache_entries),
+            SegmentIds(self.epoch),
         )
-        self._tainted = self.context.tainted  # chunks this instance must not append to any more
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         self._counters = _Counters()
@@ -540,7 +539,7 @@ class ChunkedSegmentStorage:
             except BaseException:
                 self._counters.add(write_failures=1)
                 if record.last_chunk is not None:
-                    self._tainted.add(record.last_chunk)
+                    self.context.tainted.add(record.last_chunk)
                 raise
         self._counters.add(writes=1, bytes_written=len(data))
 
@@ -549,7 +548,7 @@ class ChunkedSegmentStorage:
         return (
             last is not None
             and self.chunk_storage.supports_append
-            and last.name not in self._tainted
+            and last.name not in self.context.tainted
             and last.epoch == self.epoch
             and last.length < record.max_rolling_length
         )

@@ -83,14 +83,10 @@ class EngineContext:
     gc: GarbageCollector
     clock: Callable[[], float]
     records: DecodedRecords
+    segment_ids: SegmentIds
     locks: SegmentLocks = field(default_factory=SegmentLocks)
     #: Chunks this instance must not append to any more (a failed append left them in doubt).
     tainted: set[str] = field(default_factory=set)
-    segment_ids: SegmentIds | None = None
-
-    def __post_init__(self) -> None:
-        if self.segment_ids is None:
-            object.__setattr__(self, "segment_ids", SegmentIds(self.epoch))
 
     def now_ms(self) -> int:
         """The instance's clock, in milliseconds (record timestamps, GC due times)."""
@@ -98,7 +94,6 @@ class EngineContext:
 
     def new_segment_id(self) -> int:
         """An id no segment of the container ever had."""
-        assert self.segment_ids is not None
         return self.segment_ids.new()
 
     def load(self, name: str) -> tuple[SegmentRecord, int]:

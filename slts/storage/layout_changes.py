@@ -30,7 +30,6 @@ from slts.metadata.schema import CHUNKS, GC, SEGMENTS, name_key
 from slts.metadata.store import Delete, Expect, Operation, Put
 from slts.storage import defrag as defrag_runs
 from slts.storage.context import EngineContext
-from slts.storage.defrag import BuiltChunk, Run
 from slts.storage.segment_names import chunk_name
 from slts.storage.types import DefragResult
 
@@ -122,7 +121,7 @@ def _merge_seam(ctx: EngineContext, name: str, seam: str, start: int) -> None:
         return
     if left.length + right.length > min(ctx.config.defrag_run_bytes_max, record.max_rolling_length):
         return
-    before = _predecessor(ctx, record, start)
+    before = defrag_runs.predecessor(ctx.store, record, start)  # O(log n)
     run = defrag_runs.Run(
         name,
         record.segment_id,
@@ -135,11 +134,6 @@ def _merge_seam(ctx: EngineContext, name: str, seam: str, start: int) -> None:
     )
     with contextlib.suppress(VersionConflict):  # the segment moved on: nothing to merge
         _apply_run(ctx, run, record, version)
-
-
-def _predecessor(ctx: EngineContext, record: SegmentRecord, start: int) -> defrag_runs.ListedChunk | None:
-    """The chunk before the one starting at ``start`` (None at the head): O(log n)."""
-    return defrag_runs.predecessor(ctx.store, record, start)
 
 
 def truncate(ctx: EngineContext, name: str, offset: int) -> None:
@@ -252,8 +246,8 @@ def defrag(ctx: EngineContext, name: str) -> DefragResult:
 
 
 def _apply_run(
-    ctx: EngineContext, run: Run, record: SegmentRecord | None, version: int | None
-) -> BuiltChunk | None:
+    ctx: EngineContext, run: defrag_runs.Run, record: SegmentRecord | None, version: int | None
+) -> defrag_runs.BuiltChunk | None:
     """Build the run's new chunk and swap it in; None if the run was dropped.
 
     With ``record``/``version`` the caller holds the segment's lock (seam merge);
@@ -272,13 +266,13 @@ def _apply_run(
 
 def _swap_in_run(
     ctx: EngineContext,
-    run: Run,
+    run: defrag_runs.Run,
     record: SegmentRecord | None,
     version: int | None,
     new_name: str,
     intent: Put,
     intent_version: int,
-) -> BuiltChunk | None:
+) -> defrag_runs.BuiltChunk | None:
     """Build the run's chunk under the registered ``intent``, then swap it in."""
     built = defrag_runs.build_chunk(
         ctx.binding,
