@@ -13,6 +13,10 @@ is subject to faults:
   set) is called right then (the simulator kills the process's binding with it). A new process wraps
   ``inner`` in a new object.
 
+``before_commit`` (if set) is called with every commit's ops and expectations before
+anything else happens to it: the simulator lands another process's commit there, between
+the caller's reads and its commit.
+
 Errors carry ``injected=True`` (and ``reply_lost=True`` when the commit landed), so a
 checker tells an injected fault from a real one. ``faults`` counts them by kind
 (``commit-fail``, ``commit-lost-reply``, ``crash``). Reads are never failed: a read of
@@ -45,6 +49,7 @@ class FaultyMetadataStore(DelegatingStore):
         self._lose_p = 0.0
         self._crash: tuple[int, bool] | None = None  # (countdown, landed)
         self.on_crash: Callable[[], None] | None = None
+        self.before_commit: Callable[[Sequence[Operation], Sequence[Expect]], None] | None = None
 
     # -- rules ----------------------------------------------------------------------------------
 
@@ -76,6 +81,8 @@ class FaultyMetadataStore(DelegatingStore):
 
     def commit(self, ops: Sequence[Operation], expect: Sequence[Expect] = ()) -> int:
         self._check_alive()
+        if self.before_commit is not None:
+            self.before_commit(ops, expect)
         if self._crash is not None:
             countdown, landed = self._crash
             if countdown > 1:

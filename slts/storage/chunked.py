@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import crc32c
 
@@ -62,24 +62,6 @@ from slts.storage.context import EngineContext, SegmentIds
 from slts.storage.leaks import LeakReport, find_leaks
 from slts.storage.segment_names import check_segment_name, chunk_name
 from slts.storage.types import DefragResult, SegmentHandle, SegmentInfo, StorageStatistics
-
-
-@dataclass
-class _Counters:
-    writes: int = 0
-    bytes_written: int = 0
-    appends: int = 0
-    chunks_created: int = 0
-    reads: int = 0
-    bytes_read: int = 0
-    commit_retries: int = 0
-    write_failures: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def add(self, **deltas: int) -> None:
-        with self.lock:
-            for key, delta in deltas.items():
-                setattr(self, key, getattr(self, key) + delta)
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +166,6 @@ class ChunkedSegmentStorage:
         )
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
-        self._counters = _Counters()
         self._leaks: LeakReport | None = None  # the last check_leaks() report
         self._closed = False
         #: The metadata's durable copy on tier-2 (DESIGN.md §6); None when read-only or
@@ -240,7 +221,7 @@ class ChunkedSegmentStorage:
     def statistics(self) -> StorageStatistics:
         """Counters since start, and the last leak check's report (the leak gauge), as a
         frozen snapshot."""
-        c = self._counters
+        c = self.context.counters
         with c.lock:
             return StorageStatistics(
                 self.epoch,
@@ -261,7 +242,7 @@ class ChunkedSegmentStorage:
         the container's metadata: run it from operations tooling, not per request."""
         self._check_open()
         report = find_leaks(self._store, now_ms=self.context.now_ms(), gc_delay_s=self.config.gc_delay_s)
-        with self._counters.lock:
+        with self.context.counters.lock:
             self._leaks = report
         return report
 
@@ -380,15 +361,19 @@ class ChunkedSegmentStorage:
         self._check_open(changes=True)
         check_segment_name(name)
         with self.context.locks.stripe(name):
-            record, version = self.context.load(name)
-            if record.owner_epoch > self.epoch:
-                self._ownership.check()  # a newer epoch took the segment: this instance is fenced
-                raise Fenced(f"segment {name!r} is owned by epoch {record.owner_epoch}", segment=name)
-            if record.owner_epoch != self.epoch:
-                taken = record.replace(owner_epoch=self.epoch, modified_ms=self.context.now_ms())
-                key = name_key(name)
-                self._ownership.commit([Put(SEGMENTS, key, taken.encode())], [Expect(SEGMENTS, key, version)])
+            self.context.retry_conflicts(lambda: self._take_over(name))
         return SegmentHandle(name, read_only=False)
+
+    def _take_over(self, name: str) -> None:
+        """One attempt of ``open_write``'s takeover (lock held; see ``retry_conflicts``)."""
+        record, version = self.context.load(name)
+        if record.owner_epoch > self.epoch:
+            self._ownership.check()  # a newer epoch took the segment: this instance is fenced
+            raise Fenced(f"segment {name!r} is owned by epoch {record.owner_epoch}", segment=name)
+        if record.owner_epoch != self.epoch:
+            taken = record.replace(owner_epoch=self.epoch, modified_ms=self.context.now_ms())
+            key = name_key(name)
+            self._ownership.commit([Put(SEGMENTS, key, taken.encode())], [Expect(SEGMENTS, key, version)])
 
     def seal(self, handle: SegmentHandle) -> None:
         """Seal the segment: no more writes until ``unseal``. Idempotent."""
@@ -402,14 +387,18 @@ class ChunkedSegmentStorage:
         self._check_open()
         handle = self._check_handle(handle, writable=True)
         with self.context.locks.stripe(handle.name):
-            record, version = self.context.load(handle.name)
-            if record.sealed == sealed:  # a no-op: still, only the owner may say it succeeded
-                self._ownership.check()
-                return
-            status = record.status | SegmentStatus.SEALED if sealed else record.status & ~SegmentStatus.SEALED
-            changed = record.replace(status=int(status), modified_ms=self.context.now_ms())
-            key = name_key(handle.name)
-            self._ownership.commit([Put(SEGMENTS, key, changed.encode())], [Expect(SEGMENTS, key, version)])
+            self.context.retry_conflicts(lambda: self._set_sealed_once(handle.name, sealed))
+
+    def _set_sealed_once(self, name: str, sealed: bool) -> None:
+        """One attempt of ``_set_sealed`` (lock held; see ``retry_conflicts``)."""
+        record, version = self.context.load(name)
+        if record.sealed == sealed:  # a no-op: still, only the owner may say it succeeded
+            self._ownership.check()
+            return
+        status = record.status | SegmentStatus.SEALED if sealed else record.status & ~SegmentStatus.SEALED
+        changed = record.replace(status=int(status), modified_ms=self.context.now_ms())
+        key = name_key(name)
+        self._ownership.commit([Put(SEGMENTS, key, changed.encode())], [Expect(SEGMENTS, key, version)])
 
     def delete(self, handle: SegmentHandle) -> None:
         """Delete the segment: its name is free at once; its chunks go to GC.
@@ -420,16 +409,20 @@ class ChunkedSegmentStorage:
         self._check_open()
         handle = self._check_handle(handle, writable=True)
         with self.context.locks.stripe(handle.name):
-            record, version = self.context.load(handle.name)
-            tombstone = record.replace(
-                status=int((record.status | SegmentStatus.DELETED) & ~SegmentStatus.ACTIVE),
-                modified_ms=self.context.now_ms(),
-            )
-            key = name_key(handle.name)
-            self._ownership.commit(
-                [Delete(SEGMENTS, key), Put(DELETED, segment_id_key(record.segment_id), tombstone.encode())],
-                [Expect(SEGMENTS, key, version), Expect(DELETED, segment_id_key(record.segment_id), 0)],
-            )
+            self.context.retry_conflicts(lambda: self._delete_once(handle.name))
+
+    def _delete_once(self, name: str) -> None:
+        """One attempt of ``delete`` (lock held; see ``retry_conflicts``)."""
+        record, version = self.context.load(name)
+        tombstone = record.replace(
+            status=int((record.status | SegmentStatus.DELETED) & ~SegmentStatus.ACTIVE),
+            modified_ms=self.context.now_ms(),
+        )
+        key = name_key(name)
+        self._ownership.commit(
+            [Delete(SEGMENTS, key), Put(DELETED, segment_id_key(record.segment_id), tombstone.encode())],
+            [Expect(SEGMENTS, key, version), Expect(DELETED, segment_id_key(record.segment_id), 0)],
+        )
 
     # -- layout changes (slts.storage.layout_changes) --------------------------------------------
 
@@ -537,11 +530,11 @@ class ChunkedSegmentStorage:
             try:
                 self._write_locked(record, version, data)
             except BaseException:
-                self._counters.add(write_failures=1)
+                self.context.counters.add(write_failures=1)
                 if record.last_chunk is not None:
                     self.context.tainted.add(record.last_chunk)
                 raise
-        self._counters.add(writes=1, bytes_written=len(data))
+        self.context.counters.add(writes=1, bytes_written=len(data))
 
     def _appendable(self, record: SegmentRecord, last: ChunkRecord | None) -> bool:
         """May this write append to the segment's last chunk ``last``? (see ``write``)"""
@@ -581,10 +574,10 @@ class ChunkedSegmentStorage:
             if appended:
                 assert last is not None
                 self.chunk_storage.write(ChunkHandle(last.name, readonly=False), last.length, appended)
-                self._counters.add(appends=1)
+                self.context.counters.add(appends=1)
             for chunk in new_chunks:
                 self.chunk_storage.create(chunk.name, chunk.data)
-                self._counters.add(chunks_created=1)
+                self.context.counters.add(chunks_created=1)
 
             # 3. Metadata, one conditional commit, re-based on a conflict that left the
             #    segment where this write expects it (e.g. a defrag elsewhere in the list).
@@ -627,7 +620,7 @@ class ChunkedSegmentStorage:
                     ) from exc
                 if attempt == self.config.commit_retries_max:
                     raise
-                self._counters.add(commit_retries=1)
+                self.context.counters.add(commit_retries=1)
                 fresh, version = self.context.load(record.name)
                 if fresh.length != record.length or fresh.last_chunk != record.last_chunk or fresh.sealed:
                     raise
@@ -739,7 +732,7 @@ class ChunkedSegmentStorage:
                 self._store.clear()
             data = self._read_once(handle.name, offset, length)
         assert len(data) == length, (len(data), length)
-        self._counters.add(reads=1, bytes_read=length)
+        self.context.counters.add(reads=1, bytes_read=length)
         return data
 
     def _read_once(self, name: str, offset: int, length: int) -> bytes:

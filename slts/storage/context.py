@@ -18,15 +18,18 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from slts.bindings.base import ChunkStorage
 from slts.config import StorageConfig
-from slts.errors import MetadataCorrupted, SegmentNotFound
+from slts.errors import MetadataCorrupted, SegmentNotFound, VersionConflict
 from slts.gc import GarbageCollector
 from slts.metadata.ownership import Ownership, ReadOnlyOwnership
 from slts.metadata.records import ChunkRecord, DecodedRecords, SegmentRecord
 from slts.metadata.schema import CHUNKS, SEGMENTS, name_key
 from slts.metadata.store import MetadataStore
+
+Result = TypeVar("Result")
 
 #: Striped segment locks: enough stripes that unrelated segments rarely share one.
 LOCK_STRIPES = 64
@@ -52,6 +55,26 @@ class SegmentLocks:
             for i in indexes:
                 stack.enter_context(self._stripes[i])
             yield
+
+
+@dataclass
+class Counters:
+    """The instance's operation counters (``StorageStatistics``); ``add`` is thread-safe."""
+
+    writes: int = 0
+    bytes_written: int = 0
+    appends: int = 0
+    chunks_created: int = 0
+    reads: int = 0
+    bytes_read: int = 0
+    commit_retries: int = 0
+    write_failures: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, **deltas: int) -> None:
+        with self.lock:
+            for key, delta in deltas.items():
+                setattr(self, key, getattr(self, key) + delta)
 
 
 class SegmentIds:
@@ -85,12 +108,37 @@ class EngineContext:
     records: DecodedRecords
     segment_ids: SegmentIds
     locks: SegmentLocks = field(default_factory=SegmentLocks)
+    counters: Counters = field(default_factory=Counters)
     #: Chunks this instance must not append to any more (a failed append left them in doubt).
     tainted: set[str] = field(default_factory=set)
 
     def now_ms(self) -> int:
         """The instance's clock, in milliseconds (record timestamps, GC due times)."""
         return int(self.clock() * 1000)
+
+    def retry_conflicts(self, attempt: Callable[[], Result]) -> Result:
+        """``attempt()``, run again (at most ``commit_retries_max`` more times) while it
+        raises ``VersionConflict``.
+
+        For an owner's change of a segment that a non-owner may change too: a defrag
+        batch driver (``slts.storage.batch_defrag``) fences nobody and commits new
+        layouts beside the live owner, so the records an owner read may have moved by the
+        time it commits, and its change is still as valid as before. ``attempt`` must read
+        what it needs afresh (``load``, ``chunk``: the store's cache evicts the keys of a
+        conflicting commit and drops everything when another process committed), check
+        its preconditions again, and change nothing before its one conditional commit;
+        so each run is the whole operation, decided anew. ``Fenced`` (a newer owner) and
+        every other error pass through at once. Raises the last ``VersionConflict`` if
+        the records kept moving: nothing changed then.
+        """
+        for retry in range(self.config.commit_retries_max + 1):
+            try:
+                return attempt()
+            except VersionConflict:
+                if retry == self.config.commit_retries_max:
+                    raise
+                self.counters.add(commit_retries=1)
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def new_segment_id(self) -> int:
         """An id no segment of the container ever had."""

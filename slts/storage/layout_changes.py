@@ -41,60 +41,67 @@ def concat(ctx: EngineContext, target: str, offset: int, source: str) -> None:
     if source == target:
         raise InvalidArgument(f"cannot concat segment {source!r} into itself", segment=source)
     with ctx.locks.stripes(target, source):
-        record, version = ctx.load(target)
-        donor, donor_version = ctx.load(source)
-        if record.sealed:
-            raise SegmentSealed(f"concat target {target!r} is sealed", segment=target)
-        if not donor.sealed:
-            raise SegmentNotSealed(f"concat source {source!r} is not sealed", segment=source)
-        if donor.start_offset > 0:
-            raise SegmentTruncated(
-                f"concat source {source!r} is truncated (starts at {donor.start_offset})", segment=source
-            )
-        if offset != record.length:
-            raise InvalidOffset(
-                f"concat into {target!r} at {offset}, but its length is {record.length}",
-                segment=target,
-                offset=offset,
-            )
-        ops: list[Operation] = [Delete(SEGMENTS, name_key(source))]
-        expect = [Expect(SEGMENTS, name_key(source), donor_version)]
-        seam: ChunkRecord | None = None
-        if donor.chunk_count:
-            assert donor.first_chunk_start_offset == 0 and donor.first_chunk is not None
-            if record.last_chunk is not None:
-                seam, seam_version = ctx.chunk(record.last_chunk)
-                linked = seam.replace(next_chunk=donor.first_chunk)
-                ops.append(Put(CHUNKS, name_key(linked.name), linked.encode()))
-                expect.append(Expect(CHUNKS, name_key(linked.name), seam_version))
-            ops.append(index.concat_link(record.segment_id, record.length, donor.segment_id, 0))
-            depth = max(_index_depth(ctx, record), _index_depth(ctx, donor) + 1)
-            if depth > index.LINK_DEPTH_MAX:
-                raise ConcatTooDeep(
-                    f"concat of {source!r} into {target!r}: {source!r} holds concats nested "
-                    f"{depth - 1} deep, one more passes the index's limit of {index.LINK_DEPTH_MAX}; "
-                    f"copy {source!r} into a new segment and concat that",
-                    segment=source,
-                )
-            changes: dict[str, object] = {
-                "index_depth": depth,
-                "length": record.length + donor.length,
-                "last_chunk": donor.last_chunk,
-                "last_chunk_start_offset": record.length + donor.last_chunk_start_offset,
-                "chunk_count": record.chunk_count + donor.chunk_count,
-                "modified_ms": ctx.now_ms(),
-            }
-            if record.first_chunk is None:
-                changes["first_chunk"] = donor.first_chunk
-                changes["first_chunk_start_offset"] = record.length
-            ops.append(Put(SEGMENTS, name_key(target), record.replace(**changes).encode()))
-            expect.append(Expect(SEGMENTS, name_key(target), version))
-        ctx.ownership.commit(ops, expect)
+        seam = ctx.retry_conflicts(lambda: _concat_once(ctx, target, offset, source))
         if seam is not None and ctx.config.concat_merge_seam:
             try:
-                _merge_seam(ctx, target, seam.name, record.last_chunk_start_offset)
+                _merge_seam(ctx, target, *seam)
             except SltsError:  # Fenced, MetadataError, ChunkStorageError...: the concat stands
                 _log.warning("concat into %r: merging the chunks at the seam failed", target, exc_info=True)
+
+
+def _concat_once(ctx: EngineContext, target: str, offset: int, source: str) -> tuple[str, int] | None:
+    """One attempt of ``concat`` (locks held; see ``EngineContext.retry_conflicts``):
+    the seam (the target's last chunk before, and its start) if both had chunks."""
+    record, version = ctx.load(target)
+    donor, donor_version = ctx.load(source)
+    if record.sealed:
+        raise SegmentSealed(f"concat target {target!r} is sealed", segment=target)
+    if not donor.sealed:
+        raise SegmentNotSealed(f"concat source {source!r} is not sealed", segment=source)
+    if donor.start_offset > 0:
+        raise SegmentTruncated(
+            f"concat source {source!r} is truncated (starts at {donor.start_offset})", segment=source
+        )
+    if offset != record.length:
+        raise InvalidOffset(
+            f"concat into {target!r} at {offset}, but its length is {record.length}",
+            segment=target,
+            offset=offset,
+        )
+    ops: list[Operation] = [Delete(SEGMENTS, name_key(source))]
+    expect = [Expect(SEGMENTS, name_key(source), donor_version)]
+    seam: ChunkRecord | None = None
+    if donor.chunk_count:
+        assert donor.first_chunk_start_offset == 0 and donor.first_chunk is not None
+        if record.last_chunk is not None:
+            seam, seam_version = ctx.chunk(record.last_chunk)
+            linked = seam.replace(next_chunk=donor.first_chunk)
+            ops.append(Put(CHUNKS, name_key(linked.name), linked.encode()))
+            expect.append(Expect(CHUNKS, name_key(linked.name), seam_version))
+        ops.append(index.concat_link(record.segment_id, record.length, donor.segment_id, 0))
+        depth = max(_index_depth(ctx, record), _index_depth(ctx, donor) + 1)
+        if depth > index.LINK_DEPTH_MAX:
+            raise ConcatTooDeep(
+                f"concat of {source!r} into {target!r}: {source!r} holds concats nested "
+                f"{depth - 1} deep, one more passes the index's limit of {index.LINK_DEPTH_MAX}; "
+                f"copy {source!r} into a new segment and concat that",
+                segment=source,
+            )
+        changes: dict[str, object] = {
+            "index_depth": depth,
+            "length": record.length + donor.length,
+            "last_chunk": donor.last_chunk,
+            "last_chunk_start_offset": record.length + donor.last_chunk_start_offset,
+            "chunk_count": record.chunk_count + donor.chunk_count,
+            "modified_ms": ctx.now_ms(),
+        }
+        if record.first_chunk is None:
+            changes["first_chunk"] = donor.first_chunk
+            changes["first_chunk_start_offset"] = record.length
+        ops.append(Put(SEGMENTS, name_key(target), record.replace(**changes).encode()))
+        expect.append(Expect(SEGMENTS, name_key(target), version))
+    ctx.ownership.commit(ops, expect)
+    return None if seam is None else (seam.name, record.last_chunk_start_offset)
 
 
 def _index_depth(ctx: EngineContext, record: SegmentRecord) -> int:
@@ -139,22 +146,22 @@ def _merge_seam(ctx: EngineContext, name: str, seam: str, start: int) -> None:
 def truncate(ctx: EngineContext, name: str, offset: int) -> None:
     """``ChunkedSegmentStorage.truncate`` (its docstring is the contract)."""
     with ctx.locks.stripe(name):
-        record, version = ctx.load(name)
+        record, _ = ctx.load(name)
         if offset > record.length:
             raise InvalidOffset(
                 f"truncate {name!r} at {offset}, past its length {record.length}",
                 segment=name,
                 offset=offset,
             )
+        # Only this instance moves the start or the length (lock held); a defrag batch
+        # beside it may change the list, so each batch reads the segment afresh.
         new_start = max(record.start_offset, offset)
         for batch in range(record.chunk_count // ctx.config.gc_batch_max + 2):
             try:
-                ops, expect, record = _truncate_batch(ctx, record, version, new_start)
-                if not ops:
+                if not ctx.retry_conflicts(lambda: _truncate_batch(ctx, name, new_start)):
                     if not batch:  # a no-op: still, only the owner may say it succeeded
                         ctx.ownership.check()
                     return
-                version = ctx.ownership.commit(ops, expect)
             except SltsError:
                 if not batch:
                     raise  # nothing changed
@@ -170,34 +177,33 @@ def truncate(ctx: EngineContext, name: str, offset: int) -> None:
         raise AssertionError(f"truncate of {name!r} did not converge")
 
 
-def _truncate_batch(
-    ctx: EngineContext, record: SegmentRecord, version: int, new_start: int
-) -> tuple[list[Operation], list[Expect], SegmentRecord]:
-    """One bounded commit of a truncate: move the start, drop up to a batch of chunks."""
+def _truncate_batch(ctx: EngineContext, name: str, new_start: int) -> bool:
+    """One bounded commit of a truncate (lock held; see ``EngineContext.retry_conflicts``):
+    move the start, drop up to a batch of chunks. False if there was nothing to do."""
+    record, version = ctx.load(name)
     dropped: list[tuple[ChunkRecord, int]] = []
-    name, start = record.first_chunk, record.first_chunk_start_offset
-    while name is not None and len(dropped) < ctx.config.gc_batch_max:
-        chunk, chunk_version = ctx.chunk(name)
+    kept, start = record.first_chunk, record.first_chunk_start_offset  # the first chunk that stays
+    while kept is not None and len(dropped) < ctx.config.gc_batch_max:
+        chunk, chunk_version = ctx.chunk(kept)
         if start + chunk.length > new_start:
             break
         dropped.append((chunk, chunk_version))
         start += chunk.length
-        name = chunk.next_chunk
+        kept = chunk.next_chunk
     if not dropped and new_start == record.start_offset:
-        return [], [], record
+        return False
     ops: list[Operation] = []
-    expect = [Expect(SEGMENTS, name_key(record.name), version)]
+    expect = [Expect(SEGMENTS, name_key(name), version)]
     for chunk, chunk_version in dropped:
         ops.append(Delete(CHUNKS, name_key(chunk.name)))
         expect.append(Expect(CHUNKS, name_key(chunk.name), chunk_version))
         ops.append(ctx.gc.entry(chunk.name, GcReason.DROPPED))
-        ctx.tainted.discard(chunk.name)
     if dropped:
         # Every key serving the dropped range goes (the chunks' own entries and the links
         # that led to them, at any depth); what stays readable keeps its keys (split).
         bound = index.clear_bound(len(dropped))
         with ctx.store.snapshot() as view:
-            if name is not None:
+            if kept is not None:
                 ops.extend(index.split_ops(view, record.segment_id, start))
                 ops.extend(
                     index.clear_ops(view, record.segment_id, record.first_chunk_start_offset, start, bound)
@@ -215,14 +221,15 @@ def _truncate_batch(
         "modified_ms": ctx.now_ms(),
     }
     if dropped:
-        changes["first_chunk"] = name
-        changes["first_chunk_start_offset"] = start if name is not None else new_start
-        if name is None:
+        changes["first_chunk"] = kept
+        changes["first_chunk_start_offset"] = start if kept is not None else new_start
+        if kept is None:
             changes["last_chunk"] = None
             changes["last_chunk_start_offset"] = new_start
-    truncated = record.replace(**changes)
-    ops.append(Put(SEGMENTS, name_key(record.name), truncated.encode()))
-    return ops, expect, truncated
+    ops.append(Put(SEGMENTS, name_key(name), record.replace(**changes).encode()))
+    ctx.ownership.commit(ops, expect)
+    ctx.tainted.difference_update(chunk.name for chunk, _ in dropped)
+    return True
 
 
 def defrag(ctx: EngineContext, name: str) -> DefragResult:

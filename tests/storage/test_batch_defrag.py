@@ -8,12 +8,16 @@ serving a deleted chunk). The Spark executor is tested in ``tests/spark``.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 
 import pytest
 from slts.bindings.memory import MemoryChunkStorage
 
 from slts.admin.verify import verify_container
 from slts.errors import Fenced, InvalidArgument, InvalidName, StorageUnavailable
+from slts.metadata.delegating import DelegatingStore
+from slts.metadata.schema import SEGMENTS, name_key
+from slts.metadata.store import Expect, MetadataStore, Operation
 from slts.storage.batch_defrag import BatchDefrag, BatchReport, RunTask, execute, execute_locally, run_batch
 from slts.storage.chunked import ChunkedSegmentStorage
 
@@ -106,6 +110,108 @@ def test_the_live_owner_keeps_writing_and_sees_the_new_layout(env: Env) -> None:
     assert contents(owner) == {name: bytes(data) for name, data in written.items()}
     assert verify_container(owner).problems == []
     assert owner.epoch == env.instances[-1].epoch and not owner._ownership.fenced, "the batch fences nobody"
+
+
+class CommitHook(DelegatingStore):
+    """Runs ``before`` once, just before the next commit that names segment ``segment``:
+    another process's commit lands between the owner's read and its commit."""
+
+    def __init__(self, inner: MetadataStore) -> None:
+        super().__init__(inner)
+        self.segment = ""
+        self.before: Callable[[], None] | None = None
+
+    def commit(self, ops: Sequence[Operation], expect: Sequence[Expect] = ()) -> int:
+        key = name_key(self.segment)
+        if self.before is not None and any(x.table == SEGMENTS and x.key == key for x in [*ops, *expect]):
+            before, self.before = self.before, None
+            before()
+        return self.inner.commit(ops, expect)
+
+
+Written = dict[str, bytearray]
+
+
+def take_over(owner: ChunkedSegmentStorage, written: Written) -> None:
+    owner.open_write("f/0000")
+    owner.write(owner.open_write("f/0000"), len(written["f/0000"]), b"more")
+    written["f/0000"] += b"more"
+
+
+def seal(owner: ChunkedSegmentStorage, written: Written) -> None:
+    owner.seal(owner.open_write("f/0000"))
+    assert owner.info("f/0000").sealed
+
+
+def unseal(owner: ChunkedSegmentStorage, written: Written) -> None:
+    owner.unseal(owner.open_write("f/0000"))
+    assert not owner.info("f/0000").sealed
+
+
+def delete(owner: ChunkedSegmentStorage, written: Written) -> None:
+    owner.delete(owner.open_write("f/0000"))
+    del written["f/0000"]
+
+
+def truncate(owner: ChunkedSegmentStorage, written: Written) -> None:
+    owner.truncate(owner.open_write("f/0000"), 200)
+    assert owner.info("f/0000").start_offset == 200
+    del written["f/0000"][:200]
+
+
+def concat(owner: ChunkedSegmentStorage, written: Written) -> None:
+    owner.concat(owner.open_write("f/0000"), len(written["f/0000"]), "f/0001")
+    written["f/0000"] += written.pop("f/0001")
+
+
+def take(owner: ChunkedSegmentStorage) -> None:
+    owner.open_write("f/0000")
+
+
+def take_and_seal(owner: ChunkedSegmentStorage) -> None:
+    owner.seal(owner.open_write("f/0000"))
+
+
+#: Owner changes of segment f/0000 (f/0001 is sealed), each with what runs before the
+#: batch is planned; the change asserts its effect and updates the expected bytes.
+OWNER_CHANGES: dict[str, tuple[Callable[[ChunkedSegmentStorage], None], Callable[..., None]]] = {
+    "take over": (lambda owner: None, take_over),
+    "seal": (take, seal),
+    "unseal": (take_and_seal, unseal),
+    "delete": (take, delete),
+    "truncate": (take, truncate),
+    "concat": (take, concat),
+}
+
+
+@pytest.mark.parametrize("change", OWNER_CHANGES)
+def test_the_owners_changes_absorb_a_batch_commit_beside_them(env: Env, change: str) -> None:
+    """A batch commit to the same segment between the owner's read and its commit
+    (found by the Spark live-writer test: ``open_write`` raised ``VersionConflict``):
+    the owner reads again and applies its change; the batch's run stands."""
+    raw = env.store
+    env.store = hooked = CommitHook(raw)
+    _, written = fragment(env, 2, 4)
+    env.instances[-1].seal(env.instances[-1].open_write("f/0001"))
+    owner = env.reopen(**SMALL)  # the segments are the older epoch's until taken over
+    setup, operation = OWNER_CHANGES[change]
+    setup(owner)
+    batch = BatchDefrag(env.binding, raw, 0, owner.config, clock=env.clock)
+    planned = [p for runs in batch.plan(names=["f/0000"]) for p in batch.register(runs)]
+    assert planned, "the segment has a run to merge"
+    built = execute_locally(env.binding)([p.task for p in planned])
+    committed: list[bool] = []
+    hooked.segment = "f/0000"
+    hooked.before = lambda: committed.extend(batch.commit(p, b) for p, b in zip(planned, built, strict=True))
+    retries = owner.statistics().commit_retries
+    operation(owner, written)
+    assert committed and all(committed), "the batch committed between the owner's read and commit"
+    assert owner.statistics().commit_retries == retries + 1
+    env.clock.advance(60)
+    while owner.gc.run_once().chunks_deleted:
+        pass
+    assert contents(owner) == {name: bytes(data) for name, data in written.items()}
+    assert verify_container(owner).problems == []
 
 
 def test_a_run_that_changed_is_dropped_and_its_chunk_collected(env: Env) -> None:

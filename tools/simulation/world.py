@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from slts.bindings.faulty import FaultyChunkStorage
@@ -30,8 +30,8 @@ from slts.config import StorageConfig
 from slts.errors import SltsError
 from slts.metadata.faulty_store import FaultyMetadataStore
 from slts.metadata.memory_store import MemoryMetadataStore
-from slts.metadata.schema import TABLES
-from slts.metadata.store import MetadataStore
+from slts.metadata.schema import SEGMENTS, TABLES, name_key
+from slts.metadata.store import Expect, MetadataStore, Operation
 from slts.storage import batch_defrag
 from slts.storage.chunked import ChunkedSegmentStorage
 
@@ -387,26 +387,28 @@ class World:
         lines.append(self._concat(rng, target, source))
         return "chain: " + "; ".join(lines)
 
-    def do_truncate(self, rng: random.Random) -> str:
-        name = self.pick(rng)
-        if name is None:
-            return "truncate: no segment"
+    def _truncate(self, rng: random.Random | None, name: str, offset_rng: random.Random) -> str:
         after = self.model.copy()
         segment = after.segments[name]
-        offset = rng.randint(segment.start, len(segment.data))
+        offset = offset_rng.randint(segment.start, len(segment.data))
         segment.start = offset
         return self.mutate(
             rng, f"truncate {name} @{offset}", after, lambda: self.s.truncate(self.s.open_write(name), offset)
         )
 
-    def do_delete(self, rng: random.Random) -> str:
+    def do_truncate(self, rng: random.Random) -> str:
         name = self.pick(rng)
-        if name is None:
-            return "delete: no segment"
+        return self._truncate(rng, name, rng) if name else "truncate: no segment"
+
+    def _delete(self, rng: random.Random | None, name: str) -> str:
         after = self.model.copy()
         del after.segments[name]
         after.targets.discard(name)
         return self.mutate(rng, f"delete {name}", after, lambda: self.s.delete(self.s.open_write(name)))
+
+    def do_delete(self, rng: random.Random) -> str:
+        name = self.pick(rng)
+        return self._delete(rng, name) if name else "delete: no segment"
 
     def do_defrag(self, rng: random.Random) -> str:
         name = self.pick(rng, lambda n, s: True)
@@ -598,7 +600,8 @@ class World:
     def do_batch_defrag(self, rng: random.Random) -> str:
         """A defrag batch beside the owner, driven step by step: plan, register (leased
         intents), then maybe a write, a renewal, an expiry or a takeover, then build every
-        run (faults), then commit or release each run."""
+        run (faults), then commit or release each run (``beside``: some of them inside an
+        owner's change of their segment, see ``_beside``)."""
         driver_process = Process(self, self.store)
         binding, store = driver_process.binding, driver_process.store
         events: list[str] = []
@@ -606,7 +609,7 @@ class World:
             driver = batch_defrag.BatchDefrag(binding, store, 0, self.config, clock=self.seam.clock)
             for runs in driver.plan(batch_runs=rng.choice([1, 3, 100])):
                 planned = driver.register(runs)
-                event = rng.choice(["none", "none", "write", "renew", "expire", "takeover"])
+                event = rng.choice(["none", "none", "write", "renew", "expire", "takeover", "beside"])
                 events.append(self._batch_event(event, planned, driver, rng))
                 self.arm(driver_process, rng)
                 outcomes: list[Any] = []
@@ -616,11 +619,16 @@ class World:
                     except SltsError as exc:
                         outcomes.append(exc)
                 self.disarm(driver_process)
-                for item, outcome in zip(planned, outcomes, strict=True):
+                pairs = list(zip(planned, outcomes, strict=True))
+                if event == "beside" and pairs:
+                    events.append(self._beside(driver, pairs, rng))
+                for item, outcome in pairs:
                     how = batch_defrag._end(driver, item, outcome)  # noqa: SLF001 - commit or release, as run_batch
                     events.append(f"{item.run.segment}@{item.run.start}:{how}")
         except SltsError as exc:
             events.append(f"driver stopped: {type(exc).__name__}")
+        except Violation:
+            raise  # an owner's change beside the batch (``_beside``) was judged wrong
         except Exception as exc:
             raise Violation(f"exception:{type(exc).__name__}", f"batch defrag: {exc!r}") from exc
         finally:
@@ -628,6 +636,60 @@ class World:
             self.faults.update(driver_process.faults())
         checks.check_content(self.observe(), self.model.state())
         return "batch defrag: " + ", ".join(events[:12]) + (" ..." if len(events) > 12 else "")
+
+    def _beside(self, driver: Any, pairs: list[tuple[Any, Any]], rng: random.Random) -> str:
+        """End (commit or release) the built runs of one segment inside the owner's next
+        change of that segment, between the owner's reads and its commit: the change
+        must absorb the batch's commit (no error without a fault: none is armed). The
+        runs ended here leave ``pairs``."""
+        segment = pairs[rng.randrange(len(pairs))][0].run.segment
+        mine = [pair for pair in pairs if pair[0].run.segment == segment]
+        pairs[:] = [pair for pair in pairs if pair[0].run.segment != segment]
+        key = name_key(segment)
+        ended: list[str] = []
+
+        def land(ops: Sequence[Operation], expect: Sequence[Expect]) -> None:
+            if not ended and any(x.table == SEGMENTS and x.key == key for x in (*ops, *expect)):
+                ended.extend(batch_defrag._end(driver, item, outcome) for item, outcome in mine)  # noqa: SLF001
+
+        store = self.owner.store
+        store.before_commit = land
+        try:
+            what = self._change_of(segment, rng)
+        finally:
+            store.before_commit = None
+        if not ended:  # the change committed nothing on the segment (a no-op, or it is gone)
+            ended.extend(batch_defrag._end(driver, item, outcome) for item, outcome in mine)  # noqa: SLF001
+        return f"beside [{what}]: {segment} runs {','.join(ended)}"
+
+    def _change_of(self, name: str, rng: random.Random) -> str:
+        """One owner change of segment ``name`` (no faults armed), by the model's state."""
+        segment = self.model.segments.get(name)
+        if segment is None:
+            return f"{name} is gone"
+        choices = ["seal" if not segment.sealed else "unseal", "truncate", "delete"]
+        source = target = None
+        if not segment.sealed:
+            choices += ["write", "write"]
+            source = self.pick(rng, lambda n, s: s.sealed and s.start == 0 and n != name)
+            choices += ["concat into"] if source is not None else []
+        elif segment.start == 0:
+            target = self.pick(rng, self._valid_targets(name))
+            choices += ["concat from"] if target is not None else []
+        choice = rng.choice(choices)
+        if choice == "write":
+            return self._write(None, name, rng.randint(1, 40), rng)
+        if choice in ("seal", "unseal"):
+            return self._set_sealed(None, name, choice == "seal")
+        if choice == "truncate":
+            return self._truncate(None, name, rng)
+        if choice == "delete":
+            return self._delete(None, name)
+        if choice == "concat into":
+            assert source is not None
+            return self._concat(None, name, source)
+        assert choice == "concat from" and target is not None
+        return self._concat(None, target, name)
 
     def _batch_event(self, event: str, planned: list[Any], driver: Any, rng: random.Random) -> str:
         if event == "write" and planned:
