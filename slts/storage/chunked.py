@@ -93,6 +93,12 @@ class ChunkedSegmentStorage:
     ``open_write``; reads take one from ``open_read`` or ``open_write``.
     ``owns_resources``: ``close`` also closes the binding and the store;
     ``owns_store`` (default: as ``owns_resources``) says so for the store alone.
+
+    A defrag batch driver (``slts.storage.batch_defrag``) may commit a segment's new
+    layout between this instance's read of it and its own commit: every change re-reads
+    and retries then (``EngineContext.retry_conflicts``, ``commit_retries_max``), and
+    raises ``VersionConflict`` (nothing changed; retry later) only if the segment kept
+    moving through every attempt.
     """
 
     def __init__(
@@ -356,7 +362,8 @@ class ChunkedSegmentStorage:
 
         Takeover (PDP-34 failover): the length recorded in metadata stays the length;
         bytes an older owner wrote past it are never read, and this instance writes to
-        new chunks only. Raises ``SegmentNotFound``, ``Fenced``.
+        new chunks only. Raises ``SegmentNotFound``, ``Fenced``, ``VersionConflict``
+        (see the class doc).
         """
         self._check_open(changes=True)
         check_segment_name(name)
@@ -376,11 +383,13 @@ class ChunkedSegmentStorage:
             self._ownership.commit([Put(SEGMENTS, key, taken.encode())], [Expect(SEGMENTS, key, version)])
 
     def seal(self, handle: SegmentHandle) -> None:
-        """Seal the segment: no more writes until ``unseal``. Idempotent."""
+        """Seal the segment: no more writes until ``unseal``. Idempotent. Raises
+        ``SegmentNotFound``, ``Fenced``, ``VersionConflict`` (see the class doc)."""
         self._set_sealed(handle, True)
 
     def unseal(self, handle: SegmentHandle) -> None:
-        """Accept writes again. Idempotent."""
+        """Accept writes again. Idempotent. Raises ``SegmentNotFound``, ``Fenced``,
+        ``VersionConflict`` (see the class doc)."""
         self._set_sealed(handle, False)
 
     def _set_sealed(self, handle: SegmentHandle, sealed: bool) -> None:
@@ -458,7 +467,8 @@ class ChunkedSegmentStorage:
         finishes dropping chunks an interrupted truncate left below the start). Once the
         first batch has committed the truncate has happened and returns normally: an error
         in a later batch leaves chunks below the start for the next truncate. Raises
-        ``InvalidOffset`` (negative or past the length), ``SegmentNotFound``, ``Fenced``:
+        ``InvalidOffset`` (negative or past the length), ``SegmentNotFound``, ``Fenced``,
+        ``VersionConflict`` (see the class doc):
         every error means nothing changed.
         """
         handle = self._check_handle(handle, writable=True)
