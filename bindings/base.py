@@ -188,6 +188,17 @@ def check_name(name: str) -> str:
     return name
 
 
+def names_can_start_with(prefix: str) -> bool:
+    """False if no valid chunk name starts with ``prefix`` (``list`` then returns nothing
+    without asking the storage): a non-string, a NUL, lone surrogates or too many bytes."""
+    if not isinstance(prefix, str) or "\x00" in prefix:
+        return False
+    try:
+        return len(prefix.encode("utf-8")) <= CHUNK_NAME_BYTES_MAX
+    except UnicodeEncodeError:
+        return False
+
+
 def check_range(name: str, offset: int, length: int) -> None:
     """Reject negative or non-integer offsets and lengths with ``ChunkInvalidOffset``."""
     if not isinstance(offset, int) or not isinstance(length, int) or offset < 0 or length < 0:

@@ -1,17 +1,13 @@
 """Filesystem chunk storage (local disks, NFS): one file per chunk below a root folder.
 
-Name mapping (``chunk_relpath``): a chunk name is split on ``/``; every component is
-percent-encoded so only ``[A-Za-z0-9._-]`` and ``%XX`` remain, a component made only of
-dots (``.``, ``..``) has its dots encoded, folders get the suffix ``%`` and an empty last
-component becomes ``%2F``. A component whose encoding does not fit in one file name
-(255 bytes) has all its dots encoded and is cut into pieces: every piece but the last
-becomes a folder with the suffix ``~``. Encoded names never contain ``~`` and never end
-in a lone ``%``, so a path parses back uniquely (``~`` folder: the component goes on;
-``%`` folder: the component ends; file: the last component), no part is ``.``/``..``,
-no name can reach outside the root, and the chunk ``a`` and the chunk ``a/b`` never
-collide (file ``a`` vs. folder ``a%``). The folder ``%tmp`` below the root is reserved for
-chunks being created; ``list`` reports only files whose path is the canonical path of
-the name they decode to, so temporary and foreign files are never chunks.
+Name mapping (``chunk_relpath``): the hierarchical path codec of ``hierarchical_paths``
+with ``[A-Za-z0-9._-]`` kept (a component made only of dots has them encoded), folders
+suffixed ``%``, an empty last component the file ``%2F``, components longer than one file
+name (255 bytes) cut into ``~`` folders. No name can reach outside the root, and the chunk
+``a`` and the chunk ``a/b`` never collide (file ``a`` vs. folder ``a%``). The folder
+``%tmp`` below the root is reserved for chunks being created; ``list`` reports only files
+whose path is the canonical path of the name they decode to, so temporary and foreign
+files are never chunks.
 
 Durability: ``create`` and ``concat`` write a temporary file, fsync it, hard-link it
 under its final name (the link fails if the name exists: that is the exclusive create)
@@ -26,7 +22,6 @@ Every ``OSError`` becomes a typed error in ``_translated``; typed errors pass th
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import errno
 import fcntl
@@ -52,7 +47,6 @@ from slts.errors import (
 )
 
 from .base import (
-    CHUNK_NAME_BYTES_MAX,
     ChunkHandle,
     ChunkInfo,
     ChunkStorage,
@@ -60,64 +54,29 @@ from .base import (
     check_concat_sources,
     check_name,
     check_range,
+    names_can_start_with,
 )
+from .hierarchical_paths import TMP_AGE_S_MAX as TMP_AGE_S_MAX  # re-exported: its age limit
+from .hierarchical_paths import TMP_FOLDER, Entry, PathCodec, remove_stale
 
-_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
-_DIR_SUFFIX = "%"
-_CONTINUED_SUFFIX = "~"
-_EMPTY_FILE = "%2F"
-_TMP_DIR = "%tmp"
-_FILE_NAME_BYTES_MAX = 255
-_PIECE_BYTES_MAX = _FILE_NAME_BYTES_MAX - 1  # room for one suffix character
+#: Names as paths: dots kept (file names may hold them), 255-byte file names.
+CODEC = PathCodec(
+    safe=frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-"),
+    empty_file="%2F",
+    component_bytes_max=255,
+)
 _COPY_BYTES = 8 << 20
 _LOCK_STRIPES = 64
 _LINK_ATTEMPTS_MAX = 16
-#: Temporary files older than this are debris of a crash and are removed at start.
-TMP_AGE_S_MAX = 3600.0
 
 _RETRYABLE_ERRNOS = {errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT, errno.ESTALE, errno.EBUSY}
 #: copy_file_range cannot serve these files: copy through user space instead.
 _NO_COPY_RANGE_ERRNOS = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP}
 
 
-def _percent_encode(component: str) -> str:
-    return "".join(
-        ch if ch in _SAFE else "".join(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass"))
-        for ch in component
-    )
-
-
-def _component_parts(component: str, folder: bool) -> list[str]:
-    """The path parts of one ``/``-separated component (see module doc)."""
-    if not component and not folder:
-        return [_EMPTY_FILE]
-    suffix = _DIR_SUFFIX if folder else ""
-    encoded = _percent_encode(component)
-    if encoded and encoded.strip(".") == "":
-        encoded = encoded.replace(".", "%2E")
-    if len(encoded) + len(suffix) <= _FILE_NAME_BYTES_MAX:
-        return [encoded + suffix]
-    # Too long for one file name. With every dot encoded no piece can be "." or "..".
-    encoded = encoded.replace(".", "%2E")
-    pieces = [encoded[i : i + _PIECE_BYTES_MAX] for i in range(0, len(encoded), _PIECE_BYTES_MAX)]
-    return [piece + _CONTINUED_SUFFIX for piece in pieces[:-1]] + [pieces[-1] + suffix]
-
-
-def _decode_component(encoded: str) -> str:
-    return unquote(encoded, encoding="utf-8", errors="surrogatepass")
-
-
-def _folder_parts(folders: Sequence[str]) -> list[str]:
-    return [part for folder in folders for part in _component_parts(folder, folder=True)]
-
-
 def chunk_relpath(name: str) -> str:
     """The path of chunk ``name`` relative to the root (see module doc)."""
-    *folders, last = check_name(name).split("/")
-    parts = _folder_parts(folders) + _component_parts(last, folder=False)
-    for part in parts:
-        assert part not in ("", ".", "..") and len(part) <= _FILE_NAME_BYTES_MAX, (name, part)
-    return os.path.join(*parts)
+    return CODEC.relpath(name)
 
 
 @contextlib.contextmanager
@@ -169,6 +128,29 @@ def _lock_file(fd: int) -> None:
             raise
 
 
+def _remove_empty_folder(path: str) -> bool:
+    """``rmdir``: False if the folder is not empty (or gone)."""
+    try:
+        os.rmdir(path)
+    except OSError:
+        return False
+    return True
+
+
+def _entries(folder: str) -> list[Entry]:
+    """The files and folders in ``folder`` (none if it is missing); links are no chunks."""
+    try:
+        with os.scandir(folder) as found:
+            entries = list(found)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [
+        Entry(entry.name, folder=entry.is_dir(follow_symlinks=False))
+        for entry in entries
+        if entry.is_dir(follow_symlinks=False) or entry.is_file(follow_symlinks=False)
+    ]
+
+
 def _copy_range(source_fd: int, target_fd: int, offset: int, length: int) -> int:
     """Copy up to ``length`` bytes from ``offset`` to the target's position; bytes copied."""
     step = min(length, _COPY_BYTES)
@@ -196,7 +178,7 @@ class FileSystemChunkStorage(ChunkStorage):
             raise InvalidConfig("filesystem binding needs a root folder")
         self.root = os.path.abspath(root)
         self.url = url or f"file://{self.root}"
-        self._tmp = os.path.join(self.root, _TMP_DIR)
+        self._tmp = os.path.join(self.root, TMP_FOLDER)
         # Writers of one chunk in this process take the same stripe (flock alone is per
         # process on NFS); the check of the length and the append happen under it.
         self._locks = tuple(threading.Lock() for _ in range(_LOCK_STRIPES))
@@ -259,12 +241,17 @@ class FileSystemChunkStorage(ChunkStorage):
             _fsync_dir(os.path.dirname(folder))
 
     def _remove_stale_tmp(self) -> None:
-        cutoff = time.time() - TMP_AGE_S_MAX
+        ages: list[tuple[str, float]] = []
         with contextlib.suppress(OSError):
             for entry in os.scandir(self._tmp):
                 with contextlib.suppress(OSError):
-                    if entry.stat(follow_symlinks=False).st_mtime < cutoff:
-                        os.unlink(entry.path)
+                    ages.append((entry.name, entry.stat(follow_symlinks=False).st_mtime))
+
+        def remove(name: str) -> None:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self._tmp, name))
+
+        remove_stale(ages, time.time(), remove)
 
     def _publish(self, name: str, fill) -> ChunkHandle:  # noqa: ANN001 - fill(fd) -> None
         """Write a temporary file with ``fill``, then link it as ``name`` (exclusive)."""
@@ -310,20 +297,9 @@ class FileSystemChunkStorage(ChunkStorage):
         path = self._path(handle.name)
         with _translated(handle.name, self.url):
             os.unlink(path)
-        self._prune_folders(os.path.dirname(path))
-
-    def _prune_folders(self, folder: str) -> None:
-        """Remove ``folder`` and its parents below the root while they are empty.
-
-        Not fsynced: an empty folder that reappears after a crash is harmless. A create
-        racing with this retries its link (``_publish``).
-        """
-        while folder != self.root and os.path.commonpath([self.root, folder]) == self.root:
-            try:
-                os.rmdir(folder)
-            except OSError:
-                return  # not empty (or gone): its parents are not empty either
-            folder = os.path.dirname(folder)
+        # Not fsynced: an empty folder that reappears after a crash is harmless. A create
+        # racing with this retries its link (``_publish``).
+        CODEC.prune_folders(self.root, path, _remove_empty_folder)
 
     def _stat(self, name: str) -> os.stat_result:
         with _translated(name, self.url):
@@ -392,49 +368,10 @@ class FileSystemChunkStorage(ChunkStorage):
         return len(data)
 
     def list(self, prefix: str = "") -> Iterator[str]:
-        if "\x00" in prefix or len(prefix.encode("utf-8", "surrogatepass")) > CHUNK_NAME_BYTES_MAX:
-            return iter(())  # no chunk name can start with it
-        *folders, _ = prefix.split("/")
-        start = os.path.join(self.root, *_folder_parts(folders))
-        base = "/".join(folders) + "/" if folders else ""
+        if not names_can_start_with(prefix):
+            return iter(())
         with _translated(prefix, self.url):
-            names = self._collect(start, base, prefix)
-        return iter(sorted(names))
-
-    def _collect(self, start: str, base: str, prefix: str) -> builtins.list[str]:
-        """Names of the chunks below folder ``start`` (whose names begin with ``base``).
-
-        Iterative: a 1024-byte name can be 1024 folders deep.
-        """
-        out: builtins.list[str] = []
-        stack = [(start, base, "")]  # (folder, name so far, pending encoded pieces)
-        while stack:
-            folder, base, pending = stack.pop()
-            try:
-                entries = list(os.scandir(folder))
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    if entry.name.endswith(_CONTINUED_SUFFIX):
-                        stack.append((entry.path, base, pending + entry.name[:-1]))
-                    elif entry.name.endswith(_DIR_SUFFIX):
-                        sub = base + _decode_component(pending + entry.name[:-1]) + "/"
-                        if sub.startswith(prefix) or prefix.startswith(sub):
-                            stack.append((entry.path, sub, ""))
-                elif entry.is_file(follow_symlinks=False):
-                    encoded = pending + entry.name
-                    name = base + ("" if encoded == _EMPTY_FILE else _decode_component(encoded))
-                    if name.startswith(prefix) and self._is_canonical(name, entry.path):
-                        out.append(name)
-        return out
-
-    def _is_canonical(self, name: str, path: str) -> bool:
-        """True if ``path`` is where chunk ``name`` lives (temporary and foreign files are not)."""
-        try:
-            return os.path.join(self.root, chunk_relpath(name)) == path
-        except ChunkStorageError:
-            return False
+            return iter(CODEC.names_below(self.root, prefix, _entries))
 
     def concat(self, target: str, sources: Sequence[ConcatSource]) -> ChunkInfo:
         check_name(target)

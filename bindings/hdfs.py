@@ -4,22 +4,22 @@ URL: ``hdfs://HOST:PORT[,HOST2:PORT]/base/folder?user=NAME&...``. The port is th
 NameNode's **HTTP** (WebHDFS) port, 9870 by default in Hadoop 3, not its RPC port 8020;
 several comma-separated hosts are the NameNodes of an HA pair (a standby one is skipped).
 Options: ``user`` (HDFS user, default ``$HADOOP_USER_NAME`` or the login name),
-``timeout_s`` (per HTTP request), ``attempts_max`` and ``backoff_s`` (bounded retries of
-transient failures, exponential backoff capped at ``BACKOFF_S_MAX``), ``https`` (``1`` for
-swebhdfs). Anything else is ``InvalidConfig``.
+``timeout_s`` (per HTTP request), ``max_attempts`` and ``backoff_s`` (bounded retries of
+transient failures: the ``RetryPolicy`` of ``retry``, first delay ``backoff_s``, doubled up to
+``BACKOFF_S_MAX``, with jitter), ``https`` (``1`` for swebhdfs). Anything else is
+``InvalidConfig`` (the old spelling ``attempts_max`` too, with a hint to the new one).
 
 Invariants (asserted or enforced here, checked by ``tests/hdfs`` and the conformance suite):
 
-1. **Names never escape the root** (``chunk_relpath``). A name is split on ``/``; each
-   component is percent-encoded down to ``[A-Za-z0-9_-]`` and ``%XX`` (the dot too, so no
-   part is ``.``, ``..``, ``.snapshot`` or ``.reserved``, and ``:`` never reaches HDFS);
-   folders get the suffix ``%``, an empty last component is the file ``%%``. At most
+1. **Names never escape the root** (``chunk_relpath``: the codec of ``hierarchical_paths``).
+   Each component is percent-encoded down to ``[A-Za-z0-9_-]`` and ``%XX`` (the dot too,
+   so no part is ``.``, ``..``, ``.snapshot`` or ``.reserved``, and ``:`` never reaches
+   HDFS); folders get the suffix ``%``, an empty last component is the file ``%%``. At most
    ``FOLDERS_MAX`` components become folders (HDFS refuses paths deeper than 1000 levels):
-   the rest stays in the file's part, ``/`` encoded as ``%2F``. A part whose encoding does
-   not fit HDFS's 255-byte component limit is cut into 254-byte pieces, every piece but the
-   last a folder with the suffix ``~``. Encoded parts contain no ``~`` and never end in a
-   lone ``%``, so every path decodes to one name, and the file ``a`` never meets the folder
-   ``a%`` (HDFS's old-style RENAME would move a file *into* an existing folder).
+   the rest stays in the file's part, ``/`` encoded as ``%2F``. Parts longer than HDFS's
+   255-byte component limit are cut into ``~`` folders. Every path decodes to one name,
+   and the file ``a`` never meets the folder ``a%`` (HDFS's old-style RENAME would move a
+   file *into* an existing folder).
 2. **Exclusive, atomic create**: the bytes go to ``%tmp/<uuid>`` (a folder no name maps
    to), then RENAME to the final path; RENAME answers ``false`` instead of overwriting, so
    of two creators exactly one wins. Readers never see the file while it is being written.
@@ -30,8 +30,9 @@ Invariants (asserted or enforced here, checked by ``tests/hdfs`` and the conform
 4. **One error vocabulary**: every ``pyhdfs``/``requests`` exception becomes an
    ``slts.errors`` type in ``_translated``, the cause kept; nothing of ``pyhdfs`` leaves
    this module.
-5. **Bounded retries** of ``StorageUnavailable`` (``attempts_max``); a retried append or
-   rename first checks whether the failed attempt landed, so nothing is written twice.
+5. **Bounded retries** of ``StorageUnavailable`` (``max_attempts``, one ``RetryPolicy``); a
+   retried append, rename or delete first checks whether the failed attempt landed, so
+   nothing is written twice.
 
 Durability: a WebHDFS CREATE or APPEND returns after the datanode closed its HDFS output
 stream, i.e. after every datanode of the write pipeline acknowledged every packet
@@ -48,7 +49,6 @@ that stay readable (see ``docs/bindings.md``). The engine copies through the cli
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import functools
 import getpass
@@ -81,42 +81,44 @@ from slts.errors import (
 )
 
 from .base import (
-    CHUNK_NAME_BYTES_MAX,
     ChunkHandle,
     ChunkInfo,
     ChunkStorage,
-    check_name,
     check_range,
+    names_can_start_with,
 )
+from .hierarchical_paths import TMP_AGE_S_MAX as TMP_AGE_S_MAX  # re-exported: its age limit
+from .hierarchical_paths import TMP_FOLDER, Entry, PathCodec, remove_stale
+from .retry import MAX_ATTEMPTS_DEFAULT, RetryPolicy
 
 _T = TypeVar("_T")
 
-_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
-_DIR_SUFFIX = "%"
-_CONTINUED_SUFFIX = "~"
-_EMPTY_FILE = "%%"
-_TMP_DIR = "%tmp"
 #: HDFS's default ``dfs.namenode.fs-limits.max-component-length``.
 _COMPONENT_BYTES_MAX = 255
-_PIECE_BYTES_MAX = _COMPONENT_BYTES_MAX - 1  # room for one suffix character
 #: Name components that become folders; deeper ``/`` stay inside the file's part.
 FOLDERS_MAX = 32
-#: Temporary files older than this are debris of a crash and are removed at start.
-TMP_AGE_S_MAX = 3600.0
+#: Names as paths: no dot kept (HDFS reserves ``.snapshot``, ``.reserved``), ``%%`` for an
+#: empty last component, at most ``FOLDERS_MAX`` folders per name.
+CODEC = PathCodec(
+    safe=frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"),
+    empty_file="%%",
+    component_bytes_max=_COMPONENT_BYTES_MAX,
+    folders_max=FOLDERS_MAX,
+)
 #: NameNode HTTP port of Hadoop 3 (Hadoop 2: 50070).
 DEFAULT_PORT = 9870
 #: Cap of the exponential backoff between attempts.
 BACKOFF_S_MAX = 2.0
+#: Cap of the backoff while polling a truncate's block recovery (exact delays, no jitter).
+_RECOVERY_BACKOFF_S_MAX = 1.0
 #: Polls for the block recovery a truncate inside a block starts (about 30 s with backoff).
 RECOVERY_ATTEMPTS_MAX = 40
-#: Attempts of mkdir + rename when a delete prunes the folder in between.
+#: Rounds of mkdir + rename per attempt when a delete prunes the folder in between.
 _PUBLISH_ATTEMPTS_MAX = 16
 _LOCK_STRIPES = 64
 _FILE_MODE = "644"
 _DIR_MODE = "755"
 _READONLY_MODE = "444"
-#: Parent folders pruned per delete: a name is at most this deep.
-_PRUNE_DEPTH_MAX = FOLDERS_MAX + CHUNK_NAME_BYTES_MAX // _PIECE_BYTES_MAX * 3 + 8
 
 # RemoteException classes (the ``exception`` field of WebHDFS error bodies) by meaning.
 _NOT_FOUND = {"FileNotFoundException"}
@@ -146,42 +148,9 @@ _RANGE_BY_OP = {("truncate", "HadoopIllegalArgumentException")}
 # -- name mapping ----------------------------------------------------------------------------------
 
 
-def _percent_encode(text: str) -> str:
-    return "".join(ch if ch in _SAFE else "".join(f"%{b:02X}" for b in ch.encode("utf-8")) for ch in text)
-
-
-def _part_pieces(text: str, suffix: str) -> list[str]:
-    """The path components of one part (a folder's component or the file's part)."""
-    encoded = _percent_encode(text)
-    if len(encoded) + len(suffix) <= _COMPONENT_BYTES_MAX:
-        return [encoded + suffix]
-    pieces = [encoded[i : i + _PIECE_BYTES_MAX] for i in range(0, len(encoded), _PIECE_BYTES_MAX)]
-    return [piece + _CONTINUED_SUFFIX for piece in pieces[:-1]] + [pieces[-1] + suffix]
-
-
-def _split(name: str) -> tuple[list[str], str]:
-    """Folders and file part of ``name``: at most ``FOLDERS_MAX`` folders."""
-    components = name.split("/")
-    folders = components[: min(len(components) - 1, FOLDERS_MAX)]
-    return folders, "/".join(components[len(folders) :])
-
-
-def _folder_parts(folders: Sequence[str]) -> list[str]:
-    return [part for folder in folders for part in _part_pieces(folder, _DIR_SUFFIX)]
-
-
 def chunk_relpath(name: str) -> str:
     """The path of chunk ``name`` relative to the root (see the module doc)."""
-    folders, last = _split(check_name(name))
-    parts = _folder_parts(folders) + ([_EMPTY_FILE] if last == "" else _part_pieces(last, ""))
-    for part in parts:
-        assert part and part[0] != "." and len(part) <= _COMPONENT_BYTES_MAX, (name, part)
-        assert ":" not in part and part != _TMP_DIR, (name, part)
-    return "/".join(parts)
-
-
-def _decode(encoded: str) -> str:
-    return unquote(encoded, encoding="utf-8", errors="replace")
+    return CODEC.relpath(name)
 
 
 # -- the few WebHDFS calls the binding makes -------------------------------------------------------
@@ -433,6 +402,11 @@ def _first_line(text: str) -> str:
 # -- the binding -----------------------------------------------------------------------------------
 
 
+class _TmpVanished(ChunkStorageError):
+    """A create's temporary file is gone before its RENAME: moved by an earlier attempt
+    whose answer was lost (then the chunk is there: success), or removed by someone else."""
+
+
 class HdfsChunkStorage(ChunkStorage):
     """Chunks as HDFS files below ``root``: append, truncate and read-only; no native concat."""
 
@@ -448,7 +422,7 @@ class HdfsChunkStorage(ChunkStorage):
         *,
         user: str | None = None,
         timeout_s: float = 20.0,
-        attempts_max: int = 5,
+        max_attempts: int = MAX_ATTEMPTS_DEFAULT,
         backoff_s: float = 0.1,
         https: bool = False,
         url: str | None = None,
@@ -457,17 +431,23 @@ class HdfsChunkStorage(ChunkStorage):
         if not hosts or not all(isinstance(host, str) and host for host in hosts):
             raise InvalidConfig(f"hdfs binding needs NameNode host:port addresses, got {hosts!r}")
         _check_root(root)
-        if not (isinstance(attempts_max, int) and 1 <= attempts_max <= 100):
-            raise InvalidConfig(f"attempts_max must be 1..100, got {attempts_max!r}")
         if not (0 <= backoff_s <= BACKOFF_S_MAX) or not (0 < timeout_s <= 3600):
             raise InvalidConfig(f"backoff_s must be 0..{BACKOFF_S_MAX}, timeout_s 0..3600")
+        #: How transient failures are retried (``max_attempts`` checked there).
+        self.retry = RetryPolicy(max_attempts, delay_s_base=backoff_s, delay_s_max=BACKOFF_S_MAX)
+        self._recovery_polls = RetryPolicy(
+            RECOVERY_ATTEMPTS_MAX,
+            delay_s_base=min(backoff_s, _RECOVERY_BACKOFF_S_MAX),
+            delay_s_max=_RECOVERY_BACKOFF_S_MAX,
+            jitter=0.0,
+        )
         self.root = root.rstrip("/")
         self.user = user or os.environ.get("HADOOP_USER_NAME") or getpass.getuser()
         self.url = url or f"hdfs://{','.join(hosts)}{quote(self.root)}"
-        self.attempts_max = attempts_max
+        self.max_attempts = max_attempts
         self.backoff_s = backoff_s
         self._sleep = sleep
-        self._tmp = f"{self.root}/{_TMP_DIR}"
+        self._tmp = f"{self.root}/{TMP_FOLDER}"
         self._hdfs = _WebHdfs(list(hosts), self.user, timeout_s, "https" if https else "http")
         self._locks = tuple(threading.Lock() for _ in range(_LOCK_STRIPES))
         self._retrying(self.root, lambda: self._hdfs.mkdirs(self._tmp))
@@ -475,7 +455,7 @@ class HdfsChunkStorage(ChunkStorage):
 
     @classmethod
     def from_url(cls, url: str) -> HdfsChunkStorage:
-        """``hdfs://HOST:PORT[,HOST:PORT]/root?user=..&timeout_s=..&attempts_max=..&backoff_s=..``
+        """``hdfs://HOST:PORT[,HOST:PORT]/root?user=..&timeout_s=..&max_attempts=..&backoff_s=..``
         (and ``https=1`` for swebhdfs); see the module doc."""
         if not isinstance(url, str):
             raise InvalidConfig(f"not an hdfs:// URL: {url!r}")
@@ -510,23 +490,17 @@ class HdfsChunkStorage(ChunkStorage):
     def _lock(self, name: str) -> threading.Lock:
         return self._locks[zlib.crc32(name.encode("utf-8")) % _LOCK_STRIPES]
 
-    def _backoff(self, attempt: int) -> None:
-        self._sleep(min(self.backoff_s * (2**attempt), BACKOFF_S_MAX))
-
     def _retrying(self, name: str, call: Callable[[], _T], op: str = "") -> _T:
         """``call()`` translated, retried while it raises ``StorageUnavailable`` (bounded).
 
         Only for calls that may run twice: reads, metadata, idempotent changes.
         """
-        for attempt in range(self.attempts_max):
-            try:
-                with _translated(name, self.url, op):
-                    return call()
-            except StorageUnavailable:
-                if attempt + 1 == self.attempts_max:
-                    raise
-                self._backoff(attempt)
-        raise AssertionError("unreachable")
+
+        def attempt() -> _T:
+            with _translated(name, self.url, op):
+                return call()
+
+        return self.retry.run(attempt, sleep=self._sleep)
 
     def _status(self, name: str) -> _Status:
         """The FileStatus of chunk ``name`` (one attempt); ``ChunkNotFound`` if not a file."""
@@ -542,14 +516,11 @@ class HdfsChunkStorage(ChunkStorage):
             raise ChunkReadOnly(f"chunk {name!r} is read-only", chunk=name, binding=self.url)
 
     def _remove_stale_tmp(self) -> None:
-        cutoff_ms = (time.time() - TMP_AGE_S_MAX) * 1000
         with contextlib.suppress(ChunkStorageError):
-            with _translated(_TMP_DIR, self.url):
+            with _translated(TMP_FOLDER, self.url):
                 entries = self._hdfs.list(self._tmp)
-            for entry in entries:
-                if entry.type == "FILE" and entry.mtime_ms < cutoff_ms:
-                    with contextlib.suppress(ChunkStorageError), _translated(_TMP_DIR, self.url):
-                        self._hdfs.delete(f"{self._tmp}/{entry.suffix}")
+            ages = [(entry.suffix, entry.mtime_ms / 1000) for entry in entries if entry.type == "FILE"]
+            remove_stale(ages, time.time(), lambda suffix: self._discard(f"{self._tmp}/{suffix}"))
 
     # -- contract ---------------------------------------------------------------------------------
 
@@ -563,18 +534,18 @@ class HdfsChunkStorage(ChunkStorage):
     def create(self, name: str, data: bytes = b"") -> ChunkHandle:
         path = self._path(name)
         payload = bytes(data)  # the caller may reuse its buffer
-        tmp = ""
-        for attempt in range(self.attempts_max):
-            tmp = f"{self._tmp}/{uuid.uuid4().hex}"
+
+        def write_tmp() -> str:
+            tmp = f"{self._tmp}/{uuid.uuid4().hex}"  # a fresh one per attempt
             try:
                 with _translated(name, self.url):
                     self._hdfs.create(tmp, payload)
-                break
             except StorageUnavailable:
                 self._discard(tmp)
-                if attempt + 1 == self.attempts_max:
-                    raise
-                self._backoff(attempt)
+                raise
+            return tmp
+
+        tmp = self.retry.run(write_tmp, sleep=self._sleep)
         try:
             self._publish(name, tmp, path)
         except BaseException:
@@ -585,9 +556,9 @@ class HdfsChunkStorage(ChunkStorage):
     def _publish(self, name: str, tmp: str, path: str) -> None:
         """RENAME ``tmp`` to ``path``: exclusive (RENAME never overwrites)."""
         parent = path.rsplit("/", 1)[0]
-        failures = 0
-        for _ in range(_PUBLISH_ATTEMPTS_MAX + self.attempts_max):
-            try:
+
+        def rename() -> None:
+            for _ in range(_PUBLISH_ATTEMPTS_MAX):
                 with _translated(name, self.url):
                     if parent != self.root:
                         self._hdfs.mkdirs(parent)
@@ -595,30 +566,31 @@ class HdfsChunkStorage(ChunkStorage):
                         return
                     # Nothing moved: the name is taken, or a delete pruned the folder
                     # between our mkdirs and the rename, or an earlier attempt that
-                    # seemed to fail had in fact moved the file.
+                    # seemed to fail had in fact moved the file (``settle``).
                     tmp_left = self._exists_path(tmp)
                     target = self._exists_path(path)
-            except StorageUnavailable:
-                failures += 1
-                if failures == self.attempts_max:
-                    raise
-                self._backoff(failures - 1)
-                continue
-            if not tmp_left:
-                if failures and target:
-                    return  # our earlier rename landed; its answer was lost
-                raise ChunkStorageError(
-                    f"chunk {name!r}: temporary file {tmp} vanished before it was published",
-                    chunk=name,
-                    binding=self.url,
-                )
-            if target:
-                raise ChunkExists(f"chunk {name!r} exists", chunk=name, binding=self.url)
-        raise StorageUnavailable(
-            f"chunk {name!r}: its folder kept disappearing while publishing",
-            chunk=name,
-            binding=self.url,
-        )
+                if not tmp_left:
+                    raise _TmpVanished(
+                        f"chunk {name!r}: temporary file {tmp} vanished before it was published",
+                        chunk=name,
+                        binding=self.url,
+                    )
+                if target:
+                    raise ChunkExists(f"chunk {name!r} exists", chunk=name, binding=self.url)
+            raise StorageUnavailable(
+                f"chunk {name!r}: its folder kept disappearing while publishing",
+                chunk=name,
+                binding=self.url,
+            )
+
+        def landed(error: Exception) -> bool:
+            """After a lost answer: did our earlier rename move the file?"""
+            if not isinstance(error, _TmpVanished):
+                return False
+            with _translated(name, self.url):
+                return self._exists_path(path)
+
+        self.retry.run(rename, sleep=self._sleep, settle=landed)
 
     def _exists_path(self, path: str) -> bool:
         try:
@@ -629,45 +601,32 @@ class HdfsChunkStorage(ChunkStorage):
 
     def _discard(self, tmp: str) -> None:
         """Best-effort removal of a temporary file (stale ones are removed at start)."""
-        with contextlib.suppress(ChunkStorageError), _translated(_TMP_DIR, self.url):
+        with contextlib.suppress(ChunkStorageError), _translated(TMP_FOLDER, self.url):
             self._hdfs.delete(tmp)
 
     def delete(self, handle: ChunkHandle) -> None:
         name = handle.name
         path = self._path(name)
-        for attempt in range(self.attempts_max):
-            try:
-                with _translated(name, self.url):
-                    deleted = self._hdfs.delete(path)
-            except StorageUnavailable:
-                if attempt + 1 == self.attempts_max:
-                    raise
-                self._backoff(attempt)
-                continue
-            # On a retry, "false" may mean that the earlier, seemingly failed attempt
-            # deleted it: the chunk is gone either way.
-            if not deleted and attempt == 0:
-                raise ChunkNotFound(f"chunk {name!r} not found", chunk=name, binding=self.url)
-            break
-        self._prune_folders(path)
 
-    def _prune_folders(self, path: str) -> None:
-        """Remove the folders above ``path`` while they are empty (best effort).
+        def delete_once() -> None:
+            with _translated(name, self.url):
+                if not self._hdfs.delete(path):
+                    raise ChunkNotFound(f"chunk {name!r} not found", chunk=name, binding=self.url)
 
-        A create racing with this sees its RENAME fail for want of the folder and
-        makes the folder again (``_publish``).
-        """
-        folder = path.rsplit("/", 1)[0]
-        for _ in range(_PRUNE_DEPTH_MAX):
-            if folder == self.root or not folder.startswith(self.root + "/"):
-                return
-            try:
-                with _translated(folder, self.url):
-                    if not self._hdfs.remove_empty_folder(folder):
-                        return
-            except ChunkStorageError:
-                return
-            folder = folder.rsplit("/", 1)[0]
+        # On a retry, "not found" may mean that the earlier, seemingly failed attempt
+        # deleted it: the chunk is gone either way.
+        self.retry.run(delete_once, sleep=self._sleep, settle=lambda error: isinstance(error, ChunkNotFound))
+        # A create racing with this sees its RENAME fail for want of the folder and makes
+        # the folder again (``_publish``).
+        CODEC.prune_folders(self.root, path, self._remove_empty_folder)
+
+    def _remove_empty_folder(self, folder: str) -> bool:
+        """Delete ``folder`` if it is empty (best effort: False on any failure)."""
+        try:
+            with _translated(folder, self.url):
+                return self._hdfs.remove_empty_folder(folder)
+        except ChunkStorageError:
+            return False
 
     def open_read(self, name: str) -> ChunkHandle:
         self._retrying(name, lambda: self._status(name))
@@ -718,38 +677,36 @@ class HdfsChunkStorage(ChunkStorage):
             raise ChunkReadOnly(f"handle to {name!r} is read-only", chunk=name)
         payload = bytes(data)
         path = self._path(name)
+        # True once an append failed in a way that may have written bytes: from then on a
+        # grown chunk is checked for them instead of being appended to again.
+        maybe_landed = False
+
+        def append() -> int:
+            nonlocal maybe_landed
+            status = self._status(name)
+            self._check_writable(name, status)
+            if maybe_landed and status.length != offset:
+                return self._settle_append(name, path, offset, payload, status.length)
+            if status.length != offset:
+                raise ChunkInvalidOffset(
+                    f"chunk {name!r}: write at {offset}, but its length is {status.length}",
+                    chunk=name,
+                    offset=offset,
+                )
+            if not payload:
+                return 0
+            try:
+                with _translated(name, self.url):
+                    self._hdfs.append(path, payload)
+            except StorageUnavailable as exc:
+                # A lease refusal comes before any byte is written; a lost answer may
+                # come after all of them.
+                maybe_landed = maybe_landed or not getattr(exc, "lease", False)
+                raise
+            return len(payload)
+
         with self._lock(name):
-            # True once an append failed in a way that may have written bytes: from then
-            # on a grown chunk is checked for them instead of being appended to again.
-            maybe_landed = False
-            for attempt in range(self.attempts_max):
-                try:
-                    status = self._status(name)
-                    self._check_writable(name, status)
-                    if maybe_landed and status.length != offset:
-                        return self._settle_append(name, path, offset, payload, status.length)
-                    if status.length != offset:
-                        raise ChunkInvalidOffset(
-                            f"chunk {name!r}: write at {offset}, but its length is {status.length}",
-                            chunk=name,
-                            offset=offset,
-                        )
-                    if not payload:
-                        return 0
-                    try:
-                        with _translated(name, self.url):
-                            self._hdfs.append(path, payload)
-                    except StorageUnavailable as exc:
-                        # A lease refusal comes before any byte is written; a lost
-                        # answer may come after all of them.
-                        maybe_landed = maybe_landed or not getattr(exc, "lease", False)
-                        raise
-                    return len(payload)
-                except StorageUnavailable:
-                    if attempt + 1 == self.attempts_max:
-                        raise
-                    self._backoff(attempt)
-        raise AssertionError("unreachable")
+            return self.retry.run(append, sleep=self._sleep)
 
     def _settle_append(self, name: str, path: str, offset: int, payload: bytes, size: int) -> int:
         """After an append whose answer was lost the chunk grew: did our bytes land?"""
@@ -768,53 +725,19 @@ class HdfsChunkStorage(ChunkStorage):
         )
 
     def list(self, prefix: str = "") -> Iterator[str]:
-        try:
-            encoded = prefix.encode("utf-8")
-        except UnicodeEncodeError:
-            return iter(())  # lone surrogates: no chunk name has them
-        if "\x00" in prefix or len(encoded) > CHUNK_NAME_BYTES_MAX:
-            return iter(())  # no chunk name can start with it
-        folders, _ = _split(prefix)
-        start = "/".join([self.root, *_folder_parts(folders)])
-        base = "".join(folder + "/" for folder in folders)
-        return iter(sorted(self._collect(start, base, prefix)))
+        if not names_can_start_with(prefix):
+            return iter(())
 
-    def _collect(self, start: str, base: str, prefix: str) -> builtins.list[str]:
-        """Names of the chunks below folder ``start`` (whose names begin with ``base``).
-
-        Iterative: one LISTSTATUS per folder, bounded by the folders that exist.
-        """
-        out: builtins.list[str] = []
-        stack = [(start, base, "")]  # (folder, name so far, pending encoded pieces)
-        while stack:
-            folder, base, pending = stack.pop()
+        def entries(folder: str) -> list[Entry]:
+            """One LISTSTATUS (retried); none for a missing folder."""
             try:
-                entries = self._retrying(prefix, functools.partial(self._hdfs.list, folder))
+                statuses = self._retrying(prefix, functools.partial(self._hdfs.list, folder))
             except ChunkNotFound:
-                continue
-            for entry in entries:
-                suffix = entry.suffix
-                path = f"{folder}/{suffix}"
-                if entry.type == "DIRECTORY":
-                    if suffix.endswith(_CONTINUED_SUFFIX):
-                        stack.append((path, base, pending + suffix[:-1]))
-                    elif suffix.endswith(_DIR_SUFFIX) and suffix != _EMPTY_FILE:
-                        sub = base + _decode(pending + suffix[:-1]) + "/"
-                        if sub.startswith(prefix) or prefix.startswith(sub):
-                            stack.append((path, sub, ""))
-                elif entry.type == "FILE":
-                    encoded = pending + suffix
-                    name = base + ("" if encoded == _EMPTY_FILE else _decode(encoded))
-                    if name.startswith(prefix) and self._is_canonical(name, path):
-                        out.append(name)
-        return out
+                return []
+            kinds = {"DIRECTORY": True, "FILE": False}  # symlinks are no chunks
+            return [Entry(st.suffix, kinds[st.type]) for st in statuses if st.type in kinds]
 
-    def _is_canonical(self, name: str, path: str) -> bool:
-        """True if ``path`` is where chunk ``name`` lives (temporary and foreign files are not)."""
-        try:
-            return self._path(name) == path
-        except ChunkStorageError:
-            return False
+        return iter(CODEC.names_below(self.root, prefix, entries))
 
     def truncate(self, handle: ChunkHandle, length: int) -> None:
         name = handle.name
@@ -846,19 +769,19 @@ class HdfsChunkStorage(ChunkStorage):
         RecoveryInProgressException until the file is closed again, then it changes
         nothing. So the chunk is appendable again when ``truncate`` returns.
         """
-        for attempt in range(RECOVERY_ATTEMPTS_MAX):
-            try:
-                with _translated(name, self.url):
-                    self._hdfs.append(path, b"")
-                return
-            except StorageUnavailable as exc:
-                if attempt + 1 == RECOVERY_ATTEMPTS_MAX:
-                    raise StorageUnavailable(
-                        f"chunk {name!r}: truncated, but its block recovery is not over yet",
-                        chunk=name,
-                        binding=self.url,
-                    ) from exc
-                self._sleep(min(max(self.backoff_s, 0.0) * (2**attempt), 1.0))
+
+        def append_nothing() -> None:
+            with _translated(name, self.url):
+                self._hdfs.append(path, b"")
+
+        try:
+            self._recovery_polls.run(append_nothing, sleep=self._sleep)
+        except StorageUnavailable as exc:
+            raise StorageUnavailable(
+                f"chunk {name!r}: truncated, but its block recovery is not over yet",
+                chunk=name,
+                binding=self.url,
+            ) from exc
 
     def set_readonly(self, handle: ChunkHandle, readonly: bool) -> None:
         name = handle.name
@@ -895,8 +818,8 @@ def _check_root(root: str) -> None:
             raise InvalidConfig(f"root {root!r} is not a valid HDFS path ({component!r})")
         if len(component.encode("utf-8", "surrogatepass")) > _COMPONENT_BYTES_MAX:
             raise InvalidConfig(f"root {root!r} has a component longer than 255 bytes")
-    if _TMP_DIR in root.split("/"):
-        raise InvalidConfig(f"root {root!r} must not contain the reserved folder {_TMP_DIR}")
+    if TMP_FOLDER in root.split("/"):
+        raise InvalidConfig(f"root {root!r} must not contain the reserved folder {TMP_FOLDER}")
 
 
 _BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
@@ -910,11 +833,13 @@ def _parse_option(key: str, value: str, url: str) -> Any:
             return value
         if key in ("timeout_s", "backoff_s"):
             return float(value)
-        if key == "attempts_max":
+        if key == "max_attempts":
             return int(value)
         if key == "https":
             return _BOOLEANS[value.lower()]
     except (ValueError, KeyError) as exc:
         raise InvalidConfig(f"bad value {value!r} for option {key!r} in {url!r}") from exc
-    known = "user, timeout_s, attempts_max, backoff_s, https"
+    if key == "attempts_max":
+        raise InvalidConfig(f"option 'attempts_max' is now 'max_attempts' (as for every binding): {url!r}")
+    known = "user, timeout_s, max_attempts, backoff_s, https"
     raise InvalidConfig(f"unknown option {key!r} in hdfs URL {url!r}; known: {known}")

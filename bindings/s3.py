@@ -43,9 +43,10 @@ encoded in plain leaves, so the two forms never collide.
 Retries: every request goes through ``_call``, the one place where botocore errors
 become typed errors (``raise ... from exc``). Throttling (``SlowDown``, 429, 503...), 5xx
 and connection errors are retried ``max_attempts`` times in all with exponential backoff
-and jitter; then ``StorageUnavailable`` (``retryable``). A conditional request retried
-after an ambiguous failure (the first attempt may have been applied) that then fails
-its condition is checked against the write id this binding put in the object's metadata
+and jitter (the ``RetryPolicy`` of ``retry``); then ``StorageUnavailable`` (``retryable``).
+A conditional request retried after an ambiguous failure (the first attempt may have
+been applied) that then fails its condition is checked (the policy's ``settle`` hook)
+against the write id this binding put in the object's metadata
 (``x-amz-meta-slts-write``): if the object is its own, the request succeeded. The same
 check settles a ``CompleteMultipartUpload`` retried after a lost answer that then gets
 ``NoSuchUpload`` (the first attempt completed the upload, which is gone): never retried
@@ -72,7 +73,6 @@ import base64
 import functools
 import hashlib
 import logging
-import random
 import threading
 import time
 import uuid
@@ -97,7 +97,6 @@ from slts.errors import (
 )
 
 from .base import (
-    CHUNK_NAME_BYTES_MAX,
     ChunkHandle,
     ChunkInfo,
     ChunkStorage,
@@ -105,7 +104,9 @@ from .base import (
     check_concat_sources,
     check_name,
     check_range,
+    names_can_start_with,
 )
+from .retry import MAX_ATTEMPTS_DEFAULT, RetryPolicy
 
 _log = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ KEY_BYTES_MAX = 1024
 _LIST_PAGES_MAX = 10_000_000
 _READ_ROUNDS_MAX = 3
 
-MAX_ATTEMPTS_DEFAULT = 5
+#: The most attempts of one S3 request (each is billed).
 MAX_ATTEMPTS_LIMIT = 20
 RETRY_DELAY_S_BASE = 0.05
 RETRY_DELAY_S_MAX = 2.0
@@ -504,7 +505,8 @@ class S3ChunkStorage(ChunkStorage):
             raise InvalidConfig(f"addressing_style must be path, virtual or auto, got {addressing_style!r}")
         if endpoint_url is not None and urlparse(endpoint_url).scheme not in ("http", "https"):
             raise InvalidConfig(f"endpoint_url must be an http(s) URL, got {_redacted(endpoint_url)!r}")
-        self._max_attempts = max_attempts
+        #: How failed requests are retried.
+        self.retry = RetryPolicy(max_attempts, delay_s_base=RETRY_DELAY_S_BASE, delay_s_max=RETRY_DELAY_S_MAX)
         self._sleep = sleep
         #: Where and how to connect (no secret among them): tools build raw clients from these.
         self.endpoint_url, self.region, self.profile = endpoint_url, region, profile
@@ -518,7 +520,6 @@ class S3ChunkStorage(ChunkStorage):
         self.url = url or f"s3://{self.bucket}/{quote(self.prefix)}" + (f"?{query}" if query else "")
         self._lock = threading.Lock()
         self._counts = dict.fromkeys((f.name for f in fields(S3Statistics)), 0)
-        self._random = random.Random()
         self._session: Any = None
         self._owns_client = client is None
         if client is None:
@@ -639,43 +640,38 @@ class S3ChunkStorage(ChunkStorage):
         the call returns None (success).
         """
         counter = _COUNTER_BY_OPERATION[operation]
-        ambiguous = False
-        for attempt in range(1, self._max_attempts + 1):
+        attempts = 0
+
+        def attempt() -> T:
+            nonlocal attempts
+            attempts += 1
             self._add(**{counter: 1})
             try:
                 return request()
             except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError, _ShortBody) as exc:
                 error = self._translate(exc, operation, name, conflict)
-                if isinstance(error, StorageUnavailable) and attempt < self._max_attempts:
-                    ambiguous = True
-                    delay_s = self._delay_s(attempt)
-                    _log.debug(
-                        "S3 %s of %r: %s; attempt %d of %d in %.3f s",
-                        operation,
-                        name,
-                        error.message,
-                        attempt + 1,
-                        self._max_attempts,
-                        delay_s,
-                    )
-                    self._add(retries=1)
-                    self._sleep(delay_s)
-                    continue
-                settles = isinstance(error, (conflict, _UploadVanished))
-                if settles and ambiguous and recovered is not None and recovered():
-                    return None
-                if isinstance(error, StorageUnavailable):
+                if isinstance(error, StorageUnavailable) and attempts == self.retry.max_attempts:
                     error = StorageUnavailable(
-                        f"{error.message} (gave up after {attempt} attempts)", **error.context
+                        f"{error.message} (gave up after {attempts} attempts)", **error.context
                     )
                 raise error from exc
-        raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def _delay_s(self, attempt: int) -> float:
-        """Exponential backoff with jitter: base * 2**(attempt-1), capped, times [0.5, 1)."""
-        with self._lock:
-            jitter = 0.5 + self._random.random() / 2
-        return min(RETRY_DELAY_S_MAX, RETRY_DELAY_S_BASE * 2 ** (attempt - 1)) * jitter
+        def log_retry(error: Exception, failed: int, delay_s: float) -> None:
+            _log.debug(
+                "S3 %s of %r: %s; attempt %d of %d in %.3f s",
+                operation,
+                name,
+                error,
+                failed + 1,
+                self.retry.max_attempts,
+                delay_s,
+            )
+            self._add(retries=1)
+
+        def settles(error: Exception) -> bool:
+            return isinstance(error, (conflict, _UploadVanished)) and recovered is not None and recovered()
+
+        return self.retry.run(attempt, sleep=self._sleep, on_retry=log_retry, settle=settles)
 
     def _translate(
         self, exc: Exception, operation: str, name: str, conflict: type[ChunkStorageError]
@@ -902,12 +898,7 @@ class S3ChunkStorage(ChunkStorage):
         return len(data)
 
     def list(self, prefix: str = "") -> Iterator[str]:
-        if not isinstance(prefix, str) or "\x00" in prefix:
-            return iter(())
-        try:
-            if len(prefix.encode("utf-8")) > CHUNK_NAME_BYTES_MAX:
-                return iter(())
-        except UnicodeEncodeError:
+        if not names_can_start_with(prefix):
             return iter(())
         key_prefix = self._base + _list_head(prefix)
         names: list[str] = []

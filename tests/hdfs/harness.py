@@ -29,7 +29,7 @@ from tests.webhdfs_server import WebHdfsTestServer, shared_server
 #: permissions are checked as on a real cluster).
 TEST_USER = "slts"
 #: Test URLs retry without sleeping: the server's failures are injected, not timed.
-TEST_OPTIONS = {"user": TEST_USER, "backoff_s": 0, "attempts_max": 4, "timeout_s": 30}
+TEST_OPTIONS = {"user": TEST_USER, "backoff_s": 0, "max_attempts": 4, "timeout_s": 30}
 REAL_URL_VARIABLE = "SLTS_HDFS_URL"
 
 

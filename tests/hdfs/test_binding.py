@@ -37,7 +37,7 @@ from tests.webhdfs_server import SUPERUSER, WebHdfsTestServer
 
 from .harness import TEST_OPTIONS, TEST_USER
 
-ATTEMPTS = TEST_OPTIONS["attempts_max"]
+ATTEMPTS = TEST_OPTIONS["max_attempts"]
 
 
 def delta(server: WebHdfsTestServer, before: dict, role: str, op: str) -> int:
@@ -175,7 +175,7 @@ def test_a_malformed_answer_is_storage_unavailable(storage, server, monkeypatch,
 # -- bounded retries -------------------------------------------------------------------------------
 
 
-def test_transient_errors_are_retried_up_to_attempts_max(storage, server):
+def test_transient_errors_are_retried_up_to_max_attempts(storage, server):
     storage.create("c", b"x")
     server.inject("GETFILESTATUS", "SafeModeException", "starting", count=ATTEMPTS - 1)
     before = dict(server.requests)
@@ -197,13 +197,13 @@ def test_permanent_errors_are_not_retried(storage, server):
     assert delta(server, before, "namenode", "GETFILESTATUS") == 1
 
 
-def test_backoff_doubles_up_to_its_cap(server, root):
+def test_backoff_doubles_up_to_its_cap_with_jitter(server, root):
     sleeps: list[float] = []
     storage = HdfsChunkStorage(
         [server.namenode_address],
         root,
         user=TEST_USER,
-        attempts_max=6,
+        max_attempts=6,
         backoff_s=0.5,
         sleep=sleeps.append,
     )
@@ -211,7 +211,10 @@ def test_backoff_doubles_up_to_its_cap(server, root):
     server.inject("GETFILESTATUS", "StandbyException", "failing over", count=6)
     with pytest.raises(StorageUnavailable):
         storage.get_info("c")
-    assert sleeps == [0.5, 1.0, BACKOFF_S_MAX, BACKOFF_S_MAX, BACKOFF_S_MAX]
+    exponential = [0.5, 1.0, BACKOFF_S_MAX, BACKOFF_S_MAX, BACKOFF_S_MAX]
+    assert len(sleeps) == len(exponential)
+    for sleep_s, delay_s in zip(sleeps, exponential, strict=True):
+        assert delay_s / 2 <= sleep_s <= delay_s  # the policy's jitter draws from [50 %, 100 %]
     storage.close()
 
 

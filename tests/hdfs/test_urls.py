@@ -30,8 +30,10 @@ BAD_URLS = [
     "hdfs://nn:9870/r%FF",
     "hdfs://nn:9870/r#fragment",
     "hdfs://nn:9870/r?bogus=1",
-    "hdfs://nn:9870/r?attempts_max=0",
-    "hdfs://nn:9870/r?attempts_max=x",
+    "hdfs://nn:9870/r?max_attempts=0",
+    "hdfs://nn:9870/r?max_attempts=x",
+    "hdfs://nn:9870/r?max_attempts=101",
+    "hdfs://nn:9870/r?attempts_max=3",  # the old spelling: refused with a hint (below)
     "hdfs://nn:9870/r?backoff_s=-1",
     "hdfs://nn:9870/r?backoff_s=60",
     "hdfs://nn:9870/r?timeout_s=0",
@@ -54,11 +56,17 @@ def test_credentials_in_the_url_are_refused_without_being_echoed():
     assert "s3cret" not in str(caught.value)
 
 
+def test_the_old_option_name_points_to_the_new_one():
+    with pytest.raises(InvalidConfig, match="'attempts_max' is now 'max_attempts'"):
+        from_url("hdfs://nn:9870/r?attempts_max=3")
+
+
 def test_a_good_url_sets_every_option(server, root):
-    url = server.url(root + "/", user=TEST_USER, attempts_max=3, backoff_s=0.25, timeout_s=5, https=0)
+    url = server.url(root + "/", user=TEST_USER, max_attempts=3, backoff_s=0.25, timeout_s=5, https=0)
     storage = from_url(url)
     assert isinstance(storage, HdfsChunkStorage)
-    assert (storage.root, storage.user, storage.attempts_max, storage.backoff_s) == (
+    assert storage.retry.max_attempts == 3 and storage.retry.delay_s_base == 0.25
+    assert (storage.root, storage.user, storage.max_attempts, storage.backoff_s) == (
         root,
         TEST_USER,
         3,
