@@ -6,7 +6,7 @@ crash runs, the WebHDFS server), every test parametrized over the S3 binding or 
 WebHDFS server (its id names ``s3`` or ``hdfs``), and the tests in ``SLOW_TESTS``
 (measured over 10 s).
 
-``s3_server``: the session's SeaweedFS S3 server (``tests/s3server.py``): endpoint, test
+``s3_server``: the session's SeaweedFS S3 server (``tests/support/s3server.py``): endpoint, test
 credentials, ``new_bucket()``. Started on first use (also by the S3 entries of the
 conformance and storage suites), stopped (SIGTERM, grace, SIGKILL) when the session
 ends; tests that need it skip with the reason when ``weed`` or boto3 is not installed.
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.s3server import SeaweedServer, shared_server_or_skip, stop_shared_server
+from tests.support.s3server import SeaweedServer, shared_server_or_skip, stop_shared_server
 
 
 @pytest.fixture(scope="session")

@@ -27,10 +27,9 @@ from slts.bindings.faulty import FaultyChunkStorage
 from slts.bindings.filesystem import FileSystemChunkStorage, chunk_relpath
 from slts.bindings.memory import MemoryChunkStorage, _Chunk
 
-from tests.hdfs.harness import hdfs_binding, hdfs_real_binding, real_cluster_configured
-from tests.s3.harness import s3_binding
-
-from .harness import BindingUnderTest, remove_tree
+from tests.support.conformance import BindingUnderTest, remove_tree
+from tests.support.hdfs import hdfs_binding, hdfs_real_binding, real_cluster_configured
+from tests.support.s3 import s3_binding
 
 # -- raw access hooks ------------------------------------------------------------------------
 
@@ -127,10 +126,10 @@ BINDINGS: dict[str, Callable[[Path], BindingUnderTest]] = {
     "memory-minimal": _memory_minimal,
     "filesystem": _filesystem,
     "faulty-memory": _faulty_memory,
-    "hdfs": hdfs_binding,  # the WebHDFS test server (tests/webhdfs_server.py)
+    "hdfs": hdfs_binding,  # the WebHDFS test server (tests/support/webhdfs_server.py)
     # A real cluster if SLTS_HDFS_URL is set (else tests/hdfs/test_real_cluster.py skips).
     **({"hdfs-real": hdfs_real_binding} if real_cluster_configured() else {}),
-    "s3": s3_binding,  # the session's SeaweedFS server (tests/s3server.py)
+    "s3": s3_binding,  # the session's SeaweedFS server (tests/support/s3server.py)
 }
 
 

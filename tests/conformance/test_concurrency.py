@@ -15,8 +15,7 @@ import pytest
 from slts.bindings import ConcatSource
 
 from slts.errors import ChunkExists, ChunkInvalidOffset
-
-from .harness import NO_APPEND, NO_CONCAT, content, pattern, require
+from tests.support.conformance import NO_APPEND, NO_CONCAT, content, pattern, require
 
 THREADS = 8
 ROUNDS = 12

@@ -16,8 +16,7 @@ from slts.errors import (
     ChunkNotFound,
     ChunkReadOnly,
 )
-
-from .harness import (
+from tests.support.conformance import (
     CAPABILITY_FLAGS,
     NO_APPEND,
     NO_CONCAT,

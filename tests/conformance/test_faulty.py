@@ -12,8 +12,7 @@ from slts.bindings.faulty import OPERATIONS, FaultyChunkStorage
 from slts.bindings.memory import MemoryChunkStorage
 
 from slts.errors import ChunkNotFound, StorageUnavailable
-
-from .harness import pattern
+from tests.support.conformance import pattern
 
 DATA = pattern(100)
 

@@ -26,8 +26,8 @@ from slts.bindings.base import CHUNK_NAME_BYTES_MAX
 from slts.bindings.filesystem import TMP_AGE_S_MAX, FileSystemChunkStorage, chunk_relpath
 
 from slts.errors import ChunkStorageError, StorageUnavailable
+from tests.support.conformance import remove_tree
 
-from .harness import remove_tree
 from .test_names import HOSTILE_NAMES, LONGEST_NAMES
 
 FILE_NAME_BYTES_MAX = 255

@@ -34,8 +34,7 @@ from slts.errors import (
     ChunkReadOnly,
     UnsupportedOperation,
 )
-
-from .harness import BindingUnderTest, content
+from tests.support.conformance import BindingUnderTest, content
 
 # Few names, so that programs collide on them; hostile on purpose.
 NAMES = st.sampled_from(["a", "a/b", "a/", "..", "%", "é/x"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from slts.bindings.base import CHUNK_NAME_BYTES_MAX
 
-from .harness import content
+from tests.support.conformance import content
 
 HOSTILE_NAMES = [
     "plain",

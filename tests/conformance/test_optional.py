@@ -13,8 +13,7 @@ from slts.errors import (
     ChunkReadOnly,
     UnsupportedOperation,
 )
-
-from .harness import (
+from tests.support.conformance import (
     NO_APPEND,
     NO_CONCAT,
     NO_READONLY,

@@ -36,7 +36,7 @@ from slts.journal.restore import restore_to_folder
 
 import slts
 from slts.admin.orphans import reconcile
-from tests.storage.conftest import segment_chunks
+from tests.support.engine import segment_chunks
 
 from . import matrix_child
 from .test_kill9_layout import describe, observed

@@ -26,7 +26,7 @@ from slts.errors import SltsError
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.schema import TABLES
 from slts.storage.chunked import ChunkedSegmentStorage
-from tests.s3server import SeaweedServer, SeaweedUnavailable, find_weed
+from tests.support.s3server import SeaweedServer, SeaweedUnavailable, find_weed
 
 from .matrix_child import CONFIG
 from .test_crash_matrix import LEASE_PAST_S, assert_consistent

@@ -75,7 +75,7 @@ def test_acknowledged_writes_survive_sigkill(tmp_path, seed: int) -> None:
 
     import slts
     from slts.admin.verify import verify_container
-    from tests.storage.conftest import segment_chunks
+    from tests.support.engine import segment_chunks
 
     storage = slts.open(f"file://{folder}/chunks", metadata=f"{folder}/metadata", gc_delay_s=0.0)
     try:

@@ -37,7 +37,7 @@ from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.memory_store import MemoryMetadataStore
 from slts.metadata.schema import TABLES
 from slts.storage.chunked import ChunkedSegmentStorage
-from tests.storage.conftest import segment_chunks
+from tests.support.engine import segment_chunks
 
 from . import layout_writer
 from .layout_writer import State, apply

@@ -7,9 +7,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.webhdfs_server import WebHdfsTestServer, shared_server, stop_shared_server
-
-from .harness import TEST_OPTIONS, require_pyhdfs
+from tests.support.hdfs import TEST_OPTIONS, require_pyhdfs
+from tests.support.webhdfs_server import WebHdfsTestServer, shared_server, stop_shared_server
 
 
 @pytest.fixture(scope="session")

@@ -33,9 +33,8 @@ from slts.errors import (
     StorageUnavailable,
     UnsupportedOperation,
 )
-from tests.webhdfs_server import SUPERUSER, WebHdfsTestServer
-
-from .harness import TEST_OPTIONS, TEST_USER
+from tests.support.hdfs import TEST_OPTIONS, TEST_USER
+from tests.support.webhdfs_server import SUPERUSER, WebHdfsTestServer
 
 ATTEMPTS = TEST_OPTIONS["max_attempts"]
 

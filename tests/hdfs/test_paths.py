@@ -20,7 +20,7 @@ pytest.importorskip("pyhdfs", reason="pyhdfs is not installed (pip install 'slts
 from slts.bindings.base import CHUNK_NAME_BYTES_MAX
 from slts.bindings.hdfs import FOLDERS_MAX, TMP_AGE_S_MAX, HdfsChunkStorage, chunk_relpath
 
-from .harness import TEST_OPTIONS, TEST_USER
+from tests.support.hdfs import TEST_OPTIONS, TEST_USER
 
 #: Pieces of a 1024-byte name encoded 3 bytes per byte, 254 bytes per piece.
 DEPTH_MAX = FOLDERS_MAX + (3 * CHUNK_NAME_BYTES_MAX) // 254 + 2

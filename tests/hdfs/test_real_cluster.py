@@ -7,8 +7,7 @@ leaves the entry out (rather than skipping every conformance test one by one).
 from __future__ import annotations
 
 from tests.conformance import conftest as conformance
-
-from .harness import real_cluster_configured, real_cluster_url
+from tests.support.hdfs import real_cluster_configured, real_cluster_url
 
 
 def test_the_real_cluster_entry_runs_when_configured() -> None:

@@ -13,7 +13,7 @@ from urllib.parse import quote, urlsplit
 import pytest
 import requests
 
-from tests.webhdfs_server import SUPERUSER, WebHdfsTestServer
+from tests.support.webhdfs_server import SUPERUSER, WebHdfsTestServer
 
 USER = "slts"
 

@@ -10,8 +10,7 @@ from slts.bindings import from_url
 from slts.bindings.hdfs import DEFAULT_PORT, HdfsChunkStorage, _check_host
 
 from slts.errors import InvalidConfig
-
-from .harness import TEST_USER
+from tests.support.hdfs import TEST_USER
 
 BAD_URLS = [
     "hdfs://",

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from slts.bindings.base import ChunkStorage
 
-from tests.storage.conftest import BINDINGS, FakeClock, env  # noqa: F401 - the engine fixture, reused
+from tests.support.engine import BINDINGS, FakeClock, env  # noqa: F401 - the engine fixture, reused
 
 KINDS = ["memory", "filesystem", "no-append", "s3"]
 

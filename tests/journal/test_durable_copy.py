@@ -29,7 +29,7 @@ from slts.metadata.memory_store import MemoryMetadataStore
 from slts.metadata.schema import TABLES
 from slts.metadata.store import MetadataStore
 from slts.storage.chunked import ChunkedSegmentStorage
-from tests.storage.conftest import Env
+from tests.support.engine import Env
 
 MANUAL = {"metadata_log_flush_interval_s": 0.0, "journal_snapshot_records": 20}
 

@@ -1,4 +1,4 @@
-"""The S3 binding against a real S3 server (SeaweedFS, ``tests/s3server.py``).
+"""The S3 binding against a real S3 server (SeaweedFS, ``tests/support/s3server.py``).
 
 * server-side concat: defrag of >= 5 MiB chunks moves no chunk byte through this process
   (the binding's byte counters prove it); small and mixed chunks go through it, exactly
@@ -34,7 +34,7 @@ from slts.errors import ChunkExists, ChunkNotFound, ChunkStorageError, InvalidCo
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.schema import TABLES
 from slts.storage.chunked import ChunkedSegmentStorage
-from tests.s3server import SeaweedServer, SeaweedUnavailable, find_weed
+from tests.support.s3server import SeaweedServer, SeaweedUnavailable, find_weed
 
 FIVE_MIB = PART_BYTES_MIN
 SMALL = 64 << 10

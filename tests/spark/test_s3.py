@@ -15,7 +15,7 @@ import pytest
 
 from slts.admin.verify import verify_container
 from slts.storage.batch_defrag import Executor
-from tests.s3server import SeaweedServer
+from tests.support.s3server import SeaweedServer
 
 from .conftest import MASTER, defrag_with, fragment, mismatched, open_owner, require_spark
 

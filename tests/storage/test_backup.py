@@ -5,8 +5,8 @@ from __future__ import annotations
 from slts.admin.backup import export_segment, import_segment, parse_export
 from slts.admin.verify import verify_container, verify_segment
 from slts.errors import ChunkNotFound, InvalidArgument, MetadataCorrupted, SegmentExists
+from tests.support.engine import Env
 
-from .conftest import Env
 from .test_bad_input import expect_unchanged
 from .test_layout_changes import content, fill
 

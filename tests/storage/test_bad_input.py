@@ -19,8 +19,7 @@ from slts.errors import (
     StorageClosed,
 )
 from slts.storage.chunked import ChunkedSegmentStorage, SegmentHandle
-
-from .conftest import Env
+from tests.support.engine import Env
 
 BAD_NAMES = [
     "",

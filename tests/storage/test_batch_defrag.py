@@ -20,8 +20,7 @@ from slts.metadata.schema import SEGMENTS, name_key
 from slts.metadata.store import Expect, MetadataStore, Operation
 from slts.storage.batch_defrag import BatchDefrag, BatchReport, RunTask, execute, execute_locally, run_batch
 from slts.storage.chunked import ChunkedSegmentStorage
-
-from .conftest import Env, segment_chunks
+from tests.support.engine import Env, segment_chunks
 
 SMALL = {"defrag_small_chunk_bytes": 1000}
 

@@ -16,8 +16,7 @@ from slts.metadata import index
 from slts.metadata.schema import SEGMENTS, name_key
 from slts.metadata.store import Expect, Operation, Put
 from slts.storage.chunked import ChunkedSegmentStorage
-
-from .conftest import Env
+from tests.support.engine import Env
 
 
 def sealed(storage: ChunkedSegmentStorage, name: str, data: bytes) -> None:

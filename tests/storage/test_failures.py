@@ -20,8 +20,7 @@ from slts.metadata.memory_store import MemoryMetadataStore
 from slts.metadata.schema import TABLES
 from slts.metadata.store import Expect, MetadataStore, Operation
 from slts.storage.chunked import ChunkedSegmentStorage
-
-from .conftest import FakeClock, NoAppendMemoryChunkStorage, segment_chunks
+from tests.support.engine import FakeClock, NoAppendMemoryChunkStorage, segment_chunks
 
 
 class FailingCommitStore(DelegatingStore):

@@ -18,7 +18,7 @@ from slts.metadata.memory_store import MemoryMetadataStore
 from slts.metadata.schema import INDEX, TABLES
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.leaks import find_leaks
-from tests.storage.conftest import FakeClock
+from tests.support.engine import FakeClock
 
 
 def make(**config: object) -> tuple[ChunkedSegmentStorage, FakeClock]:

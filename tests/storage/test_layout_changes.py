@@ -19,8 +19,8 @@ from slts.errors import (
 from slts.storage import layout_changes
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.defrag import plan_runs, read_list
+from tests.support.engine import Env, segment_chunks
 
-from .conftest import Env, segment_chunks
 from .test_bad_input import expect_unchanged
 
 

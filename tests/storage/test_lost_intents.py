@@ -27,8 +27,8 @@ from slts.metadata.schema import GC
 from slts.metadata.store import Delete
 from slts.storage.batch_defrag import BatchDefrag, Outcome, PlannedRun, RunTask, execute_locally, run_batch
 from slts.storage.chunked import ChunkedSegmentStorage
+from tests.support.engine import Env, segment_chunks
 
-from .conftest import Env, segment_chunks
 from .test_batch_defrag import SMALL, contents, fragment
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 from slts.admin.orphans import reconcile
 from slts.admin.verify import verify_container
 from slts.storage.segment_names import chunk_epoch, chunk_name
-
-from .conftest import Env
+from tests.support.engine import Env
 
 
 def test_chunk_epoch_parses_engine_names_only() -> None:

@@ -17,8 +17,7 @@ from slts.admin.rolling import (
 )
 from slts.admin.verify import verify_segment
 from slts.errors import ChunkExists, InvalidArgument, MetadataCorrupted, SegmentExists
-
-from .conftest import Env
+from tests.support.engine import Env
 
 
 def test_parse_with_concat_entries() -> None:

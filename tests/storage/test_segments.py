@@ -8,8 +8,7 @@ import pytest
 
 from slts.errors import InvalidOffset, SegmentExists, SegmentSealed
 from slts.storage.chunked import ChunkedSegmentStorage
-
-from .conftest import Env, segment_chunks
+from tests.support.engine import Env, segment_chunks
 
 
 def test_create_info_exists(storage: ChunkedSegmentStorage) -> None:

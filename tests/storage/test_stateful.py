@@ -81,8 +81,7 @@ from slts.metadata.records import SegmentRecord
 from slts.metadata.schema import CHUNKS, INDEX, SEGMENTS, TABLES
 from slts.metadata.store import Expect, MetadataStore, Operation
 from slts.storage.chunked import ChunkedSegmentStorage, SegmentHandle
-
-from .conftest import FakeClock, NoAppendMemoryChunkStorage, segment_chunks
+from tests.support.engine import FakeClock, NoAppendMemoryChunkStorage, segment_chunks
 
 NAMES = ("s/a", "s/b", "s/c", "t/x", "t/y")
 GC_DELAY_S = 10.0

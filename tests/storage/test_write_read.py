@@ -11,8 +11,7 @@ from hypothesis import strategies as st
 
 from slts.errors import InvalidOffset
 from slts.storage.chunked import ChunkedSegmentStorage
-
-from .conftest import Env
+from tests.support.engine import Env
 
 _NAMES = itertools.count()
 

@@ -28,8 +28,7 @@ from slts.config import StorageConfig
 from slts.errors import Fenced, SegmentTruncated
 from slts.metadata.schema import GC
 from slts.storage.chunked import ChunkedSegmentStorage
-
-from .conftest import Env, segment_chunks
+from tests.support.engine import Env, segment_chunks
 
 MARKER = b"<<ZOMBIE-BYTES>>"
 GC_DELAY_S = 10.0

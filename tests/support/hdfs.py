@@ -1,7 +1,7 @@
 """What the HDFS bindings bring to the conformance suite (``tests/conformance/conftest.py``).
 
 * ``hdfs_binding``: the binding against this process's WebHDFS test server
-  (``tests/webhdfs_server.py``), a fresh root folder per test; the raw hook reads and
+  (``tests/support/webhdfs_server.py``), a fresh root folder per test; the raw hook reads and
   writes the server's in-memory files directly.
 * ``hdfs_real_binding``: the same against a real cluster when ``SLTS_HDFS_URL`` is set
   (e.g. ``hdfs://namenode:9870/tmp/slts?user=hdfs``); each test gets a fresh folder below
@@ -22,8 +22,8 @@ from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 import pytest
 
-from tests.conformance.harness import BindingUnderTest
-from tests.webhdfs_server import WebHdfsTestServer, shared_server
+from tests.support.conformance import BindingUnderTest
+from tests.support.webhdfs_server import WebHdfsTestServer, shared_server
 
 #: The HDFS user the binding runs as on the test server (not its superuser, so
 #: permissions are checked as on a real cluster).

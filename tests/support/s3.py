@@ -1,6 +1,6 @@
 """What the S3 binding brings to the conformance suite (``tests/conformance/conftest.py``).
 
-``s3_binding``: the binding against the session's SeaweedFS server (``tests/s3server.py``),
+``s3_binding``: the binding against the session's SeaweedFS server (``tests/support/s3server.py``),
 a fresh key prefix per binding in one session bucket, all sharing one boto3 client (a
 client per binding would cost ~0.1 s each, and the property tests make hundreds). The raw
 hook reads and writes the objects with boto3 directly, by the binding's key mapping.
@@ -13,8 +13,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from tests.conformance.harness import BindingUnderTest
-from tests.s3server import SeaweedServer, shared_server_or_skip
+from tests.support.conformance import BindingUnderTest
+from tests.support.s3server import SeaweedServer, shared_server_or_skip
 
 _prefixes = itertools.count()
 _buckets: dict[int, str] = {}
