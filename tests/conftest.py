@@ -55,6 +55,19 @@ SLOW_TESTS: tuple[str, ...] = (
 )
 
 
+#: Tests allowed longer than the per-test limit (pyproject: ``timeout = 120``), and why
+#: (file::name prefixes, or a folder with ``/``). A test's own ``timeout`` mark wins.
+TIMEOUT_OVERRIDES: dict[str, int] = {
+    "spark/": 300,  # a JVM and a Spark session start on first use; batches of thousands of tasks
+    "crash/": 300,  # SIGKILL matrices: child processes, a SeaweedFS server killed and restarted
+    "storage/test_stateful.py::": 300,  # hypothesis programs against the model: 33 s measured
+}
+
+
+def _relative_id(item: pytest.Item) -> str:
+    return item.nodeid.split("[")[0].removeprefix("tests/")
+
+
 def _is_slow(item: pytest.Item) -> bool:
     relative = pathlib.Path(str(item.path)).relative_to(pathlib.Path(__file__).parent)
     if relative.parts[0] in SLOW_FOLDERS:
@@ -62,10 +75,15 @@ def _is_slow(item: pytest.Item) -> bool:
     callspec = getattr(item, "callspec", None)
     if callspec is not None and {"s3", "hdfs"} & set(callspec.id.replace("+", "-").split("-")):
         return True  # the SeaweedFS server, the WebHDFS server
-    return item.nodeid.split("[")[0].removeprefix("tests/").startswith(SLOW_TESTS)
+    return _relative_id(item).startswith(SLOW_TESTS)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _is_slow(item):
             item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("timeout") is None:
+            for prefix, seconds in TIMEOUT_OVERRIDES.items():
+                if _relative_id(item).startswith(prefix):
+                    item.add_marker(pytest.mark.timeout(seconds))
+                    break

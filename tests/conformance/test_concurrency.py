@@ -11,7 +11,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import pytest
 from slts.bindings import ConcatSource
 
 from slts.errors import ChunkExists, ChunkInvalidOffset
@@ -20,8 +19,6 @@ from tests.support.conformance import NO_APPEND, NO_CONCAT, content, pattern, re
 THREADS = 8
 ROUNDS = 12
 JOIN_S_MAX = 60.0
-
-pytestmark = pytest.mark.timeout(120)
 
 
 def run_together(count: int, work: Callable[[int], Any]) -> list[tuple[str, Any]]:
