@@ -28,6 +28,7 @@ REGRESSIONS = {
     "metadata_log_appended_after_a_torn_append": 107,
     "gc_barrier_stuck_after_a_torn_log_append": 90,
     "system_chunk_left_by_a_failed_snapshot": 11,
+    "owner_change_raised_beside_a_batch_commit": 10,
 }
 
 
