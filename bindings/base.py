@@ -37,7 +37,13 @@ import abc
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from slts.errors import ChunkInvalidOffset, ChunkNameInvalid, UnsupportedOperation
+from slts.errors import (
+    ChunkInvalidOffset,
+    ChunkNameInvalid,
+    ChunkReadOnly,
+    InvalidArgument,
+    UnsupportedOperation,
+)
 
 #: Longest chunk name (UTF-8 bytes) any binding must accept.
 CHUNK_NAME_BYTES_MAX = 1024
@@ -70,10 +76,32 @@ class ConcatSource:
 
 
 class ChunkStorage(abc.ABC):
-    """Abstract chunk storage. Subclasses implement the ``_do_*`` hooks or override methods.
+    """Abstract chunk storage, as a template method: public methods check, hooks act.
 
-    The public methods validate arguments once, here, so that every binding rejects the
-    same bad input with the same error.
+    The public methods (``exists``, ``create``, ... ``set_readonly``) are concrete and
+    final in spirit: each validates its arguments once, here, so that every binding
+    rejects the same bad input with the same error, and then calls the protected hook of
+    the same name with a ``_do_`` prefix (``_do_exists``, ``_do_create``, ...). A binding
+    implements the hooks; they receive arguments that passed these checks:
+
+    * names (``exists``, ``create``, ``open_*``, ``get_info``, concat target and sources)
+      pass ``check_name``, else ``ChunkNameInvalid``;
+    * a handle is a ``ChunkHandle`` whose name passes ``check_name``, else
+      ``InvalidArgument`` (resp. ``ChunkNameInvalid``);
+    * ``data`` (``create``, ``write``) is converted to ``bytes`` once (``as_bytes``; any
+      bytes-like object is taken and copied), anything else raises ``InvalidArgument``;
+    * offsets and lengths (``read``, ``write``, ``truncate``) pass ``check_range``, concat
+      sources ``check_concat_sources``, else ``ChunkInvalidOffset``;
+    * ``write`` and ``truncate`` through a read-only handle raise ``ChunkReadOnly``
+      before any hook runs (a read-only *chunk* is the hook's to detect);
+    * an optional operation whose capability flag is off raises ``UnsupportedOperation``
+      before anything else is checked; the optional hooks raise it too by default;
+    * ``list`` with a prefix no valid name can start with (``names_can_start_with``)
+      returns an empty iterator without calling ``_do_list``.
+
+    What depends on the backend (a path limit, key rules, a read-only chunk, the chunk's
+    length) stays in the hooks. A subclass may still override a public method to wrap it
+    (count, log, kill): calling ``super()`` keeps the checks and reaches the hook.
     """
 
     #: The binding can append to an existing chunk (``write`` at its end).
@@ -90,46 +118,64 @@ class ChunkStorage(abc.ABC):
 
     # -- required -------------------------------------------------------------------------
 
-    @abc.abstractmethod
     def exists(self, name: str) -> bool:
         """True if a chunk named ``name`` exists."""
+        return self._do_exists(check_name(name))
 
-    @abc.abstractmethod
     def create(self, name: str, data: bytes = b"") -> ChunkHandle:
         """Create chunk ``name`` holding exactly ``data``, atomically and durably.
 
         Raises ``ChunkExists`` if the name is taken (even by a half-written chunk),
-        ``ChunkNameInvalid`` if the binding cannot store the name.
-        Returns a writable handle.
+        ``ChunkNameInvalid`` if the binding cannot store the name, ``InvalidArgument``
+        if ``data`` is not bytes-like. Returns a writable handle.
         """
+        check_name(name)
+        return self._do_create(name, as_bytes(data))
 
-    @abc.abstractmethod
     def delete(self, handle: ChunkHandle) -> None:
-        """Delete the chunk. Raises ``ChunkNotFound`` if it does not exist."""
+        """Delete the chunk (read-only ones too). Raises ``ChunkNotFound`` if it does not exist."""
+        self._do_delete(check_handle(handle))
 
-    @abc.abstractmethod
     def open_read(self, name: str) -> ChunkHandle:
         """A read-only handle to an existing chunk; ``ChunkNotFound`` otherwise."""
+        return self._do_open_read(check_name(name))
 
-    @abc.abstractmethod
     def open_write(self, name: str) -> ChunkHandle:
         """A writable handle to an existing chunk; ``ChunkNotFound`` or ``ChunkReadOnly``."""
+        return self._do_open_write(check_name(name))
 
-    @abc.abstractmethod
     def get_info(self, name: str) -> ChunkInfo:
         """Name and current length on storage; ``ChunkNotFound`` if missing."""
+        return self._do_get_info(check_name(name))
 
-    @abc.abstractmethod
     def read(self, handle: ChunkHandle, offset: int, length: int) -> bytes:
-        """Bytes ``[offset, offset+length)`` clipped at the chunk's end (see module doc)."""
+        """Bytes ``[offset, offset+length)`` clipped at the chunk's end (see module doc).
 
-    @abc.abstractmethod
+        ``ChunkInvalidOffset`` for a negative or non-integer argument or ``offset`` past
+        the end; ``ChunkNotFound``.
+        """
+        check_range(check_handle(handle).name, offset, length)
+        return self._do_read(handle, offset, length)
+
     def write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
-        """Append ``data`` at ``offset`` (== current length), durably; returns ``len(data)``."""
+        """Append ``data`` at ``offset`` (== current length), durably; returns ``len(data)``.
 
-    @abc.abstractmethod
+        ``InvalidArgument`` for data that is not bytes-like, ``ChunkInvalidOffset`` for a bad
+        offset (nothing written), ``ChunkReadOnly`` for a read-only handle or chunk,
+        ``ChunkNotFound``.
+        """
+        check_handle(handle)
+        payload = as_bytes(data)
+        check_range(handle.name, offset, len(payload))
+        check_writable(handle, self.url)
+        return self._do_write(handle, offset, payload)
+
     def list(self, prefix: str = "") -> Iterator[str]:
-        """Names of the chunks that start with ``prefix``, in ascending order."""
+        """Names of the chunks that start with ``prefix``, in ascending order (nothing
+        for a prefix no valid name can start with)."""
+        if not names_can_start_with(prefix):
+            return iter(())
+        return self._do_list(prefix)
 
     # -- optional ---------------------------------------------------------------------------
 
@@ -137,10 +183,15 @@ class ChunkStorage(abc.ABC):
         """Create chunk ``target`` whose bytes are the given source ranges, in order.
 
         Sources are left untouched. Exclusive and durable like ``create``. Raises
-        ``ChunkExists`` for an existing target, ``ChunkNotFound`` for a missing source,
-        ``ChunkInvalidOffset`` for a range past a source's end.
+        ``UnsupportedOperation`` without ``supports_concat``, ``ChunkExists`` for an
+        existing target, ``ChunkNotFound`` for a missing source, ``ChunkInvalidOffset``
+        for no sources or a range past a source's end.
         """
-        raise UnsupportedOperation(f"{type(self).__name__} has no native concat", binding=self.url)
+        if not self.supports_concat:
+            raise self._unsupported("has no native concat")
+        check_name(target)
+        check_concat_sources(sources)
+        return self._do_concat(target, sources)
 
     def concat_bytes_through_client(self, sources: Sequence[ConcatSource]) -> int:
         """How many bytes a ``concat`` of ``sources`` would read and send through this
@@ -148,12 +199,23 @@ class ChunkStorage(abc.ABC):
         return 0
 
     def truncate(self, handle: ChunkHandle, length: int) -> None:
-        """Shorten the chunk to ``length`` bytes (``length`` <= current length)."""
-        raise UnsupportedOperation(f"{type(self).__name__} cannot truncate", binding=self.url)
+        """Shorten the chunk to ``length`` bytes (``length`` <= current length).
+
+        ``UnsupportedOperation`` without ``supports_truncate``; ``ChunkInvalidOffset``,
+        ``ChunkReadOnly`` (read-only handle or chunk), ``ChunkNotFound``.
+        """
+        if not self.supports_truncate:
+            raise self._unsupported("cannot truncate")
+        check_range(check_handle(handle).name, 0, length)
+        check_writable(handle, self.url)
+        self._do_truncate(handle, length)
 
     def set_readonly(self, handle: ChunkHandle, readonly: bool) -> None:
-        """Make the chunk read-only (or writable again)."""
-        raise UnsupportedOperation(f"{type(self).__name__} cannot change read-only state", binding=self.url)
+        """Make the chunk read-only (or writable again). ``UnsupportedOperation`` without
+        ``supports_readonly``; ``ChunkNotFound``."""
+        if not self.supports_readonly:
+            raise self._unsupported("cannot change read-only state")
+        self._do_set_readonly(check_handle(handle), readonly)
 
     def close(self) -> None:  # noqa: B027 - a binding without resources need not override it
         """Release resources. Idempotent."""
@@ -166,6 +228,62 @@ class ChunkStorage(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+    # -- hooks: what a binding implements (arguments already checked, see the class doc) ---
+
+    @abc.abstractmethod
+    def _do_exists(self, name: str) -> bool:
+        """``exists`` on a valid name."""
+
+    @abc.abstractmethod
+    def _do_create(self, name: str, data: bytes) -> ChunkHandle:
+        """``create`` on a valid name; ``data`` is ``bytes``."""
+
+    @abc.abstractmethod
+    def _do_delete(self, handle: ChunkHandle) -> None:
+        """``delete`` of a ``ChunkHandle``."""
+
+    @abc.abstractmethod
+    def _do_open_read(self, name: str) -> ChunkHandle:
+        """``open_read`` on a valid name."""
+
+    @abc.abstractmethod
+    def _do_open_write(self, name: str) -> ChunkHandle:
+        """``open_write`` on a valid name (the hook checks the chunk's read-only state)."""
+
+    @abc.abstractmethod
+    def _do_get_info(self, name: str) -> ChunkInfo:
+        """``get_info`` on a valid name."""
+
+    @abc.abstractmethod
+    def _do_read(self, handle: ChunkHandle, offset: int, length: int) -> bytes:
+        """``read`` with integers ``offset, length >= 0`` (the hook checks the chunk's end)."""
+
+    @abc.abstractmethod
+    def _do_write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
+        """``write`` through a writable handle, ``offset >= 0``, ``data`` as ``bytes``.
+
+        The hook checks the offset against the chunk's length, the chunk's read-only
+        state and ``supports_append``."""
+
+    @abc.abstractmethod
+    def _do_list(self, prefix: str) -> Iterator[str]:
+        """``list`` for a prefix some valid name can start with."""
+
+    def _do_concat(self, target: str, sources: Sequence[ConcatSource]) -> ChunkInfo:
+        """``concat`` with ``supports_concat`` on, a valid target and at least one valid source."""
+        raise self._unsupported("has no native concat")
+
+    def _do_truncate(self, handle: ChunkHandle, length: int) -> None:
+        """``truncate`` with ``supports_truncate`` on, through a writable handle, ``length >= 0``."""
+        raise self._unsupported("cannot truncate")
+
+    def _do_set_readonly(self, handle: ChunkHandle, readonly: bool) -> None:
+        """``set_readonly`` with ``supports_readonly`` on."""
+        raise self._unsupported("cannot change read-only state")
+
+    def _unsupported(self, what: str) -> UnsupportedOperation:
+        return UnsupportedOperation(f"{type(self).__name__} {what}", binding=self.url)
 
 
 # -- argument checks shared by every binding ---------------------------------------------------
@@ -200,8 +318,9 @@ def names_can_start_with(prefix: str) -> bool:
 
 
 def check_range(name: str, offset: int, length: int) -> None:
-    """Reject negative or non-integer offsets and lengths with ``ChunkInvalidOffset``."""
-    if not isinstance(offset, int) or not isinstance(length, int) or offset < 0 or length < 0:
+    """Reject negative or non-integer (``bool`` included) offsets and lengths with
+    ``ChunkInvalidOffset``."""
+    if any(isinstance(value, bool) or not isinstance(value, int) or value < 0 for value in (offset, length)):
         raise ChunkInvalidOffset(
             f"chunk {name!r}: offset and length must be integers >= 0, got {offset!r}, {length!r}",
             chunk=name,
@@ -216,3 +335,32 @@ def check_concat_sources(sources: Sequence[ConcatSource]) -> None:
     for source in sources:
         check_name(source.name)
         check_range(source.name, source.offset, source.length)
+
+
+def check_handle(handle: ChunkHandle) -> ChunkHandle:
+    """Return ``handle`` if it is a ``ChunkHandle`` with a valid name; else raise
+    ``InvalidArgument`` (not a handle) or ``ChunkNameInvalid`` (a hand-built one)."""
+    if not isinstance(handle, ChunkHandle):
+        raise InvalidArgument(f"expected a ChunkHandle, got {type(handle).__name__}: {handle!r:.80}")
+    check_name(handle.name)
+    return handle
+
+
+def check_writable(handle: ChunkHandle, binding: str) -> None:
+    """Refuse a change through a read-only handle with ``ChunkReadOnly``."""
+    if handle.readonly:
+        raise ChunkReadOnly(f"handle to {handle.name!r} is read-only", chunk=handle.name, binding=binding)
+
+
+def as_bytes(data: bytes) -> bytes:
+    """``data`` as ``bytes``: itself if it is ``bytes``, else a copy of any bytes-like object
+    (``bytearray``, ``memoryview``...: the caller may reuse its buffer). ``InvalidArgument``
+    for anything else (``str``, ``int``, ``None``, a list of ints, a released memoryview)."""
+    if type(data) is bytes:
+        return data
+    try:
+        view = memoryview(data)
+        with view:
+            return view.tobytes()
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"chunk data must be bytes-like, got {type(data).__name__}: {exc}") from None

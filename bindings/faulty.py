@@ -21,12 +21,17 @@ rule fires first. Rules (any number, checked in order):
 * ``kill()``: from now on every call raises ``StorageUnavailable`` (the process that
   used this wrapper died; a new process wraps ``inner`` again).
 
+Rules see only calls with valid arguments: ``ChunkStorage`` checks them before the hooks
+(``_do_*``) here run, so a bad name, range, handle or data raises its usual error before
+any counting, random draw or fault, as a real binding refuses bad input before any request.
+Each hook forwards to the inner binding's public method, which checks the arguments again.
+
 Every matching rule counts every call, so rules added together fire independently; a
 call that several rules would fail fails once. Rules and counters are thread-safe; the
 order of faults across threads is only as reproducible as the threads' schedule.
 
 ``faults`` counts the injected faults by kind (``fail``, ``torn``, ``lost-reply``,
-``latency``, ``dead``); ``calls`` counts the calls per operation; tests use it to sweep
+``latency``, ``dead``); ``calls`` counts the (valid) calls per operation; tests use it to sweep
 "fail call 1, 2, ... N" of an operation as SQLite's I/O-error tests do.
 """
 
@@ -199,15 +204,15 @@ class FaultyChunkStorage(ChunkStorage):
         if rule is not None:
             raise rule.error(f"injected fault in {op} (seed {self.seed})", injected=True)
 
-    # -- contract -------------------------------------------------------------------------------
+    # -- hooks: ChunkStorage checked the arguments; the inner binding checks them again -----
 
-    def exists(self, name: str) -> bool:
+    def _do_exists(self, name: str) -> bool:
         self._check("exists")
         result = self.inner.exists(name)
         self._after("exists")
         return result
 
-    def create(self, name: str, data: bytes = b"") -> ChunkHandle:
+    def _do_create(self, name: str, data: bytes) -> ChunkHandle:
         rule = self._fault("create")
         if rule is not None:
             if rule.partial:
@@ -217,30 +222,30 @@ class FaultyChunkStorage(ChunkStorage):
         self._after("create")
         return handle
 
-    def delete(self, handle: ChunkHandle) -> None:
+    def _do_delete(self, handle: ChunkHandle) -> None:
         self._check("delete")
         self.inner.delete(handle)
         self._after("delete")
 
-    def open_read(self, name: str) -> ChunkHandle:
+    def _do_open_read(self, name: str) -> ChunkHandle:
         self._check("open_read")
         return self.inner.open_read(name)
 
-    def open_write(self, name: str) -> ChunkHandle:
+    def _do_open_write(self, name: str) -> ChunkHandle:
         self._check("open_write")
         return self.inner.open_write(name)
 
-    def get_info(self, name: str) -> ChunkInfo:
+    def _do_get_info(self, name: str) -> ChunkInfo:
         self._check("get_info")
         return self.inner.get_info(name)
 
-    def read(self, handle: ChunkHandle, offset: int, length: int) -> bytes:
+    def _do_read(self, handle: ChunkHandle, offset: int, length: int) -> bytes:
         self._check("read")
         data = self.inner.read(handle, offset, length)
         self._after("read")
         return data
 
-    def write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
+    def _do_write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
         rule = self._fault("write")
         if rule is not None:
             if rule.partial and data:
@@ -250,22 +255,22 @@ class FaultyChunkStorage(ChunkStorage):
         self._after("write")
         return written
 
-    def list(self, prefix: str = "") -> Iterator[str]:
+    def _do_list(self, prefix: str) -> Iterator[str]:
         self._check("list")
         return self.inner.list(prefix)
 
-    def concat(self, target: str, sources: Sequence[ConcatSource]) -> ChunkInfo:
+    def _do_concat(self, target: str, sources: Sequence[ConcatSource]) -> ChunkInfo:
         self._check("concat")
         info = self.inner.concat(target, sources)
         self._after("concat")
         return info
 
-    def truncate(self, handle: ChunkHandle, length: int) -> None:
+    def _do_truncate(self, handle: ChunkHandle, length: int) -> None:
         self._check("truncate")
         self.inner.truncate(handle, length)
         self._after("truncate")
 
-    def set_readonly(self, handle: ChunkHandle, readonly: bool) -> None:
+    def _do_set_readonly(self, handle: ChunkHandle, readonly: bool) -> None:
         self._check("set_readonly")
         self.inner.set_readonly(handle, readonly)
 

@@ -46,16 +46,7 @@ from slts.errors import (
     StorageUnavailable,
 )
 
-from .base import (
-    ChunkHandle,
-    ChunkInfo,
-    ChunkStorage,
-    ConcatSource,
-    check_concat_sources,
-    check_name,
-    check_range,
-    names_can_start_with,
-)
+from .base import ChunkHandle, ChunkInfo, ChunkStorage, ConcatSource
 from .hierarchical_paths import TMP_AGE_S_MAX as TMP_AGE_S_MAX  # re-exported: its age limit
 from .hierarchical_paths import TMP_FOLDER, Entry, PathCodec, remove_stale
 
@@ -210,10 +201,9 @@ class FileSystemChunkStorage(ChunkStorage):
     def _open_for_change(self, handle: ChunkHandle, flags: int) -> Iterator[tuple[int, os.stat_result]]:
         """Open ``handle``'s file for a change, locked against other writers of it.
 
-        Yields the descriptor and its stat; refuses read-only handles and chunks.
+        Yields the descriptor and its stat; refuses read-only chunks (``ChunkStorage``
+        refused read-only handles).
         """
-        if handle.readonly:
-            raise ChunkReadOnly(f"handle to {handle.name!r} is read-only", chunk=handle.name)
         path = self._path(handle.name)
         with self._lock(handle.name), _translated(handle.name, self.url):
             fd = os.open(path, flags)
@@ -280,9 +270,9 @@ class FileSystemChunkStorage(ChunkStorage):
                     os.unlink(tmp)
         return ChunkHandle(name, readonly=False)
 
-    # -- contract -------------------------------------------------------------------------------
+    # -- hooks (arguments checked by ChunkStorage) ------------------------------------------------
 
-    def exists(self, name: str) -> bool:
+    def _do_exists(self, name: str) -> bool:
         path = self._path(name)
         with _translated(name, self.url):
             try:
@@ -290,10 +280,10 @@ class FileSystemChunkStorage(ChunkStorage):
             except (FileNotFoundError, NotADirectoryError):
                 return False
 
-    def create(self, name: str, data: bytes = b"") -> ChunkHandle:
+    def _do_create(self, name: str, data: bytes) -> ChunkHandle:
         return self._publish(name, lambda fd: _write_all(fd, data))
 
-    def delete(self, handle: ChunkHandle) -> None:
+    def _do_delete(self, handle: ChunkHandle) -> None:
         path = self._path(handle.name)
         with _translated(handle.name, self.url):
             os.unlink(path)
@@ -311,20 +301,19 @@ class FileSystemChunkStorage(ChunkStorage):
             raise ChunkNotFound(f"chunk {name!r} not found", chunk=name, binding=self.url)
         return st
 
-    def open_read(self, name: str) -> ChunkHandle:
+    def _do_open_read(self, name: str) -> ChunkHandle:
         self._stat(name)
         return ChunkHandle(name, readonly=True)
 
-    def open_write(self, name: str) -> ChunkHandle:
+    def _do_open_write(self, name: str) -> ChunkHandle:
         if not self._stat(name).st_mode & stat.S_IWUSR:
             raise ChunkReadOnly(f"chunk {name!r} is read-only", chunk=name, binding=self.url)
         return ChunkHandle(name, readonly=False)
 
-    def get_info(self, name: str) -> ChunkInfo:
+    def _do_get_info(self, name: str) -> ChunkInfo:
         return ChunkInfo(name, self._stat(name).st_size)
 
-    def read(self, handle: ChunkHandle, offset: int, length: int) -> bytes:
-        check_range(handle.name, offset, length)
+    def _do_read(self, handle: ChunkHandle, offset: int, length: int) -> bytes:
         with _translated(handle.name, self.url):
             fd = os.open(self._path(handle.name), os.O_RDONLY)
             try:
@@ -348,8 +337,7 @@ class FileSystemChunkStorage(ChunkStorage):
             finally:
                 os.close(fd)
 
-    def write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
-        check_range(handle.name, offset, len(data))
+    def _do_write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
         with self._open_for_change(handle, os.O_WRONLY | os.O_APPEND) as (fd, st):
             if st.st_size != offset:
                 raise ChunkInvalidOffset(
@@ -367,15 +355,11 @@ class FileSystemChunkStorage(ChunkStorage):
                 raise
         return len(data)
 
-    def list(self, prefix: str = "") -> Iterator[str]:
-        if not names_can_start_with(prefix):
-            return iter(())
+    def _do_list(self, prefix: str) -> Iterator[str]:
         with _translated(prefix, self.url):
             return iter(CODEC.names_below(self.root, prefix, _entries))
 
-    def concat(self, target: str, sources: Sequence[ConcatSource]) -> ChunkInfo:
-        check_name(target)
-        check_concat_sources(sources)
+    def _do_concat(self, target: str, sources: Sequence[ConcatSource]) -> ChunkInfo:
         if self.exists(target):
             raise ChunkExists(f"chunk {target!r} exists", chunk=target, binding=self.url)
         for source in sources:
@@ -410,8 +394,7 @@ class FileSystemChunkStorage(ChunkStorage):
         self._publish(target, fill)
         return ChunkInfo(target, sum(source.length for source in sources))
 
-    def truncate(self, handle: ChunkHandle, length: int) -> None:
-        check_range(handle.name, 0, length)
+    def _do_truncate(self, handle: ChunkHandle, length: int) -> None:
         with self._open_for_change(handle, os.O_WRONLY) as (fd, st):
             if length > st.st_size:
                 raise ChunkInvalidOffset(
@@ -422,7 +405,7 @@ class FileSystemChunkStorage(ChunkStorage):
             os.ftruncate(fd, length)
             os.fsync(fd)
 
-    def set_readonly(self, handle: ChunkHandle, readonly: bool) -> None:
+    def _do_set_readonly(self, handle: ChunkHandle, readonly: bool) -> None:
         path = self._path(handle.name)
         with self._lock(handle.name):
             self._stat(handle.name)

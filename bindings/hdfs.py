@@ -80,13 +80,7 @@ from slts.errors import (
     StorageUnavailable,
 )
 
-from .base import (
-    ChunkHandle,
-    ChunkInfo,
-    ChunkStorage,
-    check_range,
-    names_can_start_with,
-)
+from .base import ChunkHandle, ChunkInfo, ChunkStorage
 from .hierarchical_paths import TMP_AGE_S_MAX as TMP_AGE_S_MAX  # re-exported: its age limit
 from .hierarchical_paths import TMP_FOLDER, Entry, PathCodec, remove_stale
 from .retry import MAX_ATTEMPTS_DEFAULT, RetryPolicy
@@ -522,24 +516,23 @@ class HdfsChunkStorage(ChunkStorage):
             ages = [(entry.suffix, entry.mtime_ms / 1000) for entry in entries if entry.type == "FILE"]
             remove_stale(ages, time.time(), lambda suffix: self._discard(f"{self._tmp}/{suffix}"))
 
-    # -- contract ---------------------------------------------------------------------------------
+    # -- hooks (arguments checked by ChunkStorage) ---------------------------------------------------
 
-    def exists(self, name: str) -> bool:
+    def _do_exists(self, name: str) -> bool:
         try:
             self._retrying(name, lambda: self._status(name))
         except ChunkNotFound:
             return False
         return True
 
-    def create(self, name: str, data: bytes = b"") -> ChunkHandle:
+    def _do_create(self, name: str, data: bytes) -> ChunkHandle:
         path = self._path(name)
-        payload = bytes(data)  # the caller may reuse its buffer
 
         def write_tmp() -> str:
             tmp = f"{self._tmp}/{uuid.uuid4().hex}"  # a fresh one per attempt
             try:
                 with _translated(name, self.url):
-                    self._hdfs.create(tmp, payload)
+                    self._hdfs.create(tmp, data)
             except StorageUnavailable:
                 self._discard(tmp)
                 raise
@@ -604,7 +597,7 @@ class HdfsChunkStorage(ChunkStorage):
         with contextlib.suppress(ChunkStorageError), _translated(TMP_FOLDER, self.url):
             self._hdfs.delete(tmp)
 
-    def delete(self, handle: ChunkHandle) -> None:
+    def _do_delete(self, handle: ChunkHandle) -> None:
         name = handle.name
         path = self._path(name)
 
@@ -628,20 +621,19 @@ class HdfsChunkStorage(ChunkStorage):
         except ChunkStorageError:
             return False
 
-    def open_read(self, name: str) -> ChunkHandle:
+    def _do_open_read(self, name: str) -> ChunkHandle:
         self._retrying(name, lambda: self._status(name))
         return ChunkHandle(name, readonly=True)
 
-    def open_write(self, name: str) -> ChunkHandle:
+    def _do_open_write(self, name: str) -> ChunkHandle:
         status = self._retrying(name, lambda: self._status(name))
         self._check_writable(name, status)
         return ChunkHandle(name, readonly=False)
 
-    def get_info(self, name: str) -> ChunkInfo:
+    def _do_get_info(self, name: str) -> ChunkInfo:
         return ChunkInfo(name, self._retrying(name, lambda: self._status(name)).length)
 
-    def read(self, handle: ChunkHandle, offset: int, length: int) -> bytes:
-        check_range(handle.name, offset, length)
+    def _do_read(self, handle: ChunkHandle, offset: int, length: int) -> bytes:
         name = handle.name
         return self._retrying(name, lambda: self._read_once(name, offset, length))
 
@@ -670,12 +662,8 @@ class HdfsChunkStorage(ChunkStorage):
         assert refused is not None
         raise refused
 
-    def write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
+    def _do_write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
         name = handle.name
-        check_range(name, offset, len(data))
-        if handle.readonly:
-            raise ChunkReadOnly(f"handle to {name!r} is read-only", chunk=name)
-        payload = bytes(data)
         path = self._path(name)
         # True once an append failed in a way that may have written bytes: from then on a
         # grown chunk is checked for them instead of being appended to again.
@@ -686,24 +674,24 @@ class HdfsChunkStorage(ChunkStorage):
             status = self._status(name)
             self._check_writable(name, status)
             if maybe_landed and status.length != offset:
-                return self._settle_append(name, path, offset, payload, status.length)
+                return self._settle_append(name, path, offset, data, status.length)
             if status.length != offset:
                 raise ChunkInvalidOffset(
                     f"chunk {name!r}: write at {offset}, but its length is {status.length}",
                     chunk=name,
                     offset=offset,
                 )
-            if not payload:
+            if not data:
                 return 0
             try:
                 with _translated(name, self.url):
-                    self._hdfs.append(path, payload)
+                    self._hdfs.append(path, data)
             except StorageUnavailable as exc:
                 # A lease refusal comes before any byte is written; a lost answer may
                 # come after all of them.
                 maybe_landed = maybe_landed or not getattr(exc, "lease", False)
                 raise
-            return len(payload)
+            return len(data)
 
         with self._lock(name):
             return self.retry.run(append, sleep=self._sleep)
@@ -724,10 +712,7 @@ class HdfsChunkStorage(ChunkStorage):
             binding=self.url,
         )
 
-    def list(self, prefix: str = "") -> Iterator[str]:
-        if not names_can_start_with(prefix):
-            return iter(())
-
+    def _do_list(self, prefix: str) -> Iterator[str]:
         def entries(folder: str) -> list[Entry]:
             """One LISTSTATUS (retried); none for a missing folder."""
             try:
@@ -739,11 +724,8 @@ class HdfsChunkStorage(ChunkStorage):
 
         return iter(CODEC.names_below(self.root, prefix, entries))
 
-    def truncate(self, handle: ChunkHandle, length: int) -> None:
+    def _do_truncate(self, handle: ChunkHandle, length: int) -> None:
         name = handle.name
-        check_range(name, 0, length)
-        if handle.readonly:
-            raise ChunkReadOnly(f"handle to {name!r} is read-only", chunk=name)
         path = self._path(name)
 
         def cut() -> bool:
@@ -783,7 +765,7 @@ class HdfsChunkStorage(ChunkStorage):
                 binding=self.url,
             ) from exc
 
-    def set_readonly(self, handle: ChunkHandle, readonly: bool) -> None:
+    def _do_set_readonly(self, handle: ChunkHandle, readonly: bool) -> None:
         name = handle.name
         path = self._path(name)
 

@@ -8,8 +8,9 @@ works on any binding.
 
 Every capability is on by default; the constructor (or a subclass, as a class attribute)
 can turn any of them off, so the engine's code paths for a binding without append or
-concat (S3-like) run on memory too. Each flag is checked in the one operation that needs
-it: without append, ``write`` accepts only an empty chunk at offset 0.
+concat (S3-like) run on memory too. ``ChunkStorage`` refuses an optional operation whose
+flag is off (and checks every argument) before the hooks here run; without append,
+``_do_write`` accepts only an empty chunk at offset 0.
 """
 
 from __future__ import annotations
@@ -24,15 +25,7 @@ from slts.errors import (
     ChunkReadOnly,
 )
 
-from .base import (
-    ChunkHandle,
-    ChunkInfo,
-    ChunkStorage,
-    ConcatSource,
-    check_concat_sources,
-    check_name,
-    check_range,
-)
+from .base import ChunkHandle, ChunkInfo, ChunkStorage, ConcatSource
 
 
 class _Chunk:
@@ -81,44 +74,40 @@ class MemoryChunkStorage(ChunkStorage):
             raise ChunkNotFound(f"chunk {name!r} not found", chunk=name, binding=self.url)
         return chunk
 
-    def exists(self, name: str) -> bool:
-        check_name(name)
+    # -- hooks (arguments checked by ChunkStorage) ------------------------------------------
+
+    def _do_exists(self, name: str) -> bool:
         with self._lock:
             return name in self._chunks
 
-    def create(self, name: str, data: bytes = b"") -> ChunkHandle:
-        check_name(name)
+    def _do_create(self, name: str, data: bytes) -> ChunkHandle:
         with self._lock:
             if name in self._chunks:
                 raise ChunkExists(f"chunk {name!r} exists", chunk=name, binding=self.url)
-            self._chunks[name] = _Chunk(bytes(data))
+            self._chunks[name] = _Chunk(data)
         return ChunkHandle(name, readonly=False)
 
-    def delete(self, handle: ChunkHandle) -> None:
+    def _do_delete(self, handle: ChunkHandle) -> None:
         with self._lock:
             self._get(handle.name)
             del self._chunks[handle.name]
 
-    def open_read(self, name: str) -> ChunkHandle:
-        check_name(name)
+    def _do_open_read(self, name: str) -> ChunkHandle:
         with self._lock:
             self._get(name)
         return ChunkHandle(name, readonly=True)
 
-    def open_write(self, name: str) -> ChunkHandle:
-        check_name(name)
+    def _do_open_write(self, name: str) -> ChunkHandle:
         with self._lock:
             if self._get(name).readonly:
                 raise ChunkReadOnly(f"chunk {name!r} is read-only", chunk=name, binding=self.url)
         return ChunkHandle(name, readonly=False)
 
-    def get_info(self, name: str) -> ChunkInfo:
-        check_name(name)
+    def _do_get_info(self, name: str) -> ChunkInfo:
         with self._lock:
             return ChunkInfo(name, len(self._get(name).data))
 
-    def read(self, handle: ChunkHandle, offset: int, length: int) -> bytes:
-        check_range(handle.name, offset, length)
+    def _do_read(self, handle: ChunkHandle, offset: int, length: int) -> bytes:
         with self._lock:
             data = self._get(handle.name).data
             if offset > len(data):
@@ -129,10 +118,7 @@ class MemoryChunkStorage(ChunkStorage):
                 )
             return bytes(data[offset : offset + length])
 
-    def write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
-        check_range(handle.name, offset, len(data))
-        if handle.readonly:
-            raise ChunkReadOnly(f"handle to {handle.name!r} is read-only", chunk=handle.name)
+    def _do_write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
         with self._lock:
             chunk = self._get(handle.name)
             if chunk.readonly:
@@ -152,16 +138,12 @@ class MemoryChunkStorage(ChunkStorage):
             chunk.data += data
         return len(data)
 
-    def list(self, prefix: str = "") -> Iterator[str]:
+    def _do_list(self, prefix: str) -> Iterator[str]:
         with self._lock:
             names = sorted(name for name in self._chunks if name.startswith(prefix))
         return iter(names)
 
-    def concat(self, target: str, sources: Sequence[ConcatSource]) -> ChunkInfo:
-        if not self.supports_concat:
-            return super().concat(target, sources)
-        check_name(target)
-        check_concat_sources(sources)
+    def _do_concat(self, target: str, sources: Sequence[ConcatSource]) -> ChunkInfo:
         with self._lock:
             if target in self._chunks:
                 raise ChunkExists(f"chunk {target!r} exists", chunk=target, binding=self.url)
@@ -179,12 +161,7 @@ class MemoryChunkStorage(ChunkStorage):
             self._chunks[target] = _Chunk(b"".join(pieces))
             return ChunkInfo(target, len(self._chunks[target].data))
 
-    def truncate(self, handle: ChunkHandle, length: int) -> None:
-        if not self.supports_truncate:
-            return super().truncate(handle, length)
-        check_range(handle.name, 0, length)
-        if handle.readonly:
-            raise ChunkReadOnly(f"handle to {handle.name!r} is read-only", chunk=handle.name)
+    def _do_truncate(self, handle: ChunkHandle, length: int) -> None:
         with self._lock:
             chunk = self._get(handle.name)
             if chunk.readonly:
@@ -197,8 +174,6 @@ class MemoryChunkStorage(ChunkStorage):
                 )
             del chunk.data[length:]
 
-    def set_readonly(self, handle: ChunkHandle, readonly: bool) -> None:
-        if not self.supports_readonly:
-            return super().set_readonly(handle, readonly)
+    def _do_set_readonly(self, handle: ChunkHandle, readonly: bool) -> None:
         with self._lock:
             self._get(handle.name).readonly = bool(readonly)

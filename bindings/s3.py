@@ -90,22 +90,12 @@ from slts.errors import (
     ChunkInvalidOffset,
     ChunkNameInvalid,
     ChunkNotFound,
-    ChunkReadOnly,
     ChunkStorageError,
     InvalidConfig,
     StorageUnavailable,
 )
 
-from .base import (
-    ChunkHandle,
-    ChunkInfo,
-    ChunkStorage,
-    ConcatSource,
-    check_concat_sources,
-    check_name,
-    check_range,
-    names_can_start_with,
-)
+from .base import ChunkHandle, ChunkInfo, ChunkStorage, ConcatSource, check_name
 from .retry import MAX_ATTEMPTS_DEFAULT, RetryPolicy
 
 _log = logging.getLogger(__name__)
@@ -812,43 +802,37 @@ class S3ChunkStorage(ChunkStorage):
             )
         return data
 
-    # -- contract ----------------------------------------------------------------------------
+    # -- hooks (arguments checked by ChunkStorage) -------------------------------------------
 
-    def exists(self, name: str) -> bool:
-        check_name(name)
+    def _do_exists(self, name: str) -> bool:
         try:
             self._head(name)
         except ChunkNotFound:
             return False
         return True
 
-    def create(self, name: str, data: bytes = b"") -> ChunkHandle:
-        check_name(name)
-        self._put(name, bytes(data), conflict=ChunkExists, IfNoneMatch="*")
+    def _do_create(self, name: str, data: bytes) -> ChunkHandle:
+        self._put(name, data, conflict=ChunkExists, IfNoneMatch="*")
         return ChunkHandle(name, readonly=False)
 
-    def delete(self, handle: ChunkHandle) -> None:
+    def _do_delete(self, handle: ChunkHandle) -> None:
         name = handle.name
         self._head(name)  # S3 deletes missing keys without complaint; the contract does not
         key = self.object_key(name)
         self._call("DELETE", name, lambda: self._client.delete_object(Bucket=self.bucket, Key=key))
 
-    def open_read(self, name: str) -> ChunkHandle:
-        check_name(name)
+    def _do_open_read(self, name: str) -> ChunkHandle:
         self._head(name)
         return ChunkHandle(name, readonly=True)
 
-    def open_write(self, name: str) -> ChunkHandle:
-        check_name(name)
+    def _do_open_write(self, name: str) -> ChunkHandle:
         self._head(name)
         return ChunkHandle(name, readonly=False)
 
-    def get_info(self, name: str) -> ChunkInfo:
-        check_name(name)
+    def _do_get_info(self, name: str) -> ChunkInfo:
         return ChunkInfo(name, int(self._head(name)["ContentLength"]))
 
-    def read(self, handle: ChunkHandle, offset: int, length: int) -> bytes:
-        check_range(handle.name, offset, length)
+    def _do_read(self, handle: ChunkHandle, offset: int, length: int) -> bytes:
         name = handle.name
         for _ in range(_READ_ROUNDS_MAX):
             if length > 0:
@@ -871,11 +855,8 @@ class S3ChunkStorage(ChunkStorage):
             f"chunk {name!r} kept changing while being read", chunk=name, binding=self.url
         )
 
-    def write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
-        check_range(handle.name, offset, len(data))
+    def _do_write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
         name = handle.name
-        if handle.readonly:
-            raise ChunkReadOnly(f"handle to {name!r} is read-only", chunk=name, binding=self.url)
         head = self._head(name)
         size = int(head["ContentLength"])
         if offset != size:
@@ -894,12 +875,10 @@ class S3ChunkStorage(ChunkStorage):
             )
         if data:
             # Replaces the empty object only if it is still the one we saw: one writer wins.
-            self._put(name, bytes(data), conflict=ChunkInvalidOffset, IfMatch=str(head["ETag"]))
+            self._put(name, data, conflict=ChunkInvalidOffset, IfMatch=str(head["ETag"]))
         return len(data)
 
-    def list(self, prefix: str = "") -> Iterator[str]:
-        if not names_can_start_with(prefix):
-            return iter(())
+    def _do_list(self, prefix: str) -> Iterator[str]:
         key_prefix = self._base + _list_head(prefix)
         names: list[str] = []
         token: str | None = None
@@ -951,9 +930,7 @@ class S3ChunkStorage(ChunkStorage):
         the server copies): ``bytes_through_client``. Needs no request."""
         return bytes_through_client(sources)
 
-    def concat(self, target: str, sources: Sequence[ConcatSource]) -> ChunkInfo:
-        check_name(target)
-        check_concat_sources(sources)
+    def _do_concat(self, target: str, sources: Sequence[ConcatSource]) -> ChunkInfo:
         if self.exists(target):
             raise ChunkExists(f"chunk {target!r} exists", chunk=target, binding=self.url)
         sizes: dict[str, int] = {}
