@@ -56,7 +56,8 @@ SLOW_TESTS: tuple[str, ...] = (
 
 
 #: Tests allowed longer than the per-test limit (pyproject: ``timeout = 120``), and why
-#: (file::name prefixes, or a folder with ``/``). A test's own ``timeout`` mark wins.
+#: (file::name prefixes, or a folder with ``/``). A test's own ``timeout`` mark wins, and
+#: so does ``--timeout N`` on the command line (soaks run with ``--timeout 0``).
 TIMEOUT_OVERRIDES: dict[str, int] = {
     "spark/": 300,  # a JVM and a Spark session start on first use; batches of thousands of tasks
     "crash/": 300,  # SIGKILL matrices: child processes, a SeaweedFS server killed and restarted
@@ -78,12 +79,14 @@ def _is_slow(item: pytest.Item) -> bool:
     return _relative_id(item).startswith(SLOW_TESTS)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # ``--timeout N`` on the command line (``--timeout 0`` for a soak) wins over the table.
+    overrides = TIMEOUT_OVERRIDES if config.getoption("timeout", None) is None else {}
     for item in items:
         if _is_slow(item):
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("timeout") is None:
-            for prefix, seconds in TIMEOUT_OVERRIDES.items():
+            for prefix, seconds in overrides.items():
                 if _relative_id(item).startswith(prefix):
                     item.add_marker(pytest.mark.timeout(seconds))
                     break
