@@ -25,7 +25,7 @@ import builtins
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import crc32c
@@ -789,8 +789,15 @@ class ChunkedSegmentStorage:
         return pieces
 
     def _fetch(self, pieces: builtins.list[_ReadPiece], length: int) -> bytes:
+        """The pieces' bytes, in order. In parallel, every piece's fetch has finished
+        before this returns or raises (no chunk read outlives the call that asked for it,
+        even after ``close``), and the error raised is the first failing piece's in
+        segment order, whatever the threads' schedule."""
         if len(pieces) > 1 and length >= self.config.read_parallel_bytes_min:
-            parts = list(self._read_pool().map(self._fetch_piece, pieces))
+            pool = self._read_pool()
+            fetches = [pool.submit(self._fetch_piece, piece) for piece in pieces]
+            wait(fetches)
+            parts = [fetch.result() for fetch in fetches]
         else:
             parts = [self._fetch_piece(piece) for piece in pieces]
         return b"".join(parts)

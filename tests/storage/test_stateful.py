@@ -32,6 +32,7 @@ number of programs up for a longer soak.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import os
@@ -60,6 +61,7 @@ from slts.bindings.filesystem import FileSystemChunkStorage
 from slts.bindings.memory import MemoryChunkStorage
 
 from slts.admin.verify import verify_container, verify_segment
+from slts.chunk_names import unique_source
 from slts.config import StorageConfig
 from slts.errors import (
     InvalidArgument,
@@ -212,6 +214,11 @@ class StorageMachine(RuleBasedStateMachine):
         self.config: dict[str, Any] = {}
         self.writes = 0
         self.epochs: list[int] = []
+        # Chunk names from a counter, not uuid4: a replayed program makes the same names,
+        # so nothing that follows their order (listings, sets) differs between replays.
+        self.names = contextlib.ExitStack()
+        made = itertools.count(1)
+        self.names.enter_context(unique_source(lambda: f"{next(made):032x}"))
 
     # -- environment --------------------------------------------------------------------------
 
@@ -239,12 +246,15 @@ class StorageMachine(RuleBasedStateMachine):
         return storage
 
     def teardown(self) -> None:
-        if self.storage is not None:
-            self.storage.close()
-        self.store.close()
-        self.binding.close()
-        if self.tmp is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+        try:
+            if self.storage is not None:
+                self.storage.close()
+            self.store.close()
+            self.binding.close()
+            if self.tmp is not None:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+        finally:
+            self.names.close()
 
     # Fault hooks (no faults here; FaultyStorageMachine overrides them).
 

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import itertools
 import random
+import threading
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slts.errors import InvalidOffset
+from slts.bindings.base import ChunkHandle
+from slts.bindings.memory import MemoryChunkStorage
+from slts.config import StorageConfig
+from slts.errors import InvalidOffset, StorageUnavailable
+from slts.metadata.memory_store import MemoryMetadataStore
+from slts.metadata.schema import TABLES
 from slts.storage.chunked import ChunkedSegmentStorage
 from tests.support.engine import Env
 
@@ -91,6 +97,47 @@ def test_large_read_spanning_chunks_uses_parallel_path(env: Env) -> None:
     assert storage.info("p").chunk_count == 10
     assert storage.read(handle, 0, 1000) == data
     assert storage.read(handle, 55, 900) == data[55:955]
+
+
+class FirstChunkFailsOthersWait(MemoryChunkStorage):
+    """Once armed, a read of ``first`` fails and opens the gate; every other read waits
+    at the gate, then counts itself finished: a parallel read whose first piece fails
+    while the others are still in flight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first: str | None = None
+        self.gate = threading.Event()
+        self.finished = 0
+        self._count = threading.Lock()
+
+    def _do_read(self, handle: ChunkHandle, offset: int, length: int) -> bytes:
+        if self.first is None:
+            return super()._do_read(handle, offset, length)
+        if handle.name == self.first:
+            self.gate.set()
+            raise StorageUnavailable("the first piece fails")
+        assert self.gate.wait(60), "the failing piece never ran"  # a guard against a hang, not a timing
+        with self._count:
+            self.finished += 1
+        return super()._do_read(handle, offset, length)
+
+
+def test_a_failing_parallel_read_raises_after_every_piece_finished() -> None:
+    """No chunk read outlives the read that asked for it: the error comes after the
+    pieces in flight and the queued ones have run, and it is the first piece's."""
+    binding = FirstChunkFailsOthersWait()
+    settings = StorageConfig(read_parallel_bytes_min=64, read_threads=3)
+    storage = ChunkedSegmentStorage(0, None, binding, MemoryMetadataStore(TABLES), settings)
+    storage.create("p", max_rolling_length=100)
+    storage.write(storage.open_write("p"), 0, random.Random(2).randbytes(1000))
+    chunks = storage.chunks("p")
+    assert len(chunks) == 10
+    binding.first = chunks[0][1].name
+    with pytest.raises(StorageUnavailable, match="the first piece fails"):
+        storage.read(storage.open_read("p"), 0, 1000)
+    assert binding.finished == 9, "a piece was cancelled or still running when the read raised"
+    storage.close()
 
 
 def test_restart_takes_over_and_starts_a_new_chunk(env: Env) -> None:
