@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from typing import TypeAlias
 
 import pytest
 from slts.bindings.memory import MemoryChunkStorage
 
 from slts.admin.verify import verify_container
 from slts.errors import Fenced, InvalidArgument, InvalidName, StorageUnavailable
-from slts.metadata.delegating import DelegatingStore
+from slts.metadata.faulty_store import FaultyMetadataStore
 from slts.metadata.schema import SEGMENTS, name_key
-from slts.metadata.store import Expect, MetadataStore, Operation
+from slts.metadata.store import Expect, Operation
 from slts.storage.batch_defrag import BatchDefrag, BatchReport, RunTask, execute, execute_locally, run_batch
 from slts.storage.chunked import ChunkedSegmentStorage
 from tests.support.engine import Env, segment_chunks
@@ -111,21 +112,21 @@ def test_the_live_owner_keeps_writing_and_sees_the_new_layout(env: Env) -> None:
     assert owner.epoch == env.instances[-1].epoch and not owner._ownership.fenced, "the batch fences nobody"
 
 
-class CommitHook(DelegatingStore):
-    """Runs ``before`` once, just before the next commit that names segment ``segment``:
-    another process's commit lands between the owner's read and its commit."""
+BeforeCommit: TypeAlias = Callable[[Sequence[Operation], Sequence[Expect]], None]
 
-    def __init__(self, inner: MetadataStore) -> None:
-        super().__init__(inner)
-        self.segment = ""
-        self.before: Callable[[], None] | None = None
 
-    def commit(self, ops: Sequence[Operation], expect: Sequence[Expect] = ()) -> int:
-        key = name_key(self.segment)
-        if self.before is not None and any(x.table == SEGMENTS and x.key == key for x in [*ops, *expect]):
-            before, self.before = self.before, None
-            before()
-        return self.inner.commit(ops, expect)
+def once_before_commit_on(segment: str, action: Callable[[], None]) -> BeforeCommit:
+    """A ``FaultyMetadataStore.before_commit`` hook that runs ``action`` once, just before
+    the next commit that names ``segment``: another process's commit lands between the
+    owner's read and its commit."""
+    key = name_key(segment)
+    pending = [action]
+
+    def hook(ops: Sequence[Operation], expect: Sequence[Expect]) -> None:
+        if pending and any(x.table == SEGMENTS and x.key == key for x in [*ops, *expect]):
+            pending.pop()()
+
+    return hook
 
 
 Written = dict[str, bytearray]
@@ -189,7 +190,7 @@ def test_the_owners_changes_absorb_a_batch_commit_beside_them(env: Env, change: 
     (found by the Spark live-writer test: ``open_write`` raised ``VersionConflict``):
     the owner reads again and applies its change; the batch's run stands."""
     raw = env.store
-    env.store = hooked = CommitHook(raw)
+    env.store = hooked = FaultyMetadataStore(raw)
     _, written = fragment(env, 2, 4)
     env.instances[-1].seal(env.instances[-1].open_write("f/0001"))
     owner = env.reopen(**SMALL)  # the segments are the older epoch's until taken over
@@ -200,8 +201,9 @@ def test_the_owners_changes_absorb_a_batch_commit_beside_them(env: Env, change: 
     assert planned, "the segment has a run to merge"
     built = execute_locally(env.binding)([p.task for p in planned])
     committed: list[bool] = []
-    hooked.segment = "f/0000"
-    hooked.before = lambda: committed.extend(batch.commit(p, b) for p, b in zip(planned, built, strict=True))
+    hooked.before_commit = once_before_commit_on(
+        "f/0000", lambda: committed.extend(batch.commit(p, b) for p, b in zip(planned, built, strict=True))
+    )
     retries = owner.statistics().commit_retries
     operation(owner, written)
     assert committed and all(committed), "the batch committed between the owner's read and commit"

@@ -9,9 +9,9 @@ import threading
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from slts.bindings.base import ChunkHandle
 from slts.bindings.memory import MemoryChunkStorage
+
 from slts.config import StorageConfig
 from slts.errors import InvalidOffset, StorageUnavailable
 from slts.metadata.memory_store import MemoryMetadataStore
