@@ -29,6 +29,11 @@
     │   ├── VersionConflict                   a conditional commit lost: re-read and retry
     │   └── MetadataCorrupted                 a record failed its own checks on decode
     ├── WriteExpired (TimeoutError)           a write outlived ``gc_delay_s``; not applied (``retryable``)
+    ├── RemoteLogError                        tiered log storage (``slts.remote``)
+    │   ├── InvalidLogSegment (ValueError)    a log segment or index that does not parse or agree
+    │   ├── RemoteSegmentNotFound (LookupError)   no remote log segment with that id
+    │   ├── IllegalStateTransition            a remote segment's or partition's state may not change so
+    │   └── RemoteOffsetOutOfRange (IndexError)   an offset below the earliest or above the latest remote one
     ├── Fenced                                a newer epoch owns the container
     ├── ReadOnlyInstance (PermissionError)    the instance was opened read-only
     └── StorageClosed                         the instance (or store, binding) was closed
@@ -194,6 +199,27 @@ class WriteExpired(SltsError, TimeoutError):
     """
 
     retryable = True
+
+
+class RemoteLogError(SltsError):
+    """Tiered log storage (``slts.remote``): errors of remote log segments and their metadata."""
+
+
+class InvalidLogSegment(RemoteLogError, InvalidArgument):
+    """A log segment, index or checkpoint that does not parse or disagrees with its log;
+    the error names the partition, segment and byte position or offset. Nothing changed."""
+
+
+class RemoteSegmentNotFound(RemoteLogError, LookupError):
+    """No remote log segment (or partition) with that id is known."""
+
+
+class IllegalStateTransition(RemoteLogError):
+    """The state change is not one of the legal transitions; the state did not change."""
+
+
+class RemoteOffsetOutOfRange(RemoteLogError, IndexError):
+    """The offset is below the partition's earliest or above its latest remote offset."""
 
 
 class Fenced(SltsError):

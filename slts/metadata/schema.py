@@ -9,6 +9,8 @@ chunks      chunk name (UTF-8)                           ``ChunkRecord``
 index       segment_id (u64 BE) + chunk start (u64 BE)   chunk name (UTF-8, raw)
 deleted     segment_id (u64 BE)                          ``SegmentRecord`` tombstone
 gc          queued time ms (u64 BE) + chunk name         ``GcEntry``
+remote_*    tiered log storage (``slts.remote``): remote log segments, per-epoch offset
+            maps, per-partition records; keys in ``slts/remote/keys.py``
 =========== ============================================ ===========================
 
 The ``index`` table is derived data written in the same transaction as the chunk list
@@ -28,7 +30,15 @@ INDEX = "index"
 DELETED = "deleted"
 GC = "gc"
 
-TABLES: tuple[str, ...] = (CONTAINER, SEGMENTS, CHUNKS, INDEX, DELETED, GC)
+#: Tiered log storage (KIP-405, ``slts.remote``): clients of the segment store keep their
+#: metadata in the container's store, so its commits are fenced and its durable copy has it.
+REMOTE_SEGMENTS = "remote_segments"
+REMOTE_EPOCHS = "remote_epochs"
+REMOTE_OFFSETS = "remote_offsets"
+REMOTE_PARTITIONS = "remote_partitions"
+REMOTE_TABLES: tuple[str, ...] = (REMOTE_SEGMENTS, REMOTE_EPOCHS, REMOTE_OFFSETS, REMOTE_PARTITIONS)
+
+TABLES: tuple[str, ...] = (CONTAINER, SEGMENTS, CHUNKS, INDEX, DELETED, GC, *REMOTE_TABLES)
 
 CONTAINER_KEY = b"container"
 

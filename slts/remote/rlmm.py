@@ -1,0 +1,476 @@
+"""The remote log metadata manager (KIP-405 RLMM) on the container's metadata store.
+
+Kafka keeps this metadata in an internal topic and rebuilds a cache from it; SLTS keeps
+it in tables of the container's own metadata store (``slts/remote/keys.py``), so:
+
+* every change is one atomic, conditional commit through the instance's ownership: a
+  fenced instance changes nothing (``Fenced``), a read-only one neither
+  (``ReadOnlyInstance``), and an illegal state change raises ``IllegalStateTransition``
+  with nothing changed;
+* it is strongly consistent: a lookup after a change returns sees it, from this instance
+  and from a read-only *follower* instance on the same store;
+* it is part of the metadata log and snapshots on tier-2, so ``slts restore`` brings it
+  back with the segments it describes.
+
+Semantics follow Kafka's implementation (``RemoteLogMetadataCache``,
+``RemoteLogLeaderEpochState``), not only the early KIP text:
+
+* ``segment_for_offset`` sees COPY_SEGMENT_FINISHED segments only; a segment mid-copy or
+  mid-delete is invisible to readers.
+* Per leader epoch, an offset map from the epoch's first offset in a segment to the
+  segment. When a segment finishes copying, the entries of its epochs that start at or
+  after its epoch start are dropped if it reaches at least as far as the epoch's highest
+  copied offset (a new leader re-uploaded a superset after a leader change); the dropped
+  segments stay listed, so that retention deletes them.
+* ``highest_offset_for_epoch`` is the highest offset ever copied in that epoch; deletes do
+  not lower it.
+* Listings return every segment not DELETE_SEGMENT_FINISHED (STARTED and DELETE_STARTED
+  ones included, so that cleanup can find them), sorted by start offset.
+
+Offset lookups are O(E log n): one ``floor`` per leader epoch tried (one when the epoch is
+given). ``earliest_offset`` is the partition's remote log start offset: set by the first
+segment copied, moved forward only (``move_log_start_offset``: retention moves it before
+it deletes), never back.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from slts.errors import IllegalStateTransition, InvalidArgument, ReadOnlyInstance, RemoteSegmentNotFound
+from slts.metadata.schema import REMOTE_EPOCHS, REMOTE_OFFSETS, REMOTE_PARTITIONS, REMOTE_SEGMENTS
+from slts.metadata.store import Delete, Expect, Operation, Put, ReadView, prefix_stop
+from slts.remote import keys
+from slts.remote.records import (
+    PartitionDeleteState,
+    RemoteLogSegmentMetadata,
+    RemotePartitionRecord,
+    SegmentState,
+    TopicPartition,
+    check_epoch,
+    check_offset,
+    check_partition_transition,
+    check_transition,
+)
+from slts.storage.chunked import ChunkedSegmentStorage
+
+#: Entries read per page of a streamed listing (each page is one consistent read).
+LIST_PAGE = 256
+
+
+@dataclass(frozen=True, slots=True)
+class _Partition:
+    """A partition record as read (None: never seen) with its version (0: absent)."""
+
+    record: RemotePartitionRecord | None
+    version: int
+
+
+class RemoteLogMetadataManager:
+    """KIP-405's RLMM for the container of ``storage`` (an owner or a read-only instance).
+
+    Thread-safe: changes of one partition are serialised by a lock and, across
+    processes, by conditional commits (a lost race is retried, at most
+    ``commit_retries_max`` times).
+    """
+
+    def __init__(self, storage: ChunkedSegmentStorage) -> None:
+        if not isinstance(storage, ChunkedSegmentStorage):
+            raise InvalidArgument(f"{storage!r} is not a ChunkedSegmentStorage")
+        self._ctx = storage.context
+        self._store = storage.context.store
+
+    # -- changes ---------------------------------------------------------------------------------
+
+    def add_segment(self, metadata: RemoteLogSegmentMetadata) -> None:
+        """Record a new upload in COPY_SEGMENT_STARTED (``records.new_segment_metadata``).
+
+        Idempotent for the identical record. Raises ``InvalidArgument`` (not a
+        COPY_SEGMENT_STARTED record), ``IllegalStateTransition`` (the id exists with other
+        content or state, or the partition is marked for deletion), ``Fenced``,
+        ``ReadOnlyInstance``. Nothing changes on error.
+        """
+        if not isinstance(metadata, RemoteLogSegmentMetadata):
+            raise InvalidArgument(f"{metadata!r} is not a RemoteLogSegmentMetadata")
+        if metadata.state != SegmentState.COPY_SEGMENT_STARTED:
+            raise InvalidArgument(
+                f"remote segment {metadata.id} of {metadata.topic_partition}: a new segment is added "
+                f"in COPY_SEGMENT_STARTED, not {SegmentState(metadata.state).name}"
+            )
+        tp = metadata.topic_partition
+
+        def attempt() -> None:
+            with self._store.snapshot() as view:
+                existing = view.get(REMOTE_SEGMENTS, metadata.segment_id)
+                partition = self._partition(view, tp)
+            if existing is not None:
+                self._check_writer()
+                if RemoteLogSegmentMetadata.decode(existing.value) == metadata:
+                    return
+                raise IllegalStateTransition(
+                    f"remote segment {metadata.id} of {tp} exists with other content or state",
+                    segment=str(metadata.id),
+                    partition=str(tp),
+                )
+            self._check_not_deleted(tp, partition)
+            ops: list[Operation] = [
+                Put(REMOTE_SEGMENTS, metadata.segment_id, metadata.encode()),
+                Put(REMOTE_OFFSETS, keys.offsets_key(tp, metadata.start_offset, metadata.segment_id), b""),
+            ]
+            if partition.record is None:
+                ops.append(Put(REMOTE_PARTITIONS, keys.partition_key(tp), _new_partition(tp).encode()))
+            self._ctx.ownership.commit(
+                ops,
+                [
+                    Expect(REMOTE_SEGMENTS, metadata.segment_id, 0),
+                    Expect(REMOTE_PARTITIONS, keys.partition_key(tp), partition.version),
+                ],
+            )
+
+        with self._ctx.locks.stripe(_lock_name(tp)):
+            self._ctx.retry_conflicts(attempt)
+
+    def update_segment(
+        self,
+        segment_id: uuid.UUID,
+        state: SegmentState,
+        *,
+        event_timestamp_ms: int | None = None,
+        custom_metadata: bytes | None = None,
+    ) -> RemoteLogSegmentMetadata:
+        """Move segment ``segment_id`` to ``state``; return its new metadata.
+
+        COPY_SEGMENT_FINISHED makes it visible to offset lookups (superseding, per epoch,
+        the segments it covers), DELETE_SEGMENT_STARTED hides it again, and
+        DELETE_SEGMENT_FINISHED forgets it. A change to the current state changes nothing
+        (retries are safe). Raises ``RemoteSegmentNotFound``, ``IllegalStateTransition``
+        (state unchanged), ``InvalidArgument``, ``Fenced``, ``ReadOnlyInstance``.
+        """
+        if not isinstance(segment_id, uuid.UUID):
+            raise InvalidArgument(f"segment id {segment_id!r} is not a uuid.UUID")
+        if not isinstance(state, SegmentState):
+            raise InvalidArgument(f"state {state!r} is not a SegmentState")
+        if event_timestamp_ms is not None and (
+            isinstance(event_timestamp_ms, bool)
+            or not isinstance(event_timestamp_ms, int)
+            or event_timestamp_ms < 0
+        ):
+            raise InvalidArgument(f"event timestamp {event_timestamp_ms!r} is not a time in ms")
+        if custom_metadata is not None and not isinstance(custom_metadata, bytes):
+            raise InvalidArgument("custom metadata must be bytes")
+        current = self.segment(segment_id)
+        tp = current.topic_partition
+
+        def attempt() -> RemoteLogSegmentMetadata:
+            with self._store.snapshot() as view:
+                stored = view.get(REMOTE_SEGMENTS, segment_id.bytes)
+                if stored is None:
+                    raise RemoteSegmentNotFound(f"no remote segment {segment_id}", segment=str(segment_id))
+                existing = RemoteLogSegmentMetadata.decode(stored.value)
+                check_transition(existing.segment_state, state, what=f"remote segment {segment_id} of {tp}")
+                if existing.state == state:
+                    self._check_writer()
+                    return existing
+                changes: dict[str, object] = {"state": int(state)}
+                if event_timestamp_ms is not None:
+                    changes["event_timestamp_ms"] = event_timestamp_ms
+                if custom_metadata is not None:
+                    changes["custom_metadata"] = custom_metadata
+                updated = existing.replace(**changes)
+                partition = self._partition(view, tp)
+                assert partition.record is not None, f"segment {segment_id} has no partition record"
+                ops, record = _state_change_ops(view, updated, partition.record)
+            ops.append(Put(REMOTE_PARTITIONS, keys.partition_key(tp), record.encode()))
+            self._ctx.ownership.commit(
+                ops,
+                [
+                    Expect(REMOTE_SEGMENTS, segment_id.bytes, stored.version),
+                    Expect(REMOTE_PARTITIONS, keys.partition_key(tp), partition.version),
+                ],
+            )
+            return updated
+
+        with self._ctx.locks.stripe(_lock_name(tp)):
+            return self._ctx.retry_conflicts(attempt)
+
+    def move_log_start_offset(self, tp: TopicPartition, offset: int) -> int:
+        """Move ``tp``'s remote log start offset forward to ``offset`` (never back); return
+        the start offset now in force. Retention calls this before it deletes segments,
+        so that no reader is sent to a segment being deleted. Raises
+        ``RemoteSegmentNotFound`` (unknown partition), ``InvalidArgument``, ``Fenced``,
+        ``ReadOnlyInstance``."""
+        _check_partition(tp)
+        check_offset(offset, f"{tp}: log start offset")
+
+        def attempt() -> int:
+            with self._store.snapshot() as view:
+                partition = self._partition(view, tp)
+            record = self._known(tp, partition)
+            self._check_writer()
+            if record.log_start_offset is not None and record.log_start_offset >= offset:
+                return record.log_start_offset
+            self._ctx.ownership.commit(
+                [
+                    Put(
+                        REMOTE_PARTITIONS,
+                        keys.partition_key(tp),
+                        record.replace(log_start_offset=offset).encode(),
+                    )
+                ],
+                [Expect(REMOTE_PARTITIONS, keys.partition_key(tp), partition.version)],
+            )
+            return offset
+
+        with self._ctx.locks.stripe(_lock_name(tp)):
+            return self._ctx.retry_conflicts(attempt)
+
+    def mark_partition(self, tp: TopicPartition, state: PartitionDeleteState) -> None:
+        """Move ``tp``'s deletion marker to ``state`` (MARKED -> STARTED -> FINISHED; a
+        repeat changes nothing). While marked, no segment may be added. FINISHED needs
+        every segment of the partition DELETE_SEGMENT_FINISHED and then forgets the
+        partition (its name may be used again). Raises ``IllegalStateTransition``,
+        ``RemoteSegmentNotFound`` (unknown partition), ``InvalidArgument``, ``Fenced``,
+        ``ReadOnlyInstance``."""
+        _check_partition(tp)
+        if not isinstance(state, PartitionDeleteState):
+            raise InvalidArgument(f"state {state!r} is not a PartitionDeleteState")
+
+        def attempt() -> None:
+            with self._store.snapshot() as view:
+                partition = self._partition(view, tp)
+                record = self._known(tp, partition)
+                current = None if record.delete_state is None else PartitionDeleteState(record.delete_state)
+                check_partition_transition(current, state, what=f"remote partition {tp}")
+                prefix = keys.partition_key(tp)
+                remaining = view.scan(REMOTE_OFFSETS, prefix, prefix_stop(prefix), limit=1)
+            self._check_writer()
+            if current == state:
+                return
+            key = keys.partition_key(tp)
+            if state == PartitionDeleteState.DELETE_PARTITION_FINISHED:
+                if remaining:
+                    raise IllegalStateTransition(
+                        f"remote partition {tp}: segments remain; delete them before it is FINISHED",
+                        partition=str(tp),
+                    )
+                op: Operation = Delete(REMOTE_PARTITIONS, key)
+            else:
+                op = Put(REMOTE_PARTITIONS, key, record.replace(delete_state=int(state)).encode())
+            self._ctx.ownership.commit([op], [Expect(REMOTE_PARTITIONS, key, partition.version)])
+
+        with self._ctx.locks.stripe(_lock_name(tp)):
+            self._ctx.retry_conflicts(attempt)
+
+    # -- lookups ---------------------------------------------------------------------------------
+
+    def segment(self, segment_id: uuid.UUID) -> RemoteLogSegmentMetadata:
+        """The metadata of ``segment_id`` (any state but DELETE_SEGMENT_FINISHED, which is
+        forgotten). Raises ``RemoteSegmentNotFound``, ``InvalidArgument``."""
+        if not isinstance(segment_id, uuid.UUID):
+            raise InvalidArgument(f"segment id {segment_id!r} is not a uuid.UUID")
+        stored = self._store.get(REMOTE_SEGMENTS, segment_id.bytes)
+        if stored is None:
+            raise RemoteSegmentNotFound(f"no remote segment {segment_id}", segment=str(segment_id))
+        return RemoteLogSegmentMetadata.decode(stored.value)
+
+    def segment_for_offset(
+        self, tp: TopicPartition, offset: int, leader_epoch: int | None = None
+    ) -> RemoteLogSegmentMetadata | None:
+        """The COPY_SEGMENT_FINISHED segment of ``tp`` holding ``offset``, or None.
+
+        With ``leader_epoch``: Kafka's lookup, the segment of that epoch's offset map whose
+        epoch range reaches ``offset``. Without: the newest epoch whose map has a segment
+        with ``offset`` in that epoch's range (after a leader change, the new leader's
+        upload wins). O(log n) per epoch tried. Does not check the log start offset
+        (``earliest_offset``): the remote log manager does. Raises ``InvalidArgument``.
+        """
+        _check_partition(tp)
+        check_offset(offset, f"{tp}: offset")
+        if leader_epoch is not None:
+            check_epoch(leader_epoch)
+        with self._store.snapshot() as view:
+            if leader_epoch is not None:
+                epochs: Sequence[int] = [leader_epoch]
+            else:
+                record = self._partition(view, tp).record
+                epochs = sorted(record.highest_offsets, reverse=True) if record else []
+            for epoch in epochs:
+                found = _floor_segment(view, tp, epoch, offset)
+                if found is not None and offset <= found.epoch_end_offset(epoch):
+                    return found
+        return None
+
+    def earliest_offset(self, tp: TopicPartition) -> int | None:
+        """``tp``'s remote log start offset (None: nothing copied yet). Raises ``InvalidArgument``."""
+        _check_partition(tp)
+        record = self._read_partition(tp).record
+        return None if record is None else record.log_start_offset
+
+    def highest_offset_for_epoch(self, tp: TopicPartition, leader_epoch: int) -> int | None:
+        """The highest offset copied under ``leader_epoch`` (None: none). Raises ``InvalidArgument``."""
+        _check_partition(tp)
+        check_epoch(leader_epoch)
+        record = self._read_partition(tp).record
+        return None if record is None else record.highest_offsets.get(leader_epoch)
+
+    def highest_offset(self, tp: TopicPartition) -> int | None:
+        """The highest offset copied in any epoch (None: none). Raises ``InvalidArgument``."""
+        _check_partition(tp)
+        record = self._read_partition(tp).record
+        return max(record.highest_offsets.values()) if record and record.highest_offsets else None
+
+    def leader_epochs(self, tp: TopicPartition) -> dict[int, int]:
+        """Epoch -> highest offset copied in it, for every epoch of ``tp`` (ascending)."""
+        _check_partition(tp)
+        record = self._read_partition(tp).record
+        return dict(sorted(record.highest_offsets.items())) if record else {}
+
+    def delete_state(self, tp: TopicPartition) -> PartitionDeleteState | None:
+        """``tp``'s deletion marker (None: not marked, or unknown)."""
+        _check_partition(tp)
+        record = self._read_partition(tp).record
+        return (
+            None
+            if record is None or record.delete_state is None
+            else PartitionDeleteState(record.delete_state)
+        )
+
+    def list_segments(
+        self, tp: TopicPartition, min_offset: int = 0, *, leader_epoch: int | None = None
+    ) -> Iterator[RemoteLogSegmentMetadata]:
+        """Every segment of ``tp`` not DELETE_SEGMENT_FINISHED whose end offset is at least
+        ``min_offset`` (and that holds ``leader_epoch``, if given), sorted by start offset
+        (ties by id), streamed in pages of ``LIST_PAGE``; each page is one consistent
+        read, so a listing running beside changes sees each page as of its own read.
+        Raises ``InvalidArgument`` (at the call, not at the first item)."""
+        _check_partition(tp)
+        check_offset(min_offset, f"{tp}: minimum offset")
+        if leader_epoch is not None:
+            check_epoch(leader_epoch)
+        return self._list(tp, min_offset, leader_epoch)
+
+    def partitions(self) -> Iterator[TopicPartition]:
+        """Every partition with remote metadata, in key order (topic, then number)."""
+        start = b""
+        while True:
+            page = self._store.scan(REMOTE_PARTITIONS, start, None, limit=LIST_PAGE)
+            for key, _ in page:
+                yield keys.partition_of(key)
+            if len(page) < LIST_PAGE:
+                return
+            start = page[-1][0] + b"\x00"
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _list(
+        self, tp: TopicPartition, min_offset: int, leader_epoch: int | None
+    ) -> Iterator[RemoteLogSegmentMetadata]:
+        prefix = keys.partition_key(tp)
+        start, stop = prefix, prefix_stop(prefix)
+        while True:
+            with self._store.snapshot() as view:
+                page = view.scan(REMOTE_OFFSETS, start, stop, limit=LIST_PAGE)
+                found = [view.get(REMOTE_SEGMENTS, keys.offsets_key_id(key)) for key, _ in page]
+            for stored in found:
+                assert stored is not None, f"a listing entry of {tp} names no segment"
+                metadata = RemoteLogSegmentMetadata.decode(stored.value)
+                if metadata.end_offset >= min_offset and (
+                    leader_epoch is None or leader_epoch in metadata.leader_epochs
+                ):
+                    yield metadata
+            if len(page) < LIST_PAGE:
+                return
+            start = page[-1][0] + b"\x00"
+
+    def _partition(self, view: ReadView, tp: TopicPartition) -> _Partition:
+        stored = view.get(REMOTE_PARTITIONS, keys.partition_key(tp))
+        if stored is None:
+            return _Partition(None, 0)
+        return _Partition(RemotePartitionRecord.decode(stored.value), stored.version)
+
+    def _read_partition(self, tp: TopicPartition) -> _Partition:
+        with self._store.snapshot() as view:
+            return self._partition(view, tp)
+
+    def _known(self, tp: TopicPartition, partition: _Partition) -> RemotePartitionRecord:
+        if partition.record is None:
+            raise RemoteSegmentNotFound(f"no remote partition {tp}", partition=str(tp))
+        return partition.record
+
+    def _check_not_deleted(self, tp: TopicPartition, partition: _Partition) -> None:
+        if partition.record is not None and partition.record.delete_state is not None:
+            state = PartitionDeleteState(partition.record.delete_state).name
+            raise IllegalStateTransition(
+                f"remote partition {tp} is {state}: no new segments", partition=str(tp)
+            )
+
+    def _check_writer(self) -> None:
+        """Before deciding that a change is a no-op: only the owner may be told so."""
+        if self._ctx.ownership.read_only:
+            raise ReadOnlyInstance(f"container {self._ctx.container_id} was opened read-only")
+        self._ctx.ownership.check()
+
+
+def _lock_name(tp: TopicPartition) -> str:
+    return f"remote:{tp}"
+
+
+def _check_partition(tp: object) -> None:
+    if not isinstance(tp, TopicPartition):
+        raise InvalidArgument(f"{tp!r} is not a TopicPartition")
+
+
+def _new_partition(tp: TopicPartition) -> RemotePartitionRecord:
+    return RemotePartitionRecord(tp.topic, tp.partition, log_start_offset=None, highest_offsets={})
+
+
+def _floor_segment(
+    view: ReadView, tp: TopicPartition, epoch: int, offset: int
+) -> RemoteLogSegmentMetadata | None:
+    """The segment of ``epoch``'s offset map whose epoch start is the greatest <= ``offset``."""
+    prefix = keys.epoch_prefix(tp, epoch)
+    entry = view.floor(REMOTE_EPOCHS, keys.epoch_key(tp, epoch, offset), lowest=prefix)
+    if entry is None:
+        return None
+    stored = view.get(REMOTE_SEGMENTS, entry[1].value)
+    assert stored is not None, f"the offset map of {tp} epoch {epoch} names a forgotten segment"
+    return RemoteLogSegmentMetadata.decode(stored.value)
+
+
+def _state_change_ops(
+    view: ReadView, updated: RemoteLogSegmentMetadata, partition: RemotePartitionRecord
+) -> tuple[list[Operation], RemotePartitionRecord]:
+    """The operations that move ``updated`` (already in its new state) into the tables,
+    and the partition record after them."""
+    tp = updated.topic_partition
+    ops: list[Operation] = []
+    state = updated.segment_state
+    if state == SegmentState.COPY_SEGMENT_FINISHED:
+        highest = dict(partition.highest_offsets)
+        for epoch, start, end in updated.epoch_ranges():
+            prefix = keys.epoch_prefix(tp, epoch)
+            if highest.get(epoch, -1) <= end:  # it reaches as far as all before: they are superseded
+                for key, _ in view.scan(REMOTE_EPOCHS, keys.epoch_key(tp, epoch, start), prefix_stop(prefix)):
+                    ops.append(Delete(REMOTE_EPOCHS, key))
+            ops.append(Put(REMOTE_EPOCHS, keys.epoch_key(tp, epoch, start), updated.segment_id))
+            highest[epoch] = max(highest.get(epoch, -1), end)
+        start_offset = partition.log_start_offset
+        partition = partition.replace(
+            highest_offsets=highest,
+            log_start_offset=updated.start_offset if start_offset is None else start_offset,
+        )
+        ops.append(Put(REMOTE_SEGMENTS, updated.segment_id, updated.encode()))
+    elif state == SegmentState.DELETE_SEGMENT_STARTED:
+        for epoch, start, _ in updated.epoch_ranges():
+            key = keys.epoch_key(tp, epoch, start)
+            mapped = view.get(REMOTE_EPOCHS, key)
+            if mapped is not None and mapped.value == updated.segment_id:
+                ops.append(Delete(REMOTE_EPOCHS, key))
+        ops.append(Put(REMOTE_SEGMENTS, updated.segment_id, updated.encode()))
+    else:
+        assert state == SegmentState.DELETE_SEGMENT_FINISHED, state
+        ops.append(Delete(REMOTE_SEGMENTS, updated.segment_id))
+        ops.append(Delete(REMOTE_OFFSETS, keys.offsets_key(tp, updated.start_offset, updated.segment_id)))
+    return ops, partition
