@@ -45,8 +45,10 @@ from slts.errors import (
     ChunkNotFound,
     ChunkStorageError,
     Fenced,
+    IllegalStateTransition,
     InvalidArgument,
     MetadataCorrupted,
+    RemoteSegmentNotFound,
     SegmentError,
     SegmentExists,
     SegmentNotFound,
@@ -63,6 +65,8 @@ EXIT_FILE, EXIT_CORRUPT = 9, 10
 
 _EXIT_BY_ERROR: tuple[tuple[type[SltsError], int], ...] = (
     (SegmentNotFound, EXIT_NOT_FOUND),
+    (RemoteSegmentNotFound, EXIT_NOT_FOUND),
+    (IllegalStateTransition, EXIT_STATE),
     (ChunkNotFound, EXIT_NOT_FOUND),
     (StoreNotFound, EXIT_NOT_FOUND),
     (MetadataCorrupted, EXIT_CORRUPT),
@@ -786,6 +790,10 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--by-kind", action="store_true", help="also list the seeds of each violation kind")
     simulate.add_argument("--ignore", nargs="+", default=[], metavar="KIND", help="count these kinds, go on")
     simulate.add_argument("--jobs", type=_positive, default=1, help="seeds run side by side (default 1)")
+
+    from slts.tools import remote_cli  # it imports this module's helpers: import it once they exist
+
+    remote_cli.register(sub, common)
     return parser
 
 

@@ -302,6 +302,19 @@ class RemoteLogMetadataManager:
                     return found
         return None
 
+    def is_referenced(self, metadata: RemoteLogSegmentMetadata) -> bool:
+        """Whether a COPY_SEGMENT_FINISHED segment still serves lookups under any of its
+        epochs (False: a later upload superseded it everywhere, or it is not finished)."""
+        if not isinstance(metadata, RemoteLogSegmentMetadata):
+            raise InvalidArgument(f"{metadata!r} is not a RemoteLogSegmentMetadata")
+        tp = metadata.topic_partition
+        with self._store.snapshot() as view:
+            for epoch, start in metadata.leader_epochs.items():
+                mapped = view.get(REMOTE_EPOCHS, keys.epoch_key(tp, epoch, start))
+                if mapped is not None and mapped.value == metadata.segment_id:
+                    return True
+        return False
+
     def earliest_offset(self, tp: TopicPartition) -> int | None:
         """``tp``'s remote log start offset (None: nothing copied yet). Raises ``InvalidArgument``."""
         _check_partition(tp)

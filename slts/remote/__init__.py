@@ -1,0 +1,45 @@
+"""Tiered log storage for Kafka-style stream engines (KIP-405) on SLTS (docs/remote.md).
+
+* ``records``: remote log segment metadata, its states and legal transitions;
+* ``rlmm``: the remote log metadata manager, on the container's metadata store;
+* ``rsm``: the remote storage manager, log segments and indexes as SLTS segments;
+* ``manager``: the remote log manager's copy, fetch and retention tasks;
+* ``kafka_formats``: Kafka's on-disk formats (v2 record batches, offset and time
+  indexes, the leader-epoch checkpoint), read and written exactly.
+"""
+
+from slts.remote.manager import (
+    CopyReport,
+    FetchResult,
+    LocalSegment,
+    RemoteLogManager,
+    RetentionReport,
+    local_segments,
+)
+from slts.remote.records import (
+    PartitionDeleteState,
+    RemoteLogSegmentMetadata,
+    SegmentState,
+    TopicPartition,
+    new_segment_metadata,
+)
+from slts.remote.rlmm import RemoteLogMetadataManager
+from slts.remote.rsm import IndexType, LogSegmentData, RemoteStorageManager
+
+__all__ = [
+    "CopyReport",
+    "FetchResult",
+    "IndexType",
+    "LocalSegment",
+    "LogSegmentData",
+    "PartitionDeleteState",
+    "RemoteLogManager",
+    "RemoteLogMetadataManager",
+    "RemoteLogSegmentMetadata",
+    "RemoteStorageManager",
+    "RetentionReport",
+    "SegmentState",
+    "TopicPartition",
+    "local_segments",
+    "new_segment_metadata",
+]
