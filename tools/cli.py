@@ -579,8 +579,14 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the demo on the embedded default (see ``slts.tools.demo``)."""
-    from slts.tools.demo import run_demo
+    from slts.tools.demo import open_new_store, run_demo
 
+    if args.kafka:
+        from slts.tools.demo_kafka import format_kafka, run_alone
+
+        kafka = run_alone(args.dir, open_new_store, args.keep)
+        emit(args, kafka, "SLTS demo, the tiered Kafka log part:\n" + "\n".join(format_kafka(kafka)))
+        return EXIT_OK if kafka["kafka_verified"] else EXIT_ERROR
     report = run_demo(
         args.dir, segments=args.segments, writes=args.writes, keep=args.keep, json_output=args.json
     )
@@ -768,6 +774,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--segments", type=_positive, default=64)
     demo.add_argument("--writes", type=_positive, default=200, help="small writes per segment")
     demo.add_argument("--keep", action="store_true", help="keep the demo folder afterwards")
+    demo.add_argument(
+        "--kafka", action="store_true", help="only the tiered Kafka log part (KIP-405, slts.remote)"
+    )
     bench = add(
         "bench", cmd_bench, "measure SLTS next to raw baselines of the same work (--store s3://...: on S3)"
     )

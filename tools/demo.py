@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from slts.tools.demo_kafka import format_kafka, run_kafka_demo
 from tqdm import tqdm
 
 from slts.admin.verify import verify_container
@@ -79,6 +80,12 @@ def _prepare(folder: str) -> None:
     os.makedirs(os.path.join(folder, "metadata"))
     with open(os.path.join(folder, MARKER), "w") as marker:
         marker.write("created by slts demo; removed and recreated by the next run\n")
+
+
+def open_new_store(folder: str) -> ChunkedSegmentStorage:
+    """The embedded default in a new ``folder``: chunks and LMDB metadata under it."""
+    os.makedirs(os.path.join(folder, "metadata"))
+    return _open(folder)
 
 
 def _open(folder: str, **config: Any) -> ChunkedSegmentStorage:
@@ -283,10 +290,11 @@ def run_demo(
         lost, restored = _disaster_recovery(folder, expected, bar, report)
         mismatched += lost
         problems += restored
+        report.update(run_kafka_demo(os.path.join(folder, "kafka"), open_new_store))
         report.update(
             mismatched=mismatched,
             problems=problems[:20],
-            verified=not mismatched and not problems,
+            verified=not mismatched and not problems and report["kafka_verified"],
             folder=os.path.abspath(folder) if keep else None,
         )
     finally:
@@ -393,5 +401,6 @@ def _format(report: dict[str, Any]) -> str:
             f" ({report['restore_mb_per_s']} MB/s, snapshot + {report['restore_log_records']} log records,"
             f" up to sequence {report['restore_sequence']}); epoch {report['epochs'][-1]} takes over",
             f"  verify        every segment read back again from the restored metadata: {verdict}",
+            *format_kafka(report),
         ]
     )

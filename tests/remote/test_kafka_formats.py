@@ -15,10 +15,7 @@ from collections.abc import Callable
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from slts.errors import InvalidLogSegment
-from slts.remote import kafka_formats as kf
-from tests.support.kafka_logs import (
+from slts.tools.kafka_logs import (
     BatchInfo,
     KafkaLog,
     build_log,
@@ -27,6 +24,9 @@ from tests.support.kafka_logs import (
     make_batch,
     write_log_dir,
 )
+
+from slts.errors import InvalidLogSegment
+from slts.remote import kafka_formats as kf
 
 BASE = 1_000_000
 SEGMENT = "orders-3/00000000000001000000.log"

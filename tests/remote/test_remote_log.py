@@ -11,6 +11,13 @@ from pathlib import Path
 
 import pytest
 from slts.journal.restore import restore
+from slts.tools.kafka_logs import (
+    KafkaLog,
+    build_log,
+    decode_records,
+    leader_epoch_checkpoint_bytes,
+    write_log_dir,
+)
 
 from slts.admin.verify import verify_container
 from slts.errors import (
@@ -28,13 +35,6 @@ from slts.remote.records import SegmentState, TopicPartition, new_segment_metada
 from slts.remote.rsm import IndexType, RemoteStorageManager
 from slts.storage.chunked import ChunkedSegmentStorage
 from tests.support.engine import BINDINGS, STORES, Env
-from tests.support.kafka_logs import (
-    KafkaLog,
-    build_log,
-    decode_records,
-    leader_epoch_checkpoint_bytes,
-    write_log_dir,
-)
 
 TP = TopicPartition("payments", 7)
 PAIRS = [("filesystem", "lmdb"), ("s3", "lmdb")]

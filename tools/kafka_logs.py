@@ -1,12 +1,16 @@
-"""Genuine Kafka log segments for the tiered-log tests (``slts.remote``), built with kafka-python.
+"""Genuine Kafka log segments, built with kafka-python: the broker's side of tiered
+storage (``slts.remote``) for ``slts demo --kafka``, ``slts bench`` and the tests.
 
 The record batches are built by kafka-python's own v2 batch builder, and records are read
-back with its own reader (``decode_records``, the check a consumer would do), so the tests
-of ``slts.remote.kafka_formats`` are checked against a Kafka client's bytes, not against
-the code under test. The offset and time indexes a broker would write next to the log are
-built here too, from the batch sizes, offsets and timestamps with plain ``struct`` packing
-(``kafka_index_bytes``), deliberately independent of ``slts.remote``: the tests compare the
-library's indexes with these bytes.
+back with its own reader (``decode_records``, the check a consumer would do), so
+``slts.remote.kafka_formats`` is checked against a Kafka client's bytes, not against
+itself. kafka-python is the optional extra ``kafka`` (``pip install 'slts[kafka]'``);
+without it every builder raises ``InvalidConfig`` naming the extra.
+
+The offset and time indexes a broker would write next to the log are built here too,
+from the batch sizes, offsets and timestamps with plain ``struct`` packing
+(``kafka_index_bytes``), deliberately independent of ``slts.remote``: the tests compare
+the library's indexes with these bytes.
 
 * ``make_batch``: one batch at a given base offset and leader epoch;
 * ``build_log``: a whole segment (``KafkaLog``): the ``.log`` bytes, every record, the
@@ -24,14 +28,26 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-with warnings.catch_warnings():
-    # Importing any kafka module runs the package's __init__, which loads its protocol schemas
-    # with importlib.resources calls deprecated since Python 3.11 (a DeprecationWarning each,
-    # about 200): noise about kafka-python's client, which these helpers do not use.
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
-    from kafka.record.memory_records import MemoryRecords
+from slts.errors import InvalidConfig
+
+
+def _kafka() -> tuple[Any, Any]:
+    """kafka-python's ``default_records`` and ``memory_records`` modules."""
+    try:
+        with warnings.catch_warnings():
+            # Importing any kafka module runs the package's __init__, which loads its protocol
+            # schemas with importlib.resources calls deprecated since Python 3.11 (about 200
+            # DeprecationWarnings): noise about kafka-python's client, which is not used here.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from kafka.record import default_records, memory_records
+    except ImportError as exc:
+        raise InvalidConfig(
+            "Kafka-format logs are built with kafka-python: install the extra, pip install 'slts[kafka]'"
+        ) from exc
+    return default_records, memory_records
+
 
 #: (offset, key, value, timestamp in ms) of one record.
 Record = tuple[int, bytes | None, bytes, int]
@@ -58,7 +74,8 @@ def make_batch(
     ``compression`` is kafka-python's codec number (0 none, 1 gzip).
     """
     assert records, "a batch holds at least one record"
-    builder = DefaultRecordBatchBuilder(
+    default_records, _ = _kafka()
+    builder = default_records.DefaultRecordBatchBuilder(
         magic=2,
         compression_type=compression,
         is_transactional=False,
@@ -232,11 +249,12 @@ def decode_records(data: bytes, *, allow_partial: bool = False) -> list[Record]:
     Raises AssertionError for a CRC mismatch, or for bytes left after the last whole batch
     unless ``allow_partial`` (a fetch may end inside a batch).
     """
-    memory = MemoryRecords(bytes(data))
+    default_records, memory_records = _kafka()
+    memory = memory_records.MemoryRecords(bytes(data))
     records: list[Record] = []
     while memory.has_next():
         batch = memory.next_batch()
-        assert isinstance(batch, DefaultRecordBatch), "only magic 2 batches are expected"
+        assert isinstance(batch, default_records.DefaultRecordBatch), "only magic 2 batches are expected"
         assert batch.validate_crc(), f"kafka-python finds a CRC mismatch at offset {batch.base_offset}"
         records += [(record.offset, record.key, record.value, record.timestamp) for record in batch]
     assert allow_partial or memory.valid_bytes() == len(data), "bytes left after the last batch"
