@@ -285,8 +285,10 @@ def new_segment_metadata(
 @dataclass(frozen=True, slots=True)
 class RemotePartitionRecord(Record):
     """What the store keeps per remote partition: its deletion marker, the earliest offset
-    still readable remotely (moved by retention, never back), and the highest offset
-    copied per leader epoch (Kafka's ``highestOffsetForEpoch``: never lowered by deletes)."""
+    still readable remotely (moved by retention, never back), the highest offset copied
+    per leader epoch (Kafka's ``highestOffsetForEpoch``: never lowered by deletes) and the
+    lowest epoch start ever copied per leader epoch (so that a lookup without an epoch
+    tries only the epochs whose copied range can hold the offset)."""
 
     KIND: ClassVar[str] = "remote-partition"
 
@@ -294,6 +296,7 @@ class RemotePartitionRecord(Record):
     partition: int
     log_start_offset: int | None
     highest_offsets: Mapping[int, int]
+    lowest_offsets: Mapping[int, int]
     delete_state: int | None = None
     extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
 
@@ -303,6 +306,8 @@ class RemotePartitionRecord(Record):
         assert all(0 <= e <= EPOCH_MAX and 0 <= o <= OFFSET_MAX for e, o in self.highest_offsets.items()), (
             self
         )
+        assert self.lowest_offsets.keys() == self.highest_offsets.keys(), self
+        assert all(self.lowest_offsets[e] <= o for e, o in self.highest_offsets.items()), self
         assert self.delete_state is None or self.delete_state in PartitionDeleteState.__members__.values(), (
             self
         )

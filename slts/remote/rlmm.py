@@ -283,7 +283,8 @@ class RemoteLogMetadataManager:
         With ``leader_epoch``: Kafka's lookup, the segment of that epoch's offset map whose
         epoch range reaches ``offset``. Without: the newest epoch whose map has a segment
         with ``offset`` in that epoch's range (after a leader change, the new leader's
-        upload wins). O(log n) per epoch tried. Does not check the log start offset
+        upload wins), trying only the epochs whose copied range (lowest start .. highest
+        offset) spans ``offset``: O(log n) per such epoch, usually one. Does not check the log start offset
         (``earliest_offset``): the remote log manager does. Raises ``InvalidArgument``.
         """
         _check_partition(tp)
@@ -295,7 +296,7 @@ class RemoteLogMetadataManager:
                 epochs: Sequence[int] = [leader_epoch]
             else:
                 record = self._partition(view, tp).record
-                epochs = sorted(record.highest_offsets, reverse=True) if record else []
+                epochs = _epochs_spanning(record, offset) if record else []
             for epoch in epochs:
                 found = _floor_segment(view, tp, epoch, offset)
                 if found is not None and offset <= found.epoch_end_offset(epoch):
@@ -436,7 +437,21 @@ def _check_partition(tp: object) -> None:
 
 
 def _new_partition(tp: TopicPartition) -> RemotePartitionRecord:
-    return RemotePartitionRecord(tp.topic, tp.partition, log_start_offset=None, highest_offsets={})
+    return RemotePartitionRecord(
+        tp.topic, tp.partition, log_start_offset=None, highest_offsets={}, lowest_offsets={}
+    )
+
+
+def _epochs_spanning(record: RemotePartitionRecord, offset: int) -> list[int]:
+    """The epochs whose copied range can hold ``offset``, newest first."""
+    return sorted(
+        (
+            epoch
+            for epoch, highest in record.highest_offsets.items()
+            if record.lowest_offsets[epoch] <= offset <= highest
+        ),
+        reverse=True,
+    )
 
 
 def _floor_segment(
@@ -462,6 +477,7 @@ def _state_change_ops(
     state = updated.segment_state
     if state == SegmentState.COPY_SEGMENT_FINISHED:
         highest = dict(partition.highest_offsets)
+        lowest = dict(partition.lowest_offsets)
         for epoch, start, end in updated.epoch_ranges():
             prefix = keys.epoch_prefix(tp, epoch)
             if highest.get(epoch, -1) <= end:  # it reaches as far as all before: they are superseded
@@ -469,9 +485,11 @@ def _state_change_ops(
                     ops.append(Delete(REMOTE_EPOCHS, key))
             ops.append(Put(REMOTE_EPOCHS, keys.epoch_key(tp, epoch, start), updated.segment_id))
             highest[epoch] = max(highest.get(epoch, -1), end)
+            lowest[epoch] = min(lowest.get(epoch, start), start)
         start_offset = partition.log_start_offset
         partition = partition.replace(
             highest_offsets=highest,
+            lowest_offsets=lowest,
             log_start_offset=updated.start_offset if start_offset is None else start_offset,
         )
         ops.append(Put(REMOTE_SEGMENTS, updated.segment_id, updated.encode()))

@@ -237,6 +237,34 @@ def test_lookups_at_every_offset_of_hundreds_of_segments_and_epochs_match_a_mode
         assert rlmm.highest_offset_for_epoch(TP, e) == (min(later) - 1 if later else start - 1)
 
 
+def test_a_lookup_without_an_epoch_tries_only_the_epochs_spanning_the_offset(
+    rlmm: RemoteLogMetadataManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """100 epochs of one 10-offset segment each: a lookup without an epoch searches one
+    epoch's offset map, not all of them (the partition keeps each epoch's copied range),
+    and deleting segments does not narrow a range below what was copied."""
+    made = [copied(rlmm, segment(10 * e, 10 * e + 9, {e: 10 * e})) for e in range(100)]
+    searched: list[int] = []
+    floor = rlmm_module._floor_segment
+
+    def counting_floor(view, tp, epoch, offset):  # type: ignore[no-untyped-def]
+        searched.append(epoch)
+        return floor(view, tp, epoch, offset)
+
+    monkeypatch.setattr(rlmm_module, "_floor_segment", counting_floor)
+    for offset in (0, 455, 999):
+        searched.clear()
+        assert rlmm.segment_for_offset(TP, offset) == made[offset // 10]
+        assert searched == [offset // 10], (offset, searched)
+    for metadata in made[:50]:
+        rlmm.update_segment(metadata.id, S.DELETE_SEGMENT_STARTED)
+        rlmm.update_segment(metadata.id, S.DELETE_SEGMENT_FINISHED)
+    searched.clear()
+    assert rlmm.segment_for_offset(TP, 5) is None
+    assert searched == [0], "epoch 0 still spans offset 5: its copied range is not narrowed"
+    assert rlmm.segment_for_offset(TP, 1000) is None
+
+
 def test_listing_is_sorted_streamed_in_pages_and_filtered(
     rlmm: RemoteLogMetadataManager, monkeypatch: pytest.MonkeyPatch
 ) -> None:
