@@ -7,13 +7,16 @@ followers and consumers from the remote tier (fetch). Here the engine calls them
 * ``copy_rolled_segments(tp, segments, last_stable_offset)`` copies rolled segments whose
   end offset is below the last stable offset, oldest first, one at a time: each is
   inspected (nothing is recorded for bad files), recorded COPY_SEGMENT_STARTED, copied
-  (``RemoteStorageManager``) and then COPY_SEGMENT_FINISHED. A crash in between leaves a
+  (``RemoteStorageManager``) and then COPY_SEGMENT_FINISHED; the next segment's files are
+  inspected in a background thread while this one is written (the writes wait on the
+  disk or the network, the inspection on the CPU). A crash in between leaves a
   STARTED entry; the next run deletes its data and records it deleted before copying
   again (``cleanup``), as a new upload with a new id.
 * ``fetch(tp, offset, max_bytes)`` finds the segment through the RLMM, the byte position
-  through its offset index, and returns whole record batches from the batch holding
-  ``offset``, up to ``max_bytes`` (at least one batch, as Kafka returns an oversized first
-  batch so that a consumer makes progress), across segment boundaries.
+  through its offset index (read and checked once, then kept: ``index_cache``), and
+  returns whole record batches from the batch holding ``offset``, up to ``max_bytes`` (at
+  least one batch, as Kafka returns an oversized first batch so that a consumer makes
+  progress), across segment boundaries.
 * ``enforce_retention(tp, retention_ms=..., retention_bytes=...)``: the expired segments
   (oldest first, by their largest timestamp, or while the remote size minus the oldest
   segment is still at least the limit) move the log start offset past them first, then
@@ -36,10 +39,12 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from slts.errors import InvalidArgument, RemoteOffsetOutOfRange
 from slts.remote import kafka_formats as kf
+from slts.remote.index_cache import OffsetIndexCache
 from slts.remote.records import (
     PartitionDeleteState,
     RemoteLogSegmentMetadata,
@@ -50,7 +55,7 @@ from slts.remote.records import (
     new_segment_metadata,
 )
 from slts.remote.rlmm import RemoteLogMetadataManager
-from slts.remote.rsm import IndexType, LogSegmentData, RemoteStorageManager
+from slts.remote.rsm import IndexType, InspectedLog, LogSegmentData, RemoteStorageManager
 from slts.storage.chunked import ChunkedSegmentStorage
 
 #: Default byte budget of one fetch (Kafka's max.partition.fetch.bytes default).
@@ -147,6 +152,7 @@ class RemoteLogManager:
         broker_id: int = 0,
         clock: Callable[[], float] = time.time,
         rsm: RemoteStorageManager | None = None,
+        offset_indexes: OffsetIndexCache | None = None,
     ) -> None:
         if not isinstance(storage, ChunkedSegmentStorage):
             raise InvalidArgument(f"{storage!r} is not a ChunkedSegmentStorage")
@@ -154,6 +160,7 @@ class RemoteLogManager:
             raise InvalidArgument(f"broker id {broker_id!r} is not a non-negative integer")
         self.rlmm = RemoteLogMetadataManager(storage)
         self.rsm = rsm if rsm is not None else RemoteStorageManager(storage)
+        self.offset_indexes = offset_indexes if offset_indexes is not None else OffsetIndexCache()
         self.broker_id = broker_id
         self._clock = clock
 
@@ -181,45 +188,61 @@ class RemoteLogManager:
         ordered = sorted(given, key=lambda s: s.base_offset)
         report = CopyReport(cleaned=self.cleanup(tp))
         highest = self.rlmm.highest_offset(tp)
-        for index, segment in enumerate(ordered):
-            following = ordered[index + 1].base_offset if index + 1 < len(ordered) else None
-            if following is not None and highest is not None and following - 1 <= highest:
+        pending: list[LocalSegment] = []
+        for segment, following in zip(ordered, [*ordered[1:], None], strict=True):
+            if following is not None and highest is not None and following.base_offset - 1 <= highest:
                 report.skipped += 1  # its end is known without reading it: already remote
-                continue
-            label = f"{tp} segment {segment.base_offset:020d}"
-            inspected = self.rsm.inspect(segment.data, label=label)
-            summary = inspected.summary
-            if highest is not None and summary.end_offset <= highest:
-                report.skipped += 1
-                continue
-            if summary.end_offset >= last_stable_offset:
-                report.skipped += len(ordered) - index
-                break
-            metadata = new_segment_metadata(
-                tp,
-                start_offset=summary.base_offset,
-                end_offset=summary.end_offset,
-                leader_epochs=_segment_epochs(summary),
-                max_timestamp_ms=summary.max_timestamp,
-                size_bytes=summary.size_bytes,
-                broker_id=self.broker_id,
-                event_timestamp_ms=self._now_ms(),
-            )
-            cut = [(e, s) for e, s in inspected.leader_epoch_checkpoint if s <= summary.end_offset]
-            data = dataclasses.replace(
-                segment.data, leader_epoch_checkpoint=kf.encode_leader_epoch_checkpoint(cut)
-            )
-            self.rlmm.add_segment(metadata)
-            custom = self.rsm.copy_log_segment(metadata, data, inspected=inspected)
-            finished = self.rlmm.update_segment(
-                metadata.id,
-                SegmentState.COPY_SEGMENT_FINISHED,
-                event_timestamp_ms=self._now_ms(),
-                custom_metadata=custom,
-            )
-            report.copied.append(finished)
-            highest = summary.end_offset
+            else:
+                pending.append(segment)
+        with ThreadPoolExecutor(1, thread_name_prefix="slts-remote-inspect") as read_ahead:
+            inspections = [self._inspect_later(read_ahead, tp, segment) for segment in pending[:1]]
+            for number, segment in enumerate(pending):
+                inspected = inspections[number].result()
+                if number + 1 < len(pending):  # the next file is checked while this one is written
+                    inspections.append(self._inspect_later(read_ahead, tp, pending[number + 1]))
+                summary = inspected.summary
+                if highest is not None and summary.end_offset <= highest:
+                    report.skipped += 1
+                    continue
+                if summary.end_offset >= last_stable_offset:
+                    report.skipped += len(pending) - number
+                    break
+                report.copied.append(self._copy(tp, segment, inspected))
+                highest = summary.end_offset
         return report
+
+    def _inspect_later(
+        self, pool: ThreadPoolExecutor, tp: TopicPartition, segment: LocalSegment
+    ) -> Future[InspectedLog]:
+        return pool.submit(self.rsm.inspect, segment.data, label=f"{tp} segment {segment.base_offset:020d}")
+
+    def _copy(
+        self, tp: TopicPartition, segment: LocalSegment, inspected: InspectedLog
+    ) -> RemoteLogSegmentMetadata:
+        """Record ``segment`` COPY_SEGMENT_STARTED, copy it, record it FINISHED."""
+        summary = inspected.summary
+        metadata = new_segment_metadata(
+            tp,
+            start_offset=summary.base_offset,
+            end_offset=summary.end_offset,
+            leader_epochs=_segment_epochs(summary),
+            max_timestamp_ms=summary.max_timestamp,
+            size_bytes=summary.size_bytes,
+            broker_id=self.broker_id,
+            event_timestamp_ms=self._now_ms(),
+        )
+        cut = [(e, s) for e, s in inspected.leader_epoch_checkpoint if s <= summary.end_offset]
+        data = dataclasses.replace(
+            segment.data, leader_epoch_checkpoint=kf.encode_leader_epoch_checkpoint(cut)
+        )
+        self.rlmm.add_segment(metadata)
+        custom = self.rsm.copy_log_segment(metadata, data, inspected=inspected)
+        return self.rlmm.update_segment(
+            metadata.id,
+            SegmentState.COPY_SEGMENT_FINISHED,
+            event_timestamp_ms=self._now_ms(),
+            custom_metadata=custom,
+        )
 
     def cleanup(self, tp: TopicPartition) -> list[uuid.UUID]:
         """Delete the uploads of ``tp`` a crash left COPY_SEGMENT_STARTED and finish the
@@ -292,12 +315,21 @@ class RemoteLogManager:
         while the budget allows (always one, if ``records`` is empty); return the offset
         after the last batch appended."""
         label = f"{metadata.topic_partition} segment {metadata.id}"
-        entries = kf.parse_offset_index(
-            self.rsm.fetch_index(metadata, IndexType.OFFSET), metadata.start_offset, segment=label
+        index = self.offset_indexes.get(
+            metadata.id,
+            metadata.start_offset,
+            lambda: self.rsm.fetch_index(metadata, IndexType.OFFSET),
+            segment=label,
         )
-        start = kf.lookup_position(entries, offset)
+        start = index.position_for(offset)
         with self.rsm.fetch_log(metadata, start) as stream:
-            for header, batch in kf.iter_batches(stream.read, segment=label, start_position=start):
+            batches = kf.iter_batches(
+                stream.read,
+                segment=label,
+                start_position=start,
+                block_bytes=min(max_bytes - len(records), kf.SCAN_BLOCK_BYTES),
+            )
+            for header, batch in batches:
                 if header.last_offset < offset:
                     continue
                 if records and len(records) + len(batch) > max_bytes:

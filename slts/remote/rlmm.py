@@ -27,10 +27,12 @@ Semantics follow Kafka's implementation (``RemoteLogMetadataCache``,
 * Listings return every segment not DELETE_SEGMENT_FINISHED (STARTED and DELETE_STARTED
   ones included, so that cleanup can find them), sorted by start offset.
 
-Offset lookups are O(E log n): one ``floor`` per leader epoch tried (one when the epoch is
-given). ``earliest_offset`` is the partition's remote log start offset: set by the first
-segment copied, moved forward only (``move_log_start_offset``: retention moves it before
-it deletes), never back.
+Offset lookups are O(log n): one ``floor`` in the given epoch's map or, without an epoch,
+one per epoch whose copied range (lowest start to highest offset, kept in the partition
+record) spans the offset: one in a clean lineage, a few after unclean elections.
+``earliest_offset`` is the partition's remote log start offset: set by the first segment
+copied, moved forward only (``move_log_start_offset``: retention moves it before it
+deletes), never back.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ from slts.storage.chunked import ChunkedSegmentStorage
 
 #: Entries read per page of a streamed listing (each page is one consistent read).
 LIST_PAGE = 256
+#: Decoded partition records kept (see ``_partition``); the memo is cleared when full.
+DECODED_PARTITIONS_MAX = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +85,7 @@ class RemoteLogMetadataManager:
             raise InvalidArgument(f"{storage!r} is not a ChunkedSegmentStorage")
         self._ctx = storage.context
         self._store = storage.context.store
+        self._decoded: dict[bytes, tuple[bytes, RemotePartitionRecord]] = {}
 
     # -- changes ---------------------------------------------------------------------------------
 
@@ -399,10 +404,20 @@ class RemoteLogMetadataManager:
             start = page[-1][0] + b"\x00"
 
     def _partition(self, view: ReadView, tp: TopicPartition) -> _Partition:
-        stored = view.get(REMOTE_PARTITIONS, keys.partition_key(tp))
+        key = keys.partition_key(tp)
+        stored = view.get(REMOTE_PARTITIONS, key)
         if stored is None:
             return _Partition(None, 0)
-        return _Partition(RemotePartitionRecord.decode(stored.value), stored.version)
+        # Every lookup reads its partition's record (epochs' ranges, log start offset): the
+        # decoded record is kept while the stored bytes are the same (compared whole).
+        known = self._decoded.get(key)
+        if known is not None and known[0] == stored.value:
+            return _Partition(known[1], stored.version)
+        record = RemotePartitionRecord.decode(stored.value)
+        if len(self._decoded) >= DECODED_PARTITIONS_MAX:
+            self._decoded.clear()
+        self._decoded[key] = (bytes(stored.value), record)
+        return _Partition(record, stored.version)
 
     def _read_partition(self, tp: TopicPartition) -> _Partition:
         with self._store.snapshot() as view:

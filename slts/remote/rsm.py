@@ -31,6 +31,7 @@ import contextlib
 import enum
 import io
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from slts.errors import InvalidArgument, InvalidLogSegment, InvalidOffset, SegmentNotFound
@@ -123,7 +124,7 @@ class RemoteStorageManager:
 
     def inspect(self, data: LogSegmentData, *, label: str = "") -> InspectedLog:
         """Check every file of ``data`` (see module doc) and summarise the log; reads each
-        file once, one batch in memory at a time. ``label`` names the segment in errors.
+        file once, in blocks of ``kf.SCAN_BLOCK_BYTES``. ``label`` names the segment in errors.
         Raises ``InvalidLogSegment``, ``InvalidArgument`` (not a LogSegmentData, a file
         missing or unreadable)."""
         if not isinstance(data, LogSegmentData):
@@ -131,7 +132,7 @@ class RemoteStorageManager:
         label = label or os.fspath(data.log)
         headers: list[kf.BatchHeader] = []
         with _open(data.log, "log") as file:
-            for header, _ in kf.iter_batches(file.read, segment=label):
+            for header, _ in kf.iter_batches(file.read, segment=label, block_bytes=kf.SCAN_BLOCK_BYTES):
                 headers.append(header)
         summary = kf.summarize(headers, segment=label)
         base = summary.base_offset
@@ -183,28 +184,47 @@ class RemoteStorageManager:
                 offset=summary.base_offset,
             )
         written: list[str] = []
+        files = [
+            (IndexType.OFFSET, data.offset_index),
+            (IndexType.TIMESTAMP, data.time_index),
+            (IndexType.TRANSACTION, data.transaction_index),
+            (IndexType.PRODUCER_SNAPSHOT, data.producer_snapshot),
+        ]
+        present = [(kind, path) for kind, path in files if path is not None]
         try:
-            with _open(data.log, "log") as file:
-                self._copy_stream(self.segment_name(metadata, LOG), file, written)
-            files = [
-                (IndexType.OFFSET, data.offset_index),
-                (IndexType.TIMESTAMP, data.time_index),
-                (IndexType.TRANSACTION, data.transaction_index),
-                (IndexType.PRODUCER_SNAPSHOT, data.producer_snapshot),
-            ]
-            for kind, path in files:
-                if path is not None:
-                    self._copy_bytes(
-                        self.segment_name(metadata, kind), _read_small(path, kind.value), written
+            # The files are written at once: the indexes' metadata commits and fsyncs join
+            # the log's (group commit) instead of queueing behind it.
+            with ThreadPoolExecutor(len(present) + 2, thread_name_prefix="slts-remote-copy") as pool:
+                copies = [pool.submit(self._copy_log, self.segment_name(metadata, LOG), data.log, written)]
+                copies += [
+                    pool.submit(self._copy_file, self.segment_name(metadata, kind), path, kind, written)
+                    for kind, path in present
+                ]
+                copies.append(
+                    pool.submit(
+                        self._copy_bytes,
+                        self.segment_name(metadata, IndexType.LEADER_EPOCH),
+                        data.leader_epoch_checkpoint,
+                        written,
                     )
-            checkpoint = data.leader_epoch_checkpoint
-            self._copy_bytes(self.segment_name(metadata, IndexType.LEADER_EPOCH), checkpoint, written)
+                )
+            for copy in copies:  # every copy has finished; the first file's error in file order
+                copy.result()
         except BaseException:
             for name in written:
                 with contextlib.suppress(Exception):  # best effort: the original error matters
                     self.storage.delete(self.storage.open_write(name))
             raise
         return None
+
+    def _copy_log(self, name: str, path: str | os.PathLike[str], written: list[str]) -> None:
+        with _open(path, "log") as file:
+            self._copy_stream(name, file, written)
+
+    def _copy_file(
+        self, name: str, path: str | os.PathLike[str], kind: IndexType, written: list[str]
+    ) -> None:
+        self._copy_bytes(name, _read_small(path, kind.value), written)
 
     def _copy_stream(self, name: str, file: io.BufferedIOBase, written: list[str]) -> None:
         self.storage.create(name)

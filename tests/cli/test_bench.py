@@ -31,3 +31,17 @@ def test_bench_quick_json_shape(tmp_path, capsys) -> None:
 
 def test_bench_rejects_unknown_names(capsys) -> None:
     assert cli.main(["bench", "--only", "nope"]) == cli.EXIT_INVALID
+
+
+def test_bench_remote_suite_runs_quick(tmp_path, capsys) -> None:
+    """The tiered-log benchmarks build genuine Kafka logs, copy and fetch them, and clean up."""
+    only = ["remote_copy", "remote_fetch_first"]
+    code = cli.main(["bench", "--quick", "--only", *only, "--dir", str(tmp_path), "--json"])
+    assert code == 0
+    figures = json.loads(capsys.readouterr().out)["figures"]
+    assert [(f["name"], f["unit"]) for f in figures] == [
+        ("remote_copy", "MB/s"),
+        ("remote_fetch_first", "fetches/s"),
+    ]
+    assert all(f["subject_median"] > 0 and f["baseline_median"] > 0 for f in figures)
+    assert list(tmp_path.iterdir()) == [], "scratch folders are removed"

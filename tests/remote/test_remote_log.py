@@ -208,7 +208,7 @@ def test_a_crash_between_started_and_finished_is_cleaned_up_and_copied_again(
 
     class DiesMidCopy(RemoteStorageManager):
         def _copy_bytes(self, name: str, data: bytes, written: list[str]) -> None:
-            raise KeyboardInterrupt("the process dies here")  # after the log, before the indexes
+            raise KeyboardInterrupt("the process dies here")  # the indexes' copies, beside the log's
 
     first.rsm = DiesMidCopy(env.instances[-1])
     stable = partition.logs[-1].end_offset + 1
@@ -216,6 +216,7 @@ def test_a_crash_between_started_and_finished_is_cleaned_up_and_copied_again(
         first.copy_rolled_segments(TP, partition.segments(), stable)
     (started,) = list(first.rlmm.list_segments(TP))
     assert started.segment_state == SegmentState.COPY_SEGMENT_STARTED
+    assert first.rsm.copied_names(started) == [], "the failed copy deleted what it wrote, the log too"
     with pytest.raises(RemoteOffsetOutOfRange):
         first.fetch(TP, 0)
 

@@ -6,6 +6,13 @@ types and shared workloads live in ``base``, below the runner (``slts.tools.benc
 
 from __future__ import annotations
 
-from slts.tools.benchmarks import concurrency, journal, metadata, reads, spark
+from slts.tools.benchmarks import concurrency, journal, metadata, reads, remote, spark
 
-SUITES = (concurrency.BENCHMARKS, reads.BENCHMARKS, metadata.BENCHMARKS, journal.BENCHMARKS, spark.BENCHMARKS)
+SUITES = (
+    concurrency.BENCHMARKS,
+    reads.BENCHMARKS,
+    metadata.BENCHMARKS,
+    journal.BENCHMARKS,
+    remote.BENCHMARKS,
+    spark.BENCHMARKS,
+)
