@@ -183,7 +183,7 @@ def parse_batch_header(data: bytes | memoryview, position: int = 0, *, segment: 
             position=position,
             offset=offset,
         )
-    header = BatchHeader(*_HEADER.unpack_from(data), position)
+    header = BatchHeader._make((*_HEADER.unpack_from(data), position))
     _check_header(header, segment)
     return header
 

@@ -52,7 +52,7 @@ def _partition(folder: str, segments: int, batches: int) -> list[kafka_logs.Kafk
     return logs
 
 
-def _copy_files(segment: LocalSegment) -> list[str]:
+def _copy_files(segment: LocalSegment) -> list[str | os.PathLike[str]]:
     data = segment.data
     return [data.log, data.offset_index, data.time_index]
 
@@ -204,8 +204,8 @@ def lookup(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, 
     (10,000 under 10 with ``--quick``). Baseline: the same lookups at 10 segments."""
     count = 10_000 if quick else 100_000
     folder = Folder(parent)
-    large, *large_parts, large_end = _lookup_store(folder.sub("large"), count)
-    small, *small_parts, small_end = _lookup_store(folder.sub("small"), 10)
+    large, large_storage, large_store, large_end = _lookup_store(folder.sub("large"), count)
+    small, small_storage, small_store, small_end = _lookup_store(folder.sub("small"), 10)
     rng = random.Random(11)
     large_offsets = [rng.randrange(large_end + 1) for _ in range(LOOKUPS)]
     small_offsets = [rng.randrange(small_end + 1) for _ in range(LOOKUPS)]
@@ -227,8 +227,10 @@ def lookup(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, 
             "lookups/s",
         )
     finally:
-        for part in (*large_parts, *small_parts):
-            part.close()
+        for storage in (large_storage, small_storage):
+            storage.close()
+        for store in (large_store, small_store):
+            store.close()
         folder.close()
 
 
