@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,21 +33,10 @@ from slts.remote.manager import LocalSegment, RemoteLogManager, local_segments
 from slts.remote.records import SegmentState, TopicPartition, new_segment_metadata
 from slts.remote.rsm import IndexType, RemoteStorageManager
 from slts.storage.chunked import ChunkedSegmentStorage
-from tests.support.engine import BINDINGS, STORES, Env
+from tests.support.engine import Env, env_fixture
 
 TP = TopicPartition("payments", 7)
-PAIRS = [("filesystem", "lmdb"), ("s3", "lmdb")]
-
-
-@pytest.fixture(params=PAIRS, ids=[f"{b}+{s}" for b, s in PAIRS])
-def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
-    binding, store = request.param
-    environment = Env(BINDINGS[binding](tmp_path), STORES[store](tmp_path))
-    yield environment
-    for instance in environment.instances:
-        instance.close()
-    environment.store.close()
-    environment.binding.close()
+env = env_fixture([("filesystem", "lmdb"), ("s3", "lmdb")])
 
 
 @dataclasses.dataclass

@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import random
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -31,22 +30,11 @@ from slts.remote.records import (
 )
 from slts.remote.rlmm import RemoteLogMetadataManager
 from slts.storage.chunked import ChunkedSegmentStorage
-from tests.support.engine import BINDINGS, STORES, Env
+from tests.support.engine import Env, env_fixture
 
 TP = TopicPartition("orders", 3)
 S = SegmentState
-PAIRS = [("memory", "memory"), ("filesystem", "lmdb")]
-
-
-@pytest.fixture(params=PAIRS, ids=[f"{b}+{s}" for b, s in PAIRS])
-def env(request: pytest.FixtureRequest, tmp_path) -> Iterator[Env]:
-    binding, store = request.param
-    environment = Env(BINDINGS[binding](tmp_path), STORES[store](tmp_path))
-    yield environment
-    for instance in environment.instances:
-        instance.close()
-    environment.store.close()
-    environment.binding.close()
+env = env_fixture([("memory", "memory"), ("filesystem", "lmdb")])
 
 
 @pytest.fixture

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import pytest
 from slts.bindings.base import ChunkStorage
@@ -83,15 +85,24 @@ STORES: dict[str, Callable[[object], MetadataStore]] = {
 PAIRS = [("memory", "memory"), ("filesystem", "lmdb"), ("no-append", "memory"), ("s3", "lmdb")]
 
 
-@pytest.fixture(params=PAIRS, ids=[f"{b}+{s}" for b, s in PAIRS])
-def env(request: pytest.FixtureRequest, tmp_path) -> Iterator[Env]:
-    binding_name, store_name = request.param
-    environment = Env(BINDINGS[binding_name](tmp_path), STORES[store_name](tmp_path))
-    yield environment
-    for instance in environment.instances:
-        instance.close()
-    environment.store.close()
-    environment.binding.close()
+def env_fixture(pairs: list[tuple[str, str]]) -> Any:
+    """A fixture ``env`` parametrized over (binding, store) ``pairs``: a fresh ``Env`` per
+    test, every instance, the store and the binding closed afterwards."""
+
+    @pytest.fixture(params=pairs, ids=[f"{b}+{s}" for b, s in pairs])
+    def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
+        binding_name, store_name = request.param
+        environment = Env(BINDINGS[binding_name](tmp_path), STORES[store_name](tmp_path))
+        yield environment
+        for instance in environment.instances:
+            instance.close()
+        environment.store.close()
+        environment.binding.close()
+
+    return env
+
+
+env = env_fixture(PAIRS)
 
 
 @pytest.fixture
