@@ -34,6 +34,11 @@
     │   ├── RemoteSegmentNotFound (LookupError)   no remote log segment with that id
     │   ├── IllegalStateTransition            a remote segment's or partition's state may not change so
     │   └── RemoteOffsetOutOfRange (IndexError)   an offset below the earliest or above the latest remote one
+    ├── OffloadError                          Pulsar-style ledger offload (``slts.offload``)
+    │   ├── InvalidOffloadObject (ValueError) a data block or index object that does not parse
+    │   ├── EntryTooLarge (InvalidArgument)   an entry larger than a block's payload
+    │   ├── OffloadNotFound (LookupError)     no offloaded ledger with that id and uid
+    │   └── EntryOutOfRange (IndexError)      a read outside [0, the ledger's last entry]
     ├── Fenced                                a newer epoch owns the container
     ├── ReadOnlyInstance (PermissionError)    the instance was opened read-only
     └── StorageClosed                         the instance (or store, binding) was closed
@@ -220,6 +225,28 @@ class IllegalStateTransition(RemoteLogError):
 
 class RemoteOffsetOutOfRange(RemoteLogError, IndexError):
     """The offset is below the partition's earliest or above its latest remote offset."""
+
+
+class OffloadError(SltsError):
+    """Pulsar-style offload (``slts.offload``): errors of offloaded ledgers and their objects."""
+
+
+class InvalidOffloadObject(OffloadError, ValueError):
+    """A data block or index object whose bytes do not parse (wrong magic, impossible
+    length, truncated); the error names the object and the byte offset."""
+
+
+class EntryTooLarge(OffloadError, InvalidArgument):
+    """An entry does not fit in one block's payload (Pulsar writes a block of padding and
+    loses the rest of the ledger; SLTS refuses the offload). Nothing stored changed."""
+
+
+class OffloadNotFound(OffloadError, LookupError):
+    """No offloaded ledger with that ledger id and uid (never offloaded, or deleted)."""
+
+
+class EntryOutOfRange(OffloadError, IndexError):
+    """A read of entries outside ``[0, last entry id]`` of the ledger."""
 
 
 class Fenced(SltsError):

@@ -38,7 +38,12 @@ REMOTE_OFFSETS = "remote_offsets"
 REMOTE_PARTITIONS = "remote_partitions"
 REMOTE_TABLES: tuple[str, ...] = (REMOTE_SEGMENTS, REMOTE_EPOCHS, REMOTE_OFFSETS, REMOTE_PARTITIONS)
 
-TABLES: tuple[str, ...] = (CONTAINER, SEGMENTS, CHUNKS, INDEX, DELETED, GC, *REMOTE_TABLES)
+#: Pulsar-style ledger offload (PIP-17, ``slts.offload``): one record per offload attempt
+#: (ledger id + uid), recorded before the attempt writes anything.
+OFFLOAD_LEDGERS = "offload_ledgers"
+OFFLOAD_TABLES: tuple[str, ...] = (OFFLOAD_LEDGERS,)
+
+TABLES: tuple[str, ...] = (CONTAINER, SEGMENTS, CHUNKS, INDEX, DELETED, GC, *REMOTE_TABLES, *OFFLOAD_TABLES)
 
 CONTAINER_KEY = b"container"
 

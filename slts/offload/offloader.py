@@ -1,0 +1,483 @@
+"""The PIP-17 ledger offloader on SLTS segments.
+
+``offload(handle, uid)`` copies a closed ledger into two SLTS segments in Pulsar's formats
+(``slts.offload.formats``)::
+
+    offload/<uid>-ledger-<ledger id>          the data object: 128-byte-header blocks
+    offload/<uid>-ledger-<ledger id>-index    the index object
+
+named as Pulsar names the objects, so defrag, GC, verify and the metadata's copy on tier-2
+apply to them like to any segment (on S3 a data object is a chain of chunks that defrag
+can merge server-side). The attempt is recorded before it writes anything
+(``slts.offload.records``): an attempt that fails deletes what it wrote and its record;
+one that crashed is cleaned up by the next owner (``cleanup``, also run by ``offload``).
+
+``read_offloaded(ledger_id, uid)`` returns a handle that reads like the source: the index
+is read once; a read finds the block of its first entry by binary search in the index,
+checks the block's header, and walks the framed entries with ranged reads of at least
+``read_ahead_bytes``, continuing where the previous read stopped (sequential readers read
+each byte once). ``delete_offloaded`` marks the attempt DELETING, deletes both objects
+(their chunks go to the GC), then the record.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import uuid
+from collections.abc import Iterator, Mapping
+
+from slts.errors import (
+    EntryTooLarge,
+    InvalidArgument,
+    InvalidOffloadObject,
+    OffloadNotFound,
+    SegmentNotFound,
+)
+from slts.metadata.schema import OFFLOAD_LEDGERS
+from slts.metadata.store import Delete, Expect, Put, prefix_stop
+from slts.offload import formats
+from slts.offload.ledger_metadata import LedgerMetadata, decode_ledger_metadata, encode_ledger_metadata
+from slts.offload.ledgers import LedgerReadHandle, check_entry_range, check_ledger_id
+from slts.offload.records import OffloadRecord, OffloadState, ledger_prefix, record_key
+from slts.storage.chunked import ChunkedSegmentStorage
+from slts.storage.types import SegmentHandle
+
+#: Entries asked of the source per read (Pulsar's ``ENTRIES_PER_READ``).
+ENTRIES_PER_READ = 100
+#: Bytes per SLTS write while a block is written.
+WRITE_BYTES_DEFAULT = 8 << 20
+#: Bytes per ranged read of a reader (Pulsar's ``managedLedgerOffloadReadBufferSizeInBytes``).
+READ_AHEAD_BYTES_DEFAULT = 1 << 20
+#: The folder of the offloaded objects.
+FOLDER = "offload"
+
+
+def data_name(ledger_id: int, uid: uuid.UUID) -> str:
+    """The SLTS segment of the data object (Pulsar's object key under ``offload/``)."""
+    return f"{FOLDER}/{uid}-ledger-{ledger_id}"
+
+
+def index_name(ledger_id: int, uid: uuid.UUID) -> str:
+    """The SLTS segment of the index object."""
+    return f"{data_name(ledger_id, uid)}-index"
+
+
+class LedgerOffloader:
+    """PIP-17's ``LedgerOffloader`` on the container of ``storage`` (the owner; a
+    read-only instance can read what was offloaded)."""
+
+    def __init__(
+        self,
+        storage: ChunkedSegmentStorage,
+        *,
+        max_block_bytes: int = formats.MAX_BLOCK_BYTES_DEFAULT,
+        read_ahead_bytes: int = READ_AHEAD_BYTES_DEFAULT,
+        write_bytes: int = WRITE_BYTES_DEFAULT,
+    ) -> None:
+        if not isinstance(storage, ChunkedSegmentStorage):
+            raise InvalidArgument(f"{storage!r} is not a ChunkedSegmentStorage")
+        for value, what, low in (
+            (max_block_bytes, "max_block_bytes", formats.HEADER_SIZE + formats.ENTRY_HEADER_SIZE),
+            (read_ahead_bytes, "read_ahead_bytes", 1),
+            (write_bytes, "write_bytes", 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= formats.INT32_MAX:
+                raise InvalidArgument(f"{what} must be an integer in {low}..2**31-1, got {value!r}")
+        self.storage = storage
+        self.max_block_bytes = max_block_bytes
+        self.read_ahead_bytes = read_ahead_bytes
+        self.write_bytes = write_bytes
+        self._ctx = storage.context
+        self._store = storage.context.store
+
+    # -- offload ----------------------------------------------------------------------------------
+
+    def offload(
+        self, handle: LedgerReadHandle, uid: uuid.UUID, extra_metadata: Mapping[str, str] | None = None
+    ) -> OffloadRecord:
+        """Offload the closed ledger ``handle`` as attempt ``uid``; return its COMPLETE record.
+
+        Raises ``InvalidArgument`` (not a read handle, an open or empty ledger, ``uid`` not
+        a UUID or already used for this ledger, bad ``extra_metadata``), ``EntryTooLarge``
+        (an entry larger than a block's payload), ``Fenced``, ``ReadOnlyInstance``, and
+        errors of the source or the storage. On any error nothing of the attempt remains.
+        """
+        if not isinstance(handle, LedgerReadHandle):
+            raise InvalidArgument(f"{handle!r} is not a ledger read handle")
+        ledger_id = check_ledger_id(handle.ledger_id)
+        if not isinstance(uid, uuid.UUID):
+            raise InvalidArgument(f"uid {uid!r} is not a uuid.UUID")
+        extra = dict(extra_metadata or {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in extra.items()):
+            raise InvalidArgument("extra metadata maps str keys to str values")
+        if not handle.closed:
+            raise InvalidArgument(f"ledger {ledger_id} is not closed: only closed ledgers are offloaded")
+        if handle.last_entry_id < 0:
+            raise InvalidArgument(f"ledger {ledger_id} has no entries: nothing to offload")
+        self.cleanup()
+        started = OffloadRecord(
+            ledger_id, uid.bytes, OffloadState.STARTED, self.storage.epoch, self.max_block_bytes, extra
+        )
+        with self._store.snapshot() as view:
+            if view.get(OFFLOAD_LEDGERS, started.key) is not None:
+                raise InvalidArgument(f"ledger {ledger_id}: uid {uid} was used before")
+        self._ctx.ownership.commit(
+            [Put(OFFLOAD_LEDGERS, started.key, started.encode())], [Expect(OFFLOAD_LEDGERS, started.key, 0)]
+        )
+        written: list[str] = []
+        try:
+            index = self._write_data(handle, data_name(ledger_id, uid), written)
+            self._write_whole(index_name(ledger_id, uid), index.encode(), written)
+            complete = started.replace(
+                state=OffloadState.COMPLETE,
+                entries=handle.last_entry_id + 1,
+                length=handle.length,
+                data_length=index.data_object_length,
+                blocks=len(index.entries),
+            )
+            self._replace(started, complete)
+        except BaseException:
+            self._forget(started, written)
+            raise
+        return complete
+
+    def _write_data(self, handle: LedgerReadHandle, name: str, written: list[str]) -> formats.OffloadIndex:
+        """Write the ledger's blocks into segment ``name``; return the index of them."""
+        self.storage.create(name)
+        written.append(name)
+        segment = self.storage.open_write(name)
+        out = _Appender(self.storage, segment, self.write_bytes)
+        entries = _EntrySource(handle)
+        index: list[formats.IndexEntry] = []
+        payload_written = 0
+        last = handle.last_entry_id
+        while entries.next_id <= last:
+            first = entries.next_id
+            size = formats.block_size(self.max_block_bytes, last - first + 1, handle.length - payload_written)
+            out.append(formats.BlockHeader(size, first).encode())
+            used = formats.HEADER_SIZE
+            while entries.next_id <= last:
+                payload = entries.peek()
+                if used + formats.ENTRY_HEADER_SIZE + len(payload) > size:
+                    break
+                out.append(formats.frame_entry(entries.next_id, payload))
+                used += formats.ENTRY_HEADER_SIZE + len(payload)
+                payload_written += len(payload)
+                entries.take()
+            if entries.next_id == first:
+                raise EntryTooLarge(
+                    f"ledger {handle.ledger_id}: entry {first} of {len(entries.peek())} bytes does not fit"
+                    f" in a block of {self.max_block_bytes} bytes (payload at most"
+                    f" {self.max_block_bytes - formats.HEADER_SIZE - formats.ENTRY_HEADER_SIZE})",
+                    ledger=handle.ledger_id,
+                    entry=first,
+                )
+            out.append(formats.padding(size - used))
+            index.append(formats.IndexEntry(first, len(index) + 1, out.position - size))
+        out.flush()
+        self.storage.seal(segment)
+        return formats.OffloadIndex(encode_ledger_metadata(handle.metadata), index, out.position)
+
+    def _write_whole(self, name: str, data: bytes, written: list[str]) -> None:
+        self.storage.create(name)
+        written.append(name)
+        segment = self.storage.open_write(name)
+        self.storage.write(segment, 0, data)
+        self.storage.seal(segment)
+
+    def _replace(self, current: OffloadRecord, updated: OffloadRecord) -> None:
+        with self._store.snapshot() as view:
+            stored = view.get(OFFLOAD_LEDGERS, current.key)
+        assert stored is not None and OffloadRecord.decode(stored.value) == current, current
+        self._ctx.ownership.commit(
+            [Put(OFFLOAD_LEDGERS, updated.key, updated.encode())],
+            [Expect(OFFLOAD_LEDGERS, current.key, stored.version)],
+        )
+
+    def _forget(self, record: OffloadRecord, written: list[str]) -> None:
+        """Best effort, after a failed attempt: delete what it wrote, then its record (what
+        is left is ``cleanup``'s)."""
+        with contextlib.suppress(Exception):
+            for name in written:
+                self.storage.delete(self.storage.open_write(name))
+            self._ctx.ownership.commit([Delete(OFFLOAD_LEDGERS, record.key)], [])
+
+    # -- listing and clean-up ---------------------------------------------------------------------
+
+    def attempts(self, ledger_id: int | None = None) -> list[OffloadRecord]:
+        """Every recorded attempt (of ``ledger_id``), by ledger id and uid bytes."""
+        start = b"" if ledger_id is None else ledger_prefix(check_ledger_id(ledger_id))
+        stop = None if ledger_id is None else prefix_stop(start)
+        with self._store.snapshot() as view:
+            return [
+                OffloadRecord.decode(stored.value) for _, stored in view.scan(OFFLOAD_LEDGERS, start, stop)
+            ]
+
+    def cleanup(self) -> list[OffloadRecord]:
+        """Delete the objects and records of attempts a crash left behind: STARTED by an
+        earlier epoch, or DELETING. Returns them. Attempts of this epoch in progress are
+        left alone, so two attempts never interfere."""
+        if self._ctx.ownership.read_only:
+            return []
+        left = [
+            r
+            for r in self.attempts()
+            if r.state == OffloadState.DELETING
+            or (r.state == OffloadState.STARTED and r.epoch < self.storage.epoch)
+        ]
+        for record in left:
+            self._delete(record)
+        return left
+
+    # -- read and delete --------------------------------------------------------------------------
+
+    def read_offloaded(self, ledger_id: int, uid: uuid.UUID) -> OffloadedLedger:
+        """A read handle of the COMPLETE attempt ``uid`` of ``ledger_id``. Raises
+        ``OffloadNotFound``, ``InvalidOffloadObject`` (the index does not parse),
+        ``InvalidArgument``."""
+        record = self._complete(ledger_id, uid)
+        name = index_name(ledger_id, uid)
+        handle = self.storage.open_read(name)
+        data = self.storage.read(handle, 0, self.storage.info(name).length)
+        index = formats.parse_index(data, name=name)
+        if index.data_object_length != record.data_length or len(index.entries) != record.blocks:
+            raise InvalidOffloadObject(
+                f"offload object {name!r}: the index disagrees with the attempt's record"
+                f" ({index.data_object_length} bytes in {len(index.entries)} blocks, recorded"
+                f" {record.data_length} in {record.blocks})",
+                object=name,
+                offset=0,
+            )
+        return OffloadedLedger(self, record, index, decode_ledger_metadata(index.ledger_metadata, name=name))
+
+    def delete_offloaded(self, ledger_id: int, uid: uuid.UUID) -> None:
+        """Delete attempt ``uid`` of ``ledger_id``: DELETING, both objects, the record.
+        Raises ``OffloadNotFound``, ``InvalidArgument``, ``Fenced``, ``ReadOnlyInstance``;
+        a delete interrupted by an error is finished by ``cleanup``."""
+        record = self._record(ledger_id, uid)
+        if record.state == OffloadState.COMPLETE:
+            deleting = record.replace(state=OffloadState.DELETING)
+            self._replace(record, deleting)
+            record = deleting
+        self._delete(record)
+
+    def _delete(self, record: OffloadRecord) -> None:
+        for name in (data_name(record.ledger_id, record.id), index_name(record.ledger_id, record.id)):
+            with contextlib.suppress(SegmentNotFound):
+                self.storage.delete(self.storage.open_write(name))
+        self._ctx.ownership.commit([Delete(OFFLOAD_LEDGERS, record.key)], [])
+
+    def _record(self, ledger_id: int, uid: uuid.UUID) -> OffloadRecord:
+        check_ledger_id(ledger_id)
+        if not isinstance(uid, uuid.UUID):
+            raise InvalidArgument(f"uid {uid!r} is not a uuid.UUID")
+        with self._store.snapshot() as view:
+            stored = view.get(OFFLOAD_LEDGERS, record_key(ledger_id, uid))
+        if stored is None:
+            raise OffloadNotFound(f"no offload {uid} of ledger {ledger_id}", ledger=ledger_id, uid=str(uid))
+        return OffloadRecord.decode(stored.value)
+
+    def _complete(self, ledger_id: int, uid: uuid.UUID) -> OffloadRecord:
+        record = self._record(ledger_id, uid)
+        if record.state != OffloadState.COMPLETE:
+            raise OffloadNotFound(
+                f"offload {uid} of ledger {ledger_id} is {OffloadState(record.state).name}, not complete",
+                ledger=ledger_id,
+                uid=str(uid),
+            )
+        return record
+
+
+class OffloadedLedger:
+    """A read handle of an offloaded ledger (the source's shape: ``ledger_id``,
+    ``last_entry_id``, ``length``, ``closed``, ``metadata``, ``read``)."""
+
+    def __init__(
+        self,
+        offloader: LedgerOffloader,
+        record: OffloadRecord,
+        index: formats.OffloadIndex,
+        metadata: LedgerMetadata,
+    ) -> None:
+        self._storage = offloader.storage
+        self._read_ahead = offloader.read_ahead_bytes
+        self._record = record
+        self._index = index
+        self._metadata = metadata
+        self.name = data_name(record.ledger_id, record.id)
+        self._segment = self._storage.open_read(self.name)
+        self._buffer_start = 0
+        self._buffer = b""
+        #: (entry id, byte position) where the last read stopped: a sequential reader goes on there.
+        self._resume: tuple[int, int] | None = None
+
+    @property
+    def ledger_id(self) -> int:
+        return self._record.ledger_id
+
+    @property
+    def last_entry_id(self) -> int:
+        return self._record.entries - 1
+
+    @property
+    def length(self) -> int:
+        return self._record.length
+
+    @property
+    def closed(self) -> bool:
+        return True
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._metadata
+
+    def read(self, first: int, last: int) -> list[bytes]:
+        """Entries ``first..last`` inclusive. Raises ``EntryOutOfRange``,
+        ``InvalidArgument``, ``InvalidOffloadObject`` (a block header or entry framing that
+        does not parse: the data object is damaged), storage errors."""
+        first, last = check_entry_range(self, first, last)
+        entries: list[bytes] = []
+        for entry_id, payload in self._walk(first):
+            entries.append(payload)
+            if entry_id == last:
+                break
+        assert len(entries) == last - first + 1, (first, last, len(entries))
+        return entries
+
+    def _walk(self, first: int) -> Iterator[tuple[int, bytes]]:
+        """(entry id, payload) from ``first`` on, across blocks, ids without a gap."""
+        blocks = self._index.entries
+        number = self._index.block_for(first)
+        start, block_end = self._bounds(number)
+        if self._resume is not None and self._resume[0] == first and start < self._resume[1] < block_end:
+            expected, position = self._resume  # a sequential reader: on where the last read stopped
+        else:
+            expected, position = self._enter_block(number, blocks[number].entry_id)
+        while True:
+            if position + formats.ENTRY_HEADER_SIZE <= block_end:
+                length, entry_id = formats.parse_entry_header(
+                    self._bytes(position, formats.ENTRY_HEADER_SIZE)
+                )
+            else:
+                length, entry_id = -1, -1  # the block is full to its end
+            if length < 0:  # padding: the next block, which must go on with the next entry
+                number += 1
+                if number == len(blocks):
+                    return
+                _, block_end = self._bounds(number)
+                expected, position = self._enter_block(number, expected)
+                continue
+            end = position + formats.ENTRY_HEADER_SIZE + length
+            if entry_id != expected or end > block_end:
+                raise InvalidOffloadObject(
+                    f"offload object {self.name!r} at byte {position}: entry {entry_id} of {length} bytes"
+                    f" where entry {expected} was expected within the block ending at {block_end}",
+                    object=self.name,
+                    offset=position,
+                )
+            if entry_id >= first:
+                payload = self._bytes(position + formats.ENTRY_HEADER_SIZE, length)
+                self._resume = (entry_id + 1, end)
+                yield entry_id, payload
+            expected, position = entry_id + 1, end
+
+    def _bounds(self, number: int) -> tuple[int, int]:
+        """Where block ``number`` starts and ends in the data object (from the index)."""
+        blocks = self._index.entries
+        end = blocks[number + 1].offset if number + 1 < len(blocks) else self._index.data_object_length
+        return blocks[number].offset, end
+
+    def _enter_block(self, number: int, expected: int) -> tuple[int, int]:
+        """Check block ``number``'s header against the index and ``expected`` (the entry id
+        it must begin with); return (that id, the position of its first entry)."""
+        entry = self._index.entries[number]
+        start, end = self._bounds(number)
+        header = formats.parse_block_header(
+            self._bytes(start, formats.HEADER_SIZE), name=self.name, offset=start
+        )
+        if (
+            header.first_entry_id != entry.entry_id
+            or entry.entry_id != expected
+            or start + header.block_length != end
+        ):
+            raise InvalidOffloadObject(
+                f"offload object {self.name!r} at byte {start}: the block header says first entry"
+                f" {header.first_entry_id} and {header.block_length} bytes, the index {entry.entry_id}"
+                f" and {end - start}, the entries before it lead to {expected}",
+                object=self.name,
+                offset=start,
+            )
+        return entry.entry_id, start + formats.HEADER_SIZE
+
+    def _bytes(self, position: int, length: int) -> bytes:
+        """``length`` bytes of the data object at ``position``, from the read-ahead buffer
+        or a ranged read of at least ``read_ahead_bytes``."""
+        offset = position - self._buffer_start
+        if offset >= 0 and offset + length <= len(self._buffer):
+            return self._buffer[offset : offset + length]
+        size = min(max(length, self._read_ahead), self._index.data_object_length - position)
+        if size < length:
+            raise InvalidOffloadObject(
+                f"offload object {self.name!r} at byte {position}: {length} bytes asked past its end",
+                object=self.name,
+                offset=position,
+            )
+        self._buffer = self._storage.read(self._segment, position, size)
+        self._buffer_start = position
+        return self._buffer[:length]
+
+
+class _EntrySource:
+    """The source's entries in order, read ``ENTRIES_PER_READ`` at a time."""
+
+    def __init__(self, handle: LedgerReadHandle) -> None:
+        self._handle = handle
+        self._pending: collections.deque[bytes] = collections.deque()
+        self.next_id = 0
+
+    def peek(self) -> bytes:
+        if not self._pending:
+            last = min(self.next_id + ENTRIES_PER_READ - 1, self._handle.last_entry_id)
+            read = self._handle.read(self.next_id, last)
+            if len(read) != last - self.next_id + 1 or not all(isinstance(e, bytes) for e in read):
+                raise InvalidArgument(
+                    f"ledger {self._handle.ledger_id}: read({self.next_id}, {last}) returned"
+                    f" {len(read)} entries, not {last - self.next_id + 1} byte strings"
+                )
+            self._pending.extend(read)
+        return self._pending[0]
+
+    def take(self) -> None:
+        self._pending.popleft()
+        self.next_id += 1
+
+
+class _Appender:
+    """Appends to an SLTS segment in writes of at least ``write_bytes`` (the last smaller)."""
+
+    def __init__(self, storage: ChunkedSegmentStorage, segment: SegmentHandle, write_bytes: int) -> None:
+        self._storage = storage
+        self._segment = segment
+        self._write_bytes = write_bytes
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._written = 0
+
+    @property
+    def position(self) -> int:
+        """Bytes appended so far (written or pending)."""
+        return self._written + self._pending_bytes
+
+    def append(self, data: bytes) -> None:
+        self._pending.append(data)
+        self._pending_bytes += len(data)
+        if self._pending_bytes >= self._write_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._pending_bytes:
+            self._storage.write(self._segment, self._written, b"".join(self._pending))
+            self._written += self._pending_bytes
+            self._pending.clear()
+            self._pending_bytes = 0

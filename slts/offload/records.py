@@ -1,0 +1,79 @@
+"""The record of one offload attempt of a ledger (PIP-17), kept in the container's store.
+
+An attempt is recorded STARTED, with the owner's epoch, before it writes anything, and
+COMPLETE once its data and index objects are written and sealed; a delete marks it
+DELETING before it deletes the objects, and removes the record last. So a crash leaves a
+record that says what to clean up: a STARTED attempt of an earlier epoch (its owner is
+gone) or a DELETING one. Attempts never share objects: their names carry the uid.
+
+Key: ledger id (u64 BE) + uid (16 bytes), so a ledger's attempts are one key range.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from slts.metadata.records import Record
+
+_LEDGER = struct.Struct(">Q")
+_EMPTY: Mapping[str, Any] = {}
+
+
+class OffloadState(enum.IntEnum):
+    """Where an offload attempt stands."""
+
+    STARTED = 1
+    COMPLETE = 2
+    DELETING = 3
+
+
+def record_key(ledger_id: int, uid: uuid.UUID) -> bytes:
+    """The key of ``ledger_id``'s attempt ``uid``."""
+    return _LEDGER.pack(ledger_id) + uid.bytes
+
+
+def ledger_prefix(ledger_id: int) -> bytes:
+    """The prefix of every key of ``ledger_id``."""
+    return _LEDGER.pack(ledger_id)
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadRecord(Record):
+    """One offload attempt: its ledger and uid, state, the epoch that started it, and,
+    once COMPLETE, what was written (the index object has the rest)."""
+
+    KIND: ClassVar[str] = "offloaded-ledger"
+
+    ledger_id: int
+    uid: bytes
+    state: int
+    epoch: int
+    max_block_bytes: int
+    extra_metadata: Mapping[str, str]
+    entries: int = 0
+    length: int = 0
+    data_length: int = 0
+    blocks: int = 0
+    extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
+
+    @property
+    def id(self) -> uuid.UUID:
+        """The attempt's uid."""
+        return uuid.UUID(bytes=self.uid)
+
+    @property
+    def key(self) -> bytes:
+        """This record's key."""
+        return record_key(self.ledger_id, self.id)
+
+    def check(self) -> None:
+        assert 0 <= self.ledger_id < 1 << 63 and len(self.uid) == 16, self
+        assert self.state in OffloadState.__members__.values() and self.epoch >= 0, self
+        assert min(self.entries, self.length, self.data_length, self.blocks) >= 0, self
+        assert self.state == OffloadState.STARTED or self.blocks >= 1, self
+        assert all(isinstance(k, str) and isinstance(v, str) for k, v in self.extra_metadata.items()), self
