@@ -102,10 +102,10 @@ def parse_block_header(data: bytes | memoryview, *, name: str = "", offset: int 
     return BlockHeader(block_length, first_entry_id)
 
 
-def frame_entry(entry_id: int, payload: bytes) -> bytes:
-    """An entry as a block holds it: length, id, payload."""
-    assert entry_id >= 0 and len(payload) <= INT32_MAX
-    return _ENTRY_HEADER.pack(len(payload), entry_id) + payload
+def entry_header(entry_id: int, payload_length: int) -> bytes:
+    """The 12 bytes that frame an entry in a block (its payload follows them)."""
+    assert entry_id >= 0 and 0 <= payload_length <= INT32_MAX
+    return _ENTRY_HEADER.pack(payload_length, entry_id)
 
 
 def padding(length: int) -> bytes:

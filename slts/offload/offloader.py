@@ -161,7 +161,8 @@ class LedgerOffloader:
                 payload = entries.peek()
                 if used + formats.ENTRY_HEADER_SIZE + len(payload) > size:
                     break
-                out.append(formats.frame_entry(entries.next_id, payload))
+                out.append(formats.entry_header(entries.next_id, len(payload)))
+                out.append(payload)  # not concatenated: the write joins the pieces once
                 used += formats.ENTRY_HEADER_SIZE + len(payload)
                 payload_written += len(payload)
                 entries.take()
@@ -308,7 +309,7 @@ class OffloadedLedger:
         self.name = data_name(record.ledger_id, record.id)
         self._segment = self._storage.open_read(self.name)
         self._buffer_start = 0
-        self._buffer = b""
+        self._buffer = memoryview(b"")
         #: (entry id, byte position) where the last read stopped: a sequential reader goes on there.
         self._resume: tuple[int, int] | None = None
 
@@ -415,7 +416,7 @@ class OffloadedLedger:
         or a ranged read of at least ``read_ahead_bytes``."""
         offset = position - self._buffer_start
         if offset >= 0 and offset + length <= len(self._buffer):
-            return self._buffer[offset : offset + length]
+            return bytes(self._buffer[offset : offset + length])
         size = min(max(length, self._read_ahead), self._index.data_object_length - position)
         if size < length:
             raise InvalidOffloadObject(
@@ -423,9 +424,9 @@ class OffloadedLedger:
                 object=self.name,
                 offset=position,
             )
-        self._buffer = self._storage.read(self._segment, position, size)
+        self._buffer = memoryview(self._storage.read(self._segment, position, size))
         self._buffer_start = position
-        return self._buffer[:length]
+        return bytes(self._buffer[:length])
 
 
 class _EntrySource:

@@ -6,7 +6,7 @@ types and shared workloads live in ``base``, below the runner (``slts.tools.benc
 
 from __future__ import annotations
 
-from slts.tools.benchmarks import concurrency, journal, metadata, reads, remote, spark
+from slts.tools.benchmarks import concurrency, journal, metadata, offload, reads, remote, spark
 
 SUITES = (
     concurrency.BENCHMARKS,
@@ -14,5 +14,6 @@ SUITES = (
     metadata.BENCHMARKS,
     journal.BENCHMARKS,
     remote.BENCHMARKS,
+    offload.BENCHMARKS,
     spark.BENCHMARKS,
 )

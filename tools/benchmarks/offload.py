@@ -1,0 +1,151 @@
+"""Pulsar-style ledger offload (``slts.offload``): offload and read back, each against raw
+binding writes and reads of the same bytes, at two entry sizes (1 KiB: single small
+messages; 64 KiB: batched messages, below Pulsar's 128 KiB batching limit)."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+
+from slts.bindings.filesystem import FileSystemChunkStorage
+from slts.tools.benchmarks.base import Benchmark, Folder, Workload
+
+from slts.offload.ledgers import MemoryLedger
+from slts.offload.offloader import (
+    READ_AHEAD_BYTES_DEFAULT,
+    WRITE_BYTES_DEFAULT,
+    LedgerOffloader,
+    data_name,
+)
+from slts.storage.factory import open as open_storage
+
+READ_ENTRIES = 1000
+
+
+def _ledger(quick: bool, entry_bytes: int) -> MemoryLedger:
+    total = (8 if quick else 64) << 20
+    payload = os.urandom(entry_bytes)
+    return MemoryLedger(1, [payload] * (total // entry_bytes))
+
+
+def offload_write(
+    parent: str, quick: bool, entry_bytes: int
+) -> Iterator[tuple[str, Workload, Workload, float, str]]:
+    """Subject: ``offload`` of a closed in-memory ledger into a fresh store (filesystem
+    binding, LMDB): blocks of 64 MiB built and written in 8 MiB writes, the attempt's two
+    commits, the index object. Baseline: the data object's bytes written raw into a new
+    chunk of the same binding in the same 8 MiB writes, each ``fdatasync``ed."""
+    ledger = _ledger(quick, entry_bytes)
+    folder = Folder(parent)
+    runs = 0
+    data_bytes = 0
+
+    def subject() -> float:
+        nonlocal runs, data_bytes
+        runs += 1
+        target = folder.sub(f"subject-{runs}")
+        with open_storage(
+            f"file://{os.path.join(target, 'chunks')}",
+            metadata=os.path.join(target, "metadata"),
+            gc_interval_s=0.0,
+        ) as storage:
+            started = time.perf_counter()
+            record = LedgerOffloader(storage).offload(ledger, uuid.uuid4())
+            elapsed = time.perf_counter() - started
+        data_bytes = record.data_length
+        return elapsed
+
+    def baseline() -> float:
+        nonlocal runs
+        runs += 1
+        binding = FileSystemChunkStorage(folder.sub(f"raw-{runs}"))
+        piece = os.urandom(WRITE_BYTES_DEFAULT)
+        size = data_bytes or ledger.length
+        try:
+            started = time.perf_counter()
+            handle = binding.create("data")
+            for offset in range(0, size, len(piece)):
+                binding.write(handle, offset, piece[: min(len(piece), size - offset)])
+            return time.perf_counter() - started
+        finally:
+            binding.close()
+
+    try:
+        yield (
+            f"offload of a ledger of {ledger.last_entry_id + 1} entries of {entry_bytes} B"
+            f" ({ledger.length >> 20} MiB) vs. raw binding writes of the data object's bytes",
+            subject,
+            baseline,
+            ledger.length / 1e6,
+            "MB/s",
+        )
+    finally:
+        folder.close()
+
+
+def offload_read(
+    parent: str, quick: bool, entry_bytes: int
+) -> Iterator[tuple[str, Workload, Workload, float, str]]:
+    """Subject: a sequential reader of the offloaded ledger, ``read`` of 1,000 entries at a
+    time through the read handle (index lookup, header checks, ranged reads of 1 MiB,
+    every SLTS block's CRC32C verified). Baseline: raw binding reads of the data object's
+    chunks in 1 MiB pieces (no parsing, no verification)."""
+    ledger = _ledger(quick, entry_bytes)
+    folder = Folder(parent)
+    storage = open_storage(
+        f"file://{folder.sub('chunks')}", metadata=folder.sub("metadata"), gc_interval_s=0.0
+    )
+    offloader = LedgerOffloader(storage)
+    uid = uuid.uuid4()
+    offloader.offload(ledger, uid)
+    chunks = [(chunk.name, chunk.length) for _, chunk in storage.chunks(data_name(1, uid))]
+    binding = storage.chunk_storage
+    last = ledger.last_entry_id
+
+    def subject() -> float:
+        handle = offloader.read_offloaded(1, uid)
+        started = time.perf_counter()
+        for first in range(0, last + 1, READ_ENTRIES):
+            handle.read(first, min(first + READ_ENTRIES - 1, last))
+        return time.perf_counter() - started
+
+    def baseline() -> float:
+        started = time.perf_counter()
+        for name, length in chunks:
+            chunk = binding.open_read(name)
+            for offset in range(0, length, READ_AHEAD_BYTES_DEFAULT):
+                binding.read(chunk, offset, min(READ_AHEAD_BYTES_DEFAULT, length - offset))
+        return time.perf_counter() - started
+
+    try:
+        yield (
+            f"sequential read-back of {last + 1} entries of {entry_bytes} B ({ledger.length >> 20} MiB)"
+            " vs. raw binding reads of the data object",
+            subject,
+            baseline,
+            ledger.length / 1e6,
+            "MB/s",
+        )
+    finally:
+        storage.close()
+        folder.close()
+
+
+def _pair(entry_bytes: int) -> dict[str, Benchmark]:
+    label = {1024: "1k", 65536: "64k"}[entry_bytes]
+    write = Benchmark(
+        f"offload_write_{label}",
+        f"ledger offload, {label}B entries, vs. raw binding writes",
+        lambda parent, quick: offload_write(parent, quick, entry_bytes),
+    )
+    read = Benchmark(
+        f"offload_read_{label}",
+        f"offloaded ledger read back, {label}B entries, vs. raw binding reads",
+        lambda parent, quick: offload_read(parent, quick, entry_bytes),
+    )
+    return {write.name: write, read.name: read}
+
+
+BENCHMARKS = {**_pair(64 << 10), **_pair(1 << 10)}
