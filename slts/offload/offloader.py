@@ -18,6 +18,9 @@ checks the block's header, and walks the framed entries with ranged reads of at 
 ``read_ahead_bytes``, continuing where the previous read stopped (sequential readers read
 each byte once). ``delete_offloaded`` marks the attempt DELETING, deletes both objects
 (their chunks go to the GC), then the record.
+
+Reads of the source go through PIP-211's flow permits (``slts.offload.throttle``): the
+offloader's own, or the ones every offloader of the process shares.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from slts.offload import formats
 from slts.offload.ledger_metadata import LedgerMetadata, decode_ledger_metadata, encode_ledger_metadata
 from slts.offload.ledgers import LedgerReadHandle, check_entry_range, check_ledger_id
 from slts.offload.records import OffloadRecord, OffloadState, ledger_prefix, record_key
+from slts.offload.throttle import FlowPermits, ThrottledReadHandle, process_flow_permits
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.types import SegmentHandle
 
@@ -74,6 +78,7 @@ class LedgerOffloader:
         max_block_bytes: int = formats.MAX_BLOCK_BYTES_DEFAULT,
         read_ahead_bytes: int = READ_AHEAD_BYTES_DEFAULT,
         write_bytes: int = WRITE_BYTES_DEFAULT,
+        flow_permits: FlowPermits | None = None,
     ) -> None:
         if not isinstance(storage, ChunkedSegmentStorage):
             raise InvalidArgument(f"{storage!r} is not a ChunkedSegmentStorage")
@@ -88,6 +93,10 @@ class LedgerOffloader:
         self.max_block_bytes = max_block_bytes
         self.read_ahead_bytes = read_ahead_bytes
         self.write_bytes = write_bytes
+        if flow_permits is not None and not isinstance(flow_permits, FlowPermits):
+            raise InvalidArgument(f"{flow_permits!r} is not FlowPermits")
+        #: PIP-211's throttle on reads of the source (None: the process-wide permits).
+        self.flow_permits = flow_permits
         self._ctx = storage.context
         self._store = storage.context.store
 
@@ -148,7 +157,8 @@ class LedgerOffloader:
         written.append(name)
         segment = self.storage.open_write(name)
         out = _Appender(self.storage, segment, self.write_bytes)
-        entries = _EntrySource(handle)
+        permits = self.flow_permits if self.flow_permits is not None else process_flow_permits()
+        entries = _EntrySource(ThrottledReadHandle(handle, permits))
         index: list[formats.IndexEntry] = []
         payload_written = 0
         last = handle.last_entry_id
