@@ -37,6 +37,7 @@
     ├── OffloadError                          Pulsar-style ledger offload (``slts.offload``)
     │   ├── InvalidOffloadObject (ValueError) a data block or index object that does not parse
     │   ├── EntryTooLarge (InvalidArgument)   an entry larger than a block's payload
+    │   ├── EntryOutOfOrder (InvalidArgument) an offered entry that does not follow the last one
     │   ├── OffloadNotFound (LookupError)     no offloaded ledger with that id and uid
     │   └── EntryOutOfRange (IndexError)      a read outside [0, the ledger's last entry]
     ├── Fenced                                a newer epoch owns the container
@@ -239,6 +240,11 @@ class InvalidOffloadObject(OffloadError, ValueError):
 class EntryTooLarge(OffloadError, InvalidArgument):
     """An entry does not fit in one block's payload (Pulsar writes a block of padding and
     loses the rest of the ledger; SLTS refuses the offload). Nothing stored changed."""
+
+
+class EntryOutOfOrder(OffloadError, InvalidArgument):
+    """An entry offered to a streaming offload that does not follow the last one offered
+    (a duplicate, a gap, or a ledger going back). Nothing was taken."""
 
 
 class OffloadNotFound(OffloadError, LookupError):

@@ -41,7 +41,11 @@ REMOTE_TABLES: tuple[str, ...] = (REMOTE_SEGMENTS, REMOTE_EPOCHS, REMOTE_OFFSETS
 #: Pulsar-style ledger offload (PIP-17, ``slts.offload``): one record per offload attempt
 #: (ledger id + uid), recorded before the attempt writes anything.
 OFFLOAD_LEDGERS = "offload_ledgers"
-OFFLOAD_TABLES: tuple[str, ...] = (OFFLOAD_LEDGERS,)
+#: Streaming offload (PIP-76): per managed ledger, its segments (sequence -> record) and
+#: its ledgers' offload contexts (ledger id -> record).
+OFFLOAD_STREAM_SEGMENTS = "offload_stream_segments"
+OFFLOAD_STREAM_LEDGERS = "offload_stream_ledgers"
+OFFLOAD_TABLES: tuple[str, ...] = (OFFLOAD_LEDGERS, OFFLOAD_STREAM_SEGMENTS, OFFLOAD_STREAM_LEDGERS)
 
 TABLES: tuple[str, ...] = (CONTAINER, SEGMENTS, CHUNKS, INDEX, DELETED, GC, *REMOTE_TABLES, *OFFLOAD_TABLES)
 

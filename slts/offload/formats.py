@@ -35,13 +35,22 @@ lists the differences). Every integer is big-endian, two's complement.
   Part ids count blocks from 1 (the multipart upload's part numbers); a block's offset is
   where its header starts in the data object.
 
+* **Streaming (PIP-76)**: a segment object's blocks carry their ledger id after the first
+  entry id (magic 0x26A66D32, 92 zero bytes after the fields) and hold entries of one
+  ledger each; a block is at least the streaming block size and padded up to it. The
+  segment's index (magic 0x3D1FB0BC) has no entry count of its own: after a 24-byte
+  header (magic, index length, data object length, data header length) come groups
+  ``[ledger id i64][entry count i32][metadata length i32][LedgerInfo protobuf][entries]``
+  in Java ``HashMap`` order of the ledger ids (what Pulsar's builder iterates), part ids
+  and offsets counting over the whole segment object.
+
 Errors about bytes are ``InvalidOffloadObject`` naming the object and the byte offset.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -49,6 +58,8 @@ from slts.errors import InvalidOffloadObject
 
 BLOCK_MAGIC = 0xFBDBABCB
 INDEX_MAGIC = 0xDE47DE47
+STREAMING_BLOCK_MAGIC = 0x26A66D32
+STREAMING_INDEX_MAGIC = 0x3D1FB0BC
 HEADER_SIZE = 128
 ENTRY_HEADER_SIZE = 12
 PADDING = b"\xfe\xdc\xde\xad"
@@ -63,6 +74,10 @@ _ENTRY_HEADER = struct.Struct(">iq")
 _INDEX_HEADER = struct.Struct(">Iiqqii")
 _INDEX_ENTRY = struct.Struct(">qiq")
 _BLOCK_HEADER_ZEROS = bytes(HEADER_SIZE - _BLOCK_HEADER.size)
+_STREAMING_HEADER = struct.Struct(">Iqqqq")
+_STREAMING_HEADER_ZEROS = bytes(HEADER_SIZE - _STREAMING_HEADER.size)
+_STREAMING_INDEX_HEADER = struct.Struct(">Iiqq")
+_LEDGER_GROUP = struct.Struct(">qii")
 
 assert _ENTRY_HEADER.size == ENTRY_HEADER_SIZE and _INDEX_ENTRY.size == 20 and _BLOCK_HEADER.size == 28
 
@@ -119,6 +134,48 @@ def block_size(max_block_bytes: int, entries_left: int, payload_bytes_left: int)
     ledger needs (128 + 12 per entry + the payload) when that is less."""
     assert entries_left >= 0 and payload_bytes_left >= 0
     return min(max_block_bytes, HEADER_SIZE + ENTRY_HEADER_SIZE * entries_left + payload_bytes_left)
+
+
+class StreamingBlockHeader(NamedTuple):
+    """A streaming data block's header: its length, first entry id and ledger id."""
+
+    block_length: int
+    first_entry_id: int
+    ledger_id: int
+
+    def encode(self) -> bytes:
+        """The header's 128 bytes."""
+        assert self.block_length >= HEADER_SIZE and self.first_entry_id >= 0 and self.ledger_id >= 0, self
+        fields = _STREAMING_HEADER.pack(
+            STREAMING_BLOCK_MAGIC, HEADER_SIZE, self.block_length, self.first_entry_id, self.ledger_id
+        )
+        return fields + _STREAMING_HEADER_ZEROS
+
+
+def parse_streaming_block_header(
+    data: bytes | memoryview, *, name: str = "", offset: int = 0
+) -> StreamingBlockHeader:
+    """The streaming header at the start of ``data``; errors as ``parse_block_header``
+    (and a negative ledger id)."""
+    if len(data) < HEADER_SIZE:
+        raise _invalid(f"truncated block header: {len(data)} of {HEADER_SIZE} bytes", name, offset)
+    magic, header_length, block_length, first_entry_id, ledger_id = _STREAMING_HEADER.unpack_from(data)
+    problem = None
+    if magic != STREAMING_BLOCK_MAGIC:
+        problem = f"magic {magic:#010x}, expected {STREAMING_BLOCK_MAGIC:#010x}"
+    elif header_length != HEADER_SIZE or block_length < HEADER_SIZE:
+        problem = f"header length {header_length}, block length {block_length}"
+    elif first_entry_id < 0 or ledger_id < 0:
+        problem = f"first entry id {first_entry_id}, ledger id {ledger_id}"
+    if problem is not None:
+        raise _invalid(f"bad block header: {problem}", name, offset)
+    return StreamingBlockHeader(block_length, first_entry_id, ledger_id)
+
+
+def streaming_block_size(min_block_bytes: int, entries: int, payload_bytes: int) -> int:
+    """A streaming block's size: at least ``min_block_bytes``, and room for its entries
+    (every entry counted: Pulsar leaves the first one out and can overrun the block)."""
+    return max(min_block_bytes, HEADER_SIZE + ENTRY_HEADER_SIZE * entries + payload_bytes)
 
 
 def parse_entry_header(data: bytes | memoryview) -> tuple[int, int]:
@@ -209,6 +266,85 @@ def parse_index(data: bytes | memoryview, *, name: str = "") -> OffloadIndex:
         ):
             raise _invalid(f"bad index entry {number}: {entry}", name, position)
     return OffloadIndex(bytes(data[_INDEX_HEADER.size : metadata_end]), entries, data_length, header_length)
+
+
+class LedgerGroup(NamedTuple):
+    """One ledger's part of a streaming index: its LedgerInfo bytes and its blocks."""
+
+    ledger_metadata: bytes
+    entries: Sequence[IndexEntry]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamingIndex:
+    """The index object of one streaming segment: ledger id -> its group."""
+
+    ledgers: Mapping[int, LedgerGroup]
+    data_object_length: int
+    data_header_length: int = HEADER_SIZE
+
+    def encode(self) -> bytes:
+        """The index object's bytes, the ledgers in Java ``HashMap`` order."""
+        groups = []
+        for ledger_id in java_hash_map_order(self.ledgers):
+            group = self.ledgers[ledger_id]
+            groups.append(_LEDGER_GROUP.pack(ledger_id, len(group.entries), len(group.ledger_metadata)))
+            groups.append(group.ledger_metadata)
+            groups.extend(_INDEX_ENTRY.pack(*entry) for entry in group.entries)
+        body = b"".join(groups)
+        total = _STREAMING_INDEX_HEADER.size + len(body)
+        assert total <= INT32_MAX
+        header = _STREAMING_INDEX_HEADER.pack(
+            STREAMING_INDEX_MAGIC, total, self.data_object_length, self.data_header_length
+        )
+        return header + body
+
+
+def parse_streaming_index(data: bytes | memoryview, *, name: str = "") -> StreamingIndex:
+    """The streaming index object in ``data``; ``InvalidOffloadObject`` for a wrong magic,
+    lengths that disagree with the bytes, or a group that runs past the end."""
+    size = _STREAMING_INDEX_HEADER.size
+    if len(data) < size:
+        raise _invalid(f"truncated index header: {len(data)} of {size} bytes", name, 0)
+    magic, total, data_length, header_length = _STREAMING_INDEX_HEADER.unpack_from(data)
+    if magic != STREAMING_INDEX_MAGIC:
+        raise _invalid(f"index magic {magic:#010x}, expected {STREAMING_INDEX_MAGIC:#010x}", name, 0)
+    if total != len(data) or header_length != HEADER_SIZE or data_length < 0:
+        raise _invalid(f"index of {len(data)} bytes says {total}, data header {header_length}", name, 4)
+    ledgers: dict[int, LedgerGroup] = {}
+    position = size
+    while position < total:
+        if position + _LEDGER_GROUP.size > total:
+            raise _invalid("truncated ledger group", name, position)
+        ledger_id, count, metadata_length = _LEDGER_GROUP.unpack_from(data, position)
+        end = position + _LEDGER_GROUP.size + metadata_length + _INDEX_ENTRY.size * count
+        if count < 1 or metadata_length < 0 or end > total or ledger_id in ledgers:
+            raise _invalid(f"bad group of ledger {ledger_id}: {count} entries", name, position)
+        metadata_start = position + _LEDGER_GROUP.size
+        entries_start = metadata_start + metadata_length
+        entries = [
+            IndexEntry(*fields) for fields in _INDEX_ENTRY.iter_unpack(memoryview(data)[entries_start:end])
+        ]
+        ledgers[ledger_id] = LedgerGroup(bytes(data[metadata_start:entries_start]), entries)
+        position = end
+    return StreamingIndex(ledgers, data_length, header_length)
+
+
+def java_hash_map_order(keys: Iterable[int]) -> list[int]:
+    """The order a ``java.util.HashMap<Long, _>`` built by putting ``keys`` in ascending
+    order iterates them: by bucket (the spread hash of ``Long.hashCode``, masked by the
+    table size, which starts at 16 and doubles past a load of 0.75), then by insertion."""
+    ordered = sorted(keys)
+    capacity = 16
+    while len(ordered) > capacity * 3 // 4:
+        capacity *= 2
+
+    def bucket(key: int) -> int:
+        unsigned = key & 0xFFFFFFFFFFFFFFFF
+        h = (unsigned ^ (unsigned >> 32)) & 0xFFFFFFFF
+        return (h ^ (h >> 16)) & (capacity - 1)
+
+    return sorted(ordered, key=bucket)  # stable: insertion order within a bucket
 
 
 def _invalid(message: str, name: str, offset: int) -> InvalidOffloadObject:

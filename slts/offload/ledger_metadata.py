@@ -1,5 +1,7 @@
-"""A ledger's metadata as Pulsar's offload index stores it: BookKeeper's
-``LedgerMetadataFormat`` protobuf (proto2, ``bookkeeper-proto/.../DataFormats.proto``).
+"""A ledger's metadata as Pulsar's offload indexes store it: BookKeeper's
+``LedgerMetadataFormat`` protobuf (proto2, ``bookkeeper-proto/.../DataFormats.proto``) in a
+ledger offload's index, Pulsar's ``ManagedLedgerInfo.LedgerInfo`` (``MLDataFormats.proto``:
+ledger id, entries, size, timestamp) in a streaming segment's index.
 
 The message is encoded and decoded by the protobuf library from a descriptor built here
 with BookKeeper's field numbers and types, so the bytes are what Pulsar's offloader
@@ -71,7 +73,7 @@ _STATE_OPEN, _STATE_CLOSED = 1, 3
 
 def encode_ledger_metadata(metadata: LedgerMetadata) -> bytes:
     """``metadata`` as a ``LedgerMetadataFormat`` message."""
-    message = _message_class()()
+    message = _messages()["LedgerMetadataFormat"]()
     message.quorumSize = metadata.write_quorum_size
     message.ensembleSize = metadata.ensemble_size
     message.length = metadata.length
@@ -94,7 +96,7 @@ def encode_ledger_metadata(metadata: LedgerMetadata) -> bytes:
 def decode_ledger_metadata(data: bytes, *, name: str = "") -> LedgerMetadata:
     """The ``LedgerMetadataFormat`` in ``data``. Raises ``InvalidOffloadObject`` if it does
     not parse or lacks a required field."""
-    message = _message_class()()
+    message = _messages()["LedgerMetadataFormat"]()
     try:
         message.ParseFromString(data)
         if not message.IsInitialized():
@@ -120,22 +122,58 @@ def decode_ledger_metadata(data: bytes, *, name: str = "") -> LedgerMetadata:
         raise InvalidOffloadObject(f"{where}: ledger metadata does not parse: {exc}", object=name) from exc
 
 
+@dataclass(frozen=True, slots=True)
+class LedgerInfo:
+    """Pulsar's ``LedgerInfo`` of one ledger: its id, entry count, payload bytes and the
+    time it was closed (milliseconds; 0: unknown)."""
+
+    ledger_id: int
+    entries: int
+    size: int
+    timestamp: int = 0
+
+
+def encode_ledger_info(info: LedgerInfo) -> bytes:
+    """``info`` as a ``LedgerInfo`` message (fields in number order, as Java writes them)."""
+    message = _messages()["LedgerInfo"]()
+    message.ledgerId = info.ledger_id
+    message.entries = info.entries
+    message.size = info.size
+    if info.timestamp:
+        message.timestamp = info.timestamp
+    return bytes(message.SerializeToString())
+
+
+def decode_ledger_info(data: bytes, *, name: str = "") -> LedgerInfo:
+    """The ``LedgerInfo`` in ``data``; ``InvalidOffloadObject`` if it does not parse."""
+    message = _messages()["LedgerInfo"]()
+    try:
+        message.ParseFromString(data)
+        if not message.IsInitialized():
+            raise DecodeError("the ledger id is missing")
+    except DecodeError as exc:
+        raise InvalidOffloadObject(
+            f"offload object {name!r}: ledger info does not parse: {exc}", object=name
+        ) from exc
+    return LedgerInfo(message.ledgerId, message.entries, message.size, message.timestamp)
+
+
 @functools.cache
-def _message_class() -> Any:
-    """``LedgerMetadataFormat``'s message class, from a descriptor with BookKeeper's fields."""
+def _messages() -> dict[str, Any]:
+    """The message classes, from descriptors with BookKeeper's and Pulsar's field numbers."""
+    fd = descriptor_pb2.FieldDescriptorProto
+    required, optional, repeated = fd.LABEL_REQUIRED, fd.LABEL_OPTIONAL, fd.LABEL_REPEATED
     proto = descriptor_pb2.FileDescriptorProto(
-        name="slts/offload/bookkeeper_data_formats.proto", package="slts.offload.bookkeeper", syntax="proto2"
+        name="slts/offload/offload_formats.proto", package="slts.offload", syntax="proto2"
     )
     message = proto.message_type.add(name="LedgerMetadataFormat")
     segment = message.nested_type.add(name="Segment")
     custom = message.nested_type.add(name="cMetadataMapEntry")
-    fd = descriptor_pb2.FieldDescriptorProto
-    required, optional, repeated = fd.LABEL_REQUIRED, fd.LABEL_OPTIONAL, fd.LABEL_REPEATED
     _field(segment, "ensembleMember", 1, fd.TYPE_STRING, repeated)
     _field(segment, "firstEntryId", 2, fd.TYPE_INT64, required)
     _field(custom, "key", 1, fd.TYPE_STRING, optional)
     _field(custom, "value", 2, fd.TYPE_BYTES, optional)
-    prefix = ".slts.offload.bookkeeper.LedgerMetadataFormat."
+    prefix = ".slts.offload.LedgerMetadataFormat."
     for name, number, kind, label in (
         ("quorumSize", 1, fd.TYPE_INT32, required),
         ("ensembleSize", 2, fd.TYPE_INT32, required),
@@ -151,11 +189,17 @@ def _message_class() -> Any:
         _field(message, name, number, kind, label)
     _field(message, "segment", 6, fd.TYPE_MESSAGE, repeated, prefix + "Segment")
     _field(message, "customMetadata", 11, fd.TYPE_MESSAGE, repeated, prefix + "cMetadataMapEntry")
+    info = proto.message_type.add(name="LedgerInfo")
+    _field(info, "ledgerId", 1, fd.TYPE_INT64, required)
+    _field(info, "entries", 2, fd.TYPE_INT64, optional)
+    _field(info, "size", 3, fd.TYPE_INT64, optional)
+    _field(info, "timestamp", 4, fd.TYPE_INT64, optional)
     pool = descriptor_pool.DescriptorPool()
     pool.Add(proto)
-    return message_factory.GetMessageClass(
-        pool.FindMessageTypeByName("slts.offload.bookkeeper.LedgerMetadataFormat")
-    )
+    return {
+        kind: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"slts.offload.{kind}"))
+        for kind in ("LedgerMetadataFormat", "LedgerInfo")
+    }
 
 
 def _field(message: Any, name: str, number: int, kind: int, label: int, type_name: str = "") -> None:

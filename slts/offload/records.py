@@ -77,3 +77,97 @@ class OffloadRecord(Record):
         assert min(self.entries, self.length, self.data_length, self.blocks) >= 0, self
         assert self.state == OffloadState.STARTED or self.blocks >= 1, self
         assert all(isinstance(k, str) and isinstance(v, str) for k, v in self.extra_metadata.items()), self
+
+
+# -- streaming offload (PIP-76) -------------------------------------------------------------------
+
+
+class StreamState(enum.IntEnum):
+    """Where a streaming segment stands."""
+
+    OPEN = 1
+    COMPLETE = 2
+    DELETING = 3
+
+
+def stream_key(managed_ledger: str, number: int) -> bytes:
+    """The key of segment ``number`` (or of ledger ``number``) of ``managed_ledger``."""
+    return stream_prefix(managed_ledger) + _LEDGER.pack(number)
+
+
+def stream_prefix(managed_ledger: str) -> bytes:
+    """The prefix of every key of ``managed_ledger`` (its name, then a zero byte)."""
+    return managed_ledger.encode() + b"\x00"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSegmentRecord(Record):
+    """One streaming offload segment (PIP-76's ``OffloadSegment`` with what resuming it
+    needs): its place in the managed ledger's sequence, uid, state, the epoch that wrote
+    it last, the first and the last durable (ledger, entry), the data object's length, its
+    blocks ``[ledger id, first entry, part id, offset, length, last entry]`` and per ledger
+    ``[entries, bytes]``, timestamps (ms) and the driver metadata."""
+
+    KIND: ClassVar[str] = "stream-segment"
+
+    managed_ledger: str
+    sequence: int
+    uid: bytes
+    state: int
+    epoch: int
+    begin_ledger: int
+    begin_entry: int
+    end_ledger: int
+    end_entry: int
+    data_length: int
+    blocks: list[list[int]]
+    ledgers: Mapping[int, list[int]]
+    assigned_ms: int
+    offloaded_ms: int
+    block_bytes: int
+    driver_metadata: Mapping[str, str]
+    extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
+
+    @property
+    def id(self) -> uuid.UUID:
+        """The segment's uid."""
+        return uuid.UUID(bytes=self.uid)
+
+    @property
+    def key(self) -> bytes:
+        """This record's key."""
+        return stream_key(self.managed_ledger, self.sequence)
+
+    def check(self) -> None:
+        assert self.managed_ledger and len(self.uid) == 16 and self.sequence >= 0, self
+        assert self.state in StreamState.__members__.values(), self
+        assert (self.end_ledger, self.end_entry) == (-1, -1) or (self.end_ledger, self.end_entry) >= (
+            self.begin_ledger,
+            self.begin_entry,
+        ), self
+        assert sum(block[4] for block in self.blocks) == self.data_length, self
+        assert [block[2] for block in self.blocks] == list(range(1, len(self.blocks) + 1)), self
+
+
+@dataclass(frozen=True, slots=True)
+class StreamLedgerRecord(Record):
+    """A ledger's offload context in one managed ledger (PIP-76's ``OffloadContext``): the
+    segments holding its entries, in order, and whether it was deleted (a segment goes
+    once every ledger in it is)."""
+
+    KIND: ClassVar[str] = "stream-ledger"
+
+    managed_ledger: str
+    ledger_id: int
+    segments: list[int]
+    deleted: bool
+    extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
+
+    @property
+    def key(self) -> bytes:
+        """This record's key."""
+        return stream_key(self.managed_ledger, self.ledger_id)
+
+    def check(self) -> None:
+        assert self.managed_ledger and 0 <= self.ledger_id < 1 << 63, self
+        assert self.segments == sorted(set(self.segments)), self

@@ -1,0 +1,760 @@
+"""The PIP-76 streaming offloader on SLTS segments.
+
+A managed ledger (a topic's log of ledgers) offers its entries as they are written; they
+are offloaded into *segments* that roll over by size and age, one open at a time::
+
+    offload/<managed ledger>/<uid>          the segment object: streaming blocks
+    offload/<managed ledger>/<uid>-index    its index (written when the segment closes)
+
+``streaming_offload(uid, driver_metadata, begin_ledger, begin_entry)`` opens a segment and
+returns its ``OffloadHandle``. ``offer_entry`` takes entries into a bounded buffer (a full
+buffer refuses: back-pressure, never unbounded memory; a closed segment refuses too) and a
+writer thread turns them into blocks: one ledger's consecutive entries, at least
+``block_bytes`` (or what is left when the segment closes), padded with the fill pattern.
+Each block is one SLTS write (atomic and durable), then one commit of the segment's record
+(``StreamSegmentRecord``: blocks, per-ledger counts, the last durable entry) and of the
+ledger records it touches (``StreamLedgerRecord``: PIP-76's offload context).
+
+Durability and resuming: what ``last_offered`` reports after a crash is the last entry of
+the last durable block. ``streaming_offload`` with the uid of the managed ledger's open
+segment resumes it: a block written but not yet recorded (a crash between the write and
+the commit) is read back and recorded, so the segment continues exactly after its last
+durable entry; the caller offers again from there. Nothing is lost and nothing is written
+twice.
+
+A segment closes when its data reaches ``max_segment_bytes``, when it is older than
+``max_segment_age_s`` (checked on every offer and by the writer), or on ``close``: the
+rest of the buffer is written, the index object follows, both are sealed and the record
+turns COMPLETE. A new segment of the managed ledger can be opened only after that.
+
+``read_ledger(ledger_id)`` reads one ledger across every segment holding it, in order.
+``delete_ledger`` marks the ledger deleted; a complete segment is deleted once every
+ledger in it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from slts.errors import (
+    EntryOutOfOrder,
+    EntryOutOfRange,
+    InvalidArgument,
+    InvalidOffloadObject,
+    OffloadNotFound,
+    SegmentNotFound,
+)
+from slts.metadata.schema import OFFLOAD_STREAM_LEDGERS, OFFLOAD_STREAM_SEGMENTS
+from slts.metadata.store import Delete, Expect, Operation, Put, prefix_stop
+from slts.offload import formats
+from slts.offload.ledger_metadata import LedgerInfo, LedgerMetadata, encode_ledger_info
+from slts.offload.ledgers import check_entry_range, check_ledger_id
+from slts.offload.offloader import FOLDER
+from slts.offload.records import (
+    StreamLedgerRecord,
+    StreamSegmentRecord,
+    StreamState,
+    stream_key,
+    stream_prefix,
+)
+from slts.storage.chunked import ChunkedSegmentStorage
+from slts.storage.segment_names import check_segment_name
+
+#: Pulsar's defaults: ``minBlockSizeInBytes``, ``writeBufferSizeInBytes``,
+#: ``maxOffloadSegmentSizeInBytes``, ``maxOffloadSegmentRolloverTimeInSeconds``.
+BLOCK_BYTES_DEFAULT = 5 << 20
+BUFFER_BYTES_DEFAULT = 10 << 20
+MAX_SEGMENT_BYTES_DEFAULT = 1 << 30
+MAX_SEGMENT_AGE_S_DEFAULT = 600.0
+#: How often (real seconds) the writer looks at the segment's age when nothing arrives.
+AGE_CHECK_INTERVAL_S = 1.0
+_B = 4  # position of a block's length in its record row: [ledger, first, part, offset, length, last]
+
+
+class OfferResult(enum.Enum):
+    """What ``offer_entry`` did (Pulsar's ``OfferEntryResult``)."""
+
+    OK = "ok"
+    FAIL_BUFFER_FULL = "buffer full"
+    FAIL_SEGMENT_CLOSED = "segment closed"
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadResult:
+    """A closed segment's first and last entries (Pulsar's ``OffloadResult``)."""
+
+    uid: uuid.UUID
+    begin_ledger: int
+    begin_entry: int
+    end_ledger: int
+    end_entry: int
+
+
+def segment_name(managed_ledger: str, uid: uuid.UUID) -> str:
+    """The SLTS segment of a streaming segment's data object."""
+    return f"{FOLDER}/{managed_ledger}/{uid}"
+
+
+def segment_index_name(managed_ledger: str, uid: uuid.UUID) -> str:
+    """The SLTS segment of a streaming segment's index object."""
+    return f"{segment_name(managed_ledger, uid)}-index"
+
+
+class StreamingOffloader:
+    """PIP-76's streaming offload of one managed ledger on the container of ``storage``."""
+
+    def __init__(
+        self,
+        storage: ChunkedSegmentStorage,
+        managed_ledger: str,
+        *,
+        block_bytes: int = BLOCK_BYTES_DEFAULT,
+        buffer_bytes: int = BUFFER_BYTES_DEFAULT,
+        max_segment_bytes: int = MAX_SEGMENT_BYTES_DEFAULT,
+        max_segment_age_s: float = MAX_SEGMENT_AGE_S_DEFAULT,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not isinstance(storage, ChunkedSegmentStorage):
+            raise InvalidArgument(f"{storage!r} is not a ChunkedSegmentStorage")
+        if not isinstance(managed_ledger, str) or not managed_ledger or "\x00" in managed_ledger:
+            raise InvalidArgument(f"managed ledger name {managed_ledger!r} must be a non-empty string")
+        check_segment_name(segment_index_name(managed_ledger, uuid.UUID(int=0)))
+        for value, what in (
+            (block_bytes, "block_bytes"),
+            (buffer_bytes, "buffer_bytes"),
+            (max_segment_bytes, "max_segment_bytes"),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or not 256 <= value <= 1 << 40:
+                raise InvalidArgument(f"{what} must be an integer in 256..2**40, got {value!r}")
+        if (
+            isinstance(max_segment_age_s, bool)
+            or not isinstance(max_segment_age_s, int | float)
+            or max_segment_age_s <= 0
+        ):
+            raise InvalidArgument(f"max_segment_age_s must be positive, got {max_segment_age_s!r}")
+        self.storage = storage
+        self.managed_ledger = managed_ledger
+        self.block_bytes = block_bytes
+        self.buffer_bytes = max(buffer_bytes, block_bytes)
+        self.max_segment_bytes = max_segment_bytes
+        self.max_segment_age_s = float(max_segment_age_s)
+        self.clock = clock
+        self._ctx = storage.context
+        self._store = storage.context.store
+        self._live: OffloadHandle | None = None
+        self._lock = threading.Lock()
+
+    # -- segments ---------------------------------------------------------------------------------
+
+    def segments(self) -> list[StreamSegmentRecord]:
+        """The managed ledger's segments, in sequence."""
+        prefix = stream_prefix(self.managed_ledger)
+        with self._store.snapshot() as view:
+            return [
+                StreamSegmentRecord.decode(s.value)
+                for _, s in view.scan(OFFLOAD_STREAM_SEGMENTS, prefix, prefix_stop(prefix))
+            ]
+
+    def ledger(self, ledger_id: int) -> StreamLedgerRecord:
+        """The offload context of ``ledger_id``; ``OffloadNotFound`` if it has none."""
+        check_ledger_id(ledger_id)
+        with self._store.snapshot() as view:
+            stored = view.get(OFFLOAD_STREAM_LEDGERS, stream_key(self.managed_ledger, ledger_id))
+        if stored is None:
+            raise OffloadNotFound(f"{self.managed_ledger}: ledger {ledger_id} has no offloaded entries")
+        return StreamLedgerRecord.decode(stored.value)
+
+    def streaming_offload(
+        self,
+        uid: uuid.UUID,
+        driver_metadata: Mapping[str, str] | None = None,
+        begin_ledger: int = 0,
+        begin_entry: int = 0,
+    ) -> OffloadHandle:
+        """Open segment ``uid`` starting at (``begin_ledger``, ``begin_entry``), or resume
+        it if it is the managed ledger's open segment (the begin arguments are then its
+        own). Raises ``InvalidArgument`` (another segment is open or its handle still
+        live, ``uid`` used before, a begin not after the last segment's end, bad
+        arguments), ``Fenced``, ``ReadOnlyInstance``."""
+        if not isinstance(uid, uuid.UUID):
+            raise InvalidArgument(f"uid {uid!r} is not a uuid.UUID")
+        driver = dict(driver_metadata or {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in driver.items()):
+            raise InvalidArgument("driver metadata maps str keys to str values")
+        check_ledger_id(begin_ledger)
+        check_ledger_id(begin_entry)
+        with self._lock:
+            if self._live is not None and self._live.alive:
+                raise InvalidArgument(f"{self.managed_ledger}: segment {self._live.uid} is being offloaded")
+            segments = self.segments()
+            open_ones = [s for s in segments if s.state == StreamState.OPEN]
+            if open_ones and open_ones[0].id != uid:
+                raise InvalidArgument(
+                    f"{self.managed_ledger}: segment {open_ones[0].id} is still open:"
+                    " resume or close it first"
+                )
+            if open_ones:
+                record = self._roll_forward(open_ones[0])
+            else:
+                record = self._open(segments, uid, driver, begin_ledger, begin_entry)
+            self._live = OffloadHandle(self, record, self._write_block, self._close_segment)
+            return self._live
+
+    def _open(
+        self,
+        segments: list[StreamSegmentRecord],
+        uid: uuid.UUID,
+        driver: dict[str, str],
+        begin_ledger: int,
+        begin_entry: int,
+    ) -> StreamSegmentRecord:
+        if any(s.uid == uid.bytes for s in segments):
+            raise InvalidArgument(f"{self.managed_ledger}: uid {uid} was used before")
+        if segments and (begin_ledger, begin_entry) <= (segments[-1].end_ledger, segments[-1].end_entry):
+            last = segments[-1]
+            raise InvalidArgument(
+                f"{self.managed_ledger}: a segment must begin after the last one's end"
+                f" ({last.end_ledger}, {last.end_entry}), not at ({begin_ledger}, {begin_entry})"
+            )
+        record = StreamSegmentRecord(
+            self.managed_ledger,
+            segments[-1].sequence + 1 if segments else 0,
+            uid.bytes,
+            StreamState.OPEN,
+            self.storage.epoch,
+            begin_ledger,
+            begin_entry,
+            -1,
+            -1,
+            0,
+            [],
+            {},
+            int(self.clock() * 1000),
+            0,
+            self.block_bytes,
+            driver,
+        )
+        self._ctx.ownership.commit(
+            [Put(OFFLOAD_STREAM_SEGMENTS, record.key, record.encode())],
+            [Expect(OFFLOAD_STREAM_SEGMENTS, record.key, 0)],
+        )
+        self.storage.create(segment_name(self.managed_ledger, uid))
+        return record
+
+    def _roll_forward(self, record: StreamSegmentRecord) -> StreamSegmentRecord:
+        """Record the blocks a crash left written but unrecorded (see module doc)."""
+        name = segment_name(self.managed_ledger, record.id)
+        try:
+            length = self.storage.info(name).length
+        except SegmentNotFound:  # the crash came between the record and the segment's creation
+            self.storage.create(name)
+            return record
+        handle = self.storage.open_read(name)
+        while record.data_length < length:
+            position = record.data_length
+            header = formats.parse_streaming_block_header(
+                self.storage.read(handle, position, formats.HEADER_SIZE), name=name, offset=position
+            )
+            block = self.storage.read(handle, position, header.block_length)
+            entries = _block_entries(block, header, name=name, offset=position)
+            record = self._commit_block(record, header, entries)
+        return record
+
+    def _commit_block(
+        self,
+        record: StreamSegmentRecord,
+        header: formats.StreamingBlockHeader,
+        entries: list[tuple[int, bytes]],
+    ) -> StreamSegmentRecord:
+        """Record one durable block of ``record``'s segment; return the record after it."""
+        ledger_id = header.ledger_id
+        last = entries[-1][0]
+        counts = dict(record.ledgers)
+        seen = counts.get(ledger_id, [0, 0])
+        counts[ledger_id] = [seen[0] + len(entries), seen[1] + sum(len(p) for _, p in entries)]
+        row = [
+            ledger_id,
+            header.first_entry_id,
+            len(record.blocks) + 1,
+            record.data_length,
+            header.block_length,
+            last,
+        ]
+        updated = record.replace(
+            blocks=[*record.blocks, row],
+            ledgers=counts,
+            data_length=record.data_length + header.block_length,
+            end_ledger=ledger_id,
+            end_entry=last,
+            epoch=self.storage.epoch,
+        )
+        ops: list[Operation] = [Put(OFFLOAD_STREAM_SEGMENTS, updated.key, updated.encode())]
+        expects = [
+            Expect(OFFLOAD_STREAM_SEGMENTS, record.key, self._version(OFFLOAD_STREAM_SEGMENTS, record.key))
+        ]
+        if ledger_id not in record.ledgers:
+            key = stream_key(self.managed_ledger, ledger_id)
+            version = self._version(OFFLOAD_STREAM_LEDGERS, key)
+            ledger = (
+                self.ledger(ledger_id)
+                if version
+                else StreamLedgerRecord(self.managed_ledger, ledger_id, [], False)
+            )
+            if record.sequence not in ledger.segments:
+                ledger = ledger.replace(segments=[*ledger.segments, record.sequence])
+                ops.append(Put(OFFLOAD_STREAM_LEDGERS, key, ledger.encode()))
+                expects.append(Expect(OFFLOAD_STREAM_LEDGERS, key, version))
+        self._ctx.ownership.commit(ops, expects)
+        return updated
+
+    def _version(self, table: str, key: bytes) -> int:
+        with self._store.snapshot() as view:
+            stored = view.get(table, key)
+        return 0 if stored is None else stored.version
+
+    def _write_block(
+        self, record: StreamSegmentRecord, entries: list[tuple[int, int, bytes]]
+    ) -> StreamSegmentRecord:
+        """Write one block of ``entries`` (one ledger's, consecutive) as one SLTS write,
+        then record it."""
+        ledger_id, first = entries[0][0], entries[0][1]
+        payload = sum(len(data) for _, _, data in entries)
+        size = formats.streaming_block_size(record.block_bytes, len(entries), payload)
+        header = formats.StreamingBlockHeader(size, first, ledger_id)
+        pieces = [header.encode()]
+        for _, entry_id, data in entries:
+            pieces += (formats.entry_header(entry_id, len(data)), data)
+        used = formats.HEADER_SIZE + formats.ENTRY_HEADER_SIZE * len(entries) + payload
+        pieces.append(formats.padding(size - used))
+        name = segment_name(self.managed_ledger, record.id)
+        self.storage.write(self.storage.open_write(name), record.data_length, b"".join(pieces))
+        return self._commit_block(record, header, [(e, d) for _, e, d in entries])
+
+    def _close_segment(self, record: StreamSegmentRecord) -> StreamSegmentRecord:
+        """Write the index object, seal both objects, record the segment COMPLETE."""
+        data = segment_name(self.managed_ledger, record.id)
+        index = segment_index_name(self.managed_ledger, record.id)
+        groups: dict[int, list[formats.IndexEntry]] = {}
+        for ledger_id, first, part, offset, _, _ in record.blocks:
+            groups.setdefault(ledger_id, []).append(formats.IndexEntry(first, part, offset))
+        last_entry = {row[0]: row[5] for row in record.blocks}
+        ledgers = {
+            ledger_id: formats.LedgerGroup(
+                encode_ledger_info(
+                    LedgerInfo(ledger_id, last_entry[ledger_id] + 1, record.ledgers[ledger_id][1])
+                ),
+                entries,
+            )
+            for ledger_id, entries in groups.items()
+        }
+        with contextlib.suppress(SegmentNotFound):  # a retry after a crash mid-close starts over
+            self.storage.delete(self.storage.open_write(index))
+        self.storage.create(index)
+        handle = self.storage.open_write(index)
+        self.storage.write(handle, 0, formats.StreamingIndex(ledgers, record.data_length).encode())
+        self.storage.seal(handle)
+        self.storage.seal(self.storage.open_write(data))
+        complete = record.replace(state=StreamState.COMPLETE, offloaded_ms=int(self.clock() * 1000))
+        self._ctx.ownership.commit(
+            [Put(OFFLOAD_STREAM_SEGMENTS, complete.key, complete.encode())],
+            [Expect(OFFLOAD_STREAM_SEGMENTS, record.key, self._version(OFFLOAD_STREAM_SEGMENTS, record.key))],
+        )
+        return complete
+
+    # -- read and delete --------------------------------------------------------------------------
+
+    def read_ledger(self, ledger_id: int) -> StreamingLedgerHandle:
+        """A read handle of ``ledger_id`` across every segment holding its entries (durable
+        blocks of the open segment included). Raises ``OffloadNotFound`` (no entries, or
+        deleted)."""
+        ledger = self.ledger(ledger_id)
+        if ledger.deleted:
+            raise OffloadNotFound(f"{self.managed_ledger}: ledger {ledger_id} was deleted")
+        by_sequence = {s.sequence: s for s in self.segments()}
+        blocks = [
+            (by_sequence[sequence], row)
+            for sequence in ledger.segments
+            for row in by_sequence[sequence].blocks
+            if row[0] == ledger_id
+        ]
+        return StreamingLedgerHandle(self, ledger_id, blocks)
+
+    def delete_ledger(self, ledger_id: int) -> list[uuid.UUID]:
+        """Mark ``ledger_id`` deleted and delete the complete segments whose ledgers are
+        all deleted now; return their uids. Raises ``OffloadNotFound``, ``Fenced``,
+        ``ReadOnlyInstance``."""
+        ledger = self.ledger(ledger_id)
+        if not ledger.deleted:
+            self._ctx.ownership.commit(
+                [Put(OFFLOAD_STREAM_LEDGERS, ledger.key, ledger.replace(deleted=True).encode())],
+                [
+                    Expect(
+                        OFFLOAD_STREAM_LEDGERS, ledger.key, self._version(OFFLOAD_STREAM_LEDGERS, ledger.key)
+                    )
+                ],
+            )
+        removed = []
+        for segment in self.segments():
+            if (
+                segment.sequence in ledger.segments
+                and segment.state != StreamState.OPEN
+                and all(self.ledger(other).deleted for other in segment.ledgers)
+            ):
+                self._delete_segment(segment)
+                removed.append(segment.id)
+        return removed
+
+    def _delete_segment(self, segment: StreamSegmentRecord) -> None:
+        if segment.state != StreamState.DELETING:
+            deleting = segment.replace(state=StreamState.DELETING)
+            self._ctx.ownership.commit(
+                [Put(OFFLOAD_STREAM_SEGMENTS, deleting.key, deleting.encode())],
+                [
+                    Expect(
+                        OFFLOAD_STREAM_SEGMENTS,
+                        segment.key,
+                        self._version(OFFLOAD_STREAM_SEGMENTS, segment.key),
+                    )
+                ],
+            )
+        for name in (
+            segment_name(self.managed_ledger, segment.id),
+            segment_index_name(self.managed_ledger, segment.id),
+        ):
+            with contextlib.suppress(SegmentNotFound):
+                self.storage.delete(self.storage.open_write(name))
+        ops: list[Operation] = [Delete(OFFLOAD_STREAM_SEGMENTS, segment.key)]
+        for ledger_id in segment.ledgers:
+            ledger = self.ledger(ledger_id)
+            rest = [s for s in ledger.segments if s != segment.sequence]
+            if rest:
+                ops.append(Put(OFFLOAD_STREAM_LEDGERS, ledger.key, ledger.replace(segments=rest).encode()))
+            else:
+                ops.append(Delete(OFFLOAD_STREAM_LEDGERS, ledger.key))
+        self._ctx.ownership.commit(ops, [])
+
+
+class OffloadHandle:
+    """One open streaming segment (Pulsar's ``OffloadHandle``); a writer thread turns the
+    offered entries into blocks. Thread-safe."""
+
+    def __init__(
+        self,
+        offloader: StreamingOffloader,
+        record: StreamSegmentRecord,
+        write_block: Callable[[StreamSegmentRecord, list[tuple[int, int, bytes]]], StreamSegmentRecord],
+        close_segment: Callable[[StreamSegmentRecord], StreamSegmentRecord],
+    ) -> None:
+        self._offloader = offloader
+        self._write_block = write_block
+        self._close_segment = close_segment
+        self._record = record
+        self.uid = record.id
+        self._cond = threading.Condition()
+        self._buffer: deque[tuple[int, int, bytes]] = deque()
+        self._buffered = 0
+        self._closing = False
+        self._flushes = 0
+        self._done_flushes = 0
+        self._error: BaseException | None = None
+        self._result: OffloadResult | None = None
+        last = (record.end_ledger, record.end_entry)
+        self._last_offered: tuple[int, int] | None = None if last == (-1, -1) else last
+        self._writer = threading.Thread(target=self._run, name=f"slts-offload-{self.uid}", daemon=True)
+        self._writer.start()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the writer still runs (the segment is neither closed nor failed)."""
+        return self._writer.is_alive()
+
+    def last_offered(self) -> tuple[int, int] | None:
+        """The (ledger, entry) last taken (after a resume: the last durable one)."""
+        with self._cond:
+            return self._last_offered
+
+    def can_offer(self, size: int) -> bool:
+        """Whether an entry of ``size`` bytes would be taken now."""
+        with self._cond:
+            return not self._closing and self._buffered + size <= self._offloader.buffer_bytes
+
+    def offer_entry(self, ledger_id: int, entry_id: int, data: bytes) -> OfferResult:
+        """Take an entry. It must follow the last one offered: the next entry of the same
+        ledger, or entry 0 of a later ledger (the first one: the segment's begin).
+        Raises ``EntryOutOfOrder`` (nothing taken), ``InvalidArgument``, and the writer's
+        error once it failed."""
+        check_ledger_id(ledger_id)
+        check_ledger_id(entry_id)
+        if not isinstance(data, bytes) or len(data) > formats.INT32_MAX:
+            raise InvalidArgument("an entry is a bytes object of at most 2**31-1 bytes")
+        with self._cond:
+            if self._error is not None:
+                raise self._error
+            if self._closing or self._age_due():
+                self._start_closing()
+                return OfferResult.FAIL_SEGMENT_CLOSED
+            expected = self._last_offered
+            follows = (
+                (ledger_id, entry_id) == (self._record.begin_ledger, self._record.begin_entry)
+                if expected is None
+                else (ledger_id == expected[0] and entry_id == expected[1] + 1)
+                or (ledger_id > expected[0] and entry_id == 0)
+            )
+            if not follows:
+                raise EntryOutOfOrder(
+                    f"{self._offloader.managed_ledger}: entry ({ledger_id}, {entry_id}) does not follow"
+                    f" {expected if expected is not None else 'the segment begin'}"
+                    f" ({self._record.begin_ledger}, {self._record.begin_entry})",
+                    ledger=ledger_id,
+                    entry=entry_id,
+                )
+            if self._buffered + len(data) > self._offloader.buffer_bytes and self._buffer:
+                return OfferResult.FAIL_BUFFER_FULL
+            self._buffer.append((ledger_id, entry_id, data))
+            self._buffered += len(data)
+            self._last_offered = (ledger_id, entry_id)
+            self._cond.notify_all()
+            return OfferResult.OK
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Write every entry offered so far (the last block may be short of
+        ``block_bytes``: it is padded) and wait until it is durable. Raises the writer's
+        error."""
+        with self._cond:
+            self._flushes += 1
+            target = self._flushes
+            self._cond.notify_all()
+            if not self._cond.wait_for(
+                lambda: self._done_flushes >= target or self._error is not None or not self.alive, timeout
+            ):
+                raise TimeoutError(f"segment {self.uid}: flush did not finish in {timeout} s")
+            if self._error is not None:
+                raise self._error
+
+    def close(self, timeout: float | None = None) -> OffloadResult:
+        """Write what is buffered and close the segment; return its result."""
+        with self._cond:
+            self._start_closing()
+        return self.result(timeout)
+
+    def result(self, timeout: float | None = None) -> OffloadResult:
+        """Wait until the segment is closed (by size, age or ``close``); its result.
+        Raises the writer's error, ``TimeoutError``."""
+        self._writer.join(timeout)
+        if self._writer.is_alive():
+            raise TimeoutError(f"segment {self.uid} is still open after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def check_age(self) -> None:
+        """Close the segment if it is older than ``max_segment_age_s`` (the writer does
+        this on its own about every second)."""
+        with self._cond:
+            if self._age_due():
+                self._start_closing()
+
+    def _age_due(self) -> bool:
+        age_ms = self._offloader.clock() * 1000 - self._record.assigned_ms
+        return age_ms >= self._offloader.max_segment_age_s * 1000
+
+    def _start_closing(self) -> None:
+        self._closing = True
+        self._cond.notify_all()
+
+    # -- the writer thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._ready():
+                        self._cond.wait(AGE_CHECK_INTERVAL_S)
+                        if self._age_due():
+                            self._closing = True
+                    block, flushing = self._take_block()
+                if block:
+                    self._record = self._write_block(self._record, block)
+                    if self._record.data_length >= self._offloader.max_segment_bytes:
+                        with self._cond:
+                            self._closing = True
+                    continue
+                with self._cond:
+                    self._done_flushes = max(self._done_flushes, flushing)
+                    self._cond.notify_all()
+                    if not (self._closing and not self._buffer):
+                        continue
+                self._record = self._close_segment(self._record)
+                record = self._record
+                self._result = OffloadResult(
+                    self.uid, record.begin_ledger, record.begin_entry, record.end_ledger, record.end_entry
+                )
+                return
+        except BaseException as exc:  # noqa: BLE001 - kept for the caller: result(), flush(), offers raise it
+            with self._cond:
+                self._error = exc
+                self._cond.notify_all()
+        finally:
+            with self._cond:
+                self._cond.notify_all()
+
+    def _ready(self) -> bool:
+        return (
+            self._buffered >= self._offloader.block_bytes
+            or self._closing
+            or self._flushes > self._done_flushes
+        )
+
+    def _take_block(self) -> tuple[list[tuple[int, int, bytes]], int]:
+        """Under the lock: the entries of the next block (one ledger's, up to
+        ``block_bytes`` of framed entries; at least one), or none if the buffer is empty
+        or holds less than a block and nobody asked to flush or close; with the flush
+        number they satisfy."""
+        flushing = self._flushes
+        urgent = self._closing or self._flushes > self._done_flushes
+        if not self._buffer or (self._buffered < self._offloader.block_bytes and not urgent):
+            return [], flushing
+        block = [self._buffer.popleft()]
+        used = formats.HEADER_SIZE + formats.ENTRY_HEADER_SIZE + len(block[0][2])
+        while self._buffer and self._buffer[0][0] == block[0][0]:
+            following = formats.ENTRY_HEADER_SIZE + len(self._buffer[0][2])
+            if used + following > self._offloader.block_bytes:
+                break
+            block.append(self._buffer.popleft())
+            used += following
+        self._buffered -= sum(len(data) for _, _, data in block)
+        self._cond.notify_all()
+        return block, flushing
+
+
+class StreamingLedgerHandle:
+    """A read handle of one ledger across streaming segments (the source's shape)."""
+
+    def __init__(
+        self,
+        offloader: StreamingOffloader,
+        ledger_id: int,
+        blocks: list[tuple[StreamSegmentRecord, list[int]]],
+    ) -> None:
+        self._offloader = offloader
+        self._ledger_id = ledger_id
+        self._blocks = blocks
+        self._first = blocks[0][1][1] if blocks else 0
+        self._last = blocks[-1][1][5] if blocks else -1
+        self._length = sum(
+            segment.ledgers[ledger_id][1] for segment in {s.sequence: s for s, _ in blocks}.values()
+        )
+
+    @property
+    def ledger_id(self) -> int:
+        return self._ledger_id
+
+    @property
+    def first_entry_id(self) -> int:
+        """The first entry offloaded (a ledger offloaded from its middle starts later)."""
+        return self._first
+
+    @property
+    def last_entry_id(self) -> int:
+        return self._last
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def closed(self) -> bool:
+        return all(segment.state == StreamState.COMPLETE for segment, _ in self._blocks)
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return LedgerMetadata(last_entry_id=self._last, length=self._length, closed=self.closed)
+
+    def read(self, first: int, last: int) -> list[bytes]:
+        """Entries ``first..last`` in order, across segments. Raises ``EntryOutOfRange``
+        (outside what was offloaded), ``InvalidOffloadObject`` (damaged blocks)."""
+        first, last = check_entry_range(self, first, last)
+        if first < self._first:
+            raise EntryOutOfRange(
+                f"ledger {self._ledger_id}: entries before {self._first} were not offloaded",
+                ledger=self._ledger_id,
+                first=first,
+                last=last,
+            )
+        storage = self._offloader.storage
+        entries: list[bytes] = []
+        expected = first
+        for segment, (_, block_first, _, offset, length, block_last) in self._blocks:
+            if block_last < first or block_first > last:
+                continue
+            name = segment_name(self._offloader.managed_ledger, segment.id)
+            block = storage.read(storage.open_read(name), offset, length)
+            header = formats.parse_streaming_block_header(block, name=name, offset=offset)
+            if (header.ledger_id, header.first_entry_id, header.block_length) != (
+                self._ledger_id,
+                block_first,
+                length,
+            ):
+                raise InvalidOffloadObject(
+                    f"offload object {name!r} at byte {offset}: the block header says ledger"
+                    f" {header.ledger_id} from entry {header.first_entry_id} in {header.block_length} bytes,"
+                    f" the segment's record ledger {self._ledger_id} from {block_first} in {length}",
+                    object=name,
+                    offset=offset,
+                )
+            for entry_id, payload in _block_entries(block, header, name=name, offset=offset):
+                if first <= entry_id <= last:
+                    if entry_id != expected:
+                        raise InvalidOffloadObject(
+                            f"offload object {name!r}: entry {entry_id} where {expected} was expected",
+                            object=name,
+                            offset=offset,
+                        )
+                    entries.append(payload)
+                    expected += 1
+        assert len(entries) == last - first + 1, (first, last, len(entries))
+        return entries
+
+
+def _block_entries(
+    block: bytes, header: formats.StreamingBlockHeader, *, name: str, offset: int
+) -> list[tuple[int, bytes]]:
+    """The (entry id, payload) pairs of one whole streaming block, in order, ids following
+    one another from the header's; ``InvalidOffloadObject`` for a block cut short, an entry
+    past the block's end, or a gap."""
+    if len(block) < header.block_length:
+        raise InvalidOffloadObject(
+            f"offload object {name!r} at byte {offset}: a block of {header.block_length} bytes"
+            f" holds {len(block)}",
+            object=name,
+            offset=offset,
+        )
+    view = memoryview(block)
+    entries: list[tuple[int, bytes]] = []
+    position = formats.HEADER_SIZE
+    while position + formats.ENTRY_HEADER_SIZE <= header.block_length:
+        length, entry_id = formats.parse_entry_header(view[position:])
+        if length < 0:
+            break
+        end = position + formats.ENTRY_HEADER_SIZE + length
+        if end > header.block_length or entry_id != header.first_entry_id + len(entries):
+            raise InvalidOffloadObject(
+                f"offload object {name!r} at byte {offset + position}: entry {entry_id} of {length} bytes",
+                object=name,
+                offset=offset + position,
+            )
+        entries.append((entry_id, bytes(view[position + formats.ENTRY_HEADER_SIZE : end])))
+        position = end
+    if not entries:
+        raise InvalidOffloadObject(
+            f"offload object {name!r} at byte {offset}: a block without entries", object=name, offset=offset
+        )
+    return entries
