@@ -44,10 +44,13 @@ from tqdm import tqdm
 from slts.errors import (
     ChunkNotFound,
     ChunkStorageError,
+    EntryOutOfRange,
     Fenced,
     IllegalStateTransition,
     InvalidArgument,
+    InvalidOffloadObject,
     MetadataCorrupted,
+    OffloadNotFound,
     RemoteOffsetOutOfRange,
     RemoteSegmentNotFound,
     SegmentError,
@@ -67,6 +70,8 @@ EXIT_FILE, EXIT_CORRUPT = 9, 10
 _EXIT_BY_ERROR: tuple[tuple[type[SltsError], int], ...] = (
     (SegmentNotFound, EXIT_NOT_FOUND),
     (RemoteSegmentNotFound, EXIT_NOT_FOUND),
+    (OffloadNotFound, EXIT_NOT_FOUND),
+    (EntryOutOfRange, EXIT_INVALID),
     (IllegalStateTransition, EXIT_STATE),
     (RemoteOffsetOutOfRange, EXIT_INVALID),
     (ChunkNotFound, EXIT_NOT_FOUND),
@@ -75,6 +80,7 @@ _EXIT_BY_ERROR: tuple[tuple[type[SltsError], int], ...] = (
     (SegmentExists, EXIT_EXISTS),
     (InvalidArgument, EXIT_INVALID),
     (Fenced, EXIT_FENCED),
+    (InvalidOffloadObject, EXIT_CHUNK_STORAGE),
     (ChunkStorageError, EXIT_CHUNK_STORAGE),
     (SegmentError, EXIT_STATE),
 )
@@ -802,9 +808,10 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--ignore", nargs="+", default=[], metavar="KIND", help="count these kinds, go on")
     simulate.add_argument("--jobs", type=_positive, default=1, help="seeds run side by side (default 1)")
 
-    from slts.tools import remote_cli  # it imports this module's helpers: import it once they exist
+    from slts.tools import offload_cli, remote_cli  # they import this module's helpers: import them now
 
     remote_cli.register(sub, common)
+    offload_cli.register(sub, common)
     return parser
 
 

@@ -122,13 +122,20 @@ _FILE_ENTRY = struct.Struct(">iq")
 
 def write_ledger_file(path: str | os.PathLike[str], entries: Sequence[bytes]) -> None:
     """Write ``entries`` as a ledger file: ``[length i32][entry id i64][payload]`` per
-    entry, ids from 0 (the framing of an offloaded block's entries)."""
+    entry, ids from 0 (the framing of an offloaded block's entries), synced."""
     with open(path, "wb") as file:
-        for entry_id, payload in enumerate(entries):
-            file.write(_FILE_ENTRY.pack(len(payload), entry_id))
-            file.write(payload)
+        write_ledger_entries(file, entries)
         file.flush()
         os.fsync(file.fileno())
+
+
+def write_ledger_entries(out: BinaryIO, entries: Sequence[bytes], *, first_entry_id: int = 0) -> None:
+    """Write ``entries`` to ``out`` in the ledger file's framing, ids from
+    ``first_entry_id`` (a whole ledger from 0 is a ledger file ``FileLedger`` opens)."""
+    assert first_entry_id >= 0, first_entry_id
+    for entry_id, payload in enumerate(entries, start=first_entry_id):
+        out.write(_FILE_ENTRY.pack(len(payload), entry_id))
+        out.write(payload)
 
 
 class FileLedger:

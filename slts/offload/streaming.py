@@ -22,7 +22,8 @@ the commit) is read back and recorded, so the segment continues exactly after it
 durable entry; the caller offers again from there. Nothing is lost and nothing is written
 twice.
 
-A segment closes when its data reaches ``max_segment_bytes``, when it is older than
+A segment closes when the entries offered to it reach ``max_segment_bytes`` (so it ends
+at most one block's headers and padding past it), when it is older than
 ``max_segment_age_s`` (checked on every offer and by the writer), or on ``close``: the
 rest of the buffer is written, the index object follows, both are sealed and the record
 turns COMPLETE. A new segment of the managed ledger can be opened only after that.
@@ -460,6 +461,9 @@ class OffloadHandle:
         self._cond = threading.Condition()
         self._buffer: deque[tuple[int, int, bytes]] = deque()
         self._buffered = 0
+        #: The segment's bytes once everything offered is written (framed entries of full
+        #: blocks; headers and padding come on top): the size rollover counts these.
+        self._offered_bytes = record.data_length
         self._closing = False
         self._flushes = 0
         self._done_flushes = 0
@@ -519,7 +523,10 @@ class OffloadHandle:
                 return OfferResult.FAIL_BUFFER_FULL
             self._buffer.append((ledger_id, entry_id, data))
             self._buffered += len(data)
+            self._offered_bytes += formats.ENTRY_HEADER_SIZE + len(data)
             self._last_offered = (ledger_id, entry_id)
+            if self._offered_bytes >= self._offloader.max_segment_bytes:
+                self._start_closing()  # as Pulsar: the offer that reaches the size closes the segment
             self._cond.notify_all()
             return OfferResult.OK
 

@@ -130,7 +130,7 @@ def stream(offloader: StreamingOffloader, producer: Producer, count: int) -> lis
 
 def test_segments_roll_over_by_size_and_every_ledger_reads_back_across_them(env: Env) -> None:
     offloader = StreamingOffloader(
-        env.open(), ML, block_bytes=4096, buffer_bytes=16384, max_segment_bytes=60_000
+        env.open(), ML, block_bytes=4096, buffer_bytes=1 << 20, max_segment_bytes=60_000
     )
     producer = Producer(seed=1)
     results = stream(offloader, producer, 4000)
@@ -140,6 +140,9 @@ def test_segments_roll_over_by_size_and_every_ledger_reads_back_across_them(env:
         assert (after.begin_ledger, after.begin_entry) > (before.end_ledger, before.end_entry)
     spanning = [lid for lid in range(producer.ledger + 1) if len(offloader.ledger(lid).segments) > 1]
     assert spanning, "some ledger spans two segments"
+    for segment in segments:  # the offer reaching the size closes the segment: one entry past it at most
+        framed = sum(size + formats.ENTRY_HEADER_SIZE * count for count, size in segment.ledgers.values())
+        assert framed < 60_000 + formats.ENTRY_HEADER_SIZE + producer.largest, segment.sequence
     for ledger_id in range(producer.ledger + 1):
         handle = offloader.read_ledger(ledger_id)
         expected = producer.ledger_entries(ledger_id)
