@@ -313,6 +313,7 @@ class OffloadedLedger:
     ) -> None:
         self._storage = offloader.storage
         self._read_ahead = offloader.read_ahead_bytes
+        self._align = self._storage.config.checksum_block_bytes
         self._record = record
         self._index = index
         self._metadata = metadata
@@ -367,9 +368,7 @@ class OffloadedLedger:
             expected, position = self._enter_block(number, blocks[number].entry_id)
         while True:
             if position + formats.ENTRY_HEADER_SIZE <= block_end:
-                length, entry_id = formats.parse_entry_header(
-                    self._bytes(position, formats.ENTRY_HEADER_SIZE)
-                )
+                length, entry_id = formats.parse_entry_header(self._view(position, formats.ENTRY_HEADER_SIZE))
             else:
                 length, entry_id = -1, -1  # the block is full to its end
             if length < 0:  # padding: the next block, which must go on with the next entry
@@ -388,7 +387,7 @@ class OffloadedLedger:
                     offset=position,
                 )
             if entry_id >= first:
-                payload = self._bytes(position + formats.ENTRY_HEADER_SIZE, length)
+                payload = bytes(self._view(position + formats.ENTRY_HEADER_SIZE, length))
                 self._resume = (entry_id + 1, end)
                 yield entry_id, payload
             expected, position = entry_id + 1, end
@@ -405,7 +404,7 @@ class OffloadedLedger:
         entry = self._index.entries[number]
         start, end = self._bounds(number)
         header = formats.parse_block_header(
-            self._bytes(start, formats.HEADER_SIZE), name=self.name, offset=start
+            self._view(start, formats.HEADER_SIZE), name=self.name, offset=start
         )
         if (
             header.first_entry_id != entry.entry_id
@@ -421,22 +420,27 @@ class OffloadedLedger:
             )
         return entry.entry_id, start + formats.HEADER_SIZE
 
-    def _bytes(self, position: int, length: int) -> bytes:
-        """``length`` bytes of the data object at ``position``, from the read-ahead buffer
-        or a ranged read of at least ``read_ahead_bytes``."""
+    def _view(self, position: int, length: int) -> memoryview:
+        """``length`` bytes of the data object at ``position`` (valid until the next call),
+        from the read-ahead buffer or a ranged read of at least ``read_ahead_bytes``."""
         offset = position - self._buffer_start
         if offset >= 0 and offset + length <= len(self._buffer):
-            return bytes(self._buffer[offset : offset + length])
-        size = min(max(length, self._read_ahead), self._index.data_object_length - position)
-        if size < length:
+            return self._buffer[offset : offset + length]
+        data_end = self._index.data_object_length
+        if position + length > data_end:
             raise InvalidOffloadObject(
                 f"offload object {self.name!r} at byte {position}: {length} bytes asked past its end",
                 object=self.name,
                 offset=position,
             )
-        self._buffer = memoryview(self._storage.read(self._segment, position, size))
-        self._buffer_start = position
-        return bytes(self._buffer[:length])
+        # On the SLTS checksum blocks' grid (the offloader's writes keep chunks on it), so
+        # the storage verifies whole blocks and hands them over without cutting a copy.
+        align = self._align
+        start = position - position % align
+        end = min(data_end, -(-max(position + length, start + self._read_ahead) // align) * align)
+        self._buffer = memoryview(self._storage.read(self._segment, start, end - start))
+        self._buffer_start = start
+        return self._buffer[position - start : position - start + length]
 
 
 class _EntrySource:

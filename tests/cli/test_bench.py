@@ -45,3 +45,18 @@ def test_bench_remote_suite_runs_quick(tmp_path, capsys) -> None:
     ]
     assert all(f["subject_median"] > 0 and f["baseline_median"] > 0 for f in figures)
     assert list(tmp_path.iterdir()) == [], "scratch folders are removed"
+
+
+def test_bench_offload_suite_runs_quick(tmp_path, capsys) -> None:
+    """The offload benchmarks offload, stream and read back ledgers, and clean up."""
+    only = ["offload_write_64k", "offload_read_64k", "offload_stream_1k"]
+    code = cli.main(["bench", "--quick", "--only", *only, "--dir", str(tmp_path), "--json"])
+    assert code == 0
+    figures = json.loads(capsys.readouterr().out)["figures"]
+    assert [(f["name"], f["unit"]) for f in figures] == [
+        ("offload_write_64k", "MB/s"),
+        ("offload_read_64k", "MB/s"),
+        ("offload_stream_1k", "entries/s"),
+    ]
+    assert all(f["subject_median"] > 0 and f["baseline_median"] > 0 for f in figures)
+    assert list(tmp_path.iterdir()) == [], "scratch folders are removed"
