@@ -168,14 +168,13 @@ class LedgerOffloader:
             out.append(formats.BlockHeader(size, first).encode())
             used = formats.HEADER_SIZE
             while entries.next_id <= last:
-                payload = entries.peek()
-                if used + formats.ENTRY_HEADER_SIZE + len(payload) > size:
+                at = entries.next_id
+                taken = entries.take_fitting(size - used)
+                if not taken:
                     break
-                out.append(formats.entry_header(entries.next_id, len(payload)))
-                out.append(payload)  # not concatenated: the write joins the pieces once
-                used += formats.ENTRY_HEADER_SIZE + len(payload)
-                payload_written += len(payload)
-                entries.take()
+                framed = out.append_entries(at, taken)
+                used += framed
+                payload_written += framed - formats.ENTRY_HEADER_SIZE * len(taken)
             if entries.next_id == first:
                 raise EntryTooLarge(
                     f"ledger {handle.ledger_id}: entry {first} of {len(entries.peek())} bytes does not fit"
@@ -463,9 +462,18 @@ class _EntrySource:
             self._pending.extend(read)
         return self._pending[0]
 
-    def take(self) -> None:
-        self._pending.popleft()
-        self.next_id += 1
+    def take_fitting(self, room: int) -> list[bytes]:
+        """Take the entries from the next one on that fit in ``room`` bytes framed, at
+        most those of one read of the source (none if the next one does not fit)."""
+        self.peek()
+        pending = self._pending
+        taken = []
+        while pending and room >= formats.ENTRY_HEADER_SIZE + len(pending[0]):
+            payload = pending.popleft()
+            room -= formats.ENTRY_HEADER_SIZE + len(payload)
+            taken.append(payload)
+        self.next_id += len(taken)
+        return taken
 
 
 class _Appender:
@@ -489,6 +497,20 @@ class _Appender:
         self._pending_bytes += len(data)
         if self._pending_bytes >= self._write_bytes:
             self.flush()
+
+    def append_entries(self, first_entry_id: int, payloads: list[bytes]) -> int:
+        """Append ``payloads`` framed, ids from ``first_entry_id`` (the framing and each
+        payload as separate pieces: the write joins them once); return the bytes appended."""
+        pieces = self._pending
+        framed = 0
+        for entry_id, payload in enumerate(payloads, start=first_entry_id):
+            pieces.append(formats.entry_header(entry_id, len(payload)))
+            pieces.append(payload)
+            framed += formats.ENTRY_HEADER_SIZE + len(payload)
+        self._pending_bytes += framed
+        if self._pending_bytes >= self._write_bytes:
+            self.flush()
+        return framed
 
     def flush(self) -> None:
         if self._pending_bytes:
