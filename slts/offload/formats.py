@@ -347,6 +347,13 @@ def java_hash_map_order(keys: Iterable[int]) -> list[int]:
     return sorted(ordered, key=bucket)  # stable: insertion order within a bucket
 
 
+def check_format_version(version: str, name: str) -> None:
+    """``InvalidOffloadObject`` unless objects written in ``version`` are readable here
+    (Pulsar's readers refuse every version but their own, too)."""
+    if version != FORMAT_VERSION:
+        raise _invalid(f"format version {version!r}; this reader reads version {FORMAT_VERSION}", name, 0)
+
+
 def _invalid(message: str, name: str, offset: int) -> InvalidOffloadObject:
     where = f"offload object {name!r}" if name else "offload object"
     return InvalidOffloadObject(f"{where} at byte {offset}: {message}", object=name, offset=offset)

@@ -244,10 +244,11 @@ class LedgerOffloader:
 
     def read_offloaded(self, ledger_id: int, uid: uuid.UUID) -> OffloadedLedger:
         """A read handle of the COMPLETE attempt ``uid`` of ``ledger_id``. Raises
-        ``OffloadNotFound``, ``InvalidOffloadObject`` (the index does not parse),
-        ``InvalidArgument``."""
+        ``OffloadNotFound``, ``InvalidOffloadObject`` (the index does not parse, or the
+        objects are in a format version this reader does not know), ``InvalidArgument``."""
         record = self._complete(ledger_id, uid)
         name = index_name(ledger_id, uid)
+        formats.check_format_version(record.format_version, name)
         handle = self.storage.open_read(name)
         data = self.storage.read(handle, 0, self.storage.info(name).length)
         index = formats.parse_index(data, name=name)

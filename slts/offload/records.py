@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from slts.metadata.records import Record
+from slts.offload.formats import FORMAT_VERSION
 
 _LEDGER = struct.Struct(">Q")
 _EMPTY: Mapping[str, Any] = {}
@@ -45,7 +46,7 @@ def ledger_prefix(ledger_id: int) -> bytes:
 @dataclass(frozen=True, slots=True)
 class OffloadRecord(Record):
     """One offload attempt: its ledger and uid, state, the epoch that started it, and,
-    once COMPLETE, what was written (the index object has the rest)."""
+    once COMPLETE, what was written (the index object has the rest) and in which format."""
 
     KIND: ClassVar[str] = "offloaded-ledger"
 
@@ -59,6 +60,8 @@ class OffloadRecord(Record):
     length: int = 0
     data_length: int = 0
     blocks: int = 0
+    #: The objects' format version (Pulsar keeps it in their user metadata; readers refuse others).
+    format_version: str = FORMAT_VERSION
     extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
 
     @property
@@ -126,6 +129,8 @@ class StreamSegmentRecord(Record):
     offloaded_ms: int
     block_bytes: int
     driver_metadata: Mapping[str, str]
+    #: The objects' format version, as for ``OffloadRecord``.
+    format_version: str = FORMAT_VERSION
     extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
 
     @property

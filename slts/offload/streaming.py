@@ -374,11 +374,17 @@ class StreamingOffloader:
     def read_ledger(self, ledger_id: int) -> StreamingLedgerHandle:
         """A read handle of ``ledger_id`` across every segment holding its entries (durable
         blocks of the open segment included). Raises ``OffloadNotFound`` (no entries, or
-        deleted)."""
+        deleted), ``InvalidOffloadObject`` (a segment in a format version this reader does
+        not know)."""
         ledger = self.ledger(ledger_id)
         if ledger.deleted:
             raise OffloadNotFound(f"{self.managed_ledger}: ledger {ledger_id} was deleted")
         by_sequence = {s.sequence: s for s in self.segments()}
+        for sequence in ledger.segments:
+            segment = by_sequence[sequence]
+            formats.check_format_version(
+                segment.format_version, segment_name(self.managed_ledger, segment.id)
+            )
         blocks = [
             (by_sequence[sequence], row)
             for sequence in ledger.segments

@@ -22,7 +22,8 @@ from slts.errors import (
     ReadOnlyInstance,
 )
 from slts.metadata.memory_store import MemoryMetadataStore
-from slts.metadata.schema import TABLES
+from slts.metadata.schema import OFFLOAD_LEDGERS, TABLES
+from slts.metadata.store import Put
 from slts.offload import formats
 from slts.offload.ledger_metadata import LedgerMetadata
 from slts.offload.ledgers import FileLedger, MemoryLedger, write_ledger_file
@@ -244,6 +245,19 @@ def test_a_damaged_block_header_is_a_typed_error_naming_object_and_offset(env: E
     with pytest.raises(InvalidOffloadObject, match="bad block header") as caught:
         handle.read(second.entry_id, second.entry_id)
     assert caught.value.object == data_name(2, uid) and caught.value.offset == second.offset
+
+
+def test_objects_of_an_unknown_format_version_are_refused(env: Env) -> None:
+    storage = env.open()
+    offloader = LedgerOffloader(storage, max_block_bytes=BLOCK)
+    uid = uuid.uuid4()
+    record = offloader.offload(MemoryLedger(4, entries(20)), uid)
+    assert record.format_version == formats.FORMAT_VERSION == "1"
+    newer = record.replace(format_version="2")
+    storage.context.ownership.commit([Put(OFFLOAD_LEDGERS, record.key, newer.encode())], [])
+    with pytest.raises(InvalidOffloadObject, match="format version '2'") as caught:
+        offloader.read_offloaded(4, uid)
+    assert caught.value.object == index_name(4, uid)
 
 
 def test_a_fenced_instance_changes_nothing_and_a_follower_reads(env: Env) -> None:

@@ -15,9 +15,10 @@ import pytest
 from slts.journal.restore import restore
 from slts.tools.simulation.seam import FakeClock
 
-from slts.errors import EntryOutOfOrder, InvalidArgument, OffloadNotFound
+from slts.errors import EntryOutOfOrder, InvalidArgument, InvalidOffloadObject, OffloadNotFound
 from slts.metadata.memory_store import MemoryMetadataStore
-from slts.metadata.schema import TABLES
+from slts.metadata.schema import OFFLOAD_STREAM_SEGMENTS, TABLES
+from slts.metadata.store import Put
 from slts.offload import formats
 from slts.offload.ledger_metadata import LedgerInfo, decode_ledger_info, encode_ledger_info
 from slts.offload.records import StreamState
@@ -352,3 +353,19 @@ def test_bad_arguments_are_typed_errors(env: Env) -> None:
             bad()
     with pytest.raises(OffloadNotFound):
         StreamingOffloader(storage, ML).read_ledger(3)
+
+
+def test_a_segment_of_an_unknown_format_version_is_refused(env: Env) -> None:
+    storage = env.open()
+    offloader = StreamingOffloader(storage, ML, block_bytes=2048)
+    handle = offloader.streaming_offload(uuid.uuid4(), {}, 0, 0)
+    for entry_id in range(10):
+        assert handle.offer_entry(0, entry_id, bytes([entry_id]) * 100) == OfferResult.OK
+    handle.close()
+    (segment,) = offloader.segments()
+    assert segment.format_version == formats.FORMAT_VERSION
+    assert offloader.read_ledger(0).read(0, 9)[9] == bytes([9]) * 100
+    newer = segment.replace(format_version="2")
+    storage.context.ownership.commit([Put(OFFLOAD_STREAM_SEGMENTS, segment.key, newer.encode())], [])
+    with pytest.raises(InvalidOffloadObject, match="format version '2'"):
+        offloader.read_ledger(0)
