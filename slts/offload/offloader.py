@@ -502,15 +502,16 @@ class _Appender:
     def append_entries(self, first_entry_id: int, payloads: list[bytes]) -> int:
         """Append ``payloads`` framed, ids from ``first_entry_id`` (the framing and each
         payload as separate pieces: the write joins them once); return the bytes appended."""
-        pieces = self._pending
+        pieces = self._pending  # the same list across flushes (flush clears it)
         framed = 0
         for entry_id, payload in enumerate(payloads, start=first_entry_id):
             pieces.append(formats.entry_header(entry_id, len(payload)))
             pieces.append(payload)
-            framed += formats.ENTRY_HEADER_SIZE + len(payload)
-        self._pending_bytes += framed
-        if self._pending_bytes >= self._write_bytes:
-            self.flush()
+            size = formats.ENTRY_HEADER_SIZE + len(payload)
+            framed += size
+            self._pending_bytes += size
+            if self._pending_bytes >= self._write_bytes:
+                self.flush()
         return framed
 
     def flush(self) -> None:
