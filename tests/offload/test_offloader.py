@@ -10,7 +10,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from slts.journal.restore import restore
 
 from slts.errors import (
     EntryOutOfRange,
@@ -21,8 +20,7 @@ from slts.errors import (
     OffloadNotFound,
     ReadOnlyInstance,
 )
-from slts.metadata.memory_store import MemoryMetadataStore
-from slts.metadata.schema import OFFLOAD_LEDGERS, TABLES
+from slts.metadata.schema import OFFLOAD_LEDGERS
 from slts.metadata.store import Put
 from slts.offload import formats
 from slts.offload.ledger_metadata import LedgerMetadata
@@ -285,15 +283,8 @@ def test_restore_from_tier2_alone_brings_the_offloaded_ledgers_back(env: Env) ->
     offloader = LedgerOffloader(storage, max_block_bytes=BLOCK)
     uid = uuid.uuid4()
     offloader.offload(MemoryLedger(11, entries(300)), uid)
-    storage.durable.flush()
     expected = offloader.attempts()
-    storage.close()
-    env.instances.remove(storage)
-
-    restored = MemoryMetadataStore(TABLES)  # the machine and its LMDB folder are gone
-    restore(env.binding, 0, restored)
-    revived = ChunkedSegmentStorage(0, None, env.binding, restored)
-    env.instances.append(revived)
+    revived = env.lose_machine_and_restore(storage)
     offloader = LedgerOffloader(revived)
     assert offloader.attempts() == expected
     assert offloader.read_offloaded(11, uid).read(0, 299) == entries(300)

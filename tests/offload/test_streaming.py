@@ -12,12 +12,10 @@ import threading
 import uuid
 
 import pytest
-from slts.journal.restore import restore
 from slts.tools.simulation.seam import FakeClock
 
 from slts.errors import EntryOutOfOrder, InvalidArgument, InvalidOffloadObject, OffloadNotFound
-from slts.metadata.memory_store import MemoryMetadataStore
-from slts.metadata.schema import OFFLOAD_STREAM_SEGMENTS, TABLES
+from slts.metadata.schema import OFFLOAD_STREAM_SEGMENTS
 from slts.metadata.store import Put
 from slts.offload import formats
 from slts.offload.ledger_metadata import LedgerInfo, decode_ledger_info, encode_ledger_info
@@ -325,14 +323,8 @@ def test_restore_from_tier2_brings_the_streaming_segments_back(env: Env) -> None
     offloader = StreamingOffloader(storage, ML, block_bytes=2048, max_segment_bytes=20_000)
     producer = Producer(seed=9)
     stream(offloader, producer, 600)
-    storage.durable.flush()
     expected = offloader.segments()
-    storage.close()
-    env.instances.remove(storage)
-    restored = MemoryMetadataStore(TABLES)
-    restore(env.binding, 0, restored)
-    revived = ChunkedSegmentStorage(0, None, env.binding, restored)
-    env.instances.append(revived)
+    revived = env.lose_machine_and_restore(storage)
     offloader = StreamingOffloader(revived, ML)
     assert offloader.segments() == expected
     for ledger_id in range(producer.ledger + 1):

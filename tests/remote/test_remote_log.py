@@ -9,7 +9,6 @@ import random
 from pathlib import Path
 
 import pytest
-from slts.journal.restore import restore
 from slts.tools.kafka_logs import (
     KafkaLog,
     build_log,
@@ -27,8 +26,6 @@ from slts.errors import (
     RemoteOffsetOutOfRange,
     StorageUnavailable,
 )
-from slts.metadata.memory_store import MemoryMetadataStore
-from slts.metadata.schema import TABLES
 from slts.remote.manager import LocalSegment, RemoteLogManager, local_segments
 from slts.remote.records import SegmentState, TopicPartition, new_segment_metadata
 from slts.remote.rsm import IndexType, RemoteStorageManager
@@ -305,15 +302,8 @@ def test_restore_from_tier2_alone_brings_the_remote_log_back(env: Env, tmp_path:
     storage = env.open(metadata_log_flush_interval_s=0.0)
     manager = RemoteLogManager(storage)
     manager.copy_rolled_segments(TP, partition.segments(), partition.logs[-1].end_offset + 1)
-    storage.durable.flush()
     expected = list(manager.rlmm.list_segments(TP))
-    storage.close()
-    env.instances.remove(storage)
-
-    restored = MemoryMetadataStore(TABLES)  # the machine and its LMDB folder are gone
-    restore(env.binding, 0, restored)
-    revived = ChunkedSegmentStorage(0, None, env.binding, restored)
-    env.instances.append(revived)
+    revived = env.lose_machine_and_restore(storage)
     manager = RemoteLogManager(revived)
     assert list(manager.rlmm.list_segments(TP)) == expected
     assert consume(manager, 0) == partition.records()

@@ -63,6 +63,20 @@ class Env:
             self.instances[-1].close()
         return self.open(**config)
 
+    def lose_machine_and_restore(self, storage: ChunkedSegmentStorage) -> ChunkedSegmentStorage:
+        """Flush ``storage``'s metadata log to tier-2, close it, forget its metadata store
+        (the machine is gone) and start the container on a store restored from tier-2 alone."""
+        from slts.journal.restore import restore
+
+        storage.durable.flush()
+        storage.close()
+        self.instances.remove(storage)
+        restored = MemoryMetadataStore(TABLES)
+        restore(self.binding, 0, restored)
+        revived = ChunkedSegmentStorage(0, None, self.binding, restored)
+        self.instances.append(revived)
+        return revived
+
     def snapshot(self) -> tuple[dict, list[tuple[str, bytes]]]:
         """Everything observable: every metadata table and every chunk's bytes."""
         chunks = [

@@ -60,8 +60,35 @@ class Folder:
         os.makedirs(path, exist_ok=True)
         return path
 
+    def store(self, name: str) -> ChunkedSegmentStorage:
+        """A new container in sub-folder ``name``: the embedded default (filesystem
+        binding, LMDB) without background GC."""
+        target = self.sub(name)
+        return open_storage(
+            f"file://{os.path.join(target, 'chunks')}",
+            metadata=os.path.join(target, "metadata"),
+            gc_interval_s=0.0,
+        )
+
     def close(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def timed_raw_chunk_write(folder: str, size: int, piece_bytes: int) -> float:
+    """Seconds to write ``size`` bytes into a new chunk of a filesystem binding in
+    ``folder``, in binding writes of ``piece_bytes`` (each durable, as the binding's are)."""
+    from slts.bindings.filesystem import FileSystemChunkStorage
+
+    binding = FileSystemChunkStorage(folder)
+    piece = os.urandom(piece_bytes)
+    try:
+        started = time.perf_counter()
+        handle = binding.create("data")
+        for offset in range(0, size, piece_bytes):
+            binding.write(handle, offset, piece[: min(piece_bytes, size - offset)])
+        return time.perf_counter() - started
+    finally:
+        binding.close()
 
 
 def timed_segment_writes(storage: ChunkedSegmentStorage, name: str, payload: bytes, count: int) -> float:

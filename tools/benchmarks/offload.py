@@ -10,8 +10,7 @@ import time
 import uuid
 from collections.abc import Iterator
 
-from slts.bindings.filesystem import FileSystemChunkStorage
-from slts.tools.benchmarks.base import Benchmark, Folder, Workload
+from slts.tools.benchmarks.base import Benchmark, Folder, Workload, timed_raw_chunk_write
 
 from slts.offload.ledgers import MemoryLedger
 from slts.offload.offloader import (
@@ -21,7 +20,6 @@ from slts.offload.offloader import (
     data_name,
 )
 from slts.offload.streaming import BLOCK_BYTES_DEFAULT, OfferResult, StreamingOffloader
-from slts.storage.factory import open as open_storage
 
 READ_ENTRIES = 1000
 
@@ -47,12 +45,7 @@ def offload_write(
     def subject() -> float:
         nonlocal runs, data_bytes
         runs += 1
-        target = folder.sub(f"subject-{runs}")
-        with open_storage(
-            f"file://{os.path.join(target, 'chunks')}",
-            metadata=os.path.join(target, "metadata"),
-            gc_interval_s=0.0,
-        ) as storage:
+        with folder.store(f"subject-{runs}") as storage:
             started = time.perf_counter()
             record = LedgerOffloader(storage).offload(ledger, uuid.uuid4())
             elapsed = time.perf_counter() - started
@@ -62,17 +55,9 @@ def offload_write(
     def baseline() -> float:
         nonlocal runs
         runs += 1
-        binding = FileSystemChunkStorage(folder.sub(f"raw-{runs}"))
-        piece = os.urandom(WRITE_BYTES_DEFAULT)
-        size = data_bytes or ledger.length
-        try:
-            started = time.perf_counter()
-            handle = binding.create("data")
-            for offset in range(0, size, len(piece)):
-                binding.write(handle, offset, piece[: min(len(piece), size - offset)])
-            return time.perf_counter() - started
-        finally:
-            binding.close()
+        return timed_raw_chunk_write(
+            folder.sub(f"raw-{runs}"), data_bytes or ledger.length, WRITE_BYTES_DEFAULT
+        )
 
     try:
         yield (
@@ -96,9 +81,7 @@ def offload_read(
     chunks in 1 MiB pieces (no parsing, no verification)."""
     ledger = _ledger(quick, entry_bytes)
     folder = Folder(parent)
-    storage = open_storage(
-        f"file://{folder.sub('chunks')}", metadata=folder.sub("metadata"), gc_interval_s=0.0
-    )
+    storage = folder.store("store")
     offloader = LedgerOffloader(storage)
     uid = uuid.uuid4()
     offloader.offload(ledger, uid)
@@ -165,12 +148,7 @@ def offload_stream(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Wo
     def subject() -> float:
         nonlocal runs, data_bytes
         runs += 1
-        target = folder.sub(f"subject-{runs}")
-        with open_storage(
-            f"file://{os.path.join(target, 'chunks')}",
-            metadata=os.path.join(target, "metadata"),
-            gc_interval_s=0.0,
-        ) as storage:
+        with folder.store(f"subject-{runs}") as storage:
             offloader = StreamingOffloader(storage, "bench")
             started = time.perf_counter()
             handle = offloader.streaming_offload(uuid.uuid4())
@@ -186,17 +164,9 @@ def offload_stream(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Wo
     def baseline() -> float:
         nonlocal runs
         runs += 1
-        binding = FileSystemChunkStorage(folder.sub(f"raw-{runs}"))
-        piece = os.urandom(BLOCK_BYTES_DEFAULT)
-        size = data_bytes or count * 1036
-        try:
-            started = time.perf_counter()
-            handle = binding.create("data")
-            for offset in range(0, size, len(piece)):
-                binding.write(handle, offset, piece[: min(len(piece), size - offset)])
-            return time.perf_counter() - started
-        finally:
-            binding.close()
+        return timed_raw_chunk_write(
+            folder.sub(f"raw-{runs}"), data_bytes or count * 1036, BLOCK_BYTES_DEFAULT
+        )
 
     try:
         yield (

@@ -26,7 +26,6 @@ from slts.remote.records import SegmentState, TopicPartition, new_segment_metada
 from slts.remote.rlmm import RemoteLogMetadataManager
 from slts.remote.rsm import WRITE_BYTES_DEFAULT
 from slts.storage.chunked import ChunkedSegmentStorage
-from slts.storage.factory import open as open_storage
 
 TP = TopicPartition("bench", 0)
 #: Batches of about 16 KB, the size Kafka's producers aim at (``batch.size`` default).
@@ -75,12 +74,7 @@ def copy(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, fl
     def subject() -> float:
         nonlocal runs
         runs += 1
-        target = folder.sub(f"subject-{runs}")
-        with open_storage(
-            f"file://{os.path.join(target, 'chunks')}",
-            metadata=os.path.join(target, "metadata"),
-            gc_interval_s=0.0,
-        ) as storage:
+        with folder.store(f"subject-{runs}") as storage:
             manager = RemoteLogManager(storage)
             started = time.perf_counter()
             report = manager.copy_rolled_segments(TP, rolled, lso)
@@ -127,9 +121,7 @@ def fetch_first(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workl
     folder = Folder(parent)
     log_dir = folder.sub(str(TP))
     logs = _partition(log_dir, segments, batches)[:-1]
-    storage = open_storage(
-        f"file://{folder.sub('chunks')}", metadata=folder.sub("metadata"), gc_interval_s=0.0
-    )
+    storage = folder.store("store")
     manager = RemoteLogManager(storage)
     report = manager.copy_rolled_segments(TP, local_segments(log_dir), logs[-1].end_offset + 1)
     assert len(report.copied) == segments, report
