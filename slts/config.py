@@ -104,20 +104,7 @@ class StorageConfig:
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            kind = bool if field.type in ("bool", bool) else (float if "float" in str(field.type) else int)
-            if kind is bool:
-                if not isinstance(value, bool):
-                    raise InvalidConfig(f"{field.name} must be true or false, got {value!r}")
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
-                raise InvalidConfig(f"{field.name} must be a number, got {value!r}")
-            if value < 0 or (value == 0 and field.name not in _ZERO_ALLOWED):
-                raise InvalidConfig(f"{field.name} must be > 0, got {value!r}")
-            if not value <= INTEGER_MAX:  # also NaN
-                raise InvalidConfig(f"{field.name} must be at most {INTEGER_MAX}, got {value!r}")
-        if self.checksum_block_bytes >= 1 << 32:
-            raise InvalidConfig(f"checksum_block_bytes must be below 2**32, got {self.checksum_block_bytes}")
+            check_field(field.name, getattr(self, field.name))
         if self.read_parallel_bytes_min > self.read_bytes_max:
             raise InvalidConfig("read_parallel_bytes_min must not exceed read_bytes_max")
 
@@ -134,22 +121,49 @@ class StorageConfig:
         for name, field in fields.items():
             raw = env.get(ENV_PREFIX + name.upper())
             if raw is not None:
-                merged[name] = _parse(name, str(field.type), raw)
+                try:
+                    merged[name] = parse_value(str(field.type), raw)
+                except ValueError:
+                    raise InvalidConfig(
+                        f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid {field.type}"
+                    ) from None
         merged.update(values)
         return cls(**merged)
 
 
-def _parse(name: str, type_name: str, raw: str) -> Any:
-    try:
-        if "bool" in type_name:
-            lowered = raw.strip().lower()
-            if lowered in ("1", "true", "yes", "on"):
-                return True
-            if lowered in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(raw)
-        if "float" in type_name:
-            return float(raw)
-        return int(raw)
-    except ValueError as exc:
-        raise InvalidConfig(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid {type_name}") from exc
+def check_field(name: str, value: Any) -> None:
+    """``InvalidConfig`` naming ``name`` unless ``value`` is of the field's type and in its
+    range (relations between fields are ``StorageConfig``'s own check)."""
+    type_name = str(_FIELD_TYPES[name])
+    if "bool" in type_name:
+        if not isinstance(value, bool):
+            raise InvalidConfig(f"{name} must be true or false, got {value!r}")
+        return
+    kind: tuple[type, ...] = (int, float) if "float" in type_name else (int,)
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise InvalidConfig(f"{name} must be a number, got {value!r}")
+    assert isinstance(value, int | float)
+    if value < 0 or (value == 0 and name not in _ZERO_ALLOWED):
+        raise InvalidConfig(f"{name} must be > 0, got {value!r}")
+    if not value <= INTEGER_MAX:  # also NaN
+        raise InvalidConfig(f"{name} must be at most {INTEGER_MAX}, got {value!r}")
+    if name == "checksum_block_bytes" and value >= 1 << 32:
+        raise InvalidConfig(f"checksum_block_bytes must be below 2**32, got {value}")
+
+
+def parse_value(type_name: str, raw: str) -> Any:
+    """The text ``raw`` (an environment variable's, a flag's) as a value of the field type
+    ``type_name``; ``ValueError`` if it is not one."""
+    if "bool" in type_name:
+        lowered = raw.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(raw)
+    if "float" in type_name:
+        return float(raw)
+    return int(raw)
+
+
+_FIELD_TYPES = {field.name: field.type for field in dataclasses.fields(StorageConfig)}

@@ -104,6 +104,17 @@ def store_locations(store: str, metadata: str | None) -> tuple[str, str]:
     return f"file://{os.path.join(root, 'chunks')}", metadata or os.path.join(root, "metadata")
 
 
+def resolve_config(args: argparse.Namespace) -> Any:
+    """The configuration the flags, ``$SLTS_*`` and the config file give (``ResolvedConfig``;
+    docs/config.md): ``--config``, else ``$SLTS_CONFIG``, else ``slts.toml`` in the store's
+    folder (with a storage URL: the metadata folder)."""
+    from slts.config_sources import find_config_file, resolve_config
+
+    folder = args.metadata if "://" in args.store else args.store
+    path = find_config_file(args.config, os.environ, folder)
+    return resolve_config(path, os.environ, args.set)
+
+
 @contextlib.contextmanager
 def open_storage(args: argparse.Namespace, *, read_only: bool = False) -> Iterator[Any]:
     """The container instance the global flags name, closed afterwards. Read-only
@@ -111,11 +122,14 @@ def open_storage(args: argparse.Namespace, *, read_only: bool = False) -> Iterat
     import slts
 
     url, metadata = store_locations(args.store, args.metadata)
+    config = resolve_config(args)  # a bad setting is refused before anything is opened
     if read_only:
         require_chunk_storage(url)  # slts.open(read_only=True) checks the metadata folder
     elif url.startswith("file://"):
         os.makedirs(metadata, exist_ok=True)
-    storage = slts.open(url, metadata=metadata, container_id=args.container, read_only=read_only)
+    storage = slts.open(
+        url, metadata=metadata, container_id=args.container, read_only=read_only, **config.fields()
+    )
     try:
         yield storage
     finally:
@@ -253,7 +267,6 @@ def cmd_defrag(args: argparse.Namespace) -> int:
     """Merge runs of small consecutive chunks of one segment, or of every segment (under
     --prefix), as a batch beside the container's owner: this command fences nobody, a
     live writer keeps writing. In process, or with --spark on a Spark cluster."""
-    from slts.config import StorageConfig
     from slts.storage.batch_defrag import ExecutorFactory, defrag_store, local_executor
 
     if (args.name is None) == (not args.all):
@@ -261,6 +274,7 @@ def cmd_defrag(args: argparse.Namespace) -> int:
     if not args.spark and (args.master is not None or args.partitions is not None):
         raise InvalidArgument("--master and --partitions go with --spark")
     url, metadata = store_locations(args.store, args.metadata)
+    config = resolve_config(args).config
     if not os.path.isdir(metadata):
         raise InvalidArgument(f"no metadata folder {metadata!r}: nothing to defrag")
     executor: ExecutorFactory = local_executor(args.threads)
@@ -276,7 +290,7 @@ def cmd_defrag(args: argparse.Namespace) -> int:
             metadata,
             executor,
             container_id=args.container,
-            config=StorageConfig.from_mapping({}),  # SLTS_* variables apply
+            config=config,
             prefix=args.prefix,
             names=None if args.all else [args.name],
             batch_runs=args.batch_runs,
@@ -667,6 +681,19 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--metadata", default=None, help="LMDB metadata folder (default: STORE/metadata)")
     common.add_argument("--container", type=_non_negative, default=0, help="container id (default 0)")
     common.add_argument("--json", action="store_true", help="machine-readable output")
+    common.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="configuration file (default: $SLTS_CONFIG, else slts.toml in the store's folder)",
+    )
+    common.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="a configuration field, over the file and $SLTS_<FIELD> (docs/config.md)",
+    )
 
     parser = argparse.ArgumentParser(prog="slts", description="SLTS: tier-2 storage for stream engines")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -808,10 +835,11 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--ignore", nargs="+", default=[], metavar="KIND", help="count these kinds, go on")
     simulate.add_argument("--jobs", type=_positive, default=1, help="seeds run side by side (default 1)")
 
-    from slts.tools import offload_cli, remote_cli  # they import this module's helpers: import them now
+    from slts.tools import config_cli, offload_cli, remote_cli  # they import this module's helpers
 
     remote_cli.register(sub, common)
     offload_cli.register(sub, common)
+    config_cli.register(sub, common)
     return parser
 
 

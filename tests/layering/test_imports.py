@@ -54,6 +54,7 @@ RANKS: tuple[tuple[str, int], ...] = (
     ("slts", 0),  # the package itself: lazy names only
     ("slts.errors", 0),
     ("slts.config", 0),
+    ("slts.config_sources", 0),  # the config file, SLTS_* variables, flags
     ("slts.chunk_names", 0),
     ("slts.metadata", 1),  # stores, records, key layout, the index rules, ownership
     ("slts.bindings", 2),
