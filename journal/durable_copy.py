@@ -133,6 +133,13 @@ class DurableCopy:
         info = self.log.write_snapshot(self.config.system_rolling_length_bytes)
         self._snapshots += 1
         self._snapshot_at = self._clock()
+        _log.info(
+            "metadata snapshot %d on tier-2: %d records, %d bytes",
+            info.sequence,
+            info.entries,
+            info.end - info.start,
+            extra={"snapshot_sequence": info.sequence, "snapshot_records": info.entries},
+        )
         return info
 
     def maintain(self) -> None:

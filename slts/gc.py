@@ -189,6 +189,14 @@ class GarbageCollector:
             keys += cleared
             finished += done
         result = GcStatistics(deleted, kept, finished, errors, keys)
+        if deleted or finished or errors:
+            _log.info(
+                "GC pass: %d chunk(s) deleted, %d segment(s) finished, %d error(s)",
+                deleted,
+                finished,
+                errors,
+                extra={"chunks_deleted": deleted, "tombstones_finished": finished, "gc_errors": errors},
+            )
         with self._totals_lock:
             totals = self._totals
             self._totals = GcStatistics(

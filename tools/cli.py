@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -59,6 +60,7 @@ from slts.errors import (
     SltsError,
     StoreNotFound,
 )
+from slts.logs import FORMATS, LEVELS, LOGGER_NAME, configure_logging
 
 DEFAULT_STORE = "slts-data"
 IO_BYTES = 8 << 20
@@ -694,6 +696,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FIELD=VALUE",
         help="a configuration field, over the file and $SLTS_<FIELD> (docs/config.md)",
     )
+    common.add_argument(
+        "--log-level", choices=LEVELS, default="warning", help="log records at this level and above (stderr)"
+    )
+    common.add_argument(
+        "--log-format", choices=FORMATS, default="text", help="text lines, or one JSON object per line"
+    )
 
     parser = argparse.ArgumentParser(prog="slts", description="SLTS: tier-2 storage for stream engines")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -847,6 +855,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``slts`` console script; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    handler = configure_logging(args.log_level, args.log_format)
     try:
         return args.func(args)
     except SltsError as error:
@@ -858,6 +867,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f" {error.filename!r}" if error.filename else ""
         print(f"slts {args.command}: cannot use{where}: {error.strerror or error}", file=sys.stderr)
         return EXIT_NOT_FOUND if isinstance(error, FileNotFoundError) else EXIT_FILE
+    finally:  # called in process (tests, embedding): leave the logger tree as it was
+        logging.getLogger(LOGGER_NAME).removeHandler(handler)
+        logging.getLogger(LOGGER_NAME).setLevel(logging.NOTSET)
 
 
 if __name__ == "__main__":  # pragma: no cover

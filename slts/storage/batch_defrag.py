@@ -513,6 +513,16 @@ def run_batch(
     report.seconds = time.perf_counter() - began
     runs_ended = report.runs_committed + report.runs_dropped + report.runs_failed + report.runs_expired
     assert runs_ended == report.runs_planned, report
+    _log.info(
+        "defrag batch: %d segment(s), %d run(s) planned, %d committed, %d dropped, %d failed, %d expired",
+        report.segments_scanned,
+        report.runs_planned,
+        report.runs_committed,
+        report.runs_dropped,
+        report.runs_failed,
+        report.runs_expired,
+        extra={"runs_planned": report.runs_planned, "runs_committed": report.runs_committed},
+    )
     return report
 
 

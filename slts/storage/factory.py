@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +13,8 @@ from slts.errors import InvalidConfig, StoreNotFound
 from slts.metadata.schema import TABLES
 from slts.metadata.store import MetadataStore
 from slts.storage.chunked import ChunkedSegmentStorage
+
+_log = logging.getLogger("slts.storage")
 
 #: ``metadata=`` value that selects the in-memory store (tests, simulation).
 MEMORY_METADATA = ":memory:"
@@ -77,7 +80,7 @@ def open(
     caller_store = isinstance(metadata, MetadataStore)  # the caller's to close, not ours
     extra = {} if clock is None else {"clock": clock}
     try:
-        return ChunkedSegmentStorage(
+        storage = ChunkedSegmentStorage(
             container_id,
             epoch,
             binding,
@@ -93,6 +96,14 @@ def open(
             store.close()
         binding.close()
         raise
+    _log.info(
+        "container %d %s on %s",
+        container_id,
+        "observed read-only" if read_only else f"started at epoch {storage.epoch}",
+        url,  # the log handler's filter removes credentials from URLs
+        extra={"container": container_id, "epoch": storage.epoch, "read_only": read_only},
+    )
+    return storage
 
 
 def _check_existing(folder: str) -> None:
