@@ -55,6 +55,7 @@ RANKS: tuple[tuple[str, int], ...] = (
     ("slts.errors", 0),
     ("slts.config", 0),
     ("slts.config_sources", 0),  # the config file, SLTS_* variables, flags
+    ("slts.limiter", 0),  # the priority rate limiter (traffic classes, buckets)
     ("slts.logs", 0),  # the logger tree's handler, JSON lines, credential redaction
     ("slts.chunk_names", 0),
     ("slts.metadata", 1),  # stores, records, key layout, the index rules, ownership
