@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from slts.bindings.base import ChunkHandle, ChunkStorage
 from slts.config import StorageConfig
 from slts.errors import ChunkNotFound, ChunkStorageError, Fenced, ReadOnlyInstance, SltsError, VersionConflict
+from slts.limiter import TrafficClass, traffic_class
 from slts.metadata import index
 from slts.metadata.ownership import Ownership, ReadOnlyOwnership
 from slts.metadata.records import ChunkRecord, GcEntry, GcReason, SegmentRecord
@@ -162,51 +163,54 @@ class GarbageCollector:
         Raises ``ReadOnlyInstance`` on a read-only instance and ``Fenced`` once a newer
         epoch owns the container (before deleting anything).
         """
-        if self._ownership.read_only:
-            raise ReadOnlyInstance("garbage collection needs the container's owner, not a read-only instance")
-        self._ownership.check()
-        due_ms = int(self._clock() * 1000) - int(self._config.gc_delay_s * 1000)
-        deleted = kept = errors = finished = keys = 0
-        due = self._store.scan(GC, b"", gc_queued_stop(due_ms), limit=self._config.gc_batch_max)
-        for key, stored in due:
-            try:
-                outcome = self._collect_entry(key, stored.version, GcEntry.decode(stored.value))
-            except ChunkStorageError:
-                errors += 1
-                continue
-            deleted += outcome == "deleted"
-            kept += outcome == "kept"
-        for _, stored in self._store.scan(DELETED, limit=self._config.gc_batch_max):
-            tombstone = SegmentRecord.decode(stored.value)
-            if tombstone.modified_ms > due_ms:  # deleted less than gc_delay_s ago
-                continue
-            try:
-                count, cleared, done = self._collect_tombstone_batch(tombstone, stored.version)
-            except ChunkStorageError:
-                errors += 1
-                continue
-            deleted += count
-            keys += cleared
-            finished += done
-        result = GcStatistics(deleted, kept, finished, errors, keys)
-        if deleted or finished or errors:
-            _log.info(
-                "GC pass: %d chunk(s) deleted, %d segment(s) finished, %d error(s)",
-                deleted,
-                finished,
-                errors,
-                extra={"chunks_deleted": deleted, "tombstones_finished": finished, "gc_errors": errors},
-            )
-        with self._totals_lock:
-            totals = self._totals
-            self._totals = GcStatistics(
-                totals.chunks_deleted + deleted,
-                totals.entries_kept + kept,
-                totals.tombstones_finished + finished,
-                totals.errors + errors,
-                totals.index_keys_deleted + keys,
-            )
-        return result
+        with traffic_class(TrafficClass.GC):  # what GC asks of the chunk storage is GC traffic
+            if self._ownership.read_only:
+                raise ReadOnlyInstance(
+                    "garbage collection needs the container's owner, not a read-only instance"
+                )
+            self._ownership.check()
+            due_ms = int(self._clock() * 1000) - int(self._config.gc_delay_s * 1000)
+            deleted = kept = errors = finished = keys = 0
+            due = self._store.scan(GC, b"", gc_queued_stop(due_ms), limit=self._config.gc_batch_max)
+            for key, stored in due:
+                try:
+                    outcome = self._collect_entry(key, stored.version, GcEntry.decode(stored.value))
+                except ChunkStorageError:
+                    errors += 1
+                    continue
+                deleted += outcome == "deleted"
+                kept += outcome == "kept"
+            for _, stored in self._store.scan(DELETED, limit=self._config.gc_batch_max):
+                tombstone = SegmentRecord.decode(stored.value)
+                if tombstone.modified_ms > due_ms:  # deleted less than gc_delay_s ago
+                    continue
+                try:
+                    count, cleared, done = self._collect_tombstone_batch(tombstone, stored.version)
+                except ChunkStorageError:
+                    errors += 1
+                    continue
+                deleted += count
+                keys += cleared
+                finished += done
+            result = GcStatistics(deleted, kept, finished, errors, keys)
+            if deleted or finished or errors:
+                _log.info(
+                    "GC pass: %d chunk(s) deleted, %d segment(s) finished, %d error(s)",
+                    deleted,
+                    finished,
+                    errors,
+                    extra={"chunks_deleted": deleted, "tombstones_finished": finished, "gc_errors": errors},
+                )
+            with self._totals_lock:
+                totals = self._totals
+                self._totals = GcStatistics(
+                    totals.chunks_deleted + deleted,
+                    totals.entries_kept + kept,
+                    totals.tombstones_finished + finished,
+                    totals.errors + errors,
+                    totals.index_keys_deleted + keys,
+                )
+            return result
 
     def _collect_entry(self, key: bytes, version: int, entry: GcEntry) -> str:
         if not entry.claimed:

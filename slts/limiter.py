@@ -109,8 +109,9 @@ class ClassStats:
     seconds_throttled: float
 
 
-class _Bucket:
-    """A reservation token bucket (see module doc); the limiter's lock guards it."""
+class TokenBucket:
+    """A reservation token bucket (see module doc), started empty; not thread-safe (its
+    owner's lock guards it)."""
 
     __slots__ = ("burst_s", "rate", "tokens", "updated")
 
@@ -132,6 +133,11 @@ class _Bucket:
         self.rate = rate
         self.tokens -= amount
         return -self.tokens / rate if self.tokens < 0 else 0.0
+
+    def adjust(self, amount: float) -> None:
+        """Take ``amount`` more (or give back a negative amount) without waiting: a
+        reservation's estimate corrected once the actual size is known."""
+        self.tokens -= amount
 
 
 class _Usage:
@@ -190,7 +196,9 @@ class PriorityLimiter:
         self._lock = threading.Lock()
         now = clock()
         # per class: (own bytes, own requests, share of the total bytes, of the total requests)
-        self._buckets = {kind: tuple(_Bucket(self.burst_s, now) for _ in range(4)) for kind in TrafficClass}
+        self._buckets = {
+            kind: tuple(TokenBucket(self.burst_s, now) for _ in range(4)) for kind in TrafficClass
+        }
         self._usage = {kind: (_Usage(self.burst_s, now), _Usage(self.burst_s, now)) for kind in TrafficClass}
         self._counts = {kind: [0, 0, 0, 0.0] for kind in TrafficClass}
 

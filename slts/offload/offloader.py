@@ -37,6 +37,7 @@ from slts.errors import (
     OffloadNotFound,
     SegmentNotFound,
 )
+from slts.limiter import TrafficClass, traffic_class
 from slts.metadata.schema import OFFLOAD_LEDGERS
 from slts.metadata.store import Delete, Expect, Put, prefix_stop
 from slts.offload import formats
@@ -136,8 +137,9 @@ class LedgerOffloader:
         )
         written: list[str] = []
         try:
-            index = self._write_data(handle, data_name(ledger_id, uid), written)
-            self._write_whole(index_name(ledger_id, uid), index.encode(), written)
+            with traffic_class(TrafficClass.OFFLOAD):  # for the chunk storage's limiter
+                index = self._write_data(handle, data_name(ledger_id, uid), written)
+                self._write_whole(index_name(ledger_id, uid), index.encode(), written)
             complete = started.replace(
                 state=OffloadState.COMPLETE,
                 entries=handle.last_entry_id + 1,

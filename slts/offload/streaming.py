@@ -52,6 +52,7 @@ from slts.errors import (
     OffloadNotFound,
     SegmentNotFound,
 )
+from slts.limiter import TrafficClass, traffic_class
 from slts.metadata.schema import OFFLOAD_STREAM_LEDGERS, OFFLOAD_STREAM_SEGMENTS
 from slts.metadata.store import Delete, Expect, Operation, Put, prefix_stop
 from slts.offload import formats
@@ -586,6 +587,10 @@ class OffloadHandle:
     # -- the writer thread ------------------------------------------------------------------------
 
     def _run(self) -> None:
+        with traffic_class(TrafficClass.OFFLOAD):  # the writer's blocks are offload traffic
+            self._write_until_closed()
+
+    def _write_until_closed(self) -> None:
         try:
             while True:
                 with self._cond:

@@ -14,8 +14,9 @@ one read: a single request larger than the budget is delayed, never refused.
 
 ``None``, 0 or a negative rate means unthrottled, as in Pulsar. Metrics: bytes read,
 reads, reads that waited, seconds waited (PIP-211's ``ledger_offload_limited`` and
-``ledger_offload_time``). Issue 16's priority limiter generalizes this to every traffic
-class; this is its offload class.
+``ledger_offload_time``). The bucket is ``slts.limiter``'s: these permits pace what offload
+reads from its *source*; what it writes to tier-2 goes through the container's priority
+limiter (``slts.limiter``) as the OFFLOAD class.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from slts.errors import InvalidArgument
+from slts.limiter import TokenBucket
 from slts.offload.ledger_metadata import LedgerMetadata
 from slts.offload.ledgers import LedgerReadHandle
 
@@ -71,8 +73,7 @@ class FlowPermits:
         self._clock = clock
         self._sleep = sleep
         self._lock = threading.Lock()
-        self._tokens = 0.0
-        self._updated = clock()
+        self._bucket = TokenBucket(self.burst_seconds, clock())
         self._bytes = 0
         self._reads = 0
         self._throttled = 0
@@ -90,13 +91,7 @@ class FlowPermits:
         if self.rate is None:
             return 0.0
         with self._lock:
-            now = self._clock()
-            self._tokens = min(
-                self.rate * self.burst_seconds, self._tokens + (now - self._updated) * self.rate
-            )
-            self._updated = now
-            self._tokens -= estimate
-            wait = -self._tokens / self.rate if self._tokens < 0 else 0.0
+            wait = self._bucket.reserve(estimate, self.rate, self._clock())
         if wait > 0:
             self._sleep(wait)
         return wait
@@ -106,7 +101,7 @@ class FlowPermits:
         is paid by the next reader) and count the read."""
         with self._lock:
             if self.rate is not None:
-                self._tokens -= actual - estimate
+                self._bucket.adjust(actual - estimate)
             self._bytes += actual
             self._reads += 1
             self._throttled += waited > 0

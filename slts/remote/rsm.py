@@ -28,13 +28,16 @@ are returned whole.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import enum
 import io
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from slts.errors import InvalidArgument, InvalidLogSegment, InvalidOffset, SegmentNotFound
+from slts.limiter import TrafficClass, traffic_class
 from slts.remote import kafka_formats as kf
 from slts.remote.records import RemoteLogSegmentMetadata
 from slts.storage.chunked import ChunkedSegmentStorage
@@ -194,14 +197,22 @@ class RemoteStorageManager:
         try:
             # The files are written at once: the indexes' metadata commits and fsyncs join
             # the log's (group commit) instead of queueing behind it.
-            with ThreadPoolExecutor(len(present) + 2, thread_name_prefix="slts-remote-copy") as pool:
-                copies = [pool.submit(self._copy_log, self.segment_name(metadata, LOG), data.log, written)]
+            # Tiering is offload traffic for the chunk storage's limiter, in every copy thread.
+            with (
+                traffic_class(TrafficClass.OFFLOAD),
+                ThreadPoolExecutor(len(present) + 2, thread_name_prefix="slts-remote-copy") as pool,
+            ):
+
+                def submit(*call: Any) -> Future[None]:
+                    return pool.submit(contextvars.copy_context().run, *call)
+
+                copies = [submit(self._copy_log, self.segment_name(metadata, LOG), data.log, written)]
                 copies += [
-                    pool.submit(self._copy_file, self.segment_name(metadata, kind), path, kind, written)
+                    submit(self._copy_file, self.segment_name(metadata, kind), path, kind, written)
                     for kind, path in present
                 ]
                 copies.append(
-                    pool.submit(
+                    submit(
                         self._copy_bytes,
                         self.segment_name(metadata, IndexType.LEADER_EPOCH),
                         data.leader_epoch_checkpoint,

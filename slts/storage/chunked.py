@@ -51,6 +51,7 @@ from slts.errors import (
 from slts.gc import GarbageCollector
 from slts.journal import identity
 from slts.journal.durable_copy import DurableCopy
+from slts.limiter import PriorityLimiter
 from slts.metadata import index
 from slts.metadata.cache import CachedMetadataStore
 from slts.metadata.ownership import EPOCH_MAX, Ownership, ReadOnlyOwnership
@@ -60,6 +61,7 @@ from slts.metadata.store import Delete, Expect, MetadataStore, Put, prefix_stop
 from slts.storage import block_checksums, layout_changes
 from slts.storage.context import EngineContext, SegmentIds
 from slts.storage.leaks import LeakReport, find_leaks
+from slts.storage.limited import LimitedChunkStorage
 from slts.storage.segment_names import check_segment_name, chunk_name
 from slts.storage.types import DefragResult, SegmentHandle, SegmentInfo, StorageStatistics
 
@@ -113,6 +115,7 @@ class ChunkedSegmentStorage:
         owns_resources: bool = False,
         owns_store: bool | None = None,
         read_only: bool = False,
+        limiter: PriorityLimiter | None = None,
     ) -> None:
         # Every argument is checked before anything is written (the epoch commit fences).
         if (
@@ -129,6 +132,11 @@ class ChunkedSegmentStorage:
             raise InvalidArgument(f"epoch must be an integer in [1, {EPOCH_MAX}] or None, got {epoch!r}")
         if config is not None and not isinstance(config, StorageConfig):
             raise InvalidArgument(f"config must be a StorageConfig, got {type(config).__name__}")
+        if limiter is not None:
+            if not isinstance(limiter, PriorityLimiter):
+                raise InvalidArgument(f"limiter must be a PriorityLimiter, got {type(limiter).__name__}")
+            # Every user of the container's binding (engine, GC, journal, defrag) gets the wrapper.
+            chunk_storage = LimitedChunkStorage(chunk_storage, limiter)
         self.config = config or StorageConfig()
         self.container_id = container_id
         self.chunk_storage = chunk_storage

@@ -30,6 +30,7 @@ import crc32c
 from slts.bindings.base import ChunkStorage, ConcatSource
 from slts.config import CHECKSUM_BLOCK_BYTES_DEFAULT, StorageConfig
 from slts.errors import ChunkCorrupted, ChunkNotFound, MetadataCorrupted, VersionConflict
+from slts.limiter import TrafficClass, traffic_class
 from slts.metadata import index
 from slts.metadata.records import ChunkRecord, SegmentRecord
 from slts.metadata.schema import CHUNKS, GC, SEGMENTS, name_key
@@ -168,6 +169,19 @@ def build_from_sources(
     attempt of the same task made it; creates are atomic), take it as built.
     Raises ``ChunkCorrupted`` if a source is shorter than recorded.
     """
+    with traffic_class(TrafficClass.DEFRAG):  # every defrag path builds its chunks here
+        return _build(binding, sources, new_name, checksums=checksums, reuse=reuse, block_bytes=block_bytes)
+
+
+def _build(
+    binding: ChunkStorage,
+    sources: Sequence[Source],
+    new_name: str,
+    *,
+    checksums: bool,
+    reuse: bool,
+    block_bytes: int,
+) -> BuiltChunk:
     length = sum(source.length for source in sources)
     if reuse:
         with contextlib.suppress(ChunkNotFound):

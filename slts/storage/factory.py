@@ -10,6 +10,7 @@ from typing import Any
 from slts.bindings import from_url
 from slts.config import StorageConfig
 from slts.errors import InvalidConfig, StoreNotFound
+from slts.limiter import PriorityLimiter
 from slts.metadata.schema import TABLES
 from slts.metadata.store import MetadataStore
 from slts.storage.chunked import ChunkedSegmentStorage
@@ -46,6 +47,7 @@ def open(
     container_id: int = 0,
     clock: Callable[[], float] | None = None,
     read_only: bool = False,
+    limiter: PriorityLimiter | None = None,
     **config: Any,
 ) -> ChunkedSegmentStorage:
     """Start container ``container_id`` on the chunk storage at ``url``.
@@ -53,7 +55,9 @@ def open(
     ``metadata`` is required except for ``memory://`` URLs, which default to an
     in-memory store. ``epoch=None`` takes the next epoch after the recorded one.
     ``read_only=True`` observes without taking the container over (no epoch, fences
-    nobody, every change raises ``ReadOnlyInstance``).
+    nobody, every change raises ``ReadOnlyInstance``). ``limiter``: every chunk storage
+    call of the container goes through it (``slts.limiter``; share one limiter among the
+    instances that use one chunk storage).
     Remaining keyword arguments are ``StorageConfig`` fields. The returned instance
     owns the binding and the store it opened and closes them on ``close`` (a store
     object passed as ``metadata`` stays the caller's: it is never closed here).
@@ -89,6 +93,7 @@ def open(
             owns_resources=True,
             owns_store=not caller_store,
             read_only=read_only,
+            limiter=limiter,
             **extra,
         )
     except BaseException:

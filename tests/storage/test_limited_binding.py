@@ -1,0 +1,117 @@
+"""The limiter in the one place every chunk storage call passes through: each kind of work
+is counted in its traffic class (tail writes, reads, defrag, GC, offload), a limited class
+is paced (a fake clock shows the waits) while the others are not, and a bad limiter is
+refused before anything is written. On the filesystem binding and on S3."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from slts.tools.simulation.seam import FakeClock
+
+from slts.config import StorageConfig
+from slts.errors import InvalidArgument
+from slts.limiter import Limit, PriorityLimiter, TrafficClass
+from slts.offload.ledgers import MemoryLedger
+from slts.offload.offloader import LedgerOffloader
+from slts.storage.chunked import ChunkedSegmentStorage
+from slts.storage.limited import LimitedChunkStorage
+from tests.support.engine import Env, env_fixture
+
+env = env_fixture([("filesystem", "lmdb"), ("s3", "lmdb")])
+CONFIG = StorageConfig(
+    gc_delay_s=0.0, gc_interval_s=0.0, metadata_log_flush_interval_s=0.0, concat_merge_seam=False
+)
+
+
+def start(env: Env, limiter: PriorityLimiter) -> ChunkedSegmentStorage:
+    storage = ChunkedSegmentStorage(0, None, env.binding, env.store, CONFIG, limiter=limiter)
+    env.instances.append(storage)
+    return storage
+
+
+def small_chunks(storage: ChunkedSegmentStorage, name: str, count: int, size: int) -> None:
+    """Segment ``name`` of ``count`` chunks of ``size`` bytes (concats of one-write segments)."""
+    storage.create(name)
+    for i in range(count):
+        part = f"{name}-part-{i}"
+        storage.create(part)
+        storage.write(storage.open_write(part), 0, bytes([i]) * size)
+        storage.seal(storage.open_write(part))
+        storage.concat(storage.open_write(name), i * size, part)
+
+
+def counted(limiter: PriorityLimiter) -> dict[TrafficClass, tuple[int, int]]:
+    return {kind: (s.bytes, s.requests) for kind, s in limiter.stats().items()}
+
+
+def grew(before: dict, after: dict) -> dict[TrafficClass, tuple[int, int]]:
+    return {
+        kind: (after[kind][0] - before[kind][0], after[kind][1] - before[kind][1])
+        for kind in TrafficClass
+        if after[kind] != before[kind]
+    }
+
+
+def test_every_kind_of_work_is_counted_in_its_class(env: Env) -> None:
+    limiter = PriorityLimiter()
+    storage = start(env, limiter)
+    assert isinstance(storage.chunk_storage, LimitedChunkStorage)
+    before = counted(limiter)
+    small_chunks(storage, "s", 8, 1000)
+    wrote = grew(before, counted(limiter))
+    assert set(wrote) == {TrafficClass.TAIL_WRITE} and wrote[TrafficClass.TAIL_WRITE][0] >= 8000
+
+    before = counted(limiter)
+    assert storage.read(storage.open_read("s"), 0, 8000)[4000:4001] == bytes([4])
+    read = grew(before, counted(limiter))
+    assert set(read) == {TrafficClass.READ} and read[TrafficClass.READ][0] >= 8000
+
+    before = counted(limiter)
+    result = storage.defrag("s")
+    assert result.runs_committed >= 1
+    defrag = grew(before, counted(limiter))
+    assert defrag[TrafficClass.DEFRAG][0] >= result.bytes_native + result.bytes_copied > 0
+    assert set(defrag) <= {TrafficClass.DEFRAG, TrafficClass.TAIL_WRITE}, "its commit may flush the journal"
+
+    storage.delete(storage.open_write("s"))
+    before = counted(limiter)
+    while storage.gc.run_once().chunks_deleted:
+        pass
+    gc = grew(before, counted(limiter))
+    assert gc[TrafficClass.GC][1] >= result.chunks_after, "every chunk delete is a GC request"
+    assert TrafficClass.TAIL_WRITE not in gc or gc[TrafficClass.TAIL_WRITE][0] < gc[TrafficClass.GC][1] * 4096
+
+    before = counted(limiter)
+    record = LedgerOffloader(storage, max_block_bytes=8192).offload(
+        MemoryLedger(1, [b"e" * 500] * 40), uuid.uuid4()
+    )
+    offload = grew(before, counted(limiter))
+    assert offload[TrafficClass.OFFLOAD][0] >= record.data_length
+
+
+def test_a_limited_class_waits_and_the_others_do_not(env: Env) -> None:
+    clock = FakeClock(0.0)
+    rate = 10_000  # bytes per second of defrag
+    limiter = PriorityLimiter(
+        {TrafficClass.DEFRAG: Limit(bytes_per_s=rate)}, clock=clock, sleep=clock.advance
+    )
+    storage = start(env, limiter)
+    small_chunks(storage, "s", 20, 1000)
+    assert clock.now == 0.0, "tail writes are not limited"
+    result = storage.defrag("s")
+    moved = limiter.stats()[TrafficClass.DEFRAG].bytes
+    assert (
+        moved >= result.bytes_native + result.bytes_copied > 0 and result.chunks_after < result.chunks_before
+    )
+    assert clock.now == pytest.approx(moved / rate, rel=0.01), "defrag waited for every byte it moved"
+    assert limiter.stats()[TrafficClass.DEFRAG].seconds_throttled == pytest.approx(clock.now, rel=0.01)
+    assert storage.read(storage.open_read("s"), 0, 20_000) == b"".join(bytes([i]) * 1000 for i in range(20))
+
+
+def test_a_bad_limiter_is_refused_before_anything_is_written(env: Env) -> None:
+    before = env.snapshot()
+    with pytest.raises(InvalidArgument, match="PriorityLimiter"):
+        ChunkedSegmentStorage(0, None, env.binding, env.store, CONFIG, limiter=Limit())  # type: ignore[arg-type]
+    assert env.snapshot() == before
