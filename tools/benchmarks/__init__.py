@@ -6,7 +6,7 @@ types and shared workloads live in ``base``, below the runner (``slts.tools.benc
 
 from __future__ import annotations
 
-from slts.tools.benchmarks import concurrency, journal, metadata, offload, reads, remote, spark
+from slts.tools.benchmarks import concurrency, journal, limiter, metadata, offload, reads, remote, spark
 
 SUITES = (
     concurrency.BENCHMARKS,
@@ -15,5 +15,6 @@ SUITES = (
     journal.BENCHMARKS,
     remote.BENCHMARKS,
     offload.BENCHMARKS,
+    limiter.BENCHMARKS,
     spark.BENCHMARKS,
 )

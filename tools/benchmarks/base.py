@@ -10,7 +10,9 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
+from slts.limiter import PriorityLimiter
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.factory import open as open_storage
 
@@ -60,14 +62,18 @@ class Folder:
         os.makedirs(path, exist_ok=True)
         return path
 
-    def store(self, name: str) -> ChunkedSegmentStorage:
+    def store(
+        self, name: str, *, limiter: PriorityLimiter | None = None, **config: Any
+    ) -> ChunkedSegmentStorage:
         """A new container in sub-folder ``name``: the embedded default (filesystem
-        binding, LMDB) without background GC."""
+        binding, LMDB) without background GC, with ``config`` and ``limiter``."""
         target = self.sub(name)
+        settings: dict[str, Any] = {"gc_interval_s": 0.0, **config}
         return open_storage(
             f"file://{os.path.join(target, 'chunks')}",
             metadata=os.path.join(target, "metadata"),
-            gc_interval_s=0.0,
+            limiter=limiter,
+            **settings,
         )
 
     def close(self) -> None:
