@@ -23,14 +23,16 @@ text is parsed into the field's type.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from slts.config import ENV_PREFIX, StorageConfig, check_field, parse_value
-from slts.errors import InvalidConfig
+from slts.errors import InvalidArgument, InvalidConfig
+from slts.limiter import BURST_S_DEFAULT, MIN_SHARE_DEFAULT, Limit, PriorityLimiter, TrafficClass
 
 #: The file's name in a store's folder.
 CONFIG_FILE_NAME = "slts.toml"
@@ -38,6 +40,18 @@ CONFIG_FILE_NAME = "slts.toml"
 CONFIG_FILE_ENV = "SLTS_CONFIG"
 
 _FIELDS = {field.name: field for field in dataclasses.fields(StorageConfig)}
+#: The limiter's settings (``slts.limiter``), as dotted keys: a ``[limits]`` table in the
+#: file (``[limits.defrag]``, ...), ``SLTS_LIMITS_DEFRAG_BYTES_PER_S``, ``--set
+#: limits.defrag.bytes_per_s=...``. Numbers; unset is the limiter's default (no limit).
+LIMIT_KEYS: tuple[str, ...] = (
+    "limits.min_share",
+    "limits.burst_s",
+    *(
+        f"limits.{scope}.{unit}"
+        for scope in ("total", *(kind.name.lower() for kind in TrafficClass))
+        for unit in ("bytes_per_s", "requests_per_s")
+    ),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +62,33 @@ class ResolvedConfig:
     config: StorageConfig
     sources: Mapping[str, str]
     file: str | None
+    #: The limiter's settings that were set (``LIMIT_KEYS``).
+    limits: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def fields(self) -> dict[str, Any]:
         """The configuration as ``slts.open`` keyword arguments."""
         return {name: getattr(self.config, name) for name in _FIELDS}
+
+    def limiter(self) -> PriorityLimiter | None:
+        """A limiter with the ``limits`` settings (None if none is set); share it among the
+        instances that use one chunk storage."""
+        return build_limiter(self.limits) if self.limits else None
+
+
+def build_limiter(limits: Mapping[str, float]) -> PriorityLimiter:
+    """The ``PriorityLimiter`` of the dotted ``limits`` settings; ``InvalidArgument`` from
+    the limiter for values it refuses."""
+
+    def limit(scope: str) -> Limit:
+        return Limit(limits.get(f"limits.{scope}.bytes_per_s"), limits.get(f"limits.{scope}.requests_per_s"))
+
+    per_class = {kind: limit(kind.name.lower()) for kind in TrafficClass}
+    return PriorityLimiter(
+        per_class,
+        total=limit("total"),
+        min_share=limits.get("limits.min_share", MIN_SHARE_DEFAULT),
+        burst_s=limits.get("limits.burst_s", BURST_S_DEFAULT),
+    )
 
 
 def find_config_file(explicit: str | None, env: Mapping[str, str], folder: str | None) -> str | None:
@@ -82,12 +119,31 @@ def read_config_file(path: str) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise InvalidConfig(f"configuration file {path!r} is not valid TOML: {exc}") from exc
     values: dict[str, Any] = {}
-    for key, value in document.items():
+    for key, value in _flattened(document):
         source = f"{path}: {key}"
+        if key in LIMIT_KEYS:
+            values[key] = _limit_value(key, value, source)
+            continue
         if key not in _FIELDS:
             raise InvalidConfig(f"{source}: unknown key (the keys are listed in docs/config.md)")
         values[key] = _checked(key, _typed(key, value, source), source)
     return values
+
+
+def _flattened(document: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """The ``[limits]`` tables as dotted keys; every other value as it is."""
+    for key, value in document.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and (dotted == "limits" or dotted.startswith("limits.")):
+            yield from _flattened(value, dotted + ".")
+        else:
+            yield dotted, value
+
+
+def _limit_value(key: str, value: Any, source: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise InvalidConfig(f"{source}: {value!r} is not a non-negative number")
+    return float(value)
 
 
 def resolve_config(
@@ -104,26 +160,42 @@ def resolve_config(
     if file is not None:
         for key, value in read_config_file(file).items():
             values[key], sources[key] = value, file
-    for key, field in _FIELDS.items():
-        variable = ENV_PREFIX + key.upper()
+    for key in (*_FIELDS, *LIMIT_KEYS):
+        variable = ENV_PREFIX + key.replace(".", "_").upper()
         raw = env.get(variable)
         if raw is not None:
-            source = f"${variable}"
-            values[key] = _checked(key, _parsed(key, str(field.type), raw, source), source)
-            sources[key] = source
+            values[key] = _from_text(key, raw, f"${variable}")
+            sources[key] = f"${variable}"
     for flag in flags:
         key, sep, raw = flag.partition("=")
         source = f"--set {flag}"
-        if not sep or key not in _FIELDS:
+        if not sep or (key not in _FIELDS and key not in LIMIT_KEYS):
             raise InvalidConfig(f"{source}: not FIELD=VALUE with a field of docs/config.md")
-        values[key] = _checked(key, _parsed(key, str(_FIELDS[key].type), raw, source), source)
+        values[key] = _from_text(key, raw, source)
         sources[key] = "--set"
+    limits = {key: values.pop(key) for key in LIMIT_KEYS if key in values}
+    where = ", ".join(f"{key} from {sources[key]}" for key in sorted(values))
     try:
         config = StorageConfig(**values)
     except InvalidConfig as exc:  # a relation between fields: name where each value came from
-        where = ", ".join(f"{key} from {sources[key]}" for key in sorted(values))
         raise InvalidConfig(f"{exc} ({where or 'all defaults'}; the rest default)") from exc
-    return ResolvedConfig(config, sources, file)
+    try:
+        build_limiter(limits)
+    except InvalidArgument as exc:
+        named = ", ".join(f"{key} from {sources[key]}" for key in sorted(limits))
+        raise InvalidConfig(f"limits: {exc} ({named})") from exc
+    return ResolvedConfig(config, sources, file, limits)
+
+
+def _from_text(key: str, raw: str, source: str) -> Any:
+    """A variable's or flag's text as the value of ``key``, checked."""
+    if key in LIMIT_KEYS:
+        try:
+            number = float(raw)
+        except ValueError:
+            raise InvalidConfig(f"{source}: {raw!r} is not a number") from None
+        return _limit_value(key, number, source)
+    return _checked(key, _parsed(key, str(_FIELDS[key].type), raw, source), source)
 
 
 def _typed(key: str, value: Any, source: str) -> Any:

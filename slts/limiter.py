@@ -158,6 +158,9 @@ class _Usage:
         self.updated = max(now, self.updated)
 
 
+#: The defaults of ``PriorityLimiter``'s ``min_share`` and ``burst_s``.
+MIN_SHARE_DEFAULT = 0.05
+BURST_S_DEFAULT = 1.0
 #: Below this fraction of the total a class counts as idle.
 _ACTIVE_FRACTION = 1e-3
 
@@ -170,8 +173,8 @@ class PriorityLimiter:
         limits: Mapping[TrafficClass, Limit] | None = None,
         *,
         total: Limit | None = None,
-        min_share: float = 0.05,
-        burst_s: float = 1.0,
+        min_share: float = MIN_SHARE_DEFAULT,
+        burst_s: float = BURST_S_DEFAULT,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:

@@ -130,7 +130,12 @@ def open_storage(args: argparse.Namespace, *, read_only: bool = False) -> Iterat
     elif url.startswith("file://"):
         os.makedirs(metadata, exist_ok=True)
     storage = slts.open(
-        url, metadata=metadata, container_id=args.container, read_only=read_only, **config.fields()
+        url,
+        metadata=metadata,
+        container_id=args.container,
+        read_only=read_only,
+        limiter=config.limiter(),
+        **config.fields(),
     )
     try:
         yield storage
@@ -276,7 +281,7 @@ def cmd_defrag(args: argparse.Namespace) -> int:
     if not args.spark and (args.master is not None or args.partitions is not None):
         raise InvalidArgument("--master and --partitions go with --spark")
     url, metadata = store_locations(args.store, args.metadata)
-    config = resolve_config(args).config
+    resolved = resolve_config(args)
     if not os.path.isdir(metadata):
         raise InvalidArgument(f"no metadata folder {metadata!r}: nothing to defrag")
     executor: ExecutorFactory = local_executor(args.threads)
@@ -292,7 +297,8 @@ def cmd_defrag(args: argparse.Namespace) -> int:
             metadata,
             executor,
             container_id=args.container,
-            config=config,
+            config=resolved.config,
+            limiter=resolved.limiter(),
             prefix=args.prefix,
             names=None if args.all else [args.name],
             batch_runs=args.batch_runs,

@@ -19,7 +19,7 @@ from typing import Any
 from slts.tools.cli import EXIT_OK, emit, resolve_config
 
 from slts.config import ENV_PREFIX, StorageConfig
-from slts.config_sources import CONFIG_FILE_ENV, CONFIG_FILE_NAME
+from slts.config_sources import CONFIG_FILE_ENV, CONFIG_FILE_NAME, LIMIT_KEYS
 
 _FIELD_LINE = re.compile(r"^\s{4}(\w+): [\w |]+ = ")
 
@@ -100,6 +100,28 @@ def config_reference() -> str:
             "|---|---|---|---|---|",
             *rows,
             "",
+            "## Limits",
+            "",
+            "The priority rate limiter of the container's chunk storage (`docs/operations.md`):",
+            "a `[limits]` table in the file, `SLTS_LIMITS_<...>` variables, `--set limits.<...>=N`",
+            "flags. Numbers (bytes or requests per second, a fraction, seconds); unset is no",
+            "limit, and with none set no limiter runs. `slts` commands that open the store and",
+            "`slts defrag` (in process) use it.",
+            "",
+            "```toml",
+            "[limits]",
+            "min_share = 0.05        # of the total, kept for each active lower class",
+            "[limits.total]          # what the storage gives; split by priority",
+            "bytes_per_s = 400_000_000",
+            "requests_per_s = 3000",
+            "[limits.defrag]",
+            "bytes_per_s = 50_000_000",
+            "```",
+            "",
+            "| key | variable |",
+            "|---|---|",
+            *(f"| `{key}` | `{ENV_PREFIX}{key.replace('.', '_').upper()}` |" for key in LIMIT_KEYS),
+            "",
         ]
     )
 
@@ -109,7 +131,7 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     resolved = resolve_config(args)
     fields = [
         {"field": name, "value": value, "source": resolved.sources[name]}
-        for name, value in resolved.fields().items()
+        for name, value in {**resolved.fields(), **resolved.limits}.items()
     ]
     lines = [f"# file: {resolved.file or '(none)'}"]
     lines += [f"{f['field']:<32} {_default_text(f['value']):<24} {f['source']}" for f in fields]

@@ -32,6 +32,7 @@ import contextvars
 import enum
 import io
 import os
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -203,8 +204,9 @@ class RemoteStorageManager:
                 ThreadPoolExecutor(len(present) + 2, thread_name_prefix="slts-remote-copy") as pool,
             ):
 
-                def submit(*call: Any) -> Future[None]:
-                    return pool.submit(contextvars.copy_context().run, *call)
+                def submit(call: Callable[..., None], *args: Any) -> Future[None]:
+                    context = contextvars.copy_context()  # one per task: a context runs in one thread
+                    return pool.submit(lambda: context.run(call, *args))
 
                 copies = [submit(self._copy_log, self.segment_name(metadata, LOG), data.log, written)]
                 copies += [

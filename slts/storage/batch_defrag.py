@@ -55,10 +55,12 @@ from slts.bindings.base import ChunkStorage
 from slts.config import StorageConfig
 from slts.errors import Fenced, InvalidArgument, InvalidName, SegmentNotFound, SltsError, VersionConflict
 from slts.gc import queue_entry, requeue_lost_intents
+from slts.limiter import PriorityLimiter
 from slts.metadata.records import ContainerRecord, GcReason, SegmentRecord
 from slts.metadata.schema import CONTAINER, CONTAINER_KEY, GC, SEGMENTS, name_key
 from slts.metadata.store import Delete, Expect, MetadataStore, Operation, Put, prefix_stop
 from slts.storage import defrag
+from slts.storage.limited import LimitedChunkStorage
 from slts.storage.segment_names import check_segment_name, chunk_name
 
 #: Runs planned (and registered, built, committed) per batch ...
@@ -547,12 +549,14 @@ def defrag_store(
     batch_runs: int = BATCH_RUNS_DEFAULT,
     batch_bytes: int = BATCH_BYTES_DEFAULT,
     progress: Callable[[int], None] | None = None,
+    limiter: PriorityLimiter | None = None,
 ) -> BatchReport:
     """The whole defrag batch over the store at ``url`` (chunk storage) with its LMDB
     metadata folder ``metadata``, beside the container's live owner (it fences nobody):
     open both, plan and commit every batch (``run_batch``) with the executor that
     ``executor(binding)`` enters, close both. The one wiring the CLI, the Spark job and
-    the demo share.
+    the demo share. ``limiter``: the batch's chunk storage calls in process go through it
+    (``slts.limiter``; Spark executors open their own binding and are not paced).
 
     Raises ``SegmentNotFound`` if one of ``names`` does not exist (nothing done),
     ``StoreNotFound``/``InvalidConfig`` for a missing or bad metadata folder, and what
@@ -562,7 +566,8 @@ def defrag_store(
     from slts.metadata.lmdb_store import LmdbMetadataStore
     from slts.metadata.schema import TABLES
 
-    with from_url(url) as binding, LmdbMetadataStore(metadata, TABLES) as store:
+    with from_url(url) as opened, LmdbMetadataStore(metadata, TABLES) as store:
+        binding = opened if limiter is None else LimitedChunkStorage(opened, limiter)
         for name in names or ():
             if store.get(SEGMENTS, name_key(check_segment_name(name))) is None:
                 raise SegmentNotFound(f"segment {name!r} does not exist", segment=name)

@@ -16,6 +16,7 @@ from slts.tools.config_cli import config_reference
 
 from slts.config_sources import resolve_config
 from slts.errors import InvalidConfig
+from slts.limiter import Limit, TrafficClass
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -126,3 +127,78 @@ def test_the_library_resolves_the_same_way(tmp_path: Path) -> None:
     assert resolved.config.read_bytes_max == 8 << 20
     with pytest.raises(InvalidConfig, match=r"must not exceed read_bytes_max \(.*read_bytes_max from --set"):
         resolve_config(str(tmp_path / "c.toml"), {}, ["read_bytes_max=1024"])
+
+
+def test_limits_come_from_the_file_variables_and_flags(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "slts.toml").write_text(
+        "gc_delay_s = 5\n[limits]\nmin_share = 0.02\n[limits.total]\nbytes_per_s = 400_000_000\n"
+        "[limits.defrag]\nbytes_per_s = 50_000_000\nrequests_per_s = 100\n"
+    )
+    result = slts(
+        "config", "show", "--json", "--store", str(store), "--set", "limits.gc.requests_per_s=20",
+        env={"SLTS_LIMITS_DEFRAG_BYTES_PER_S": "60000000"},
+    )  # fmt: skip
+    fields = shown(result)
+    toml = str(store / "slts.toml")
+    assert fields["limits.min_share"] == (0.02, toml) and fields["limits.total.bytes_per_s"] == (4e8, toml)
+    assert fields["limits.defrag.bytes_per_s"] == (6e7, "$SLTS_LIMITS_DEFRAG_BYTES_PER_S")
+    assert fields["limits.defrag.requests_per_s"] == (100, toml)
+    assert fields["limits.gc.requests_per_s"] == (20, "--set")
+    assert "limits.read.bytes_per_s" not in fields, "unset limits are not listed"
+
+    resolved = resolve_config(toml, {}, ["limits.gc.requests_per_s=20"])
+    limiter = resolved.limiter()
+    assert limiter is not None and limiter.min_share == 0.02 and limiter.total.bytes_per_s == 4e8
+    assert (
+        limiter.limits[TrafficClass.DEFRAG] == Limit(5e7, 100)
+        and limiter.limits[TrafficClass.GC].requests_per_s == 20
+    )
+    assert resolve_config(None, {}, []).limiter() is None, "no limit set: no limiter"
+
+
+@pytest.mark.parametrize(
+    ("toml", "flags", "says"),
+    [
+        ("[limits.defragg]\nbytes_per_s = 1\n", [], "limits.defragg.bytes_per_s: unknown key"),
+        (
+            "[limits.defrag]\nbytes_per_s = -1\n",
+            [],
+            "limits.defrag.bytes_per_s: -1 is not a non-negative number",
+        ),
+        ('[limits.gc]\nrequests_per_s = "many"\n', [], "'many' is not a non-negative number"),
+        ("[limits]\nmin_share = 0.5\n", [], "limits: min_share must be in"),
+        (
+            "",
+            ["limits.total.bytes_per_s=fast"],
+            "--set limits.total.bytes_per_s=fast: 'fast' is not a number",
+        ),
+    ],
+)
+def test_a_bad_limit_names_its_key_and_source(tmp_path: Path, toml: str, flags: list[str], says: str) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "slts.toml").write_text(toml)
+    sets = [arg for flag in flags for arg in ("--set", flag)]
+    result = slts("ls", "--store", str(store), *sets)
+    assert result.returncode == 5 and says in result.stderr, result.stderr
+
+
+def test_defrag_runs_under_limits_from_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "slts.toml").write_text("[limits.defrag]\nbytes_per_s = 1_000_000_000\n")
+    for i in range(3):
+        (tmp_path / f"p{i}").write_bytes(bytes([i]) * 5000)
+        assert cli.main(["put", f"p{i}", str(tmp_path / f"p{i}"), "--store", str(store)]) == 0
+        assert cli.main(["seal", f"p{i}", "--store", str(store)]) == 0
+    assert cli.main(["put", "s", str(tmp_path / "p0"), "--store", str(store)]) == 0
+    for i in (1, 2):
+        assert (
+            cli.main(["concat", "s", f"p{i}", "--store", str(store), "--set", "concat_merge_seam=false"]) == 0
+        )
+    capsys.readouterr()
+    assert cli.main(["defrag", "s", "--json", "--store", str(store)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["chunks_before"] == 3 and report["chunks_after"] < 3, "merged under the limiter"
