@@ -849,11 +849,12 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--ignore", nargs="+", default=[], metavar="KIND", help="count these kinds, go on")
     simulate.add_argument("--jobs", type=_positive, default=1, help="seeds run side by side (default 1)")
 
-    from slts.tools import config_cli, offload_cli, remote_cli  # they import this module's helpers
+    from slts.tools import config_cli, metrics_cli, offload_cli, remote_cli  # they import this module
 
     remote_cli.register(sub, common)
     offload_cli.register(sub, common)
     config_cli.register(sub, common)
+    metrics_cli.register(sub, common)
     return parser
 
 

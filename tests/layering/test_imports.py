@@ -66,6 +66,7 @@ RANKS: tuple[tuple[str, int], ...] = (
     ("slts.admin", 6),  # admin and repair, on the engine's public seam
     ("slts.remote", 6),  # tiered log storage for Kafka-style engines (KIP-405), on the engine
     ("slts.offload", 6),  # Pulsar-style ledger offload (PIP-17), on the engine
+    ("slts.metrics", 6),  # Prometheus metrics of an instance, read at each scrape
     ("slts.tools", 7),  # CLI, demo, bench, simulator
 )
 

@@ -1,0 +1,168 @@
+"""Prometheus metrics of a container instance (``prometheus_client``).
+
+``SltsCollector(storage, limiter=...)`` is a custom collector: at each scrape it reads the
+instance's own counters and a consistent view of its metadata, so nothing on the hot path
+pays for metrics. A library user registers it in their own registry::
+
+    from prometheus_client import CollectorRegistry
+    registry = CollectorRegistry()
+    registry.register(SltsCollector(storage, limiter=limiter))
+
+``slts metrics`` prints them once; ``slts metrics --serve PORT`` serves them over HTTP for
+operators. Names follow Prometheus conventions (``slts_`` prefix, ``_total`` counters,
+``_bytes``, ``_seconds``), all with the label ``container``:
+
+* operations of this instance: writes, reads, bytes, appends, chunks created, commit
+  retries, write failures (counters since the instance started);
+* layout: segments and chunks in the metadata (gauges; a scan of two tables per scrape);
+* GC: passes' deletions and errors (counters), queue depth, the age of its oldest entry and
+  the deleted segments awaiting collection (gauges);
+* the metadata's copy on tier-2: records not yet on tier-2 (the recovery point lag),
+  metadata log bytes, flushes and snapshots;
+* leaks: the last leak check's counts by kind (gauges; absent before a check);
+* the limiter, per traffic class: bytes and requests let through, requests throttled and
+  seconds throttled (counters).
+
+Not yet: latency histograms per operation and request counts by binding call type; they
+need hooks on the hot path (the limiter's wrapper is where they would go).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from slts.errors import InvalidArgument
+from slts.limiter import PriorityLimiter
+from slts.metadata.schema import CHUNKS, DELETED, GC, SEGMENTS
+from slts.storage.chunked import ChunkedSegmentStorage
+
+_QUEUED_MS = struct.Struct(">Q")
+
+
+class SltsCollector(Collector):
+    """The metrics of ``storage`` (and of ``limiter``, if given) at each scrape."""
+
+    def __init__(self, storage: ChunkedSegmentStorage, *, limiter: PriorityLimiter | None = None) -> None:
+        if not isinstance(storage, ChunkedSegmentStorage):
+            raise InvalidArgument(f"{storage!r} is not a ChunkedSegmentStorage")
+        if limiter is not None and not isinstance(limiter, PriorityLimiter):
+            raise InvalidArgument(f"{limiter!r} is not a PriorityLimiter")
+        self.storage = storage
+        self.limiter = limiter
+        self._container = str(storage.container_id)
+
+    def collect(self) -> Iterator[Metric]:
+        """Every metric, read now."""
+        yield from self._operations()
+        yield from self._layout()
+        yield from self._durable_copy()
+        yield from self._leaks()
+        yield from self._limiter()
+
+    # -- families -------------------------------------------------------------------------------
+
+    def _counter(self, name: str, documentation: str, value: float) -> CounterMetricFamily:
+        family = CounterMetricFamily(name, documentation, labels=["container"])
+        family.add_metric([self._container], value)
+        return family
+
+    def _gauge(self, name: str, documentation: str, value: float) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(name, documentation, labels=["container"])
+        family.add_metric([self._container], value)
+        return family
+
+    def _operations(self) -> Iterator[Metric]:
+        s = self.storage.statistics()
+        yield self._gauge("slts_epoch", "The container's epoch as this instance knows it.", s.epoch)
+        for name, documentation, value in (
+            ("slts_writes", "Segment writes.", s.writes),
+            ("slts_written_bytes", "Bytes written to segments.", s.bytes_written),
+            ("slts_appends", "Writes appended to an existing chunk.", s.appends),
+            ("slts_chunks_created", "Chunks created by writes.", s.chunks_created),
+            ("slts_reads", "Segment reads.", s.reads),
+            ("slts_read_bytes", "Bytes read from segments.", s.bytes_read),
+            ("slts_commit_retries", "Metadata commits re-based after a conflict.", s.commit_retries),
+            ("slts_write_failures", "Writes that failed.", s.write_failures),
+        ):
+            yield self._counter(name, documentation, value)
+        gc = self.storage.gc.statistics()
+        yield self._counter("slts_gc_chunks_deleted", "Chunks deleted by GC.", gc.chunks_deleted)
+        yield self._counter(
+            "slts_gc_segments_finished", "Deleted segments GC finished.", gc.tombstones_finished
+        )
+        yield self._counter("slts_gc_errors", "GC steps that failed (retried later).", gc.errors)
+
+    def _layout(self) -> Iterator[Metric]:
+        now_ms = self.storage.context.clock() * 1000
+        store = self.storage.context.store
+        with store.snapshot() as view:
+            segments = sum(1 for _ in view.scan(SEGMENTS))
+            chunks = sum(1 for _ in view.scan(CHUNKS))
+            deleted = sum(1 for _ in view.scan(DELETED))
+            depth, oldest_ms = 0, None
+            for key, _ in view.scan(GC):
+                depth += 1
+                if oldest_ms is None:  # keys sort by the time queued
+                    oldest_ms = _QUEUED_MS.unpack_from(key)[0]
+        yield self._gauge("slts_segments", "Segments (the system segments are the journal's).", segments)
+        yield self._gauge("slts_chunks", "Chunk records in the metadata.", chunks)
+        yield self._gauge("slts_gc_queue_entries", "Chunks queued for GC.", depth)
+        yield self._gauge(
+            "slts_gc_deleted_segments", "Deleted segments whose chunks GC has yet to delete.", deleted
+        )
+        age = 0.0 if oldest_ms is None else max(0.0, (now_ms - oldest_ms) / 1000)
+        yield self._gauge("slts_gc_queue_oldest_age_seconds", "Age of the oldest GC queue entry.", age)
+
+    def _durable_copy(self) -> Iterator[Metric]:
+        durable = self.storage.durable
+        if durable is None:
+            return
+        d = durable.statistics()
+        yield self._gauge(
+            "slts_metadata_log_lag_records",
+            "Metadata commits not yet on tier-2: what losing the machine now would lose.",
+            max(0, d.store_sequence - d.durable_sequence),
+        )
+        yield self._gauge(
+            "slts_metadata_log_bytes", "Bytes of the metadata log since its snapshot.", d.log_bytes
+        )
+        yield self._counter("slts_metadata_log_flushes", "Flushes of the metadata log to tier-2.", d.flushes)
+        yield self._counter("slts_metadata_snapshots", "Metadata snapshots written to tier-2.", d.snapshots)
+
+    def _leaks(self) -> Iterator[Metric]:
+        report = self.storage.statistics().leaks
+        if report is None:
+            return
+        family = GaugeMetricFamily(
+            "slts_leaked_items", "What the last leak check found, by kind.", labels=["container", "kind"]
+        )
+        for kind, value in (
+            ("index_entries", report.index_entries),
+            ("chunk_records", report.chunk_records),
+            ("gc_entries", report.gc_entries),
+        ):
+            family.add_metric([self._container, kind], value)
+        yield family
+
+    def _limiter(self) -> Iterator[Metric]:
+        if self.limiter is None:
+            return
+        stats = self.limiter.stats()
+        labels = ["container", "class"]
+        families = [
+            (CounterMetricFamily(name, documentation, labels=labels), field)
+            for name, documentation, field in (
+                ("slts_limiter_bytes", "Bytes let through, by class.", "bytes"),
+                ("slts_limiter_requests", "Requests let through, by class.", "requests"),
+                ("slts_limiter_throttled_requests", "Requests that waited, by class.", "requests_throttled"),
+                ("slts_limiter_throttled_seconds", "Seconds requests waited, by class.", "seconds_throttled"),
+            )
+        ]
+        for family, field in families:
+            for kind, values in stats.items():
+                family.add_metric([self._container, kind.name.lower()], getattr(values, field))
+            yield family
