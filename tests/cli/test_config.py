@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,20 +16,9 @@ from slts.tools.config_cli import config_reference
 from slts.config_sources import resolve_config
 from slts.errors import InvalidConfig
 from slts.limiter import Limit, TrafficClass
+from tests.support.cli import run_slts as slts
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def slts(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """``slts`` in a child process, as a user runs it (``SLTS_*`` of this process left out)."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("SLTS_")}
-    return subprocess.run(
-        [sys.executable, "-m", "slts.tools.cli", *argv],
-        capture_output=True,
-        text=True,
-        env={**base, **(env or {})},
-        check=False,
-    )
 
 
 def shown(result: subprocess.CompletedProcess[str]) -> dict[str, tuple[object, str]]:

@@ -7,9 +7,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +14,7 @@ import pytest
 
 from slts.errors import InvalidArgument
 from slts.logs import LOGGER_NAME, configure_logging, redact
+from tests.support.cli import run_slts as slts
 from tests.support.s3server import shared_server_or_skip
 
 SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
@@ -88,17 +86,6 @@ def test_bad_level_or_format_is_a_typed_error() -> None:
         configure_logging("loud")
     with pytest.raises(InvalidArgument, match="log format"):
         configure_logging("info", "xml")
-
-
-def slts(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLTS_", "AWS_"))}
-    return subprocess.run(
-        [sys.executable, "-m", "slts.tools.cli", *argv],
-        capture_output=True,
-        text=True,
-        env={**base, **(env or {})},
-        check=False,
-    )
 
 
 def test_the_cli_writes_json_lines(tmp_path: Path) -> None:

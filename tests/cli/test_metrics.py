@@ -3,10 +3,8 @@ library's parser), and ``slts metrics --serve`` scraped over real HTTP."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import slts
 from slts.errors import InvalidArgument
 from slts.limiter import PriorityLimiter
 from slts.metrics import SltsCollector
+from tests.support.cli import child_env, run_slts, slts_command
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -88,11 +87,9 @@ def test_bad_arguments_are_typed_errors(tmp_path: Path) -> None:
 def test_slts_metrics_serves_over_http(tmp_path: Path) -> None:
     store = tmp_path / "store"
     (tmp_path / "data").write_bytes(b"y" * 10_000)
-    base = {k: v for k, v in os.environ.items() if not k.startswith("SLTS_")}
 
     def run(*argv: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "slts.tools.cli", *argv, "--store", str(store)]
-        return subprocess.run(command, capture_output=True, text=True, env=base, check=False)
+        return run_slts(*argv, "--store", str(store))
 
     for name in ("a", "b", "c"):
         assert run("put", name, str(tmp_path / "data")).returncode == 0
@@ -100,11 +97,11 @@ def test_slts_metrics_serves_over_http(tmp_path: Path) -> None:
     assert once.returncode == 0 and value(samples(once.stdout), "slts_segments") == 3
 
     server = subprocess.Popen(
-        [sys.executable, "-m", "slts.tools.cli", "metrics", "--serve", "0", "--store", str(store)],
+        slts_command("metrics", "--serve", "0", "--store", str(store)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=base,
+        env=child_env(),
     )
     try:
         assert server.stdout is not None
