@@ -286,6 +286,27 @@ class ChunkStorage(abc.ABC):
         return UnsupportedOperation(f"{type(self).__name__} {what}", binding=self.url)
 
 
+class WrappedChunkStorage(ChunkStorage):
+    """A binding that wraps another (fault injection, rate limiting): the inner binding's
+    URL and capability flags, its ``close`` and its ``concat_bytes_through_client``.
+    Subclasses implement the ``_do_*`` hooks, calling ``inner`` (which checks its
+    arguments again)."""
+
+    def __init__(self, inner: ChunkStorage) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.supports_append = inner.supports_append
+        self.supports_concat = inner.supports_concat
+        self.supports_truncate = inner.supports_truncate
+        self.supports_readonly = inner.supports_readonly
+
+    def concat_bytes_through_client(self, sources: Sequence[ConcatSource]) -> int:
+        return self.inner.concat_bytes_through_client(sources)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 # -- argument checks shared by every binding ---------------------------------------------------
 
 

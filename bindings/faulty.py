@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 from slts.errors import SltsError, StorageUnavailable
 
-from .base import ChunkHandle, ChunkInfo, ChunkStorage, ConcatSource
+from .base import ChunkHandle, ChunkInfo, ChunkStorage, ConcatSource, WrappedChunkStorage
 
 OPERATIONS = (
     "exists",
@@ -74,16 +74,11 @@ class _Rule:
     seen: int = 0
 
 
-class FaultyChunkStorage(ChunkStorage):
+class FaultyChunkStorage(WrappedChunkStorage):
     """Wraps a binding; injects failures by rule. Capability flags are the inner ones."""
 
     def __init__(self, inner: ChunkStorage, seed: int = 0) -> None:
-        self.inner = inner
-        self.url = inner.url
-        self.supports_append = inner.supports_append
-        self.supports_concat = inner.supports_concat
-        self.supports_truncate = inner.supports_truncate
-        self.supports_readonly = inner.supports_readonly
+        super().__init__(inner)
         self.seed = seed
         self.random = random.Random(seed)
         self.calls: Counter[str] = Counter()
@@ -273,6 +268,3 @@ class FaultyChunkStorage(ChunkStorage):
     def _do_set_readonly(self, handle: ChunkHandle, readonly: bool) -> None:
         self._check("set_readonly")
         self.inner.set_readonly(handle, readonly)
-
-    def close(self) -> None:
-        self.inner.close()

@@ -14,32 +14,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from slts.bindings.base import ChunkHandle, ChunkInfo, ChunkStorage, ConcatSource
+from slts.bindings.base import ChunkHandle, ChunkInfo, ChunkStorage, ConcatSource, WrappedChunkStorage
 from slts.limiter import PriorityLimiter, TrafficClass, current_traffic_class
 
 
-class LimitedChunkStorage(ChunkStorage):
+class LimitedChunkStorage(WrappedChunkStorage):
     """``inner`` with every call paid for through ``limiter`` first."""
 
     def __init__(self, inner: ChunkStorage, limiter: PriorityLimiter) -> None:
         assert not isinstance(inner, LimitedChunkStorage), "one limiter per chunk storage"
-        self.inner = inner
+        super().__init__(inner)
         self.limiter = limiter
-        self.url = inner.url
-        self.supports_append = inner.supports_append
-        self.supports_concat = inner.supports_concat
-        self.supports_truncate = inner.supports_truncate
-        self.supports_readonly = inner.supports_readonly
 
     def _pay(self, changes: bool, nbytes: int = 0) -> None:
         kind = current_traffic_class(TrafficClass.TAIL_WRITE if changes else TrafficClass.READ)
         self.limiter.acquire(kind, nbytes)
-
-    def concat_bytes_through_client(self, sources: Sequence[ConcatSource]) -> int:
-        return self.inner.concat_bytes_through_client(sources)
-
-    def close(self) -> None:
-        self.inner.close()
 
     # -- hooks: ChunkStorage checked the arguments; the inner binding checks them again -----
 
