@@ -102,6 +102,7 @@ def test_the_cli_writes_json_lines(tmp_path: Path) -> None:
     assert gc["chunks_deleted"] == 1 and gc["tombstones_finished"] == 1
 
 
+@pytest.mark.slow  # the SeaweedFS server
 def test_no_credential_in_any_line_at_debug_level_on_s3(tmp_path: Path) -> None:
     server = shared_server_or_skip()
     bucket = server.new_bucket("logs")
