@@ -367,6 +367,35 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return EXIT_OK if not totals.errors else EXIT_CHUNK_STORAGE
 
 
+def cmd_scrub(args: argparse.Namespace) -> int:
+    """Re-read every chunk (of segments under PREFIX, from --from on) and check its length
+    and CRC32C against the metadata, as the lowest traffic class of the limiter; exit 1 on
+    any anomaly. With --max-chunks N it stops after the segment where N was reached and
+    prints where to go on (--from NAME). Read-only: it fences nobody."""
+    from slts.admin.scrub import scrub
+
+    quiet = args.json or not sys.stderr.isatty()
+    with (
+        open_storage(args, read_only=True) as storage,
+        tqdm(desc="scrub", unit="chunk", disable=quiet) as bar,
+    ):
+        report = scrub(
+            storage,
+            prefix=args.prefix,
+            start_at=args.start_at,
+            max_chunks=args.max_chunks,
+            progress=bar.update,
+        )
+    lines = [f"{a.segment} @{a.offset}: {a.kind}: chunk {a.chunk}: {a.detail}" for a in report.anomalies]
+    lines.append(
+        f"scrub: {report.segments} segments, {report.chunks} chunks, {report.bytes_read} bytes read,"
+        f" {len(report.anomalies)} anomalies, {report.unverified_chunks} chunks without checksums"
+        + (f"; go on with --from {report.next_segment!r}" if report.next_segment is not None else "")
+    )
+    emit(args, {**asdict(report)}, "\n".join(lines))
+    return EXIT_ERROR if report.anomalies else EXIT_OK
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     """Check the invariants of every segment (lists, index, chunks present), that no chunk
     or metadata is leaked, and that the tier-2 copy of the metadata restores; exit 1 if
@@ -789,6 +818,11 @@ def build_parser() -> argparse.ArgumentParser:
     verify = add("verify", cmd_verify, "check every invariant of the stored segments")
     verify.add_argument("prefix", nargs="?", default="", help="only segments starting with this")
     verify.add_argument("--checksums", action="store_true", help="also read every chunk and check its CRC32C")
+
+    scrub = add("scrub", cmd_scrub, "re-read every chunk and check it against the metadata")
+    scrub.add_argument("prefix", nargs="?", default="", help="only segments starting with this")
+    scrub.add_argument("--from", dest="start_at", default=None, metavar="NAME", help="start at this segment")
+    scrub.add_argument("--max-chunks", type=_positive, default=None, metavar="N", help="stop after about N")
 
     add("snapshot", cmd_snapshot, "take a metadata snapshot on tier-2 now")
 
