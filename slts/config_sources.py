@@ -174,10 +174,10 @@ def resolve_config(
         values[key] = _from_text(key, raw, source)
         sources[key] = "--set"
     limits = {key: values.pop(key) for key in LIMIT_KEYS if key in values}
-    where = ", ".join(f"{key} from {sources[key]}" for key in sorted(values))
     try:
         config = StorageConfig(**values)
     except InvalidConfig as exc:  # a relation between fields: name where each value came from
+        where = ", ".join(f"{key} from {sources[key]}" for key in sorted(values))
         raise InvalidConfig(f"{exc} ({where or 'all defaults'}; the rest default)") from exc
     try:
         build_limiter(limits)

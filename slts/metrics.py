@@ -39,6 +39,8 @@ from slts.errors import InvalidArgument
 from slts.limiter import PriorityLimiter
 from slts.metadata.schema import CHUNKS, DELETED, GC, SEGMENTS
 from slts.storage.chunked import ChunkedSegmentStorage
+from slts.storage.leaks import LeakReport
+from slts.storage.types import StorageStatistics
 
 _QUEUED_MS = struct.Struct(">Q")
 
@@ -57,10 +59,11 @@ class SltsCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Every metric, read now."""
-        yield from self._operations()
+        statistics = self.storage.statistics()
+        yield from self._operations(statistics)
         yield from self._layout()
         yield from self._durable_copy()
-        yield from self._leaks()
+        yield from self._leaks(statistics.leaks)
         yield from self._limiter()
 
     # -- families -------------------------------------------------------------------------------
@@ -75,8 +78,7 @@ class SltsCollector(Collector):
         family.add_metric([self._container], value)
         return family
 
-    def _operations(self) -> Iterator[Metric]:
-        s = self.storage.statistics()
+    def _operations(self, s: StorageStatistics) -> Iterator[Metric]:
         yield self._gauge("slts_epoch", "The container's epoch as this instance knows it.", s.epoch)
         for name, documentation, value in (
             ("slts_writes", "Segment writes.", s.writes),
@@ -133,8 +135,7 @@ class SltsCollector(Collector):
         yield self._counter("slts_metadata_log_flushes", "Flushes of the metadata log to tier-2.", d.flushes)
         yield self._counter("slts_metadata_snapshots", "Metadata snapshots written to tier-2.", d.snapshots)
 
-    def _leaks(self) -> Iterator[Metric]:
-        report = self.storage.statistics().leaks
+    def _leaks(self, report: LeakReport | None) -> Iterator[Metric]:
         if report is None:
             return
         family = GaugeMetricFamily(

@@ -392,7 +392,7 @@ def cmd_scrub(args: argparse.Namespace) -> int:
         f" {len(report.anomalies)} anomalies, {report.unverified_chunks} chunks without checksums"
         + (f"; go on with --from {report.next_segment!r}" if report.next_segment is not None else "")
     )
-    emit(args, {**asdict(report)}, "\n".join(lines))
+    emit(args, asdict(report), "\n".join(lines))
     return EXIT_ERROR if report.anomalies else EXIT_OK
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -179,23 +180,24 @@ def _stream(offloader: StreamingOffloader, ledgers: list[FileLedger]) -> tuple[i
     done = handle.last_offered() if handle is not None else None
     offered, results = 0, []
     for ledger in ledgers:
-        for first in range(0, ledger.last_entry_id + 1, 256):
-            last = min(first + 255, ledger.last_entry_id)
-            for entry_id, data in enumerate(ledger.read(first, last), start=first):
-                if done is not None and (ledger.ledger_id, entry_id) <= done:
-                    continue
-                while True:
-                    if handle is None:
-                        handle = offloader.streaming_offload(uuid.uuid4(), {}, ledger.ledger_id, entry_id)
-                    outcome = handle.offer_entry(ledger.ledger_id, entry_id, data)
-                    if outcome == OfferResult.OK:
-                        offered += 1
-                        break
-                    if outcome == OfferResult.FAIL_BUFFER_FULL:
-                        handle.flush()
-                    else:  # closed by size or age: its successor begins with this entry
-                        results.append(handle.result())
-                        handle = None
+        # After a resume, read on from the entry after the last durable one (not from 0).
+        first = 0 if done is None or ledger.ledger_id > done[0] else done[1] + 1
+        if (done is not None and ledger.ledger_id < done[0]) or first > ledger.last_entry_id:
+            continue
+        batches = _batches(ledger, first, ledger.last_entry_id)
+        for entry_id, data in enumerate(itertools.chain.from_iterable(batches), start=first):
+            while True:
+                if handle is None:
+                    handle = offloader.streaming_offload(uuid.uuid4(), {}, ledger.ledger_id, entry_id)
+                outcome = handle.offer_entry(ledger.ledger_id, entry_id, data)
+                if outcome == OfferResult.OK:
+                    offered += 1
+                    break
+                if outcome == OfferResult.FAIL_BUFFER_FULL:
+                    handle.flush()
+                else:  # closed by size or age: its successor begins with this entry
+                    results.append(handle.result())
+                    handle = None
     if handle is not None:
         results.append(handle.close())
     return offered, results
