@@ -34,7 +34,7 @@ raises ``UnsupportedOperation``. Callers branch on the flag, never on the class.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from slts.errors import (
@@ -73,6 +73,15 @@ class ConcatSource:
     name: str
     offset: int
     length: int
+
+
+#: The kinds of requests a storage bills, as object stores name them: ``MULTIPART`` is
+#: CreateMultipartUpload, UploadPart, CompleteMultipartUpload and AbortMultipartUpload;
+#: ``COPY`` is a server-side copy (UploadPartCopy).
+REQUEST_KINDS: tuple[str, ...] = ("PUT", "GET", "HEAD", "LIST", "DELETE", "COPY", "MULTIPART")
+
+#: Told the kind of each request a binding sends (``ChunkStorage.observe_requests``).
+RequestObserver = Callable[[str], None]
 
 
 class ChunkStorage(abc.ABC):
@@ -115,6 +124,18 @@ class ChunkStorage(abc.ABC):
 
     #: The URL this binding was built from; executors rebuild the binding from it.
     url: str = ""
+    #: The binding reports each request it sends to its storage (``observe_requests``);
+    #: otherwise a caller that meters requests counts one per call.
+    counts_own_requests: bool = False
+
+    def observe_requests(self, observer: RequestObserver | None) -> None:
+        """Call ``observer(kind)`` for every request this binding sends from now on, retries
+        included (each one is billed), in the caller's thread; ``kind`` is one of
+        ``REQUEST_KINDS``. Only bindings with ``counts_own_requests`` ever call it; None
+        stops the calls."""
+        self._request_observer = observer
+
+    _request_observer: RequestObserver | None = None
 
     # -- required -------------------------------------------------------------------------
 
@@ -287,8 +308,9 @@ class ChunkStorage(abc.ABC):
 
 
 class WrappedChunkStorage(ChunkStorage):
-    """A binding that wraps another (fault injection, rate limiting): the inner binding's
-    URL and capability flags, its ``close`` and its ``concat_bytes_through_client``.
+    """A binding that wraps another (fault injection, metering and rate limiting): the
+    inner binding's URL, capability flags, request observer, ``close`` and
+    ``concat_bytes_through_client``.
     Subclasses implement the ``_do_*`` hooks, calling ``inner`` (which checks its
     arguments again)."""
 
@@ -299,6 +321,10 @@ class WrappedChunkStorage(ChunkStorage):
         self.supports_concat = inner.supports_concat
         self.supports_truncate = inner.supports_truncate
         self.supports_readonly = inner.supports_readonly
+        self.counts_own_requests = inner.counts_own_requests
+
+    def observe_requests(self, observer: RequestObserver | None) -> None:
+        self.inner.observe_requests(observer)
 
     def concat_bytes_through_client(self, sources: Sequence[ConcatSource]) -> int:
         return self.inner.concat_bytes_through_client(sources)

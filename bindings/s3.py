@@ -238,6 +238,8 @@ _COUNTER_BY_OPERATION = {
     "MULTIPART": "multipart_requests",
     "COPY_PART": "copy_part_requests",
 }
+#: The billed kind (``REQUEST_KINDS``) of each operation.
+_KIND_BY_OPERATION = {operation: operation for operation in _COUNTER_BY_OPERATION} | {"COPY_PART": "COPY"}
 
 
 # -- object keys -------------------------------------------------------------------------------
@@ -461,6 +463,7 @@ class S3ChunkStorage(ChunkStorage):
     supports_concat = True
     supports_truncate = False
     supports_readonly = False
+    counts_own_requests = True
 
     def __init__(
         self,
@@ -630,12 +633,16 @@ class S3ChunkStorage(ChunkStorage):
         the call returns None (success).
         """
         counter = _COUNTER_BY_OPERATION[operation]
+        kind = _KIND_BY_OPERATION[operation]
         attempts = 0
 
         def attempt() -> T:
             nonlocal attempts
             attempts += 1
             self._add(**{counter: 1})
+            observer = self._request_observer
+            if observer is not None:
+                observer(kind)
             try:
                 return request()
             except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError, _ShortBody) as exc:

@@ -23,7 +23,13 @@ INTEGER_MAX = 1 << 62
 CHECKSUM_BLOCK_BYTES_DEFAULT = 64 * 1024
 
 #: Fields where 0 means "off" (or "no delay") rather than a bad value.
-_ZERO_ALLOWED = ("gc_delay_s", "gc_interval_s", "metadata_log_flush_interval_s", "defrag_batch_lease_s")
+_ZERO_ALLOWED = (
+    "gc_delay_s",
+    "gc_interval_s",
+    "metadata_log_flush_interval_s",
+    "defrag_batch_lease_s",
+    "usage_flush_interval_s",
+)
 
 #: Environment variables ``SLTS_<FIELD>`` (upper case) override defaults.
 ENV_PREFIX = "SLTS_"
@@ -62,6 +68,10 @@ class StorageConfig:
     #: Seconds between background GC passes; 0 turns the background worker off
     #: (``storage.gc.run_once()`` still works on demand).
     gc_interval_s: float = 30.0
+    #: Seconds between additions of the container's chunk storage usage (requests by
+    #: kind and bytes, per traffic class: what ``slts cost`` prices) to the metadata store;
+    #: a killed process loses at most this much of it. 0: only when the instance closes.
+    usage_flush_interval_s: float = 30.0
     #: How often a conflicting metadata commit is re-based and retried.
     commit_retries_max: int = 3
     #: Defrag merges runs of consecutive chunks each smaller than this.

@@ -7,7 +7,7 @@ Every call to a chunk storage belongs to a *traffic class*; the classes in prior
 A ``PriorityLimiter`` holds, per class, an optional limit of its own (``Limit``: bytes per
 second, requests per second) and, optionally, a ``total`` limit the classes share. One
 limiter is shared by every user of one chunk storage in the process; the engine puts it in
-the one place every binding call passes through (``slts.storage.limited``), so callers only
+the one place every binding call passes through (``slts.storage.gate``), so callers only
 say which class they are (``traffic_class(TrafficClass.GC)``, a context variable; calls
 outside any say ``TAIL_WRITE`` for changes and ``READ`` for reads).
 

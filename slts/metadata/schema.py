@@ -11,6 +11,8 @@ deleted     segment_id (u64 BE)                          ``SegmentRecord`` tombs
 gc          queued time ms (u64 BE) + chunk name         ``GcEntry``
 remote_*    tiered log storage (``slts.remote``): remote log segments, per-epoch offset
             maps, per-partition records; keys in ``slts/remote/keys.py``
+offload_*   Pulsar-style offload (``slts.offload``)
+usage       container id (u64 BE) + traffic class name   ``UsageRecord`` (``slts.usage``)
 =========== ============================================ ===========================
 
 The ``index`` table is derived data written in the same transaction as the chunk list
@@ -47,7 +49,21 @@ OFFLOAD_STREAM_SEGMENTS = "offload_stream_segments"
 OFFLOAD_STREAM_LEDGERS = "offload_stream_ledgers"
 OFFLOAD_TABLES: tuple[str, ...] = (OFFLOAD_LEDGERS, OFFLOAD_STREAM_SEGMENTS, OFFLOAD_STREAM_LEDGERS)
 
-TABLES: tuple[str, ...] = (CONTAINER, SEGMENTS, CHUNKS, INDEX, DELETED, GC, *REMOTE_TABLES, *OFFLOAD_TABLES)
+#: What each container asked of the chunk storage (``slts.usage``): requests by kind and
+#: bytes, per traffic class; key: container id (u64 BE) + the class's name.
+USAGE = "usage"
+
+TABLES: tuple[str, ...] = (
+    CONTAINER,
+    SEGMENTS,
+    CHUNKS,
+    INDEX,
+    DELETED,
+    GC,
+    *REMOTE_TABLES,
+    *OFFLOAD_TABLES,
+    USAGE,
+)
 
 CONTAINER_KEY = b"container"
 

@@ -60,8 +60,9 @@ from slts.metadata.records import ContainerRecord, GcReason, SegmentRecord
 from slts.metadata.schema import CONTAINER, CONTAINER_KEY, GC, SEGMENTS, name_key
 from slts.metadata.store import Delete, Expect, MetadataStore, Operation, Put, prefix_stop
 from slts.storage import defrag
-from slts.storage.limited import LimitedChunkStorage
+from slts.storage.gate import GatedChunkStorage
 from slts.storage.segment_names import check_segment_name, chunk_name
+from slts.usage import UsageMeter
 
 #: Runs planned (and registered, built, committed) per batch ...
 BATCH_RUNS_DEFAULT = 2000
@@ -556,7 +557,9 @@ def defrag_store(
     open both, plan and commit every batch (``run_batch``) with the executor that
     ``executor(binding)`` enters, close both. The one wiring the CLI, the Spark job and
     the demo share. ``limiter``: the batch's chunk storage calls in process go through it
-    (``slts.limiter``; Spark executors open their own binding and are not paced).
+    (``slts.limiter``; Spark executors open their own binding and are not paced). The
+    calls in process are metered and their usage recorded in the store at the end
+    (``slts.usage``; a Spark executor's are not).
 
     Raises ``SegmentNotFound`` if one of ``names`` does not exist (nothing done),
     ``StoreNotFound``/``InvalidConfig`` for a missing or bad metadata folder, and what
@@ -567,18 +570,25 @@ def defrag_store(
     from slts.metadata.schema import TABLES
 
     with from_url(url) as opened, LmdbMetadataStore(metadata, TABLES) as store:
-        binding = opened if limiter is None else LimitedChunkStorage(opened, limiter)
         for name in names or ():
             if store.get(SEGMENTS, name_key(check_segment_name(name))) is None:
                 raise SegmentNotFound(f"segment {name!r} does not exist", segment=name)
+        meter = UsageMeter()
+        binding = GatedChunkStorage(opened, meter, limiter)
         driver = BatchDefrag(binding, store, container_id, config)
-        with executor(binding) as run_tasks:
-            return run_batch(
-                driver,
-                run_tasks,
-                prefix=prefix,
-                names=names,
-                batch_runs=batch_runs,
-                batch_bytes=batch_bytes,
-                progress=progress,
-            )
+        try:
+            with executor(binding) as run_tasks:
+                return run_batch(
+                    driver,
+                    run_tasks,
+                    prefix=prefix,
+                    names=names,
+                    batch_runs=batch_runs,
+                    batch_bytes=batch_bytes,
+                    progress=progress,
+                )
+        finally:
+            try:
+                meter.flush(store, container_id)  # the run's requests, for ``slts cost``
+            except SltsError as exc:  # accounting: never the reason a run fails
+                _log.warning("defrag run's chunk storage usage not recorded: %s", exc)

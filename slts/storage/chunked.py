@@ -22,6 +22,7 @@ Reads take the stripe only to resolve the layout, never during chunk I/O.
 from __future__ import annotations
 
 import builtins
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -44,6 +45,7 @@ from slts.errors import (
     SegmentExists,
     SegmentSealed,
     SegmentTruncated,
+    SltsError,
     StorageClosed,
     VersionConflict,
     WriteExpired,
@@ -61,9 +63,12 @@ from slts.metadata.store import Delete, Expect, MetadataStore, Put, prefix_stop
 from slts.storage import block_checksums, layout_changes
 from slts.storage.context import EngineContext, SegmentIds
 from slts.storage.leaks import LeakReport, find_leaks
-from slts.storage.limited import LimitedChunkStorage
+from slts.storage.gate import GatedChunkStorage
 from slts.storage.segment_names import check_segment_name, chunk_name
 from slts.storage.types import DefragResult, SegmentHandle, SegmentInfo, StorageStatistics
+from slts.usage import UsageMeter
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,11 +137,14 @@ class ChunkedSegmentStorage:
             raise InvalidArgument(f"epoch must be an integer in [1, {EPOCH_MAX}] or None, got {epoch!r}")
         if config is not None and not isinstance(config, StorageConfig):
             raise InvalidArgument(f"config must be a StorageConfig, got {type(config).__name__}")
-        if limiter is not None:
-            if not isinstance(limiter, PriorityLimiter):
-                raise InvalidArgument(f"limiter must be a PriorityLimiter, got {type(limiter).__name__}")
-            # Every user of the container's binding (engine, GC, journal, defrag) gets the wrapper.
-            chunk_storage = LimitedChunkStorage(chunk_storage, limiter)
+        if limiter is not None and not isinstance(limiter, PriorityLimiter):
+            raise InvalidArgument(f"limiter must be a PriorityLimiter, got {type(limiter).__name__}")
+        if not isinstance(chunk_storage, ChunkStorage):
+            raise InvalidArgument(f"chunk_storage must be a ChunkStorage, got {type(chunk_storage).__name__}")
+        #: What the container asks of its chunk storage (``slts.usage``; ``slts cost``).
+        self.meter = UsageMeter()
+        # Every user of the container's binding (engine, GC, journal, defrag) gets the gate.
+        chunk_storage = GatedChunkStorage(chunk_storage, self.meter, limiter)
         self.config = config or StorageConfig()
         self.container_id = container_id
         self.chunk_storage = chunk_storage
@@ -200,6 +208,8 @@ class ChunkedSegmentStorage:
                 self.durable.start(self.config.metadata_log_flush_interval_s)
         if not read_only and self.config.gc_interval_s > 0:
             self.gc.start(self.config.gc_interval_s)
+        if not read_only and self.config.usage_flush_interval_s > 0:
+            self.meter.start(self.flush_usage, self.config.usage_flush_interval_s)
 
     # -- life cycle -------------------------------------------------------------------------------
 
@@ -215,6 +225,14 @@ class ChunkedSegmentStorage:
         with self._pool_lock:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
+        self.meter.stop()
+        if not self.read_only:
+            try:
+                self.flush_usage()
+            except SltsError as exc:  # accounting: never a reason to fail a close
+                _log.warning("chunk storage usage not recorded at close: %s", exc)
+        assert isinstance(self.chunk_storage, GatedChunkStorage)
+        self.chunk_storage.detach()
         if self._owns_store:
             self._metadata_store.close()
         if self._owns_binding:
@@ -231,6 +249,14 @@ class ChunkedSegmentStorage:
             raise StorageClosed("this ChunkedSegmentStorage was closed")
         if changes and self.read_only:
             raise ReadOnlyInstance("this ChunkedSegmentStorage was opened read-only")
+
+    def flush_usage(self) -> int:
+        """Add the chunk storage usage since the last flush to the metadata store's usage
+        records (``slts.usage``); returns the requests added. Runs every
+        ``usage_flush_interval_s`` and at ``close``. ``ReadOnlyInstance`` when read-only."""
+        if self.read_only:
+            raise ReadOnlyInstance("a read-only instance does not record usage")
+        return self.meter.flush(self._store, self.container_id)
 
     def statistics(self) -> StorageStatistics:
         """Counters since start, and the last leak check's report (the leak gauge), as a

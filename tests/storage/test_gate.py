@@ -16,7 +16,7 @@ from slts.limiter import Limit, PriorityLimiter, TrafficClass
 from slts.offload.ledgers import MemoryLedger
 from slts.offload.offloader import LedgerOffloader
 from slts.storage.chunked import ChunkedSegmentStorage
-from slts.storage.limited import LimitedChunkStorage
+from slts.storage.gate import GatedChunkStorage
 from tests.support.engine import Env, env_fixture
 
 env = env_fixture([("filesystem", "lmdb"), ("s3", "lmdb")])
@@ -57,7 +57,7 @@ def grew(before: dict, after: dict) -> dict[TrafficClass, tuple[int, int]]:
 def test_every_kind_of_work_is_counted_in_its_class(env: Env) -> None:
     limiter = PriorityLimiter()
     storage = start(env, limiter)
-    assert isinstance(storage.chunk_storage, LimitedChunkStorage)
+    assert isinstance(storage.chunk_storage, GatedChunkStorage)
     before = counted(limiter)
     small_chunks(storage, "s", 8, 1000)
     wrote = grew(before, counted(limiter))

@@ -1,0 +1,133 @@
+"""The one place every chunk storage call of a container passes: metering and the limiter.
+
+``ChunkedSegmentStorage`` wraps its binding in a ``GatedChunkStorage``: the engine, its GC,
+the system journal and the metadata copy, defrag, the offloaders and the remote log all
+hold this wrapper, so no caller meters or paces itself. Each call, in the traffic class its
+caller set with ``slts.limiter.traffic_class`` (GC, defrag, offload, scrub set theirs; a call
+outside any class is a tail write if it changes something and a read if it does not):
+
+1. waits for the limiter, if there is one (``slts.limiter``). Bytes paid: the data of a
+   read, write or create, the sources' lengths of a native concat (the storage moves them);
+   every call is one request;
+2. runs on the inner binding, timed;
+3. is counted in the ``UsageMeter`` (``slts.usage``): its latency (limiter wait excluded:
+   that is the limiter's throttled time), its bytes, the error it raised, and, for a
+   binding that does not count its own requests, the one request ``CALL_KINDS`` gives it.
+   A binding that does (S3) tells the meter each request it sends.
+
+Opening a handle costs no request on any binding and passes straight through. Capability
+flags and errors are the inner binding's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
+
+from slts.bindings.base import ChunkHandle, ChunkInfo, ChunkStorage, ConcatSource, WrappedChunkStorage
+from slts.limiter import PriorityLimiter, TrafficClass, current_traffic_class
+from slts.usage import CALL_KINDS, UsageMeter
+
+T = TypeVar("T")
+
+
+class GatedChunkStorage(WrappedChunkStorage):
+    """``inner`` with every call metered into ``meter`` and, with a ``limiter``, paid for first."""
+
+    def __init__(self, inner: ChunkStorage, meter: UsageMeter, limiter: PriorityLimiter | None = None) -> None:
+        assert not isinstance(inner, GatedChunkStorage), "one gate per chunk storage"
+        super().__init__(inner)
+        self.meter = meter
+        self.limiter = limiter
+        if inner.counts_own_requests:
+            inner.observe_requests(meter.request)
+
+    def detach(self) -> None:
+        """Stop the inner binding's request reports to this gate's meter (when the
+        binding outlives the instance that made the gate)."""
+        if self.counts_own_requests:
+            self.inner.observe_requests(None)
+
+    def _through(
+        self,
+        name: str,
+        changes: bool,
+        action: Callable[[], T],
+        *,
+        paid: int = 0,
+        sent: int = 0,
+        copied: int = 0,
+    ) -> T:
+        traffic = current_traffic_class(TrafficClass.TAIL_WRITE if changes else TrafficClass.READ)
+        if self.limiter is not None:
+            self.limiter.acquire(traffic, paid)
+        request = None if self.counts_own_requests else CALL_KINDS[name]
+        start = time.perf_counter()
+        try:
+            result = action()
+        except BaseException as error:
+            self.meter.call(traffic, name, time.perf_counter() - start, request=request, error=error)
+            raise
+        received = len(result) if isinstance(result, bytes) else 0
+        self.meter.call(
+            traffic,
+            name,
+            time.perf_counter() - start,
+            request=request,
+            sent=sent,
+            received=received,
+            copied=copied,
+        )
+        return result
+
+    # -- hooks: ChunkStorage checked the arguments; the inner binding checks them again -----
+
+    def _do_exists(self, name: str) -> bool:
+        return self._through("exists", False, lambda: self.inner.exists(name))
+
+    def _do_create(self, name: str, data: bytes) -> ChunkHandle:
+        return self._through(
+            "create", True, lambda: self.inner.create(name, data), paid=len(data), sent=len(data)
+        )
+
+    def _do_delete(self, handle: ChunkHandle) -> None:
+        self._through("delete", True, lambda: self.inner.delete(handle))
+
+    def _do_open_read(self, name: str) -> ChunkHandle:
+        return self.inner.open_read(name)  # a handle costs no request on any binding
+
+    def _do_open_write(self, name: str) -> ChunkHandle:
+        return self.inner.open_write(name)
+
+    def _do_get_info(self, name: str) -> ChunkInfo:
+        return self._through("get_info", False, lambda: self.inner.get_info(name))
+
+    def _do_read(self, handle: ChunkHandle, offset: int, length: int) -> bytes:
+        return self._through("read", False, lambda: self.inner.read(handle, offset, length), paid=length)
+
+    def _do_write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
+        return self._through(
+            "write", True, lambda: self.inner.write(handle, offset, data), paid=len(data), sent=len(data)
+        )
+
+    def _do_list(self, prefix: str) -> Iterator[str]:
+        return self._through("list", False, lambda: self.inner.list(prefix))
+
+    def _do_concat(self, target: str, sources: Sequence[ConcatSource]) -> ChunkInfo:
+        moved = sum(source.length for source in sources)
+        through_client = self.inner.concat_bytes_through_client(sources)
+        return self._through(
+            "concat",
+            True,
+            lambda: self.inner.concat(target, sources),
+            paid=moved,
+            sent=through_client,
+            copied=moved - through_client,
+        )
+
+    def _do_truncate(self, handle: ChunkHandle, length: int) -> None:
+        self._through("truncate", True, lambda: self.inner.truncate(handle, length))
+
+    def _do_set_readonly(self, handle: ChunkHandle, readonly: bool) -> None:
+        self._through("set_readonly", True, lambda: self.inner.set_readonly(handle, readonly))
