@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slts.config import ENV_PREFIX, StorageConfig, check_field, parse_value
+from slts.cost import PRICE_KEYS, Prices
 from slts.errors import InvalidArgument, InvalidConfig
 from slts.limiter import BURST_S_DEFAULT, MIN_SHARE_DEFAULT, Limit, PriorityLimiter, TrafficClass
 
@@ -52,6 +53,9 @@ LIMIT_KEYS: tuple[str, ...] = (
         for unit in ("bytes_per_s", "requests_per_s")
     ),
 )
+#: Settings given as tables of numbers (``[limits]``, ``[prices]``: ``slts.cost.PRICE_KEYS``).
+_NUMBER_TABLES = ("limits", "prices")
+_NUMBER_KEYS: tuple[str, ...] = (*LIMIT_KEYS, *PRICE_KEYS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +68,8 @@ class ResolvedConfig:
     file: str | None
     #: The limiter's settings that were set (``LIMIT_KEYS``).
     limits: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    #: The prices that were set (``slts.cost.PRICE_KEYS``).
+    prices: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def fields(self) -> dict[str, Any]:
         """The configuration as ``slts.open`` keyword arguments."""
@@ -73,6 +79,10 @@ class ResolvedConfig:
         """A limiter with the ``limits`` settings (None if none is set); share it among the
         instances that use one chunk storage."""
         return build_limiter(self.limits) if self.limits else None
+
+    def price_list(self) -> Prices:
+        """The rates ``slts cost`` prices with: the defaults, with the ``prices`` set."""
+        return Prices.from_settings(self.prices)
 
 
 def build_limiter(limits: Mapping[str, float]) -> PriorityLimiter:
@@ -121,8 +131,8 @@ def read_config_file(path: str) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for key, value in _flattened(document):
         source = f"{path}: {key}"
-        if key in LIMIT_KEYS:
-            values[key] = _limit_value(key, value, source)
+        if key in _NUMBER_KEYS:
+            values[key] = _number_value(key, value, source)
             continue
         if key not in _FIELDS:
             raise InvalidConfig(f"{source}: unknown key (the keys are listed in docs/config.md)")
@@ -131,16 +141,16 @@ def read_config_file(path: str) -> dict[str, Any]:
 
 
 def _flattened(document: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """The ``[limits]`` tables as dotted keys; every other value as it is."""
+    """The ``[limits]`` and ``[prices]`` tables as dotted keys; every other value as it is."""
     for key, value in document.items():
         dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and (dotted == "limits" or dotted.startswith("limits.")):
+        if isinstance(value, dict) and dotted.partition(".")[0] in _NUMBER_TABLES:
             yield from _flattened(value, dotted + ".")
         else:
             yield dotted, value
 
 
-def _limit_value(key: str, value: Any, source: str) -> float:
+def _number_value(key: str, value: Any, source: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
         raise InvalidConfig(f"{source}: {value!r} is not a non-negative number")
     return float(value)
@@ -160,7 +170,7 @@ def resolve_config(
     if file is not None:
         for key, value in read_config_file(file).items():
             values[key], sources[key] = value, file
-    for key in (*_FIELDS, *LIMIT_KEYS):
+    for key in (*_FIELDS, *_NUMBER_KEYS):
         variable = ENV_PREFIX + key.replace(".", "_").upper()
         raw = env.get(variable)
         if raw is not None:
@@ -169,11 +179,12 @@ def resolve_config(
     for flag in flags:
         key, sep, raw = flag.partition("=")
         source = f"--set {flag}"
-        if not sep or (key not in _FIELDS and key not in LIMIT_KEYS):
+        if not sep or (key not in _FIELDS and key not in _NUMBER_KEYS):
             raise InvalidConfig(f"{source}: not FIELD=VALUE with a field of docs/config.md")
         values[key] = _from_text(key, raw, source)
         sources[key] = "--set"
     limits = {key: values.pop(key) for key in LIMIT_KEYS if key in values}
+    prices = {key: values.pop(key) for key in PRICE_KEYS if key in values}
     try:
         config = StorageConfig(**values)
     except InvalidConfig as exc:  # a relation between fields: name where each value came from
@@ -184,17 +195,17 @@ def resolve_config(
     except InvalidArgument as exc:
         named = ", ".join(f"{key} from {sources[key]}" for key in sorted(limits))
         raise InvalidConfig(f"limits: {exc} ({named})") from exc
-    return ResolvedConfig(config, sources, file, limits)
+    return ResolvedConfig(config, sources, file, limits, prices)
 
 
 def _from_text(key: str, raw: str, source: str) -> Any:
     """A variable's or flag's text as the value of ``key``, checked."""
-    if key in LIMIT_KEYS:
+    if key in _NUMBER_KEYS:
         try:
             number = float(raw)
         except ValueError:
             raise InvalidConfig(f"{source}: {raw!r} is not a number") from None
-        return _limit_value(key, number, source)
+        return _number_value(key, number, source)
     return _checked(key, _parsed(key, str(_FIELDS[key].type), raw, source), source)
 
 

@@ -21,10 +21,10 @@ operators. Names follow Prometheus conventions (``slts_`` prefix, ``_total`` cou
   metadata log bytes, flushes and snapshots;
 * leaks: the last leak check's counts by kind (gauges; absent before a check);
 * the limiter, per traffic class: bytes and requests let through, requests throttled and
-  seconds throttled (counters).
-
-Not yet: latency histograms per operation and request counts by binding call type; they
-need hooks on the hot path (the limiter's wrapper is where they would go).
+  seconds throttled (counters);
+* the chunk storage, from the gate every binding call passes (``slts.usage``): requests by
+  kind and traffic class, bytes sent, received and copied by class (counters), each binding
+  call's latency (a histogram by call) and its errors by call and error type (counters).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from slts.errors import InvalidArgument
@@ -41,6 +41,7 @@ from slts.metadata.schema import CHUNKS, DELETED, GC, SEGMENTS
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.leaks import LeakReport
 from slts.storage.types import StorageStatistics
+from slts.usage import LATENCY_BUCKETS_S
 
 _QUEUED_MS = struct.Struct(">Q")
 
@@ -65,6 +66,7 @@ class SltsCollector(Collector):
         yield from self._durable_copy()
         yield from self._leaks(statistics.leaks)
         yield from self._limiter()
+        yield from self._chunk_storage()
 
     # -- families -------------------------------------------------------------------------------
 
@@ -101,15 +103,12 @@ class SltsCollector(Collector):
     def _layout(self) -> Iterator[Metric]:
         now_ms = self.storage.context.clock() * 1000
         store = self.storage.context.store
-        with store.snapshot() as view:
-            segments = sum(1 for _ in view.scan(SEGMENTS))
-            chunks = sum(1 for _ in view.scan(CHUNKS))
-            deleted = sum(1 for _ in view.scan(DELETED))
-            depth, oldest_ms = 0, None
-            for key, _ in view.scan(GC):
-                depth += 1
-                if oldest_ms is None:  # keys sort by the time queued
-                    oldest_ms = _QUEUED_MS.unpack_from(key)[0]
+        oldest = store.scan(GC, limit=1)  # keys sort by the time queued
+        segments = sum(1 for _ in store.iterate(SEGMENTS))
+        chunks = sum(1 for _ in store.iterate(CHUNKS))
+        deleted = sum(1 for _ in store.iterate(DELETED))
+        depth = sum(1 for _ in store.iterate(GC))
+        oldest_ms = _QUEUED_MS.unpack_from(oldest[0][0])[0] if oldest else None
         yield self._gauge("slts_segments", "Segments (the system segments are the journal's).", segments)
         yield self._gauge("slts_chunks", "Chunk records in the metadata.", chunks)
         yield self._gauge("slts_gc_queue_entries", "Chunks queued for GC.", depth)
@@ -167,3 +166,53 @@ class SltsCollector(Collector):
             for kind, values in stats.items():
                 family.add_metric([self._container, kind.name.lower()], getattr(values, field))
             yield family
+
+    def _chunk_storage(self) -> Iterator[Metric]:
+        meter = self.storage.meter
+        labels = ["container", "class"]
+        requests = CounterMetricFamily(
+            "slts_chunk_storage_requests",
+            "Requests to the chunk storage by kind and traffic class (S3: the binding's own;"
+            " other bindings: one per call, as an object store would count it).",
+            labels=[*labels, "kind"],
+        )
+        moved = [
+            (CounterMetricFamily(name, documentation, labels=labels), field)
+            for name, documentation, field in (
+                ("slts_chunk_storage_sent_bytes", "Bytes sent to the chunk storage.", "bytes_sent"),
+                ("slts_chunk_storage_received_bytes", "Bytes received from it.", "bytes_received"),
+                (
+                    "slts_chunk_storage_copied_bytes",
+                    "Bytes it copied itself (native concat).",
+                    "bytes_copied",
+                ),
+            )
+        ]
+        for kind, record in meter.usage().items():
+            name = kind.name.lower()
+            for request, count in sorted(record.requests.items()):
+                requests.add_metric([self._container, name, request], count)
+            for family, field in moved:
+                family.add_metric([self._container, name], getattr(record, field))
+        yield requests
+        for family, _ in moved:
+            yield family
+        latency = HistogramMetricFamily(
+            "slts_chunk_storage_call_seconds",
+            "Latency of chunk storage calls by call (limiter waits excluded).",
+            labels=["container", "call"],
+        )
+        errors = CounterMetricFamily(
+            "slts_chunk_storage_call_errors", "Chunk storage calls that raised, by error type.",
+            labels=["container", "call", "error"],
+        )  # fmt: skip
+        for call, timing in sorted(meter.timings().items()):
+            cumulative, buckets = 0, []
+            for bound, count in zip(LATENCY_BUCKETS_S, timing.buckets, strict=True):
+                cumulative += count
+                buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+            latency.add_metric([self._container, call], buckets, timing.sum_s)
+            for error, count in sorted(timing.errors.items()):
+                errors.add_metric([self._container, call, error], count)
+        yield latency
+        yield errors

@@ -20,7 +20,7 @@ store (one record per container and class) by ``flush``: periodically while the 
 runs and when it closes, in one conditional commit (retried on a conflict with another
 process adding its own). So ``slts cost`` sees the requests of every process that ran the
 container, less at most one flush interval of a process that was killed (accounting, not
-layout: documented in docs/operations.md). A read-only instance does not write the table.
+layout: documented in docs/operations.md). A read-only instance records its usage too.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import bisect
 import contextlib
 import struct
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -245,7 +244,9 @@ class UsageMeter:
         with self._lock:
             return {
                 name: CallTimings(
-                    tuple(buckets), self._latency_sum[name], MappingProxyType(dict(self._errors.get(name, {})))
+                    tuple(buckets),
+                    self._latency_sum[name],
+                    MappingProxyType(dict(self._errors.get(name, {}))),
                 )
                 for name, buckets in self._latency.items()
             }

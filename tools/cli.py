@@ -396,6 +396,24 @@ def cmd_scrub(args: argparse.Namespace) -> int:
     return EXIT_ERROR if report.anomalies else EXIT_OK
 
 
+def cmd_cost(args: argparse.Namespace) -> int:
+    """Print the container's chunk storage requests by kind and traffic class, the bytes it
+    moved and stores, priced at the configured rates (``[prices]``, docs/config.md).
+    Read-only: it fences nobody."""
+    from slts.cost import cost_report
+
+    prices = resolve_config(args).price_list()
+    with open_storage(args, read_only=True) as storage:
+        report = cost_report(
+            storage.context.store,
+            storage.container_id,
+            prices,
+            exact_requests=storage.chunk_storage.counts_own_requests,
+        )
+    emit(args, report.as_json(), report.as_text())
+    return EXIT_OK
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     """Check the invariants of every segment (lists, index, chunks present), that no chunk
     or metadata is leaked, and that the tier-2 copy of the metadata restores; exit 1 if
@@ -823,6 +841,8 @@ def build_parser() -> argparse.ArgumentParser:
     scrub.add_argument("prefix", nargs="?", default="", help="only segments starting with this")
     scrub.add_argument("--from", dest="start_at", default=None, metavar="NAME", help="start at this segment")
     scrub.add_argument("--max-chunks", type=_positive, default=None, metavar="N", help="stop after about N")
+
+    add("cost", cmd_cost, "requests, bytes moved and stored, priced (defaults: S3 Standard list prices)")
 
     add("snapshot", cmd_snapshot, "take a metadata snapshot on tier-2 now")
 

@@ -20,15 +20,16 @@ from slts.tools.cli import EXIT_OK, emit, resolve_config
 
 from slts.config import ENV_PREFIX, StorageConfig
 from slts.config_sources import CONFIG_FILE_ENV, CONFIG_FILE_NAME, LIMIT_KEYS
+from slts.cost import PRICE_KEYS, PRICES_SOURCE, Prices
 
 _FIELD_LINE = re.compile(r"^\s{4}(\w+): [\w |]+ = ")
 
 
-def field_comments() -> dict[str, str]:
-    """Each ``StorageConfig`` field's ``#:`` comment, joined into one paragraph."""
+def class_comments(cls: type) -> dict[str, str]:
+    """Each dataclass field's ``#:`` comment, joined into one paragraph."""
     comments: dict[str, str] = {}
     pending: list[str] = []
-    for line in inspect.getsource(StorageConfig).splitlines():
+    for line in inspect.getsource(cls).splitlines():
         stripped = line.strip()
         if stripped.startswith("#:"):
             pending.append(stripped[2:].strip())
@@ -37,9 +38,14 @@ def field_comments() -> dict[str, str]:
         if match:
             comments[match.group(1)] = " ".join(pending)
         pending = []
-    missing = [f.name for f in dataclasses.fields(StorageConfig) if not comments.get(f.name)]
-    assert not missing, f"fields without a #: comment in slts/config.py: {missing}"
+    missing = [f.name for f in dataclasses.fields(cls) if not comments.get(f.name)]
+    assert not missing, f"fields of {cls.__name__} without a #: comment: {missing}"
     return comments
+
+
+def field_comments() -> dict[str, str]:
+    """Each ``StorageConfig`` field's ``#:`` comment."""
+    return class_comments(StorageConfig)
 
 
 def _default_text(value: Any) -> str:
@@ -122,8 +128,36 @@ def config_reference() -> str:
             "|---|---|",
             *(f"| `{key}` | `{ENV_PREFIX}{key.replace('.', '_').upper()}` |" for key in LIMIT_KEYS),
             "",
+            "## Prices",
+            "",
+            "The rates `slts cost` prices a container's requests, transfers and stored bytes",
+            "with (`docs/operations.md`): a `[prices]` table in the file, `SLTS_PRICES_<RATE>`",
+            f"variables, `--set prices.<rate>=N` flags. The defaults: {PRICES_SOURCE}, in US",
+            "dollars; set them to your storage's rates.",
+            "",
+            "```toml",
+            "[prices]",
+            "storage_gb_month = 0.0125   # e.g. an infrequent-access class",
+            "get_per_1000 = 0.001",
+            "```",
+            "",
+            "| key | default | variable | meaning |",
+            "|---|---|---|---|",
+            *(
+                f"| `{key}` | {getattr(Prices(), key.removeprefix('prices.'))!r} |"
+                f" `{ENV_PREFIX}{key.replace('.', '_').upper()}` | {_markdown(comment)} |"
+                for key, comment in price_comments().items()
+            ),
+            "",
         ]
     )
+
+
+def price_comments() -> dict[str, str]:
+    """Each ``Prices`` rate's ``#:`` comment, by its dotted key."""
+    comments = {f"prices.{name}": comment for name, comment in class_comments(Prices).items()}
+    assert set(comments) == set(PRICE_KEYS), comments
+    return comments
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
@@ -131,7 +165,7 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     resolved = resolve_config(args)
     fields = [
         {"field": name, "value": value, "source": resolved.sources[name]}
-        for name, value in {**resolved.fields(), **resolved.limits}.items()
+        for name, value in {**resolved.fields(), **resolved.limits, **resolved.prices}.items()
     ]
     lines = [f"# file: {resolved.file or '(none)'}"]
     lines += [f"{f['field']:<32} {_default_text(f['value']):<24} {f['source']}" for f in fields]

@@ -39,6 +39,7 @@ from slts.tools.demo_kafka import format_kafka, run_kafka_demo
 from tqdm import tqdm
 
 from slts.admin.verify import verify_container
+from slts.cost import Prices, cost_report
 from slts.errors import InvalidArgument, InvalidConfig
 from slts.storage.batch_defrag import BatchReport
 from slts.storage.chunked import ChunkedSegmentStorage
@@ -242,6 +243,7 @@ def run_demo(
                 expected.start[name] = cut
             report["truncated"] = segments // 4
 
+            report["cost_before_defrag"] = _cost(storage)
             batch, spark_start_s = _spark_defrag(folder, storage, quiet)
             # The batch fenced nobody: the live owner keeps writing, through the new layout.
             with bar(segments, "after defrag") as progress:
@@ -274,6 +276,7 @@ def run_demo(
             total_bytes = sum(len(data) - expected.start[name] for name, data in expected.data.items())
             while storage.gc.run_once().progressed:
                 pass
+            report["cost_after_defrag"] = _cost(storage)
             problems = defrag_problems + verify_container(storage).problems
             report.update(
                 readable_bytes=total_bytes,
@@ -303,6 +306,20 @@ def run_demo(
 
     out(json.dumps(report, sort_keys=True) if json_output else _format(report))
     return report
+
+
+def _cost(storage: ChunkedSegmentStorage) -> dict[str, Any]:
+    """The container's layout and requests so far, priced at the default (S3) rates."""
+    storage.flush_usage()
+    report = cost_report(storage.context.store, storage.container_id, Prices(), exact_requests=False)
+    total = report.total
+    return {
+        "chunks": report.stored.chunks,
+        "stored_bytes": report.stored.bytes,
+        "storage_per_month": report.storage_per_month,
+        "requests": total.request_count,
+        "requests_cost": report.cost(),
+    }
 
 
 def _spark_defrag(folder: str, owner: ChunkedSegmentStorage, quiet: bool) -> tuple[BatchReport, float]:
@@ -365,6 +382,23 @@ def _disaster_recovery(
         return [f"restored:{name}" for name in mismatched], verify_container(storage).problems
 
 
+def _cost_lines(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """``slts cost``'s figures before the defrag and after it and GC, on S3's list prices."""
+
+    def line(label: str, cost: dict[str, Any]) -> str:
+        return (
+            f"{label}{cost['chunks']:,} chunks, {cost['stored_bytes'] / 1e6:.2f} MB"
+            f" (${cost['storage_per_month']:.6f}/month), {cost['requests']:,} requests so far"
+            f" (${cost['requests_cost']:.4f}); reading it all takes {cost['chunks']:,} GETs"
+        )
+
+    return [
+        "  cost          slts cost at S3 Standard list prices (requests: the driver's, not Spark's):",
+        line("                before defrag: ", before),
+        line("                after defrag and GC: ", after),
+    ]
+
+
 def _format(report: dict[str, Any]) -> str:
     verdict = "every segment byte-identical, no invariant broken, no chunk leaked"
     if not report["verified"]:
@@ -393,6 +427,7 @@ def _format(report: dict[str, Any]) -> str:
             "wrote"
             f" {report['writes_after_defrag']} more writes through the new layout",
             f"  gc            {report['gc_chunks_deleted']} chunks deleted",
+            *_cost_lines(report["cost_before_defrag"], report["cost_after_defrag"]),
             f"  verify        {report['readable_bytes'] / 1e6:.2f} MB read back at "
             f"{report['verify_mb_per_s']} MB/s",
             f"  snapshot      metadata snapshot on tier-2 at sequence {report['snapshot_sequence']}:"

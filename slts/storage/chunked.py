@@ -62,8 +62,8 @@ from slts.metadata.schema import CHUNKS, DELETED, GC, SEGMENTS, name_key, segmen
 from slts.metadata.store import Delete, Expect, MetadataStore, Put, prefix_stop
 from slts.storage import block_checksums, layout_changes
 from slts.storage.context import EngineContext, SegmentIds
-from slts.storage.leaks import LeakReport, find_leaks
 from slts.storage.gate import GatedChunkStorage
+from slts.storage.leaks import LeakReport, find_leaks
 from slts.storage.segment_names import check_segment_name, chunk_name
 from slts.storage.types import DefragResult, SegmentHandle, SegmentInfo, StorageStatistics
 from slts.usage import UsageMeter
@@ -208,7 +208,7 @@ class ChunkedSegmentStorage:
                 self.durable.start(self.config.metadata_log_flush_interval_s)
         if not read_only and self.config.gc_interval_s > 0:
             self.gc.start(self.config.gc_interval_s)
-        if not read_only and self.config.usage_flush_interval_s > 0:
+        if self.config.usage_flush_interval_s > 0:
             self.meter.start(self.flush_usage, self.config.usage_flush_interval_s)
 
     # -- life cycle -------------------------------------------------------------------------------
@@ -226,11 +226,10 @@ class ChunkedSegmentStorage:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
         self.meter.stop()
-        if not self.read_only:
-            try:
-                self.flush_usage()
-            except SltsError as exc:  # accounting: never a reason to fail a close
-                _log.warning("chunk storage usage not recorded at close: %s", exc)
+        try:
+            self.flush_usage()
+        except SltsError as exc:  # accounting: never a reason to fail a close
+            _log.warning("chunk storage usage not recorded at close: %s", exc)
         assert isinstance(self.chunk_storage, GatedChunkStorage)
         self.chunk_storage.detach()
         if self._owns_store:
@@ -253,9 +252,9 @@ class ChunkedSegmentStorage:
     def flush_usage(self) -> int:
         """Add the chunk storage usage since the last flush to the metadata store's usage
         records (``slts.usage``); returns the requests added. Runs every
-        ``usage_flush_interval_s`` and at ``close``. ``ReadOnlyInstance`` when read-only."""
-        if self.read_only:
-            raise ReadOnlyInstance("a read-only instance does not record usage")
+        ``usage_flush_interval_s`` and at ``close``. A read-only instance records its usage
+        too (a scrub's reads are billed like any other): accounting, not a change of any
+        segment, and it fences nobody."""
         return self.meter.flush(self._store, self.container_id)
 
     def statistics(self) -> StorageStatistics:

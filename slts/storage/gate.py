@@ -35,7 +35,9 @@ T = TypeVar("T")
 class GatedChunkStorage(WrappedChunkStorage):
     """``inner`` with every call metered into ``meter`` and, with a ``limiter``, paid for first."""
 
-    def __init__(self, inner: ChunkStorage, meter: UsageMeter, limiter: PriorityLimiter | None = None) -> None:
+    def __init__(
+        self, inner: ChunkStorage, meter: UsageMeter, limiter: PriorityLimiter | None = None
+    ) -> None:
         assert not isinstance(inner, GatedChunkStorage), "one gate per chunk storage"
         super().__init__(inner)
         self.meter = meter

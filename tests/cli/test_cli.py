@@ -112,6 +112,10 @@ def test_console_script_and_demo(tmp_path) -> None:
     assert report["defrag_s"] > 0 and report["spark_start_s"] > 0
     assert report["owner_epoch_after_defrag"] == 4 and report["writes_after_defrag"] == 4
     assert report["gc_chunks_deleted"] > 0 and report["problems"] == []
+    # slts cost's figures around the defrag: fewer chunks to read, more requests recorded.
+    before, after = report["cost_before_defrag"], report["cost_after_defrag"]
+    assert before["chunks"] == report["chunks_before_defrag"] and after["chunks"] < before["chunks"]
+    assert after["requests"] > before["requests"] > 0 and after["requests_cost"] > before["requests_cost"]
     assert report["snapshot_entries"] > 0 and report["restore_sequence"] >= report["snapshot_sequence"]
     assert not folder.exists(), "the demo folder is removed unless --keep"
 

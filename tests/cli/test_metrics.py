@@ -49,15 +49,16 @@ def test_the_collector_in_a_users_registry(tmp_path: Path) -> None:
             storage.write(handle, i * 3000, b"x" * 3000)
         storage.read(storage.open_read("a"), 0, 15_000)
         storage.create("b")
+        storage.write(storage.open_write("b"), 0, b"y" * 3000)  # one chunk for GC to delete
         storage.delete(storage.open_write("b"))
         storage.check_leaks()
         registry = CollectorRegistry()
         registry.register(SltsCollector(storage, limiter=limiter))
         parsed = samples(generate_latest(registry).decode())
-        assert value(parsed, "slts_writes_total") == 5
-        assert value(parsed, "slts_written_bytes_total") == 15_000
+        assert value(parsed, "slts_writes_total") == 6
+        assert value(parsed, "slts_written_bytes_total") == 18_000
         assert value(parsed, "slts_read_bytes_total") == 15_000
-        assert value(parsed, "slts_segments") == 1 and value(parsed, "slts_chunks") == 4
+        assert value(parsed, "slts_segments") == 1 and value(parsed, "slts_chunks") == 5  # b's awaits GC
         assert value(parsed, "slts_gc_deleted_segments") == 1
         assert value(parsed, "slts_leaked_items", kind="index_entries") == 0
         assert value(parsed, "slts_metadata_log_lag_records") >= 0
@@ -69,8 +70,38 @@ def test_the_collector_in_a_users_registry(tmp_path: Path) -> None:
         parsed = samples(generate_latest(registry).decode())
         assert value(parsed, "slts_gc_deleted_segments") == 0
         assert value(parsed, "slts_limiter_requests_total", **{"class": "gc"}) > 0
+        # The chunk storage as the gate saw it: requests by kind and class, bytes, latency.
+        deletes = value(parsed, "slts_chunk_storage_requests_total", **{"class": "gc", "kind": "DELETE"})
+        assert deletes == storage.gc.statistics().chunks_deleted == 1
+        assert value(parsed, "slts_chunk_storage_sent_bytes_total", **{"class": "tail_write"}) >= 15_000
+        assert value(parsed, "slts_chunk_storage_received_bytes_total", **{"class": "read"}) >= 15_000
+        calls = storage.meter.timings()
+        assert value(parsed, "slts_chunk_storage_call_seconds_count", call="delete") == calls["delete"].count
+        assert value(parsed, "slts_chunk_storage_call_seconds_bucket", call="delete", le="+Inf") == 1
     finally:
         storage.close()
+
+
+def test_counts_cover_stores_larger_than_one_read_page() -> None:
+    with slts.open("memory://many", gc_interval_s=0.0, journal=False) as storage:
+        for i in range(1_100):  # the store reads 1,000 entries per page
+            storage.create(f"s{i:04d}")
+        registry = CollectorRegistry()
+        registry.register(SltsCollector(storage))
+        assert value(samples(generate_latest(registry).decode()), "slts_segments") == 1_100
+
+
+def test_chunk_storage_errors_are_counted_by_type(tmp_path: Path) -> None:
+    with slts.open(
+        f"file://{tmp_path / 'chunks'}", metadata=str(tmp_path / "md"), gc_interval_s=0.0
+    ) as storage:
+        with pytest.raises(Exception, match="chunk"):
+            storage.chunk_storage.get_info("missing-chunk")
+        registry = CollectorRegistry()
+        registry.register(SltsCollector(storage))
+        parsed = samples(generate_latest(registry).decode())
+        errors = value(parsed, "slts_chunk_storage_call_errors_total", call="get_info", error="ChunkNotFound")
+        assert errors == 1
 
 
 def test_bad_arguments_are_typed_errors(tmp_path: Path) -> None:
