@@ -220,16 +220,16 @@ class ChunkedSegmentStorage:
             return
         self._closed = True
         self.gc.stop()
-        if self.durable is not None:
-            self.durable.close()
         with self._pool_lock:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
         self.meter.stop()
-        try:
+        try:  # before the metadata copy's last flush, which takes it to tier-2
             self.flush_usage()
         except SltsError as exc:  # accounting: never a reason to fail a close
             _log.warning("chunk storage usage not recorded at close: %s", exc)
+        if self.durable is not None:
+            self.durable.close()
         assert isinstance(self.chunk_storage, GatedChunkStorage)
         self.chunk_storage.detach()
         if self._owns_store:

@@ -10,6 +10,7 @@ import threading
 import pytest
 from slts.bindings.base import REQUEST_KINDS
 from slts.bindings.s3 import S3ChunkStorage
+from slts.journal.restore import restore
 
 from slts.config import StorageConfig
 from slts.cost import GiB, Prices, cost_report
@@ -219,3 +220,17 @@ def test_price_settings_name_their_source(tmp_path) -> None:
     file.write_text("[prices]\nput_per_month = 1\n")
     with pytest.raises(InvalidConfig, match=r"prices\.put_per_month: unknown key"):
         resolve_config(str(file), {}, [])
+
+
+def test_recorded_usage_survives_the_loss_of_the_machine(env: Env) -> None:
+    storage = env.open()  # with the metadata's copy on tier-2
+    storage.create("s")
+    storage.write(storage.open_write("s"), 0, b"u" * 100)
+    storage.close()  # adds its usage, then the metadata copy's last flush takes it to tier-2
+    with env.store.snapshot() as view:
+        local = read_usage(view, 0)
+    assert local[TrafficClass.TAIL_WRITE].requests["PUT"] >= 1
+    restored = MemoryMetadataStore(TABLES)
+    restore(env.binding, 0, restored)  # from tier-2 alone, as after the loss of the machine
+    with restored.snapshot() as view:
+        assert read_usage(view, 0) == local
