@@ -371,20 +371,28 @@ def cmd_scrub(args: argparse.Namespace) -> int:
     """Re-read every chunk (of segments under PREFIX, from --from on) and check its length
     and CRC32C against the metadata, as the lowest traffic class of the limiter; exit 1 on
     any anomaly. With --max-chunks N it stops after the segment where N was reached and
-    prints where to go on (--from NAME). Read-only: it fences nobody."""
+    prints where to go on (--from NAME). Read-only: it fences nobody. With --spark the
+    chunks are read and checked on Spark executors (the walk stays here)."""
     from slts.admin.scrub import scrub
 
+    if not args.spark and (args.master is not None or args.partitions is not None):
+        raise InvalidArgument("--master and --partitions go with --spark")
     quiet = args.json or not sys.stderr.isatty()
-    with (
-        open_storage(args, read_only=True) as storage,
-        tqdm(desc="scrub", unit="chunk", disable=quiet) as bar,
-    ):
+    with contextlib.ExitStack() as stack:
+        storage = stack.enter_context(open_storage(args, read_only=True))
+        checker = None
+        if args.spark:
+            from slts.tools.spark_scrub import spark_checker
+
+            checker = stack.enter_context(spark_checker(args.master or "local[*]", args.partitions))
+        bar = stack.enter_context(tqdm(desc="scrub", unit="chunk", disable=quiet))
         report = scrub(
             storage,
             prefix=args.prefix,
             start_at=args.start_at,
             max_chunks=args.max_chunks,
             progress=bar.update,
+            checker=checker,
         )
     lines = [f"{a.segment} @{a.offset}: {a.kind}: chunk {a.chunk}: {a.detail}" for a in report.anomalies]
     lines.append(
@@ -841,6 +849,9 @@ def build_parser() -> argparse.ArgumentParser:
     scrub.add_argument("prefix", nargs="?", default="", help="only segments starting with this")
     scrub.add_argument("--from", dest="start_at", default=None, metavar="NAME", help="start at this segment")
     scrub.add_argument("--max-chunks", type=_positive, default=None, metavar="N", help="stop after about N")
+    scrub.add_argument("--spark", action="store_true", help="read and check the chunks on Spark executors")
+    scrub.add_argument("--master", default=None, help="with --spark: the Spark master (default local[*])")
+    scrub.add_argument("--partitions", type=_positive, default=None, help="with --spark: partitions per batch")
 
     add("cost", cmd_cost, "requests, bytes moved and stored, priced (defaults: S3 Standard list prices)")
 

@@ -24,13 +24,15 @@ import re
 import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from slts.config import StorageConfig
 from slts.errors import InvalidConfig, SltsError
 from slts.storage.batch_defrag import BatchReport, Executor, Outcome, RunTask, defrag_store, execute
 
 TASK_ATTEMPTS_DEFAULT = 4
+T = TypeVar("T")
+R = TypeVar("R")
 _LOCAL = re.compile(r"local\[(?P<threads>\*|[0-9]+)\]")
 
 
@@ -40,18 +42,24 @@ def _master_with_attempts(master: str, attempts: int) -> str:
     return f"local[{match['threads']},{attempts}]" if match else master
 
 
-def _build(item: tuple[int, RunTask], attempts: int) -> tuple[int, Outcome]:
-    """One task in an executor: the built chunk, or on the last attempt its error."""
+def run_attempt(work: Callable[[T], R], item: tuple[int, T], attempts: int) -> tuple[int, R | SltsError]:
+    """One task in an executor: ``work``'s result, or on the last attempt its error (Spark
+    retries the earlier attempts)."""
     from pyspark import TaskContext
 
     index, task = item
     try:
-        return index, execute(task)
+        return index, work(task)
     except SltsError as exc:
         context = TaskContext.get()
         if context is not None and context.attemptNumber() + 1 < attempts:
             raise  # Spark retries the task
         return index, exc
+
+
+def _build(item: tuple[int, RunTask], attempts: int) -> tuple[int, Outcome]:
+    """One defrag task: the built chunk, or on the last attempt its error."""
+    return run_attempt(execute, item, attempts)
 
 
 def spark_unavailable() -> str | None:
@@ -73,12 +81,15 @@ def spark_executor(
     *,
     task_attempts: int = TASK_ATTEMPTS_DEFAULT,
     conf: dict[str, str] | None = None,
-    task: Callable[[tuple[int, RunTask], int], tuple[int, Outcome]] = _build,
+    task: Callable[[tuple[int, Any], int], tuple[int, Any]] = _build,
+    app_name: str = "slts-defrag",
 ) -> Iterator[Executor]:
     """A Spark session for the ``with`` block, as a ``run_batch`` executor.
 
     ``partitions``: slices per batch (default 4 x the default parallelism, at most one per
-    task). ``conf``: extra Spark settings. Raises ``InvalidConfig`` if PySpark is missing.
+    task). ``conf``: extra Spark settings. ``task`` runs one (index, task) item in an
+    executor (default: a defrag build; ``slts.tools.spark_scrub`` passes a chunk check).
+    Raises ``InvalidConfig`` if PySpark is missing.
     """
     try:
         from pyspark.sql import SparkSession
@@ -90,7 +101,7 @@ def spark_executor(
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.master(_master_with_attempts(master, task_attempts))
-        .appName("slts-defrag")
+        .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")  # slts shows its own progress
         .config("spark.task.maxFailures", str(task_attempts))

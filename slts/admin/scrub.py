@@ -18,17 +18,24 @@ Nothing is changed: a read-only instance scrubs beside the live owner and fences
 Resumable: ``max_chunks`` stops after the segment during which the count was reached and
 the report's ``next_segment`` names where to go on (``start_at``); None when the walk
 reached the end. Anomalies name the segment, the chunk and the segment offset.
+
+The planner pattern of defrag batches: the driver walks the metadata and turns each chunk
+into a ``ChunkCheck`` of plain values; ``check_chunk`` checks one through any binding, in
+this process or on a Spark executor (``slts.tools.spark_scrub``, ``slts scrub --spark``),
+which rebuilds the binding from the URL. Executors read outside the driver's limiter: pace
+a Spark scrub with its partitions.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import crc32c
 
-from slts.errors import ChunkCorrupted, ChunkNotFound, InvalidArgument, SegmentNotFound
+from slts.bindings.base import ChunkStorage
+from slts.errors import ChunkCorrupted, ChunkNotFound, ChunkStorageError, InvalidArgument, SegmentNotFound
 from slts.limiter import TrafficClass, traffic_class
 from slts.metadata.records import ChunkRecord
 from slts.storage import block_checksums
@@ -62,6 +69,38 @@ class ScrubReport:
     seconds: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class ChunkCheck:
+    """What checking one chunk needs, as plain values (it travels to Spark executors):
+    the chunk storage's URL, the segment and the chunk's start in it, and the chunk's
+    recorded name, length and checksums."""
+
+    url: str
+    segment: str
+    start: int
+    chunk: str
+    length: int
+    blocks: bytes | None
+    checksum: int | None
+    piece_bytes: int = PIECE_BYTES_DEFAULT
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkResult:
+    """What checking one chunk read and found."""
+
+    bytes_read: int
+    unverified: bool
+    anomalies: tuple[Anomaly, ...]
+
+
+#: Checks a batch of chunks, in order: each result, or the chunk storage error that stopped
+#: its check. In process (``check_chunks_locally``) or on Spark (``slts.tools.spark_scrub``).
+ChunkChecker = Callable[[Sequence[ChunkCheck]], Sequence["ChunkResult | BaseException"]]
+#: Chunks planned per batch when a ``ChunkChecker`` runs them.
+BATCH_CHUNKS_DEFAULT = 4096
+
+
 def scrub(
     storage: ChunkedSegmentStorage,
     *,
@@ -70,21 +109,52 @@ def scrub(
     max_chunks: int | None = None,
     piece_bytes: int = PIECE_BYTES_DEFAULT,
     progress: Callable[[int], None] | None = None,
+    checker: ChunkChecker | None = None,
+    batch_chunks: int = BATCH_CHUNKS_DEFAULT,
 ) -> ScrubReport:
     """Scrub the segments under ``prefix`` from ``start_at`` on (see module doc).
 
+    The walk (which segments, which chunks, where to stop) is planned here from
+    ``storage``'s metadata; the chunks are checked by ``checker`` in batches of about
+    ``batch_chunks`` whole segments (default: in this process, one segment at a time, as
+    the ``SCRUB`` class of ``storage``'s limiter). The report is the same either way.
+
     Raises ``InvalidArgument`` for bad arguments (before anything is read) and chunk
     storage errors other than a missing chunk (the walk stops: retry from the report's
-    position). ``progress`` is called with the chunks done after each segment."""
+    position). ``progress`` is called with the chunks done after each segment (each batch
+    with a ``checker``)."""
     if not isinstance(storage, ChunkedSegmentStorage):
         raise InvalidArgument(f"{storage!r} is not a ChunkedSegmentStorage")
     if start_at is not None and not isinstance(start_at, str):
         raise InvalidArgument(f"start_at must be a segment name, got {start_at!r}")
-    for value, what in ((max_chunks, "max_chunks"), (piece_bytes, "piece_bytes")):
+    for value, what in (
+        (max_chunks, "max_chunks"),
+        (piece_bytes, "piece_bytes"),
+        (batch_chunks, "batch_chunks"),
+    ):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise InvalidArgument(f"{what} must be a positive integer, got {value!r}")
+    if checker is not None and not callable(checker):
+        raise InvalidArgument(f"checker must be callable, got {checker!r}")
     report = ScrubReport()
     began = time.perf_counter()
+    pending: list[ChunkCheck] = []
+
+    def run_pending() -> None:
+        results = (
+            check_chunks_locally(storage.chunk_storage)(pending) if checker is None else checker(pending)
+        )
+        assert len(results) == len(pending), (len(results), len(pending))
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+            report.bytes_read += result.bytes_read
+            report.unverified_chunks += result.unverified
+            report.anomalies.extend(result.anomalies)
+        if progress is not None:
+            progress(len(pending))
+        pending.clear()
+
     with traffic_class(TrafficClass.SCRUB):
         for name in storage.list(prefix):
             if start_at is not None and name < start_at:
@@ -97,59 +167,80 @@ def scrub(
             except SegmentNotFound:
                 continue  # deleted while the walk went on
             report.segments += 1
-            for start, chunk in layout:
-                _scrub_chunk(storage, name, start, chunk, piece_bytes, report)
-            if progress is not None:
-                progress(len(layout))
+            report.chunks += len(layout)
+            pending.extend(
+                _check_of(storage.chunk_storage.url, name, start, c, piece_bytes) for start, c in layout
+            )
+            if checker is None or len(pending) >= batch_chunks:
+                run_pending()
+        if pending:
+            run_pending()
     report.seconds = time.perf_counter() - began
     return report
 
 
-def _scrub_chunk(
-    storage: ChunkedSegmentStorage,
-    segment: str,
-    start: int,
-    chunk: ChunkRecord,
-    piece_bytes: int,
-    report: ScrubReport,
-) -> None:
-    binding = storage.chunk_storage
-    report.chunks += 1
+def _check_of(url: str, segment: str, start: int, chunk: ChunkRecord, piece_bytes: int) -> ChunkCheck:
+    return ChunkCheck(
+        url, segment, start, chunk.name, chunk.length, chunk.blocks, chunk.checksum, piece_bytes
+    )
+
+
+def check_chunks_locally(binding: ChunkStorage) -> ChunkChecker:
+    """The in-process checker: each chunk of a batch in turn, through ``binding``; a chunk
+    storage error stops the batch (it is the last result)."""
+
+    def run(checks: Sequence[ChunkCheck]) -> list[ChunkResult | BaseException]:
+        results: list[ChunkResult | BaseException] = []
+        for check in checks:
+            try:
+                results.append(check_chunk(check, binding))
+            except ChunkStorageError as exc:
+                results.append(exc)
+                results.extend([exc] * (len(checks) - len(results)))
+                break
+        return results
+
+    return run
+
+
+def check_chunk(check: ChunkCheck, binding: ChunkStorage) -> ChunkResult:
+    """Read chunk ``check.chunk`` whole through ``binding`` and check it (see module doc).
+    Raises chunk storage errors other than a missing chunk."""
+    anomalies: list[Anomaly] = []
 
     def anomaly(kind: str, offset: int, detail: str) -> None:
-        report.anomalies.append(Anomaly(segment, chunk.name, start + offset, kind, detail))
+        anomalies.append(Anomaly(check.segment, check.chunk, check.start + offset, kind, detail))
 
     try:
-        stored = binding.get_info(chunk.name).length
+        stored = binding.get_info(check.chunk).length
     except ChunkNotFound:
         anomaly("missing", 0, "the chunk is not on the chunk storage")
-        return
-    if stored < chunk.length:
-        anomaly("short", stored, f"{stored} bytes stored, {chunk.length} recorded")
-        return
-    if chunk.length == 0:
-        return
-    if chunk.blocks is None and chunk.checksum is None:
-        report.unverified_chunks += 1
-    handle = binding.open_read(chunk.name)
-    whole = 0
-    position = 0
-    while position < chunk.length:
-        size = min(piece_bytes, chunk.length - position)
-        if chunk.blocks is not None:
-            first, end, begin, stop = block_checksums.covering(chunk.blocks, position, size)
+        return ChunkResult(0, False, tuple(anomalies))
+    if stored < check.length:
+        anomaly("short", stored, f"{stored} bytes stored, {check.length} recorded")
+        return ChunkResult(0, False, tuple(anomalies))
+    if check.length == 0:
+        return ChunkResult(0, False, ())
+    unverified = check.blocks is None and check.checksum is None
+    handle = binding.open_read(check.chunk)
+    whole = bytes_read = position = 0
+    while position < check.length:
+        size = min(check.piece_bytes, check.length - position)
+        if check.blocks is not None:
+            first, end, begin, stop = block_checksums.covering(check.blocks, position, size)
             assert begin == position, (begin, position)
             data = binding.read(handle, begin, stop - begin)
-            report.bytes_read += len(data)
+            bytes_read += len(data)
             try:
-                block_checksums.verify(chunk.blocks, first, end, data, chunk=chunk.name, start=begin)
+                block_checksums.verify(check.blocks, first, end, data, chunk=check.chunk, start=begin)
             except ChunkCorrupted as exc:
                 anomaly("checksum", exc.context.get("offset", begin), exc.message)
             position = stop
         else:
             data = binding.read(handle, position, size)
-            report.bytes_read += len(data)
+            bytes_read += len(data)
             whole = crc32c.crc32c(data, whole)
             position += len(data)
-    if chunk.blocks is None and chunk.checksum is not None and whole != chunk.checksum:
+    if check.blocks is None and check.checksum is not None and whole != check.checksum:
         anomaly("checksum", 0, "the chunk fails its CRC32C: its bytes are not the ones written")
+    return ChunkResult(bytes_read, unverified, tuple(anomalies))

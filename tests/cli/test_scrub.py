@@ -126,3 +126,21 @@ def test_slts_scrub(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert f"b @0: missing: chunk {chunk.name}" in out and "1 anomalies" in out
     assert cli.main(["scrub", "--max-chunks", "2", "--json", *store]) == 0
     assert json.loads(capsys.readouterr().out)["next_segment"] == "b"
+
+
+def test_batches_of_chunk_checks_give_the_same_report(storage: ChunkedSegmentStorage) -> None:
+    from slts.admin.scrub import check_chunks_locally
+
+    filled(storage, "a", 3, 2 * BLOCK)
+    filled(storage, "b", 3, 1000)
+    (_, _), (b1_start, b1), _ = storage.chunks("b")
+    replace_chunk(storage, b1.name, b"short")
+    one_by_one = scrub(storage)
+    batched = scrub(storage, checker=check_chunks_locally(storage.chunk_storage), batch_chunks=2)
+    one_by_one.seconds = batched.seconds = 0.0
+    assert batched == one_by_one and len(batched.anomalies) == 1
+    assert batched.anomalies[0].offset == b1_start + 5 and batched.anomalies[0].kind == "short"
+    with pytest.raises(InvalidArgument, match="checker"):
+        scrub(storage, checker="spark")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="batch_chunks"):
+        scrub(storage, batch_chunks=0)

@@ -4,8 +4,8 @@
 from it, in a fixed order), the fake clock the engine, GC, the journal and the batch
 driver read, and the source of the random part of chunk names (``names()``: installs
 it with ``slts.chunk_names.unique_source`` for the block). Background workers are off
-(``gc_interval_s=0``, ``metadata_log_flush_interval_s=0``): the simulator calls GC,
-flushes and snapshots itself, so no thread schedule enters the run.
+(``gc_interval_s=0``, ``metadata_log_flush_interval_s=0``, ``usage_flush_interval_s=0``):
+the simulator calls GC, flushes and snapshots itself, so no thread schedule enters the run.
 """
 
 from __future__ import annotations

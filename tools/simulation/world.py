@@ -88,6 +88,7 @@ class World:
             gc_delay_s=GC_DELAY_S,
             gc_interval_s=0.0,
             metadata_log_flush_interval_s=0.0,
+            usage_flush_interval_s=0.0,
             gc_batch_max=profile.randint(2, 8),
             defrag_small_chunk_bytes=profile.choice([16, 48, 200, 1000]),
             read_parallel_bytes_min=256 << 20,
