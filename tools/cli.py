@@ -851,7 +851,9 @@ def build_parser() -> argparse.ArgumentParser:
     scrub.add_argument("--max-chunks", type=_positive, default=None, metavar="N", help="stop after about N")
     scrub.add_argument("--spark", action="store_true", help="read and check the chunks on Spark executors")
     scrub.add_argument("--master", default=None, help="with --spark: the Spark master (default local[*])")
-    scrub.add_argument("--partitions", type=_positive, default=None, help="with --spark: partitions per batch")
+    scrub.add_argument(
+        "--partitions", type=_positive, default=None, help="with --spark: partitions per batch"
+    )
 
     add("cost", cmd_cost, "requests, bytes moved and stored, priced (defaults: S3 Standard list prices)")
 

@@ -30,11 +30,12 @@ def scrub_json(store: Path, *flags: str) -> tuple[int, dict]:
 def test_spark_scrub_finds_what_the_in_process_scrub_finds(tmp_path: Path) -> None:
     require_spark()
     store = tmp_path / "store"
-    with slts.open(f"file://{store / 'chunks'}", metadata=str(store / "metadata"), gc_interval_s=0.0) as storage:
+    url, metadata = f"file://{store / 'chunks'}", str(store / "metadata")
+    with slts.open(url, metadata=metadata, gc_interval_s=0.0) as storage:
         filled(storage, "a", 3, 2 * BLOCK)
         filled(storage, "b", 4, 5000)
         filled(storage, "c", 2, BLOCK)
-        (_, a0), (a1_start, a1), _ = storage.chunks("a")
+        _, (a1_start, a1), _ = storage.chunks("a")
         damaged = bytearray(b"\x01" * (2 * BLOCK))
         damaged[BLOCK + 3] ^= 0x10  # the second block of a's second chunk
         replace_chunk(storage, a1.name, bytes(damaged))
