@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from slts.config import ENV_PREFIX, StorageConfig, check_field, parse_value
-from slts.cost import PRICE_KEYS, Prices
 from slts.errors import InvalidArgument, InvalidConfig
 from slts.limiter import BURST_S_DEFAULT, MIN_SHARE_DEFAULT, Limit, PriorityLimiter, TrafficClass
+from slts.prices import PRICE_KEYS, Prices
 
 #: The file's name in a store's folder.
 CONFIG_FILE_NAME = "slts.toml"

@@ -7,7 +7,7 @@ and its layout (the chunk records' lengths: the bytes its chunks hold on the sto
 system segments of the journal and the metadata copy are not counted, nor chunks already
 unlinked from a segment and waiting for GC, which are counted apart).
 
-**Prices.** ``Prices`` holds the rates; the defaults are the public list prices of Amazon
+**Prices.** ``Prices`` (``slts.prices``) holds the rates; the defaults are the public list prices of Amazon
 S3 Standard in US East (N. Virginia) (``PRICES_SOURCE``): storage per GB-month (GB of 2^30
 bytes, as AWS bills), PUT, COPY, POST and LIST requests per 1,000 (multipart calls are
 POSTs and PUTs), GET and HEAD (and every other request) per 1,000, DELETE free, and data
@@ -21,7 +21,6 @@ moved within the region free. They are set in ``slts.toml``'s ``[prices]`` table
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,60 +30,8 @@ from slts.limiter import TrafficClass
 from slts.metadata.records import ChunkRecord
 from slts.metadata.schema import CHUNKS, GC, SEGMENTS
 from slts.metadata.store import MetadataStore
+from slts.prices import PRICE_KEYS, PRICES_SOURCE, GiB, Prices
 from slts.usage import EMPTY_USAGE, UsageRecord, iter_kinds, read_usage, total_usage
-
-GiB = 1 << 30
-#: Where the default rates come from, and when.
-PRICES_SOURCE = "Amazon S3 Standard list prices, US East (N. Virginia), as published in 2025"
-
-
-@dataclass(frozen=True, slots=True)
-class Prices:
-    """Rates in one currency (the defaults: US dollars, see ``PRICES_SOURCE``)."""
-
-    #: Storage, per GB-month (GB = 2^30 bytes).
-    storage_gb_month: float = 0.023
-    #: PUT, COPY, POST (multipart) and LIST requests, per 1,000.
-    put_per_1000: float = 0.005
-    #: GET, HEAD and every other request, per 1,000.
-    get_per_1000: float = 0.0004
-    #: DELETE requests, per 1,000.
-    delete_per_1000: float = 0.0
-    #: Bytes sent to the storage, per GB (free into a region).
-    upload_gb: float = 0.0
-    #: Bytes received from the storage, per GB (free within a region).
-    download_gb: float = 0.0
-
-    def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
-                raise InvalidArgument(f"price {field.name} must be a number >= 0, got {value!r}")
-
-    @classmethod
-    def from_settings(cls, settings: Mapping[str, float]) -> Prices:
-        """The prices of the dotted ``prices.<rate>`` settings (``PRICE_KEYS``); the rest default."""
-        return cls(**{key.removeprefix("prices."): value for key, value in settings.items()})
-
-    def per_request(self, kind: str) -> float:
-        """The price of one request of ``kind``."""
-        if kind in ("PUT", "COPY", "MULTIPART", "LIST"):
-            return self.put_per_1000 / 1000
-        if kind == "DELETE":
-            return self.delete_per_1000 / 1000
-        return self.get_per_1000 / 1000
-
-    def requests(self, record: UsageRecord) -> float:
-        """What ``record``'s requests cost."""
-        return sum(count * self.per_request(kind) for kind, count in record.requests.items())
-
-    def transfer(self, record: UsageRecord) -> float:
-        """What ``record``'s bytes sent and received cost (copies inside the storage are free)."""
-        return record.bytes_sent / GiB * self.upload_gb + record.bytes_received / GiB * self.download_gb
-
-
-#: The price settings, as dotted keys (``[prices]`` in ``slts.toml``).
-PRICE_KEYS: tuple[str, ...] = tuple(f"prices.{field.name}" for field in dataclasses.fields(Prices))
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +68,9 @@ class CostReport:
     def cost(self, kind: TrafficClass | None = None) -> float:
         """What the requests and transfers of class ``kind`` (None: all) cost so far."""
         record = self.total if kind is None else self.usage.get(kind, EMPTY_USAGE)
-        return self.prices.requests(record) + self.prices.transfer(record)
+        return self.prices.requests(record.requests) + self.prices.transfer(
+            record.bytes_sent, record.bytes_received
+        )
 
     def as_json(self) -> dict[str, Any]:
         """The report as plain JSON values."""
@@ -223,3 +172,15 @@ def _size(count: int) -> str:
 
 def _money(amount: float) -> str:
     return f"${amount:.6f}" if amount < 1 else f"${amount:,.2f}"
+
+
+__all__ = [
+    "PRICES_SOURCE",
+    "PRICE_KEYS",
+    "CostReport",
+    "GiB",
+    "Prices",
+    "StoredBytes",
+    "cost_report",
+    "stored_bytes",
+]

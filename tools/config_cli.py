@@ -20,7 +20,7 @@ from slts.tools.cli import EXIT_OK, emit, resolve_config
 
 from slts.config import ENV_PREFIX, StorageConfig
 from slts.config_sources import CONFIG_FILE_ENV, CONFIG_FILE_NAME, LIMIT_KEYS
-from slts.cost import PRICE_KEYS, PRICES_SOURCE, Prices
+from slts.prices import PRICE_KEYS, PRICES_SOURCE, Prices
 
 _FIELD_LINE = re.compile(r"^\s{4}(\w+): [\w |]+ = ")
 

@@ -63,12 +63,12 @@ def test_bench_offload_suite_runs_quick(tmp_path, capsys) -> None:
 
 
 def test_bench_limiter_suite_runs_quick(tmp_path, capsys) -> None:
-    """Tail writes beside a limited defrag, against the same writes alone."""
+    """Tail writes beside a limited defrag and scrub, against the same writes alone."""
     code = cli.main(["bench", "--quick", "--only", "limiter_tail", "--dir", str(tmp_path), "--json"])
     assert code == 0
     captured = capsys.readouterr()
     (figure,) = json.loads(captured.out)["figures"]
     assert figure["name"] == "limiter_tail" and figure["unit"] == "writes/s"
     assert figure["subject_median"] > 0 and figure["baseline_median"] > 0
-    assert "limiter_tail: defrag beside the tail writes moved" in captured.err
+    assert "limiter_tail: limits 10 and 5 MB/s" in captured.err and "without limits" in captured.err
     assert list(tmp_path.iterdir()) == [], "scratch folders are removed"

@@ -123,7 +123,7 @@ def run(server: SeaweedServer, bucket: str, metadata: Path, operation: str, kill
             if sent[0] == kill_at:
                 server.kill()
 
-    storage.chunk_storage._client.meta.events.register("before-send.s3", before_send)
+    storage.chunk_storage.inner._client.meta.events.register("before-send.s3", before_send)  # inside the gate
     armed[0] = True
     try:
         OPERATIONS[operation](storage)

@@ -58,15 +58,21 @@ RANKS: tuple[tuple[str, int], ...] = (
     ("slts.limiter", 0),  # the priority rate limiter (traffic classes, buckets)
     ("slts.logs", 0),  # the logger tree's handler, JSON lines, credential redaction
     ("slts.chunk_names", 0),
+    ("slts.prices", 0),  # the rates the cost report prices with
     ("slts.metadata", 1),  # stores, records, key layout, the index rules, ownership
     ("slts.bindings", 2),
+    ("slts.usage", 2),  # what a container asks of its chunk storage, metered and recorded
     ("slts.journal", 3),  # system segments: on bindings and metadata
     ("slts.gc", 4),
     ("slts.storage", 5),  # the engine
     ("slts.admin", 6),  # admin and repair, on the engine's public seam
     ("slts.remote", 6),  # tiered log storage for Kafka-style engines (KIP-405), on the engine
     ("slts.offload", 6),  # Pulsar-style ledger offload (PIP-17), on the engine
-    ("slts.metrics", 6),  # Prometheus metrics of an instance, read at each scrape
+    ("slts.metrics", 6),
+    (
+        "slts.cost",
+        6,
+    ),  # the cost report: usage and layout, priced  # Prometheus metrics of an instance, read at each scrape
     ("slts.tools", 7),  # CLI, demo, bench, simulator
 )
 
