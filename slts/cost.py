@@ -31,6 +31,7 @@ from slts.metadata.records import ChunkRecord
 from slts.metadata.schema import CHUNKS, GC, SEGMENTS
 from slts.metadata.store import MetadataStore
 from slts.prices import PRICE_KEYS, PRICES_SOURCE, GiB, Prices
+from slts.storage.chunked import ChunkedSegmentStorage
 from slts.usage import EMPTY_USAGE, UsageRecord, iter_kinds, read_usage, total_usage
 
 
@@ -150,12 +151,15 @@ def stored_bytes(store: MetadataStore) -> StoredBytes:
     return StoredBytes(segments, chunks, total, queued)
 
 
-def cost_report(
-    store: MetadataStore, container_id: int, prices: Prices, *, exact_requests: bool
-) -> CostReport:
-    """The cost report of container ``container_id`` of ``store`` at ``prices``."""
+def cost_report(storage: ChunkedSegmentStorage, prices: Prices) -> CostReport:
+    """The cost report of ``storage``'s container at ``prices`` (its recorded usage and its
+    layout, read from its metadata store)."""
+    if not isinstance(storage, ChunkedSegmentStorage):
+        raise InvalidArgument(f"{storage!r} is not a ChunkedSegmentStorage")
     if not isinstance(prices, Prices):
         raise InvalidArgument(f"prices must be Prices, got {type(prices).__name__}")
+    store, container_id = storage.context.store, storage.container_id
+    exact_requests = storage.chunk_storage.counts_own_requests
     with store.snapshot() as view:
         usage = read_usage(view, container_id)
     return CostReport(container_id, prices, stored_bytes(store), usage, exact_requests)

@@ -106,14 +106,22 @@ class UsageRecord(Record):
 
     def plus(self, other: UsageRecord) -> UsageRecord:
         """The sum of two records."""
+        return self._combined(other, 1)
+
+    def minus(self, earlier: UsageRecord) -> UsageRecord:
+        """What was added since ``earlier`` (a record this one grew from); kinds without
+        new requests are left out."""
+        return self._combined(earlier, -1)
+
+    def _combined(self, other: UsageRecord, sign: int) -> UsageRecord:
         requests = dict(self.requests)
         for kind, count in other.requests.items():
-            requests[kind] = requests.get(kind, 0) + count
+            requests[kind] = requests.get(kind, 0) + sign * count
         return self.replace(
-            requests=requests,
-            bytes_sent=self.bytes_sent + other.bytes_sent,
-            bytes_received=self.bytes_received + other.bytes_received,
-            bytes_copied=self.bytes_copied + other.bytes_copied,
+            requests={kind: count for kind, count in requests.items() if count},
+            bytes_sent=self.bytes_sent + sign * other.bytes_sent,
+            bytes_received=self.bytes_received + sign * other.bytes_received,
+            bytes_copied=self.bytes_copied + sign * other.bytes_copied,
         )
 
     @property
@@ -177,7 +185,9 @@ class UsageMeter:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._total = {kind: _Tally() for kind in TrafficClass}
-        self._unflushed = {kind: _Tally() for kind in TrafficClass}
+        #: What ``flush`` has added to a store (under ``_flush_lock``): the totals then.
+        self._flushed = dict.fromkeys(TrafficClass, EMPTY_USAGE)
+        self._flush_lock = threading.Lock()
         self._latency: dict[str, list[int]] = {}
         self._latency_sum: dict[str, float] = {}
         self._errors: dict[str, dict[str, int]] = {}
@@ -194,9 +204,8 @@ class UsageMeter:
         reads = kind in ("GET", "HEAD", "LIST")
         traffic = current_traffic_class(TrafficClass.READ if reads else TrafficClass.TAIL_WRITE)
         with self._lock:
-            for tallies in (self._total, self._unflushed):
-                requests = tallies[traffic].requests
-                requests[kind] = requests.get(kind, 0) + 1
+            requests = self._total[traffic].requests
+            requests[kind] = requests.get(kind, 0) + 1
 
     def call(
         self,
@@ -215,13 +224,12 @@ class UsageMeter:
         the error it raised, if any."""
         slot = bisect.bisect_left(LATENCY_BUCKETS_S, seconds)
         with self._lock:
-            for tallies in (self._total, self._unflushed):
-                tally = tallies[traffic]
-                tally.bytes_sent += sent
-                tally.bytes_received += received
-                tally.bytes_copied += copied
-                if request is not None:
-                    tally.requests[request] = tally.requests.get(request, 0) + 1
+            tally = self._total[traffic]
+            tally.bytes_sent += sent
+            tally.bytes_received += received
+            tally.bytes_copied += copied
+            if request is not None:
+                tally.requests[request] = tally.requests.get(request, 0) + 1
             buckets = self._latency.get(name)
             if buckets is None:
                 buckets = self._latency[name] = [0] * len(LATENCY_BUCKETS_S)
@@ -258,27 +266,17 @@ class UsageMeter:
         ``container_id`` in one conditional commit (re-read and retried when another
         process's flush came between). Returns the requests added. On an error the counts
         stay unflushed and the error propagates (the next flush adds them)."""
-        with self._lock:
+        with self._flush_lock:
+            totals = self.usage()
             pending = {
-                kind: tally.record()
-                for kind, tally in self._unflushed.items()
-                if tally.requests or tally.bytes_sent or tally.bytes_received or tally.bytes_copied
+                kind: added
+                for kind, total in totals.items()
+                if (added := total.minus(self._flushed[kind])) != EMPTY_USAGE
             }
-            self._unflushed = {kind: _Tally() for kind in TrafficClass}
-        if not pending:
-            return 0
-        try:
+            if not pending:
+                return 0
             _add_usage(store, container_id, pending)
-        except BaseException:
-            with self._lock:  # put them back for the next flush
-                for kind, record in pending.items():
-                    tally = self._unflushed[kind]
-                    tally.bytes_sent += record.bytes_sent
-                    tally.bytes_received += record.bytes_received
-                    tally.bytes_copied += record.bytes_copied
-                    for request, count in record.requests.items():
-                        tally.requests[request] = tally.requests.get(request, 0) + count
-            raise
+            self._flushed = totals
         return sum(record.request_count for record in pending.values())
 
     def start(self, flush: Callable[[], object], interval_s: float) -> None:

@@ -412,12 +412,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
 
     prices = resolve_config(args).price_list()
     with open_storage(args, read_only=True) as storage:
-        report = cost_report(
-            storage.context.store,
-            storage.container_id,
-            prices,
-            exact_requests=storage.chunk_storage.counts_own_requests,
-        )
+        report = cost_report(storage, prices)
     emit(args, report.as_json(), report.as_text())
     return EXIT_OK
 

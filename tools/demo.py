@@ -311,7 +311,7 @@ def run_demo(
 def _cost(storage: ChunkedSegmentStorage) -> dict[str, Any]:
     """The container's layout and requests so far, priced at the default (S3) rates."""
     storage.flush_usage()
-    report = cost_report(storage.context.store, storage.container_id, Prices(), exact_requests=False)
+    report = cost_report(storage, Prices())
     total = report.total
     return {
         "chunks": report.stored.chunks,

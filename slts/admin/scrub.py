@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import crc32c
 
 from slts.bindings.base import ChunkStorage
-from slts.errors import ChunkCorrupted, ChunkNotFound, ChunkStorageError, InvalidArgument, SegmentNotFound
+from slts.errors import ChunkCorrupted, ChunkNotFound, InvalidArgument, SegmentNotFound
 from slts.limiter import TrafficClass, traffic_class
 from slts.metadata.records import ChunkRecord
 from slts.storage import block_checksums
@@ -187,20 +187,8 @@ def _check_of(url: str, segment: str, start: int, chunk: ChunkRecord, piece_byte
 
 def check_chunks_locally(binding: ChunkStorage) -> ChunkChecker:
     """The in-process checker: each chunk of a batch in turn, through ``binding``; a chunk
-    storage error stops the batch (it is the last result)."""
-
-    def run(checks: Sequence[ChunkCheck]) -> list[ChunkResult | BaseException]:
-        results: list[ChunkResult | BaseException] = []
-        for check in checks:
-            try:
-                results.append(check_chunk(check, binding))
-            except ChunkStorageError as exc:
-                results.append(exc)
-                results.extend([exc] * (len(checks) - len(results)))
-                break
-        return results
-
-    return run
+    storage error propagates (it stops the walk)."""
+    return lambda checks: [check_chunk(check, binding) for check in checks]
 
 
 def check_chunk(check: ChunkCheck, binding: ChunkStorage) -> ChunkResult:
