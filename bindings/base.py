@@ -121,6 +121,10 @@ class ChunkStorage(abc.ABC):
     supports_truncate: bool = False
     #: ``set_readonly`` is available.
     supports_readonly: bool = False
+    #: Not a capability but a hint: every read is a round trip to a remote service with a
+    #: high first-byte latency (an object store), so the engine reads ahead for sequential
+    #: readers by default (``StorageConfig.read_ahead_bytes``).
+    high_latency_reads: bool = False
 
     #: The URL this binding was built from; executors rebuild the binding from it.
     url: str = ""
@@ -321,6 +325,7 @@ class WrappedChunkStorage(ChunkStorage):
         self.supports_concat = inner.supports_concat
         self.supports_truncate = inner.supports_truncate
         self.supports_readonly = inner.supports_readonly
+        self.high_latency_reads = inner.high_latency_reads
         self.counts_own_requests = inner.counts_own_requests
 
     def observe_requests(self, observer: RequestObserver | None) -> None:

@@ -20,6 +20,12 @@ rule fires first. Rules (any number, checked in order):
   advances a fake clock by up to ``seconds_max`` (``advance(seconds)``): a slow call.
 * ``kill()``: from now on every call raises ``StorageUnavailable`` (the process that
   used this wrapper died; a new process wraps ``inner`` again).
+* ``lose_power()``: from now on every call raises ``StorageUnavailable``, and it returns
+  what a power loss leaves on the storage: each chunk holds the bytes of the calls that
+  returned (the binding contract: a write is durable when it returns), plus, for a call
+  still running, a seeded torn prefix of what it wrote (the page cache of a file whose
+  ``fdatasync`` had not returned, dropped); a chunk whose ``create`` never returned is
+  gone or torn, one whose ``delete`` never returned is still there.
 
 Rules see only calls with valid arguments: ``ChunkStorage`` checks them before the hooks
 (``_do_*``) here run, so a bad name, range, handle or data raises its usual error before
@@ -88,6 +94,10 @@ class FaultyChunkStorage(WrappedChunkStorage):
         self._latency: tuple[Callable[[float], None], float, float] | None = None
         self._rules: list[_Rule] = []
         self._lock = threading.Lock()
+        #: What the power-loss model keeps: chunk -> length acknowledged (calls returned).
+        self._acknowledged: dict[str, int] = {}
+        self._touched: set[str] = set()  # chunks a mutating call started on (the rest predate the model)
+        self._powered = True
 
     # -- rules ----------------------------------------------------------------------------------
 
@@ -129,6 +139,44 @@ class FaultyChunkStorage(WrappedChunkStorage):
         """Every later call raises ``StorageUnavailable``: the process using this died."""
         with self._lock:
             self.dead = True
+
+    def lose_power(self) -> dict[str, bytes]:
+        """Stop every later call (as ``kill``) and return the chunks a power loss leaves,
+        name -> bytes (see the module doc). The inner binding is left as it was."""
+        with self._lock:
+            self.dead = True
+            self._powered = False
+            acknowledged = dict(self._acknowledged)
+            touched = set(self._touched)
+        image: dict[str, bytes] = {}
+        for name in sorted(self.inner.list("")):
+            stored = self.inner.read(self.inner.open_read(name), 0, self.inner.get_info(name).length)
+            durable = acknowledged.get(name, None if name in touched else len(stored))
+            in_flight = stored[durable or 0 :]
+            torn = in_flight[: self.random.randrange(len(in_flight) + 1)] if in_flight else b""
+            if durable is not None:
+                image[name] = stored[:durable] + torn
+            elif torn and self.random.random() < 0.5:  # a create that never returned, torn
+                image[name] = torn
+        return image
+
+    def _start(self, name: str, durable_before: int | None = None) -> None:
+        """A mutating call on ``name`` starts (the power-loss model); ``durable_before``: the
+        length it had (an append to a chunk this wrapper has not seen written)."""
+        with self._lock:
+            if name not in self._touched and durable_before is not None:
+                self._acknowledged.setdefault(name, durable_before)
+            self._touched.add(name)
+
+    def _acknowledge(self, name: str, length: int | None) -> None:
+        """A mutating call on ``name`` returned: it is durable (None: deleted)."""
+        with self._lock:
+            if not self._powered:
+                return  # it returned after the power went: nothing of it is known durable
+            if length is None:
+                self._acknowledged.pop(name, None)
+            else:
+                self._acknowledged[name] = length
 
     def clear(self) -> None:
         """Remove every rule and the latency (counters stay; a killed wrapper stays dead)."""
@@ -208,18 +256,21 @@ class FaultyChunkStorage(WrappedChunkStorage):
         return result
 
     def _do_create(self, name: str, data: bytes) -> ChunkHandle:
+        self._start(name)
         rule = self._fault("create")
         if rule is not None:
             if rule.partial:
                 self.inner.create(name, data[: self._torn_length(data)])
             raise rule.error(f"injected fault in create (seed {self.seed})", injected=True)
         handle = self.inner.create(name, data)
+        self._acknowledge(name, len(data))
         self._after("create")
         return handle
 
     def _do_delete(self, handle: ChunkHandle) -> None:
         self._check("delete")
         self.inner.delete(handle)
+        self._acknowledge(handle.name, None)
         self._after("delete")
 
     def _do_open_read(self, name: str) -> ChunkHandle:
@@ -241,12 +292,14 @@ class FaultyChunkStorage(WrappedChunkStorage):
         return data
 
     def _do_write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
+        self._start(handle.name, offset)
         rule = self._fault("write")
         if rule is not None:
             if rule.partial and data:
                 self.inner.write(handle, offset, data[: self._torn_length(data)])
             raise rule.error(f"injected fault in write (seed {self.seed})", injected=True)
         written = self.inner.write(handle, offset, data)
+        self._acknowledge(handle.name, offset + written)
         self._after("write")
         return written
 
@@ -255,14 +308,17 @@ class FaultyChunkStorage(WrappedChunkStorage):
         return self.inner.list(prefix)
 
     def _do_concat(self, target: str, sources: Sequence[ConcatSource]) -> ChunkInfo:
+        self._start(target)
         self._check("concat")
         info = self.inner.concat(target, sources)
+        self._acknowledge(target, info.length)
         self._after("concat")
         return info
 
     def _do_truncate(self, handle: ChunkHandle, length: int) -> None:
         self._check("truncate")
         self.inner.truncate(handle, length)
+        self._acknowledge(handle.name, length)
         self._after("truncate")
 
     def _do_set_readonly(self, handle: ChunkHandle, readonly: bool) -> None:

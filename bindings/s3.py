@@ -16,7 +16,10 @@ How the contract maps onto S3 (the conformance suite checks each line):
 * ``read``: one ranged ``GetObject`` (``Range: bytes=a-b``), clipped by the server at the
   end; a 416 (range starts at or past the end) is settled with ``HeadObject``: ``b""`` at
   the end, ``ChunkInvalidOffset`` past it. The body length is checked against the
-  ``Content-Range`` the server sent; a short body is retried.
+  ``Content-Range`` the server sent; a short body is retried. A missing object
+  (``NoSuchKey``) is ``ChunkNotFound`` from the GET itself: the engine reads through
+  handles it builds, without ``open_read`` and its ``HeadObject`` (``high_latency_reads``
+  also tells it to read ahead for sequential readers).
 * ``get_info``/``exists``/``open_*``: ``HeadObject``. ``delete``: ``HeadObject`` (so a
   missing chunk raises ``ChunkNotFound``; S3's ``DeleteObject`` succeeds on missing
   keys) then ``DeleteObject``. ``list``: ``ListObjectsV2`` page by page, decoded, sorted.
@@ -464,6 +467,7 @@ class S3ChunkStorage(ChunkStorage):
     supports_truncate = False
     supports_readonly = False
     counts_own_requests = True
+    high_latency_reads = True  # the engine reads ahead for sequential readers
 
     def __init__(
         self,

@@ -178,9 +178,10 @@ class SystemJournal:
         self._put(framing.encode_record(record), new_file=new_file)
         self._next_record += 1
         try:
-            self.layout.apply(record)
+            applied = self.layout.apply(record)
         except InconsistentRecord as exc:  # the caller built a record that does not fit: a bug
             raise AssertionError(f"journal record does not fit the layout: {exc}") from exc
+        assert applied, f"journal record {record['id']} is not newer than the last one applied"
         self._since_snapshot += 1
         if self._since_snapshot >= self.settings.snapshot_records:
             self._snapshot_quietly()

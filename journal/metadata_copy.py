@@ -104,6 +104,7 @@ class MetadataLog:
         pending). Raises ``LogGap`` if the next change is no longer captured,
         ``ChunkStorageError`` if tier-2 fails (nothing is discarded then)."""
         durable = self.durable_sequence
+        self.store.make_durable()  # ship only what survives a power loss here (shared syncs)
         newest = self.store.last_sequence  # read before the changes: no false gap from a later commit
         changes = self.store.changes(after=durable, limit=PAGE_ENTRIES)
         if newest > durable and (not changes or changes[0].sequence != durable + 1):
@@ -159,6 +160,7 @@ class MetadataLog:
 def _dump(store: MetadataStore, out: IO[bytes]) -> tuple[int, int]:
     """Write the framed snapshot of one consistent view to ``out``; (sequence, entries)."""
     entries = 0
+    store.make_durable()  # the snapshot holds only commits that survive a power loss here
     with store.snapshot() as view:
         sequence = view.sequence
         out.write(

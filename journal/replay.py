@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from slts.bindings.base import ChunkStorage
+from slts.bindings.base import ChunkHandle, ChunkStorage
 from slts.journal import framing, system_names
 from slts.journal.system_layout import SNAPSHOT, InconsistentRecord, SystemLayout, record_id
 
@@ -61,9 +61,12 @@ class Replay:
 
 
 def read_object(binding: ChunkStorage, name: str) -> bytes:
-    """All bytes of object ``name`` (``ChunkNotFound`` if missing)."""
+    """All bytes of object ``name`` (``ChunkNotFound`` if missing, also if it vanishes
+    between the length and the read). Two calls: the length, then a read of exactly that
+    many bytes (a limiter pays what is asked for); the handle is made here, because
+    ``open_read`` would only check again that the object exists (a HEAD on S3)."""
     length = binding.get_info(name).length
-    return binding.read(binding.open_read(name), 0, length) if length else b""
+    return binding.read(ChunkHandle(name, readonly=True), 0, length) if length else b""
 
 
 def read_single_record(binding: ChunkStorage, name: str) -> dict[str, Any] | None:
@@ -100,16 +103,27 @@ def listing(binding: ChunkStorage, container_id: int) -> tuple[list[system_names
 
 def valid_snapshot(record: Mapping[str, Any] | None, epoch: int) -> bool:
     """True if ``record`` is a journal snapshot of ``epoch`` whose layout validates."""
+    return snapshot_layout(record, epoch) is not None
+
+
+def snapshot_layout(record: Mapping[str, Any] | None, epoch: int) -> SystemLayout | None:
+    """The layout of ``record`` if it is a journal snapshot of ``epoch`` that validates
+    and names the (epoch, file) it covers; None otherwise."""
     if record is None or record.get("k") != SNAPSHOT:
-        return False
+        return None
+    covered = record.get("journal")
+    if not (isinstance(covered, list) and len(covered) == 2 and all(type(v) is int for v in covered)):
+        return None
+    if covered[0] != epoch:
+        return None
+    layout = SystemLayout()
     try:
         if record_id(record)[0] != epoch:
-            return False
-        SystemLayout().apply(record)
+            return None
+        layout.apply(record)
     except InconsistentRecord:
-        return False
-    covered = record.get("journal")
-    return isinstance(covered, list) and len(covered) == 2 and covered[0] == epoch
+        return None
+    return layout
 
 
 def replay(
@@ -146,27 +160,36 @@ def replay(
         framed = framing.read_records(data)
         result.corrupt += framed.corrupt
         result.torn += framed.torn_at is not None or framed.unframeable_at is not None
-        for _, record in framed.records:
-            _apply(result, numbered.name, record, on_record)
+        _apply_all(result, numbered.name, framed.records, on_record)
+    # Every applied record (and the base snapshot) raised its epoch's last id in the layout.
+    result.max_record = dict(result.layout.last_ids)
     return result
 
 
-def _apply(
-    result: Replay, file: str, record: dict[str, Any], on_record: Callable[[str, dict[str, Any]], None] | None
+def _apply_all(
+    result: Replay,
+    file: str,
+    records: list[tuple[int, dict[str, Any]]],
+    on_record: Callable[[str, dict[str, Any]], None] | None,
 ) -> None:
-    try:
-        epoch, number = record_id(record)
-        if result.layout.is_duplicate(record):
-            result.duplicates += 1
-            return
-        result.layout.apply(record)
-    except InconsistentRecord:
-        result.inconsistent += 1
-        return
-    result.max_record[epoch] = max(result.max_record.get(epoch, 0), number)
-    result.records += 1
-    if on_record is not None:
-        on_record(file, record)
+    """Apply one file's records in order, counting duplicates and records that do not fit
+    (which change nothing). The per-record loop of a boot: keep it lean."""
+    apply = result.layout.apply
+    applied = duplicates = inconsistent = 0
+    for _, record in records:
+        try:
+            if not apply(record):
+                duplicates += 1
+                continue
+        except InconsistentRecord:
+            inconsistent += 1
+            continue
+        applied += 1
+        if on_record is not None:
+            on_record(file, record)
+    result.records += applied
+    result.duplicates += duplicates
+    result.inconsistent += inconsistent
 
 
 def _load_base(binding: ChunkStorage, checkpoints: list[system_names.Numbered], result: Replay) -> None:
@@ -182,13 +205,12 @@ def _load_base(binding: ChunkStorage, checkpoints: list[system_names.Numbered], 
             record = read_single_record(binding, snapshot_name) if isinstance(snapshot_name, str) else None
         except ChunkCorrupted:
             record = None
-        if not valid_snapshot(record, numbered.epoch):
+        layout = snapshot_layout(record, numbered.epoch)
+        if layout is None:
             result.invalid_checkpoints.append(numbered.name)
             continue
         assert record is not None
-        result.layout.apply(record)
-        result.covered = (int(record["journal"][0]), int(record["journal"][1]))
-        epoch, number = record_id(record)
-        result.max_record[epoch] = max(result.max_record.get(epoch, 0), number)
+        result.layout = layout
+        result.covered = (record["journal"][0], record["journal"][1])
         result.checkpoint, result.snapshot = numbered.name, snapshot_name
         return

@@ -3,9 +3,11 @@ records that change it (DESIGN.md §6; PDP-34 "Why SLTS needs System Journal?").
 
 System segments back up the metadata store, so their own layout cannot live in it:
 it lives here, in memory, and every change is a journal record on tier-2. This module
-is pure (no I/O): ``SystemLayout.apply`` is the one place that decides what a record
-means, used alike by the running writer and by boot/restore replay, so they can never
-disagree.
+is pure (no I/O): ``SystemLayout.apply`` (with the ``SystemSegmentLayout`` methods it
+calls) is the one place that decides what a record means, used alike by the running
+writer and by boot/restore replay, so they can never disagree. It parses and checks a
+record once and changes the layout in place, in O(1) for ``add`` and ``append``: replay
+applies every journal record since the last journal snapshot this way.
 
 Records are msgpack maps with a kind ``k`` and an id ``id = [epoch, number]`` (numbers
 grow by one per record within an epoch; a record whose id is not newer than the last
@@ -16,7 +18,7 @@ one applied for its epoch is a duplicate):
 * ``append``: ``length`` bytes were appended to the last chunk ``chunk`` at segment
   offset ``offset``.
 * ``truncate``: segment ``seg`` now starts at ``start``, inside chunk ``chunk``
-  (which starts at segment offset ``chunk_start``); chunks before it are dropped.
+  (``""`` with ``start`` at the end: no chunk is left); chunks before it are dropped.
 * ``snapshot``: the full layout of every system segment (``layouts``); it replaces the
   state. A snapshot record heads every epoch's journal (the boot record) and is the
   content of every journal snapshot object.
@@ -29,9 +31,9 @@ chunk storage (Pravega #6712).
 
 from __future__ import annotations
 
-import copy
+import itertools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from slts.errors import MetadataCorrupted
@@ -62,43 +64,88 @@ class SystemChunk:
         return self.start + self.length
 
 
-@dataclass
 class SystemSegmentLayout:
-    """A system segment: readable bytes ``[start_offset, length)`` are its chunks' bytes."""
+    """A system segment: readable bytes ``[start_offset, length)`` are its chunks' bytes.
 
-    name: str
-    start_offset: int = 0
-    length: int = 0
-    chunks: list[SystemChunk] = field(default_factory=list)
-    attrs: dict[str, int] = field(default_factory=dict)
-    names: set[str] = field(init=False, repr=False, compare=False)  # of ``chunks``, for O(1) checks
+    Chunks are contiguous by construction: the layout keeps each chunk's name and the
+    segment offset it starts at, and a chunk ends where the next one starts (the last one
+    at ``length``). So the changes records make are O(1) and make no object: an append to
+    the last chunk is ``length += n``, an ``add`` appends a name and a start. Replay and
+    the writer change the layout in place through ``add``, ``append`` and ``truncate``,
+    which check first and change nothing when they raise ``InconsistentRecord``.
+    ``chunks`` and ``last_chunk`` build ``SystemChunk`` values on demand.
 
-    def __post_init__(self) -> None:
-        self.names = {chunk.name for chunk in self.chunks}
+    Invariants (``check``): ``0 <= start_offset <= length``; ``start_offset`` lies in the
+    first chunk (or equals ``length``); chunk starts are >= 0 and never decrease; no
+    chunk appears twice; no chunks means ``start_offset == length``.
+    """
+
+    __slots__ = ("_members", "_names", "_starts", "attrs", "length", "name", "start_offset")
+
+    def __init__(self, name: str) -> None:
+        """An empty segment; ``decode`` builds a filled one."""
+        self.name = name
+        self.start_offset = 0
+        self.length = 0
+        self.attrs: dict[str, int] = {}
+        self._names: list[str] = []  # chunk names, in segment order
+        self._starts: list[int] = []  # the segment offset each chunk starts at
+        self._members: set[str] = set()  # of ``_names``, for O(1) duplicate checks
+
+    def __repr__(self) -> str:
+        return f"SystemSegmentLayout({self.name!r}, {self.encode()!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SystemSegmentLayout):
+            return NotImplemented
+        return self.name == other.name and self.encode() == other.encode()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    @property
+    def chunks(self) -> tuple[SystemChunk, ...]:
+        """The chunks in segment order (built on each call: O(chunks))."""
+        if not self._names:
+            return ()
+        ends = [*self._starts[1:], self.length]
+        lengths = [end - start for start, end in zip(self._starts, ends, strict=True)]
+        return tuple(map(SystemChunk, self._names, self._starts, lengths))
 
     @property
     def last_chunk(self) -> SystemChunk | None:
-        return self.chunks[-1] if self.chunks else None
+        if not self._names:
+            return None
+        return SystemChunk(self._names[-1], self._starts[-1], self.length - self._starts[-1])
+
+    def copy(self) -> SystemSegmentLayout:
+        """An independent copy (O(chunks), no ``SystemChunk`` made)."""
+        clone = SystemSegmentLayout(self.name)
+        clone.start_offset, clone.length, clone.attrs = self.start_offset, self.length, dict(self.attrs)
+        clone._names, clone._starts = list(self._names), list(self._starts)
+        clone._members = set(self._members)
+        return clone
 
     def check(self) -> list[str]:
         """Invariant violations of this layout (empty: healthy)."""
         problems = []
         if not 0 <= self.start_offset <= self.length:
             problems.append(f"{self.name}: start {self.start_offset} outside [0, {self.length}]")
-        if self.chunks:
-            first = self.chunks[0]
-            if not first.start <= self.start_offset <= first.end and self.start_offset != self.length:
-                problems.append(f"{self.name}: start {self.start_offset} not in first chunk {first}")
-            for before, after in zip(self.chunks, self.chunks[1:], strict=False):
-                if before.end != after.start:
-                    problems.append(
-                        f"{self.name}: chunk {after.name} starts at {after.start}, not {before.end}"
-                    )
-            if self.chunks[-1].end != self.length:
-                problems.append(f"{self.name}: chunks end at {self.chunks[-1].end}, length is {self.length}")
+        if self._names:
+            first_end = self._starts[1] if len(self._starts) > 1 else self.length
+            if not self._starts[0] <= self.start_offset <= first_end and self.start_offset != self.length:
+                problems.append(
+                    f"{self.name}: start {self.start_offset} not in first chunk "
+                    f"{self._names[0]!r} [{self._starts[0]}, {first_end})"
+                )
+            if self._starts[0] < 0 or any(b < a for a, b in itertools.pairwise(self._starts)):
+                problems.append(f"{self.name}: chunk starts {self._starts} are negative or decrease")
+            if self.length < self._starts[-1]:
+                problems.append(
+                    f"{self.name}: last chunk starts at {self._starts[-1]}, past length {self.length}"
+                )
         elif self.start_offset != self.length:
             problems.append(f"{self.name}: no chunks but start {self.start_offset} != length {self.length}")
-        if len(self.names) != len(self.chunks) or self.names != {chunk.name for chunk in self.chunks}:
+        if len(self._members) != len(self._names) or self._members != set(self._names):
             problems.append(f"{self.name}: a chunk appears twice")
         return problems
 
@@ -106,23 +153,96 @@ class SystemSegmentLayout:
         return {
             "start": self.start_offset,
             "length": self.length,
-            "chunks": [[c.name, c.start, c.length] for c in self.chunks],
+            "chunks": [[chunk.name, chunk.start, chunk.length] for chunk in self.chunks],
             "attrs": dict(self.attrs),
         }
 
     @classmethod
     def decode(cls, name: str, raw: Mapping[str, Any]) -> SystemSegmentLayout:
+        """The layout ``encode`` made. ``InconsistentRecord`` if a field is missing or of the
+        wrong type, or if the chunks are not contiguous up to ``length`` (the other
+        invariants are ``check``'s)."""
+        layout = cls(name)
         try:
-            chunks = [SystemChunk(str(n), int(s), int(n_)) for n, s, n_ in raw["chunks"]]
-            return cls(
-                name,
-                int(raw["start"]),
-                int(raw["length"]),
-                chunks,
-                {str(k): int(v) for k, v in raw.get("attrs", {}).items()},
-            )
-        except (KeyError, TypeError, ValueError) as exc:
+            layout.start_offset, layout.length = _integer(raw["start"]), _integer(raw["length"])
+            layout.attrs = _attributes(raw.get("attrs"))
+            end = None
+            for chunk, start, length in raw["chunks"]:
+                if type(chunk) is not str:
+                    raise InconsistentRecord(f"chunk name {chunk!r} is not a string")
+                if end is not None and _integer(start) != end:
+                    raise InconsistentRecord(f"chunk {chunk!r} starts at {start}, not {end}")
+                layout._names.append(chunk)
+                layout._starts.append(_integer(start))
+                end = start + _integer(length)
+        except (KeyError, TypeError, ValueError, AttributeError, InconsistentRecord) as exc:
             raise InconsistentRecord(f"undecodable layout of system segment {name!r}: {exc}") from exc
+        if end is not None and end != layout.length:
+            raise InconsistentRecord(
+                f"system segment {name!r}: chunks end at {end}, length is {layout.length}"
+            )
+        layout._members = set(layout._names)
+        return layout
+
+    # -- changes (``SystemLayout.apply``): check, then change in place -------------------------
+
+    def add(self, chunk: str, offset: int, length: int, prev: str | None) -> None:
+        """Chunk ``chunk`` of ``length`` bytes joins at ``offset`` after chunk ``prev``."""
+        last = self._names[-1] if self._names else None
+        if (
+            prev != last
+            or type(offset) is not int
+            or offset != self.length
+            or type(length) is not int
+            or length < 0
+            or type(chunk) is not str
+        ):
+            raise InconsistentRecord(
+                f"add of {chunk!r} of {length!r} bytes to {self.name!r} at {offset!r} after {prev!r} "
+                f"does not fit (last chunk {last!r}, length {self.length})"
+            )
+        if chunk in self._members:
+            raise InconsistentRecord(f"add of {chunk!r} to {self.name!r}: already in the segment")
+        self._names.append(chunk)
+        self._starts.append(offset)
+        self._members.add(chunk)
+        self.length = offset + length
+
+    def append(self, chunk: str, offset: int, length: int) -> None:
+        """``length`` bytes were appended at ``offset`` to the last chunk, ``chunk``."""
+        if (
+            not self._names
+            or self._names[-1] != chunk
+            or type(offset) is not int
+            or offset != self.length
+            or type(length) is not int
+            or length < 0
+        ):
+            raise InconsistentRecord(
+                f"append of {length!r} bytes to {chunk!r} of {self.name!r} at {offset!r} does not fit "
+                f"(last chunk {self._names[-1] if self._names else None!r}, length {self.length})"
+            )
+        self.length += length
+
+    def truncate(self, chunk: str, start: int) -> None:
+        """The segment now starts at ``start``, inside ``chunk`` (``""``: at the end, with no
+        chunk left); the chunks before ``chunk`` are dropped."""
+        if type(start) is not int or not self.start_offset <= start <= self.length:
+            raise InconsistentRecord(
+                f"truncate of {self.name!r} to {start!r} outside [{self.start_offset}, {self.length}]"
+            )
+        if chunk in self._members:
+            index = self._names.index(chunk)
+            end = self._starts[index + 1] if index + 1 < len(self._starts) else self.length
+            if not self._starts[index] <= start <= end:
+                raise InconsistentRecord(f"truncate of {self.name!r} to {start} in {chunk!r} does not fit")
+        elif chunk == "" and start == self.length:
+            index = len(self._names)  # truncated to the end: no chunk left
+        else:
+            raise InconsistentRecord(f"truncate of {self.name!r} to {start} in {chunk!r}: no such chunk")
+        self._members.difference_update(self._names[:index])
+        del self._names[:index], self._starts[:index]
+        self.start_offset = start
 
 
 class SystemLayout:
@@ -139,7 +259,7 @@ class SystemLayout:
         return self.segments[name]
 
     def copy(self) -> SystemLayout:
-        clone = SystemLayout(copy.deepcopy(self.segments))
+        clone = SystemLayout({name: layout.copy() for name, layout in self.segments.items()})
         clone.last_ids = dict(self.last_ids)
         return clone
 
@@ -155,83 +275,90 @@ class SystemLayout:
             "layouts": {name: layout.encode() for name, layout in sorted(self.segments.items())},
         }
 
-    def is_duplicate(self, record: Mapping[str, Any]) -> bool:
-        """True if a record with this id (or a later one of its epoch) was applied."""
-        epoch, number = record_id(record)
-        return number <= self.last_ids.get(epoch, 0)
+    def apply(self, record: Mapping[str, Any]) -> bool:
+        """Apply one record, parsing and validating it once. Returns False, changing
+        nothing, for a duplicate: a record whose id is not newer than the last one applied
+        for its epoch (a retried write that had landed). Raises ``InconsistentRecord``
+        (state unchanged) if the record is malformed or does not fit the layout.
 
-    def apply(self, record: Mapping[str, Any]) -> None:
-        """Apply one record. ``InconsistentRecord`` (state unchanged) if it does not fit."""
-        kind = record.get("k")
+        Replay calls this once per journal record, so the common kinds (``append``,
+        ``add``) take the shortest path; the segment's methods do the checks."""
         epoch, number = record_id(record)
+        if number <= self.last_ids.get(epoch, 0):
+            return False
+        kind = record.get("k")
         try:
             if kind == SNAPSHOT:
-                layouts = {
-                    str(n): SystemSegmentLayout.decode(str(n), raw) for n, raw in record["layouts"].items()
-                }
-                problems = [p for layout in layouts.values() for p in layout.check()]
-                if problems:
-                    raise InconsistentRecord(f"snapshot record {epoch}.{number} is invalid: {problems[0]}")
-                self.segments = layouts
-            elif kind in (ADD, APPEND, TRUNCATE):
-                self._apply_change(kind, record)
+                self._apply_snapshot(record["layouts"], epoch, number)
+            elif kind in (APPEND, ADD, TRUNCATE):
+                name = record["seg"]
+                layout = self.segments.get(name)
+                if layout is None:
+                    if type(name) is not str:
+                        raise InconsistentRecord(f"system segment name {name!r} is not a string")
+                    layout = SystemSegmentLayout(name)
+                attrs = record.get("attrs")
+                if attrs:  # checked before the change, applied after it
+                    _check_attributes(attrs)
+                if kind == APPEND:
+                    layout.append(record["chunk"], record["offset"], record["length"])
+                elif kind == ADD:
+                    layout.add(record["chunk"], record["offset"], record["length"], record["prev"])
+                else:
+                    layout.truncate(record["chunk"], record["start"])
+                if attrs:
+                    layout.attrs.update(attrs)
+                self.segments[name] = layout
             else:
                 raise InconsistentRecord(f"unknown journal record kind {kind!r}")
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InconsistentRecord(f"malformed {kind} record {epoch}.{number}: {exc!r}") from exc
-        self.last_ids[epoch] = max(number, self.last_ids.get(epoch, 0))
+        except InconsistentRecord as exc:
+            raise InconsistentRecord(f"{kind} record {epoch}.{number}: {exc}") from exc
+        self.last_ids[epoch] = number
+        return True
 
-    def _apply_change(self, kind: str, record: Mapping[str, Any]) -> None:
-        """Check the change against the layout, then make it in place: O(1) for ``add``
-        and ``append`` (a log on an object store gains a chunk per flush)."""
-        name = str(record["seg"])
-        layout = self.segments.get(name) or SystemSegmentLayout(name)
-        chunk, offset = str(record["chunk"]), int(record["offset" if kind != TRUNCATE else "start"])
-        attrs = {str(k): int(v) for k, v in (record.get("attrs") or {}).items()}
-        last = layout.last_chunk
-        if kind == ADD:
-            prev, length = record["prev"], int(record["length"])
-            if prev != (last.name if last else None) or offset != layout.length or length < 0:
-                raise InconsistentRecord(
-                    f"add of {chunk!r} to {name!r} at {offset} after {prev!r} does not fit "
-                    f"(last chunk {last.name if last else None!r}, length {layout.length})"
-                )
-            if chunk in layout.names:
-                raise InconsistentRecord(f"add of {chunk!r} to {name!r}: already in the segment")
-            layout.chunks.append(SystemChunk(chunk, offset, length))
-            layout.names.add(chunk)
-            layout.length = offset + length
-        elif kind == APPEND:
-            length = int(record["length"])
-            if last is None or last.name != chunk or offset != layout.length or length < 0:
-                raise InconsistentRecord(
-                    f"append to {chunk!r} of {name!r} at {offset} does not fit "
-                    f"(last chunk {last.name if last else None!r}, length {layout.length})"
-                )
-            layout.chunks[-1] = SystemChunk(chunk, last.start, last.length + length)
-            layout.length += length
-        else:
-            if not layout.start_offset <= offset <= layout.length:
-                raise InconsistentRecord(
-                    f"truncate of {name!r} to {offset} outside [{layout.start_offset}, {layout.length}]"
-                )
-            index = next((i for i, c in enumerate(layout.chunks) if c.name == chunk), None)
-            if offset == layout.length and index is None and chunk == "":
-                kept: list[SystemChunk] = []  # truncated to the end: no chunk left
-            elif index is None or not layout.chunks[index].start <= offset <= layout.chunks[index].end:
-                raise InconsistentRecord(f"truncate of {name!r} to {offset} in {chunk!r} does not fit")
-            else:
-                kept = layout.chunks[index:]
-            layout.chunks = kept
-            layout.names = {c.name for c in kept}
-            layout.start_offset = offset
-        layout.attrs.update(attrs)
-        self.segments[name] = layout
+    def _apply_snapshot(self, raw: Mapping[str, Any], epoch: int, number: int) -> None:
+        layouts = {}
+        for name, encoded in raw.items():
+            if type(name) is not str:
+                raise InconsistentRecord(f"system segment name {name!r} is not a string")
+            layouts[name] = SystemSegmentLayout.decode(name, encoded)
+        problems = [problem for layout in layouts.values() for problem in layout.check()]
+        if problems:
+            raise InconsistentRecord(f"snapshot record {epoch}.{number} is invalid: {problems[0]}")
+        self.segments = layouts
+
+
+def _integer(value: Any) -> int:
+    """``value`` if it is an int (not a bool); ``InconsistentRecord`` otherwise."""
+    if type(value) is not int:
+        raise InconsistentRecord(f"{value!r} is not an integer")
+    return value
+
+
+def _check_attributes(raw: Any) -> None:
+    """``InconsistentRecord`` unless ``raw`` maps strings to integers."""
+    if type(raw) is not dict:
+        raise InconsistentRecord(f"segment attributes {raw!r} are not a map")
+    for key, value in raw.items():
+        if type(key) is not str or type(value) is not int:
+            raise InconsistentRecord(f"segment attribute {key!r}: {value!r} is not a string to an integer")
+
+
+def _attributes(raw: Any) -> dict[str, int]:
+    """A copy of the attributes ``raw`` (None: none); ``InconsistentRecord`` if malformed."""
+    if raw is None:
+        return {}
+    _check_attributes(raw)
+    return dict(raw)
 
 
 def record_id(record: Mapping[str, Any]) -> RecordId:
     """The ``(epoch, number)`` id of a record; ``InconsistentRecord`` if it has none."""
     raw = record.get("id")
-    if not isinstance(raw, (list, tuple)) or len(raw) != 2 or not all(isinstance(v, int) for v in raw):
-        raise InconsistentRecord(f"journal record without a valid id: {raw!r}")
-    return int(raw[0]), int(raw[1])
+    if isinstance(raw, (list, tuple)) and len(raw) == 2:
+        epoch, number = raw
+        if type(epoch) is int and type(number) is int:
+            return epoch, number
+    raise InconsistentRecord(f"journal record without a valid id: {raw!r}")

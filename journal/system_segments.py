@@ -56,7 +56,7 @@ class SystemSegments:
         """A copy of ``segment``'s current layout."""
         with self.lock:
             self.journal.ensure_ready()
-            return SystemSegmentLayout.decode(segment, self.journal.layout.segment(segment).encode())
+            return self.journal.layout.segment(segment).copy()
 
     def append(
         self, segment: str, data: bytes, attrs: dict[str, int] | None = None, *, new_chunk: bool = False
@@ -139,8 +139,9 @@ class SystemSegments:
                     f"truncate {segment!r} to {offset}: outside [{layout.start_offset}, {layout.length}]",
                     segment=segment,
                 )
-            holder = next((c for c in layout.chunks if c.start <= offset < c.end), layout.last_chunk)
-            dropped = [c.name for c in layout.chunks if holder is not None and c.end <= holder.start]
+            chunks = layout.chunks
+            holder = next((c for c in chunks if c.start <= offset < c.end), layout.last_chunk)
+            dropped = [c.name for c in chunks if holder is not None and c.end <= holder.start]
             record: dict[str, Any] = {
                 "k": TRUNCATE,
                 "seg": segment,

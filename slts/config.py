@@ -29,6 +29,7 @@ _ZERO_ALLOWED = (
     "metadata_log_flush_interval_s",
     "defrag_batch_lease_s",
     "usage_flush_interval_s",
+    "read_ahead_bytes",
 )
 
 #: Environment variables ``SLTS_<FIELD>`` (upper case) override defaults.
@@ -50,8 +51,20 @@ class StorageConfig:
     read_bytes_max: int = 256 * MiB
     #: Reads at least this large that span several chunks fetch chunks in parallel.
     read_parallel_bytes_min: int = 4 * MiB
-    #: Threads for parallel ("burst mode") reads.
+    #: Threads for parallel ("burst mode") reads, and for read-ahead.
     read_threads: int = 8
+    #: Most bytes an instance reads ahead, buffered or in flight, all segments together:
+    #: once reads of a segment arrive in order (each starting where the one before ended),
+    #: the chunk bytes that follow are fetched on ``read_threads`` threads while the caller
+    #: consumes what it asked for (``slts.storage.read_ahead``). On by default on bindings
+    #: with high-latency reads (S3); elsewhere see ``read_ahead_low_latency``. 0: off.
+    read_ahead_bytes: int = 32 * MiB
+    #: Read-ahead fetches a chunk in ranged reads of this size (cut at its multiples
+    #: within the chunk), in parallel: at most ``read_ahead_bytes``.
+    read_ahead_part_bytes: int = 8 * MiB
+    #: Read ahead also on bindings without high-latency reads (filesystem, memory, and HDFS
+    #: today); on a local file system the page cache reads ahead already.
+    read_ahead_low_latency: bool = False
     #: Entries in the write-through metadata cache.
     metadata_cache_entries: int = 100_000
     #: Keep per-chunk CRC32C checksums in chunk records.
@@ -117,6 +130,10 @@ class StorageConfig:
             check_field(field.name, getattr(self, field.name))
         if self.read_parallel_bytes_min > self.read_bytes_max:
             raise InvalidConfig("read_parallel_bytes_min must not exceed read_bytes_max")
+        if self.read_ahead_bytes and self.read_ahead_part_bytes > self.read_ahead_bytes:
+            raise InvalidConfig(
+                "read_ahead_part_bytes must not exceed read_ahead_bytes (0 turns read-ahead off)"
+            )
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], env: Mapping[str, str] | None = None) -> StorageConfig:

@@ -84,6 +84,7 @@ class CachedMetadataStore(MetadataStore):
         self._hits = 0
         self._misses = 0
         self._closed = False
+        self._marker = inner.change_marker  # read before _seen: no commit since it went unseen
         self._seen = inner.last_sequence  # the latest sequence this cache accounted for
         self._own: set[int] = set()  # sequences of commits through this cache after _seen
         self.foreign_invalidations = 0
@@ -137,9 +138,14 @@ class CachedMetadataStore(MetadataStore):
     def _follow(self) -> None:
         """Drop every cached value if a commit not made through this cache landed since
         the last look (see module doc). Fill tokens go too, so a read that started
-        before such a commit never caches its result."""
+        before such a commit never caches its result. While the inner store's change
+        marker stays what it was at the last full look, nothing landed: no sequence read."""
+        marker = self._inner.change_marker
+        if marker == self._marker:
+            return
         latest = self._inner.last_sequence
         with self._lock:
+            self._marker = marker  # every commit up to the marker is accounted for below
             if latest <= self._seen:
                 return
             ours = sum(1 for sequence in self._own if self._seen < sequence <= latest)
@@ -177,6 +183,17 @@ class CachedMetadataStore(MetadataStore):
         """The inner store's latest sequence."""
         self._check_open()
         return self._inner.last_sequence
+
+    @property
+    def change_marker(self) -> object:
+        """The inner store's change marker."""
+        self._check_open()
+        return self._inner.change_marker
+
+    def make_durable(self) -> None:
+        """The inner store's ``make_durable``."""
+        self._check_open()
+        self._inner.make_durable()
 
     # -- commits ---------------------------------------------------------------------------
 

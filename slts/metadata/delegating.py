@@ -30,6 +30,13 @@ class DelegatingStore(MetadataStore):
     def last_sequence(self) -> int:
         return self.inner.last_sequence
 
+    @property
+    def change_marker(self) -> object:
+        return self.inner.change_marker
+
+    def make_durable(self) -> None:
+        self.inner.make_durable()
+
     def statistics(self) -> StoreStatistics:
         return self.inner.statistics()
 

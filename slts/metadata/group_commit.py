@@ -13,13 +13,32 @@ Invariants:
   (a value, or an exception raised to that caller only), or the exception ``run_group``
   itself raised (then raised to every caller of that group).
 * Items are run in the order they were queued.
+
+**Shared syncs** (``sync`` given; ``slts.metadata.lmdb_store`` with a durable store): a
+group's run *applies* its items without making them durable, and makes durable every
+item applied by earlier runs (in LMDB: the commit's data sync also writes the previous
+commit's meta page to disk). So a group's items are held, applied but not yet
+acknowledged, until a later run that reports so (``run_group`` returns ``(results,
+flushed_earlier)``), or until ``sync()``, which a leader calls when it finds nobody
+queued behind it (no later run is coming to share). Under load each group then costs one
+sync instead of two; alone, a caller pays both, as without sharing. More invariants:
+
+* An item's result is published only once it is durable: after a ``sync()`` or a
+  run reporting ``flushed_earlier`` that started after the item's run ended. A failed
+  item (an exception result) changed nothing and is published at once.
+* If ``sync()`` raises, every held item gets that exception: applied, its durability
+  unknown (a failed sync may have lost the dirty pages: the caller must treat the store
+  as broken, see ``lmdb_store``).
+* Nobody waits for a sync that no one will run: a leader leaves held items behind only
+  when a queued caller will lead next (the queue is not empty), and a caller whose item
+  is held leads itself (an empty group: just the sync) once no one else leads.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -44,21 +63,32 @@ class GroupCommitter(Generic[Item, Result]):
     """Runs submitted items in groups, one group at a time, led by one of the callers.
 
     ``run_group(items)`` returns one entry per item, in order: the item's result, or an
-    exception instance that is raised to that item's caller alone.
+    exception instance that is raised to that item's caller alone. With ``sync`` (shared
+    syncs, see the module doc) it returns ``(results, flushed_earlier)``.
     """
 
     def __init__(
         self,
-        run_group: Callable[[Sequence[Item]], Sequence[Result | BaseException]],
+        run_group: Callable[[Sequence[Item]], Any],
         group_size_max: int = GROUP_SIZE_MAX_DEFAULT,
+        *,
+        sync: Callable[[], None] | None = None,
     ) -> None:
         assert group_size_max >= 1
         self._run_group = run_group
         self._group_size_max = group_size_max
+        self._sync = sync
         self._cond = threading.Condition(threading.Lock())
         self._queue: list[_Ticket[Item, Result]] = []
+        self._held: list[_Ticket[Item, Result]] = []  # applied, waiting for a sync (leader's only)
         self._leading = False
         self._groups = 0
+        self._syncs = 0
+
+    @property
+    def syncs(self) -> int:
+        """How many times ``sync`` ran (shared syncs only)."""
+        return self._syncs
 
     @property
     def groups(self) -> int:
@@ -77,11 +107,11 @@ class GroupCommitter(Generic[Item, Result]):
                 if ticket.done:
                     break
                 # No leader: lead the next group. It holds this ticket unless more than
-                # group_size_max tickets were queued ahead; then lead again (loop).
+                # group_size_max tickets were queued ahead (then lead again: loop), or this
+                # ticket is held for a sync (then the group may be empty: just the sync).
                 self._leading = True
                 group = self._queue[: self._group_size_max]
                 del self._queue[: len(group)]
-            assert group
             self._lead(group)
         assert ticket.done
         if ticket.error is not None:
@@ -89,22 +119,56 @@ class GroupCommitter(Generic[Item, Result]):
         return ticket.value  # type: ignore[return-value]
 
     def _lead(self, group: list[_Ticket[Item, Result]]) -> None:
-        """Run one group, publish its results, hand leadership over."""
+        """Run one group (and, with shared syncs, settle the held tickets), publish what is
+        final, hand leadership over."""
+        final: list[_Ticket[Item, Result]] = []
         try:
-            results = self._run_group([ticket.item for ticket in group])
-            assert len(results) == len(group), "run_group must return one result per item"
-            for ticket, result in zip(group, results, strict=True):
-                if isinstance(result, BaseException):
-                    ticket.error = result
-                else:
-                    ticket.value = result
+            if group:
+                final += self._run(group)
+            if self._held:
+                with self._cond:
+                    sharing = bool(self._queue)  # a queued caller leads next and flushes these
+                if not sharing:
+                    final += self._sync_held()
+        finally:
+            with self._cond:
+                for ticket in final:
+                    ticket.done = True
+                if group:
+                    self._groups += 1
+                self._leading = False
+                self._cond.notify_all()
+
+    def _run(self, group: list[_Ticket[Item, Result]]) -> list[_Ticket[Item, Result]]:
+        """Run ``group``; the tickets whose outcome is final now (the rest are held)."""
+        try:
+            outcome = self._run_group([ticket.item for ticket in group])
         except BaseException as exc:  # noqa: BLE001 - every caller of the group learns that the group failed
             for ticket in group:
                 ticket.error = exc
-        finally:
-            with self._cond:
-                for ticket in group:
-                    ticket.done = True
-                self._groups += 1
-                self._leading = False
-                self._cond.notify_all()
+            return group
+        results, flushed_earlier = outcome if self._sync is not None else (outcome, True)
+        assert len(results) == len(group), "run_group must return one result per item"
+        final: list[_Ticket[Item, Result]] = []
+        if flushed_earlier:
+            final, self._held = self._held, []
+        for ticket, result in zip(group, results, strict=True):
+            if isinstance(result, BaseException):
+                ticket.error = result
+                final.append(ticket)  # it changed nothing: nothing to make durable
+            else:
+                ticket.value = result
+                (final if self._sync is None else self._held).append(ticket)
+        return final
+
+    def _sync_held(self) -> list[_Ticket[Item, Result]]:
+        """Sync now (nobody queued will share it); the held tickets, final."""
+        assert self._sync is not None
+        held, self._held = self._held, []
+        self._syncs += 1
+        try:
+            self._sync()
+        except BaseException as exc:  # noqa: BLE001 - each held caller learns its commit's durability is unknown
+            for ticket in held:
+                ticket.error = exc
+        return held

@@ -49,6 +49,7 @@ from slts.errors import (
     InvalidConfig,
     MetadataCorrupted,
     MetadataError,
+    SltsError,
     StorageClosed,
     StoreNotFound,
     VersionConflict,
@@ -186,25 +187,31 @@ class _Gate:
         """How many shared entries this thread holds."""
         return getattr(self._local, "depth", 0)
 
-    @contextlib.contextmanager
-    def shared(self) -> Iterator[None]:
-        depth = self.depth()
+    def shared(self) -> _SharedEntry:
+        """Hold the gate shared inside a ``with`` block (a plain object, not a generator:
+        every read passes here)."""
+        return _SharedEntry(self)
+
+    def enter_shared(self) -> int:
+        """Take a shared entry; the depth to give back to ``leave_shared``."""
+        depth = getattr(self._local, "depth", 0)
         if depth == 0:
             with self._cond:
                 while self._exclusive or self._exclusive_waiting:
                     self._cond.wait()
                 self._shared += 1
         self._local.depth = depth + 1
-        try:
-            yield
-        finally:
-            self._local.depth = depth
-            if depth == 0:
-                with self._cond:
-                    self._shared -= 1
-                    assert self._shared >= 0
-                    if self._shared == 0:
-                        self._cond.notify_all()
+        return depth
+
+    def leave_shared(self, depth: int) -> None:
+        """Give back the shared entry that ``enter_shared`` returned ``depth`` for."""
+        self._local.depth = depth
+        if depth == 0:
+            with self._cond:
+                self._shared -= 1
+                assert self._shared >= 0
+                if self._shared == 0 and self._exclusive_waiting:
+                    self._cond.notify_all()
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -221,6 +228,26 @@ class _Gate:
             with self._cond:
                 self._exclusive = False
                 self._cond.notify_all()
+
+
+class _SharedEntry:
+    """``with gate.shared():`` (see ``_Gate.shared``)."""
+
+    __slots__ = ("_depth", "_gate")
+
+    def __init__(self, gate: _Gate) -> None:
+        self._gate = gate
+        self._depth = 0
+
+    def __enter__(self) -> None:
+        self._depth = self._gate.enter_shared()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._gate.leave_shared(self._depth)
+
+
+#: A durable group's outcome: one result per commit, and whether its transaction synced.
+_GroupRun = tuple[list[int | BaseException], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +287,9 @@ class _Environment:
                 readonly=readonly,
                 create=not readonly,
                 sync=durable,
-                metasync=durable,
+                # The meta page is synced by the next commit's data sync, or by _sync when
+                # nobody commits behind it (GroupCommitter's shared syncs; module doc).
+                metasync=False,
                 max_dbs=_checks.TABLES_MAX + 8,
                 max_readers=READERS_MAX,
             )
@@ -277,7 +306,14 @@ class _Environment:
         except BaseException:
             self.env.close()
             raise
-        self.committer: GroupCommitter[_Pending, int] = GroupCommitter(self._run_group)
+        #: A failed sync: the kernel may have dropped dirty pages, so nothing written since
+        #: the last good sync can be trusted to be on disk; every later commit fails.
+        self.sync_failure: MetadataError | None = None
+        self.committer: GroupCommitter[_Pending, int] = GroupCommitter(
+            self._run_group, sync=self.sync if durable and not readonly else None
+        )
+        if durable and not readonly:
+            self.sync()  # what an earlier process applied but did not sync is durable from here
 
     # -- set up ----------------------------------------------------------------------------
 
@@ -335,10 +371,67 @@ class _Environment:
             self.resize(adopt=True)
         raise MetadataError("LMDB map kept changing size; giving up", path=self.path)
 
+    def read_once(self, action: Callable[[lmdb.Transaction[bytes]], _T]) -> _T:
+        """``action(txn)`` in a read transaction of its own: ``reading`` without its
+        generator and nested context managers, for the single reads every operation
+        makes (a record, an index floor). Falls back to ``reading`` to adopt a map size
+        another process grew."""
+        depth = self.gate.enter_shared()
+        try:
+            if self.closed:
+                raise StorageClosed("metadata store is closed", path=self.path)
+            try:
+                txn = self.env.begin()
+            except lmdb.MapResizedError:
+                txn = None
+            except lmdb.Error as exc:
+                raise _translation(self, exc) from exc
+            if txn is not None:
+                try:
+                    return action(txn)
+                except lmdb.Error as exc:
+                    raise _translation(self, exc) from exc
+                finally:
+                    txn.abort()
+        finally:
+            self.gate.leave_shared(depth)
+        with self.reading() as resized:
+            return action(resized)
+
     # -- commits ---------------------------------------------------------------------------
 
-    def _run_group(self, group: Sequence[_Pending]) -> list[int | BaseException]:
-        """Apply a group in one write transaction (called by the group's leader only)."""
+    def _run_group(self, group: Sequence[_Pending]) -> _GroupRun | list[int | BaseException]:
+        """Apply a group in one write transaction (called by the group's leader only).
+
+        Durable: ``(results, flushed_earlier)`` for the committer's shared syncs. LMDB
+        syncs a transaction that wrote anything (its data pages, and with them the meta
+        page of every transaction committed before it, in this process or another)
+        before it writes its own meta page, which stays unsynced (``metasync=False``)."""
+        outcome = self._run_group_once(group)
+        if not self.durable:
+            return outcome
+        flushed = any(isinstance(result, int) for result in outcome)  # it wrote: LMDB synced
+        return outcome, flushed
+
+    def sync(self) -> None:
+        """Sync the environment: every transaction committed so far is durable on return
+        (``MetadataError`` if the sync fails; the environment is then broken)."""
+        if self.sync_failure is not None:
+            raise self.sync_failure
+        try:
+            with self.gate.shared():
+                if self.closed:
+                    raise StorageClosed("metadata store is closed", path=self.path)
+                self.env.sync(True)
+        except lmdb.Error as exc:
+            self.sync_failure = MetadataError(
+                f"LMDB sync failed: {exc}; commits since the last sync may be lost, reopen the store",
+                path=self.path,
+            )
+            raise self.sync_failure from exc
+
+    def _run_group_once(self, group: Sequence[_Pending]) -> list[int | BaseException]:
+        """The group's outcomes, one per commit (see ``_run_group``)."""
         for _ in range(MAP_RESIZE_ATTEMPTS_MAX):
             try:
                 results = self._apply_group(group)
@@ -367,6 +460,8 @@ class _Environment:
         with self.write_lock:
             if self.closed:
                 return [StorageClosed("metadata store is closed", path=self.path)] * len(group)
+            if self.sync_failure is not None:
+                return [self.sync_failure] * len(group)
             with self.gate.shared(), self.env.begin(write=True) as txn:
                 first = sequence = _read_sequence(txn, self.internal)
                 # Read in this transaction: whichever process enabled capture, it holds here.
@@ -425,8 +520,12 @@ class _Environment:
                 with self.write_lock:
                     if self.closed:
                         raise StorageClosed("metadata store is closed", path=self.path)
+                    if self.sync_failure is not None:
+                        raise self.sync_failure
                     with self.gate.shared(), self.env.begin(write=True) as txn:
                         result = action(txn)
+                    if self.durable:
+                        self.sync()  # durable on return, as every write of this store
             except lmdb.MapFullError:
                 self.resize(adopt=False)
             except lmdb.MapResizedError:
@@ -473,11 +572,22 @@ class _Environment:
         with self.gate.shared():
             return int(self.env.info()["map_size"])
 
+    def last_transaction(self) -> int:
+        """LMDB's id of the last committed write transaction of any process: read from the
+        meta page, without a read transaction."""
+        with self.gate.shared():
+            if self.closed:
+                raise StorageClosed("metadata store is closed", path=self.path)
+            return int(self.env.info()["last_txnid"])
+
     def close(self) -> None:
         """Close the LMDB environment once the writer and every reader of this process left."""
         with self.write_lock, self.gate.exclusive():
             if not self.closed:
                 self.closed = True
+                if self.durable and not self.readonly and self.sync_failure is None:
+                    with contextlib.suppress(lmdb.Error):  # best effort: acknowledged commits synced already
+                        self.env.sync(True)
                 self.env.close()
 
 
@@ -486,12 +596,17 @@ def _translated(env: _Environment) -> Iterator[None]:
     """The one place LMDB exceptions become SLTS errors."""
     try:
         yield
-    except lmdb.CorruptedError as exc:
-        raise MetadataCorrupted(f"LMDB reports corruption: {exc}", path=env.path) from exc
     except lmdb.Error as exc:
-        if env.closed:
-            raise StorageClosed("metadata store is closed", path=env.path) from exc
-        raise MetadataError(f"LMDB error: {exc}", path=env.path) from exc
+        raise _translation(env, exc) from exc
+
+
+def _translation(env: _Environment, exc: lmdb.Error) -> SltsError:
+    """The SLTS error for an LMDB error."""
+    if isinstance(exc, lmdb.CorruptedError):
+        return MetadataCorrupted(f"LMDB reports corruption: {exc}", path=env.path)
+    if env.closed:
+        return StorageClosed("metadata store is closed", path=env.path)
+    return MetadataError(f"LMDB error: {exc}", path=env.path)
 
 
 _registry: dict[tuple[int, int, int], _Environment] = {}  # (pid, st_dev, st_ino) -> environment
@@ -719,12 +834,39 @@ class LmdbMetadataStore(MetadataStore):
             finally:
                 view.close()
 
+    def get(self, table: str, key: bytes) -> Versioned | None:
+        """``snapshot().get`` in a read transaction of its own (the lean path)."""
+        self._check_usable()
+        self._count(reads=1)
+        return self._env.read_once(lambda txn: _LmdbView(self._env, txn, self.tables).get(table, key))
+
+    def floor(self, table: str, key: bytes, lowest: bytes = b"") -> tuple[bytes, Versioned] | None:
+        """``snapshot().floor`` in a read transaction of its own (the lean path)."""
+        self._check_usable()
+        self._count(reads=1)
+        return self._env.read_once(
+            lambda txn: _LmdbView(self._env, txn, self.tables).floor(table, key, lowest)
+        )
+
     @property
     def last_sequence(self) -> int:
         """The sequence of the latest commit by any process (0 before the first)."""
         self._check_usable()
-        with self._env.reading() as txn:
-            return _read_sequence(txn, self._env.internal)
+        return self._env.read_once(lambda txn: _read_sequence(txn, self._env.internal))
+
+    @property
+    def change_marker(self) -> object:
+        """LMDB's last write transaction id (see ``MetadataStore.change_marker``): any
+        process's commit, replicate or change-log maintenance moves it."""
+        self._check_usable()
+        return self._env.last_transaction()
+
+    def make_durable(self) -> None:
+        """Sync the environment (see ``MetadataStore.make_durable``): commits that another
+        thread's group applied and has not synced yet become durable now."""
+        self._check_usable()
+        if self._env.durable and not self._env.readonly:
+            self._env.sync()
 
     @property
     def map_size_bytes(self) -> int:

@@ -169,6 +169,29 @@ class MetadataStore(abc.ABC):
     def last_sequence(self) -> int:
         """The sequence number of the latest commit (0 for an empty store)."""
 
+    @property
+    def change_marker(self) -> object:
+        """A value that differs after any commit (or ``replicate``) by anyone, and is
+        cheaper to read than ``last_sequence`` where the store can offer that (LMDB: the
+        meta page's transaction id, no read transaction). Equal markers read at two times
+        mean no commit landed between them; different ones mean one may have. Default:
+        ``last_sequence``."""
+        return self.last_sequence
+
+    def make_durable(self) -> None:
+        """On return every commit applied so far, by any store object or process on this
+        store, survives a power loss.
+
+        A commit is durable when ``commit`` returns; a commit that another thread's
+        ``commit`` has applied but not returned yet may already be visible to reads (a
+        durable store shares one sync among the commits of several callers). Whoever
+        copies what it reads beyond the process (the metadata's durable copy on tier-2)
+        calls this first. A no-op for stores that are not durable or that sync every
+        commit before it becomes visible (the default). ``StorageClosed`` after ``close``;
+        ``MetadataError`` if the sync fails.
+        """
+        return  # the default: nothing applied is ever left un-synced
+
     # -- change capture and replication ----------------------------------------------------
     # Concrete (raising NotImplementedError) rather than abstract so that delegating test
     # doubles written before change capture existed still instantiate; every store of this

@@ -134,7 +134,7 @@ class RemoteLogMetadataManager:
                 ],
             )
 
-        with self._ctx.locks.stripe(_lock_name(tp)):
+        with self._ctx.locks.exclusive(_lock_name(tp)):
             self._ctx.retry_conflicts(attempt)
 
     def update_segment(
@@ -197,7 +197,7 @@ class RemoteLogMetadataManager:
             )
             return updated
 
-        with self._ctx.locks.stripe(_lock_name(tp)):
+        with self._ctx.locks.exclusive(_lock_name(tp)):
             return self._ctx.retry_conflicts(attempt)
 
     def move_log_start_offset(self, tp: TopicPartition, offset: int) -> int:
@@ -228,7 +228,7 @@ class RemoteLogMetadataManager:
             )
             return offset
 
-        with self._ctx.locks.stripe(_lock_name(tp)):
+        with self._ctx.locks.exclusive(_lock_name(tp)):
             return self._ctx.retry_conflicts(attempt)
 
     def mark_partition(self, tp: TopicPartition, state: PartitionDeleteState) -> None:
@@ -265,7 +265,7 @@ class RemoteLogMetadataManager:
                 op = Put(REMOTE_PARTITIONS, key, record.replace(delete_state=int(state)).encode())
             self._ctx.ownership.commit([op], [Expect(REMOTE_PARTITIONS, key, partition.version)])
 
-        with self._ctx.locks.stripe(_lock_name(tp)):
+        with self._ctx.locks.exclusive(_lock_name(tp)):
             self._ctx.retry_conflicts(attempt)
 
     # -- lookups ---------------------------------------------------------------------------------

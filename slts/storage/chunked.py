@@ -13,10 +13,11 @@ Invariants this module keeps (numbers as in DESIGN.md §5; tests cite them):
 6. An acknowledged write is durable; a failed write leaves no visible trace and its
    chunk (if any) stays in the GC queue as an ``intent`` entry.
 
-Locking: one lock stripe per segment name (64 stripes, so memory is bounded whatever
-the number of segments); a stripe is held while a segment's metadata is read and
-changed, including the data write of ``write``, which keeps one writer per segment.
-Reads take the stripe only to resolve the layout, never during chunk I/O.
+Locking (``slts.storage.segment_locks``): each segment in use has a change lock, held by
+one changer at a time for its whole operation (a ``write`` across its data I/O, which
+keeps one writer per segment), and a layout lock, held only while its records are read
+as a whole or committed. Unrelated segments never share a lock; a read waits for a
+commit of its segment, never for a write's data I/O or sync.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ import builtins
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, replace
 
 import crc32c
 
@@ -50,7 +51,7 @@ from slts.errors import (
     VersionConflict,
     WriteExpired,
 )
-from slts.gc import GarbageCollector
+from slts.gc import GarbageCollector, queue_entry
 from slts.journal import identity
 from slts.journal.durable_copy import DurableCopy
 from slts.limiter import PriorityLimiter
@@ -61,9 +62,11 @@ from slts.metadata.records import ChunkRecord, DecodedRecords, GcReason, Segment
 from slts.metadata.schema import CHUNKS, DELETED, GC, SEGMENTS, name_key, segment_id_key
 from slts.metadata.store import Delete, Expect, MetadataStore, Put, prefix_stop
 from slts.storage import block_checksums, layout_changes
+from slts.storage.ahead_intents import AheadIntent, AheadIntents
 from slts.storage.context import EngineContext, SegmentIds
 from slts.storage.gate import GatedChunkStorage
 from slts.storage.leaks import LeakReport, find_leaks
+from slts.storage.read_ahead import Plan, ReadAhead, ReadAheadStatistics
 from slts.storage.segment_names import check_segment_name, chunk_name
 from slts.storage.types import DefragResult, SegmentHandle, SegmentInfo, StorageStatistics
 from slts.usage import UsageMeter
@@ -89,6 +92,55 @@ class _ReadPiece:
 
 def _checksum(data: bytes, previous: int = 0) -> int:
     return crc32c.crc32c(data, previous)
+
+
+#: From this many bytes, a write's checksums are computed on a helper thread while its
+#: data is written and synced (CRC32C releases the GIL; so does the sync): about 0.2 ms
+#: per MiB off the write's latency. Below it the hand-over costs more than it saves.
+PARALLEL_CHECKSUM_BYTES_MIN = 256 << 10
+
+
+@dataclass(frozen=True, slots=True)
+class _WriteSums:
+    """The checksums a write's commit records: for the last chunk after ``appended``
+    (whole-chunk CRC, block list), and for each new chunk."""
+
+    appended: tuple[int | None, bytes | None]
+    chunks: tuple[tuple[int | None, bytes | None], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _WritePlan:
+    """What a write's commit makes readable, fixed before its data I/O: the bytes
+    appended to the last chunk, the new chunks, their intents (and the version those
+    were committed at), the intent registered ahead for the next write's chunk
+    (``slts.storage.ahead_intents``), and the checksums (None: ``checksums`` is off)."""
+
+    appended: bytes
+    new_chunks: list[_NewChunk]
+    intents: list[Put]
+    intent_version: int
+    following: Put | None
+    sums: _WriteSums | None
+
+
+def _write_sums(
+    last: ChunkRecord | None, appended: bytes, new_chunks: Sequence[_NewChunk], block_bytes: int
+) -> _WriteSums:
+    """The checksums of a write (``checksums`` on): ``last`` receives ``appended``."""
+    grown: tuple[int | None, bytes | None] = (None, None)
+    if appended:
+        assert last is not None
+        grown = (
+            _checksum(appended, last.checksum) if last.checksum is not None else None,
+            block_checksums.extend(last.blocks, appended, block_bytes) if last.blocks is not None else None,
+        )
+    return _WriteSums(
+        grown,
+        tuple(
+            (_checksum(chunk.data), block_checksums.compute(chunk.data, block_bytes)) for chunk in new_chunks
+        ),
+    )
 
 
 class ChunkedSegmentStorage:
@@ -152,11 +204,11 @@ class ChunkedSegmentStorage:
         self.read_only = read_only
         self._ownership: Ownership | ReadOnlyOwnership
         if read_only:
-            # An observer: no epoch of its own (it fences nobody) and no cache (another
-            # process owns the container and changes records this instance would cache).
+            # An observer: no epoch of its own (it fences nobody). Its cache sees every
+            # commit of the owner (another process) as foreign and drops what it holds.
             if epoch is not None:
                 raise InvalidArgument("a read-only instance takes no epoch")
-            self._store = metadata_store
+            self._store = CachedMetadataStore(metadata_store, self.config.metadata_cache_entries)
             self._ownership = ReadOnlyOwnership(metadata_store, container_id)
         else:
             if self.config.journal:
@@ -187,8 +239,17 @@ class ChunkedSegmentStorage:
             SegmentIds(self.epoch),
         )
         self._pool: ThreadPoolExecutor | None = None
+        self._checksum_pool: ThreadPoolExecutor | None = None  # large writes' checksums
         self._pool_lock = threading.Lock()
+        self._read_ahead = self._new_read_ahead()
         self._leaks: LeakReport | None = None  # the last check_leaks() report
+        #: Without append every write creates a chunk: its intent rides in the previous
+        #: write's commit (``slts.storage.ahead_intents``), one commit per write.
+        self._ahead = (
+            AheadIntents(int(self.config.gc_delay_s * 500))
+            if not read_only and not chunk_storage.supports_append
+            else None
+        )
         self._closed = False
         #: The metadata's durable copy on tier-2 (DESIGN.md §6); None when read-only or
         #: when ``journal`` is off.
@@ -221,8 +282,11 @@ class ChunkedSegmentStorage:
         self._closed = True
         self.gc.stop()
         with self._pool_lock:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
+            for pool in (self._pool, self._checksum_pool):
+                if pool is not None:
+                    pool.shutdown(wait=True)
+        if self._read_ahead is not None:
+            self._read_ahead.close()
         self.meter.stop()
         try:  # before the metadata copy's last flush, which takes it to tier-2
             self.flush_usage()
@@ -351,7 +415,7 @@ class ChunkedSegmentStorage:
             index_depth=0,
         )
         key = name_key(name)
-        with self.context.locks.stripe(name):
+        with self.context.locks.exclusive(name):
             if self._store.get(SEGMENTS, key) is not None:
                 raise SegmentExists(f"segment {name!r} exists", segment=name)
             try:
@@ -400,7 +464,7 @@ class ChunkedSegmentStorage:
         """
         self._check_open(changes=True)
         check_segment_name(name)
-        with self.context.locks.stripe(name):
+        with self.context.locks.exclusive(name):
             self.context.retry_conflicts(lambda: self._take_over(name))
         return SegmentHandle(name, read_only=False)
 
@@ -428,7 +492,7 @@ class ChunkedSegmentStorage:
     def _set_sealed(self, handle: SegmentHandle, sealed: bool) -> None:
         self._check_open()
         handle = self._check_handle(handle, writable=True)
-        with self.context.locks.stripe(handle.name):
+        with self.context.locks.exclusive(handle.name):
             self.context.retry_conflicts(lambda: self._set_sealed_once(handle.name, sealed))
 
     def _set_sealed_once(self, name: str, sealed: bool) -> None:
@@ -450,7 +514,7 @@ class ChunkedSegmentStorage:
         """
         self._check_open()
         handle = self._check_handle(handle, writable=True)
-        with self.context.locks.stripe(handle.name):
+        with self.context.locks.exclusive(handle.name):
             self.context.retry_conflicts(lambda: self._delete_once(handle.name))
 
     def _delete_once(self, name: str) -> None:
@@ -522,7 +586,7 @@ class ChunkedSegmentStorage:
 
     # -- write ------------------------------------------------------------------------------------------
 
-    def write(self, handle: SegmentHandle, offset: int, data: bytes) -> None:
+    def write(self, handle: SegmentHandle, offset: int, data: bytes | bytearray | memoryview) -> None:
         """Append ``data`` at ``offset``, which must equal the segment's length.
 
         Atomic and durable: on return every byte is on the chunk storage (fsynced) and
@@ -550,7 +614,7 @@ class ChunkedSegmentStorage:
                 f"write of {len(data)} bytes exceeds write_bytes_max {self.config.write_bytes_max}",
                 segment=handle.name,
             )
-        with self.context.locks.stripe(handle.name):
+        with self.context.locks.changing(handle.name):
             record, version = self.context.load(handle.name)
             if record.sealed:
                 raise SegmentSealed(f"segment {handle.name!r} is sealed", segment=handle.name)
@@ -606,11 +670,38 @@ class ChunkedSegmentStorage:
             )
             position += len(piece)
 
-        # 1. GC intents for the chunks about to exist (leak-free whatever happens next).
-        intents = [self.gc.entry(chunk.name, GcReason.INTENT) for chunk in new_chunks]
-        intent_version = (
-            self._ownership.commit(intents, [Expect(GC, op.key, 0) for op in intents]) if intents else 0
-        )
+        # 1. GC intents for the chunks about to exist (leak-free whatever happens next):
+        #    registered by the previous write's commit (``ahead_intents``), or now.
+        now_ms = self.context.now_ms()
+        ahead = None
+        if self._ahead is not None and len(new_chunks) == 1 and not appended:
+            ahead = self._ahead.take(record.name, new_chunks[0].start, now_ms)
+        if ahead is not None:
+            new_chunks[0] = _NewChunk(ahead.name, ahead.start, new_chunks[0].data)
+            intents, intent_version = [ahead.entry], ahead.version
+        else:
+            intents = [self.gc.entry(chunk.name, GcReason.INTENT) for chunk in new_chunks]
+            intent_version = (
+                self._ownership.commit(intents, [Expect(GC, op.key, 0) for op in intents]) if intents else 0
+            )
+        following: Put | None = None  # the intent of the chunk the next write will create
+        if self._ahead is not None:
+            following_name = chunk_name(self.container_id, record.name, self.epoch, record.length + len(data))
+            following = queue_entry(following_name, GcReason.INTENT, now_ms)
+
+        # The checksums, beside the data I/O when the write is large (both release the GIL).
+        sums: Future[_WriteSums] | _WriteSums | None = None
+        if self.config.checksums:
+            arguments = (
+                previous[0] if previous else None,
+                appended,
+                new_chunks,
+                self.config.checksum_block_bytes,
+            )
+            if len(data) >= PARALLEL_CHECKSUM_BYTES_MIN:
+                sums = self._checksums_pool().submit(_write_sums, *arguments)
+            else:
+                sums = _write_sums(*arguments)
 
         try:
             # 2. Data, durable.
@@ -624,36 +715,45 @@ class ChunkedSegmentStorage:
 
             # 3. Metadata, one conditional commit, re-based on a conflict that left the
             #    segment where this write expects it (e.g. a defrag elsewhere in the list).
-            self._commit_write(record, version, previous, appended, new_chunks, intents, intent_version)
+            plan = _WritePlan(
+                appended,
+                new_chunks,
+                intents,
+                intent_version,
+                following,
+                sums.result() if isinstance(sums, Future) else sums,
+            )
+            sequence = self._commit_write(record, version, previous, plan)
         except BaseException:
             if intents:  # a write stalled past gc_delay_s may have lost them to GC
                 self.gc.requeue_lost(intents, intent_version)
             raise
+        if self._ahead is not None and following is not None:
+            start = record.length + len(data)
+            self._ahead.offer(record.name, AheadIntent(following_name, start, following, sequence, now_ms))
 
     def _commit_write(
         self,
         record: SegmentRecord,
         version: int,
         previous: tuple[ChunkRecord, int] | None,
-        appended: bytes,
-        new_chunks: builtins.list[_NewChunk],
-        intents: builtins.list[Put],
-        intent_version: int,
-    ) -> None:
+        plan: _WritePlan,
+    ) -> int:
         """Step 3 of ``_write_locked``: commit, re-based at most ``commit_retries_max``
-        times on conflicts that left the segment's end as this write found it.
-        ``WriteExpired`` if GC took the intents meanwhile (no commit can succeed then)."""
+        times on conflicts that left the segment's end as this write found it; returns
+        the commit's sequence. ``WriteExpired`` if GC took the intents meanwhile (no
+        commit can succeed then)."""
+        intents, intent_version = plan.intents, plan.intent_version
         for attempt in range(self.config.commit_retries_max + 1):
-            ops, expect = self._write_commit(
-                record, version, previous, appended, new_chunks, intents, intent_version
-            )
+            ops, expect = self._write_commit(record, version, previous, plan)
             try:
-                self._ownership.commit(ops, expect)
-                return
+                with self.context.locks.layout(record.name):
+                    return self._ownership.commit(ops, expect)
             except VersionConflict as exc:
                 if intents and (lost := self.gc.lost(intents, intent_version)):
+                    written = len(plan.appended) + sum(len(c.data) for c in plan.new_chunks)
                     raise WriteExpired(
-                        f"write of {len(appended) + sum(len(c.data) for c in new_chunks)} bytes at offset "
+                        f"write of {written} bytes at offset "
                         f"{record.length} took longer than gc_delay_s ({self.config.gc_delay_s:g} s) between "
                         f"registering its chunks and committing them; GC took {len(lost)} of them: not "
                         "applied",
@@ -673,35 +773,27 @@ class ChunkedSegmentStorage:
                     if fresh_previous[0].length != previous[0].length:
                         raise
                     previous = fresh_previous
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _write_commit(
         self,
         record: SegmentRecord,
         version: int,
         last: tuple[ChunkRecord, int] | None,
-        appended: bytes,
-        new_chunks: builtins.list[_NewChunk],
-        intents: builtins.list[Put],
-        intent_version: int,
+        plan: _WritePlan,
     ) -> tuple[builtins.list[Put | Delete], builtins.list[Expect]]:
-        """The operations and expectations that make a written ``data`` readable.
+        """The operations and expectations that make the write ``plan`` readable.
 
         ``record``/``version``: the segment as read; ``last``: its last chunk (record,
-        version) as read, which receives ``appended`` and points at the new chunks."""
-        checksums = self.config.checksums
+        version) as read, which receives ``plan.appended`` and points at the new chunks."""
+        appended, new_chunks, sums = plan.appended, plan.new_chunks, plan.sums
         ops: builtins.list[Put | Delete] = []
         expect = [Expect(SEGMENTS, name_key(record.name), version)]
         if last is not None and (appended or new_chunks):
             previous, previous_version = last
             previous_name = previous.name
             if appended:
-                checksum, blocks = None, None
-                if checksums and previous.checksum is not None:
-                    checksum = _checksum(appended, previous.checksum)
-                if checksums and previous.blocks is not None:
-                    blocks = block_checksums.extend(
-                        previous.blocks, appended, self.config.checksum_block_bytes
-                    )
+                checksum, blocks = sums.appended if sums is not None else (None, None)
                 previous = previous.replace(
                     length=previous.length + len(appended), checksum=checksum, blocks=blocks
                 )
@@ -711,6 +803,7 @@ class ChunkedSegmentStorage:
             expect.append(Expect(CHUNKS, name_key(previous_name), previous_version))
         for i, chunk in enumerate(new_chunks):
             following = new_chunks[i + 1].name if i + 1 < len(new_chunks) else None
+            checksum, blocks = sums.chunks[i] if sums is not None else (None, None)
             chunk_record = ChunkRecord(
                 name=chunk.name,
                 index_id=record.segment_id,
@@ -718,16 +811,17 @@ class ChunkedSegmentStorage:
                 length=len(chunk.data),
                 next_chunk=following,
                 epoch=self.epoch,
-                checksum=_checksum(chunk.data) if checksums else None,
-                blocks=block_checksums.compute(chunk.data, self.config.checksum_block_bytes)
-                if checksums
-                else None,
+                checksum=checksum,
+                blocks=blocks,
             )
             ops.append(Put(CHUNKS, name_key(chunk.name), chunk_record.encode()))
             ops.append(index.chunk_entry(chunk_record))
-        for intent in intents:
+        for intent in plan.intents:
             ops.append(Delete(GC, intent.key))
-            expect.append(Expect(GC, intent.key, intent_version))
+            expect.append(Expect(GC, intent.key, plan.intent_version))
+        if plan.following is not None:
+            ops.append(plan.following)
+            expect.append(Expect(GC, plan.following.key, 0))
         total = len(appended) + sum(len(chunk.data) for chunk in new_chunks)
         changes: dict[str, object] = {"length": record.length + total, "modified_ms": self.context.now_ms()}
         if new_chunks:
@@ -779,9 +873,12 @@ class ChunkedSegmentStorage:
         return data
 
     def _read_once(self, name: str, offset: int, length: int) -> bytes:
-        """Check the range against the segment's record, resolve the pieces under the
-        segment's lock, fetch them without it."""
-        with self.context.locks.stripe(name):
+        """Check the range against the segment's record, resolve the pieces (and those
+        to read ahead, ``slts.storage.read_ahead``) under the segment's lock, fetch them
+        without it."""
+        ahead: Plan | None = None
+        ahead_pieces: builtins.list[_ReadPiece] = []
+        with self.context.locks.layout(name):
             record, _ = self.context.load(name)
             if offset < record.start_offset:
                 raise SegmentTruncated(
@@ -796,6 +893,13 @@ class ChunkedSegmentStorage:
                     offset=offset,
                 )
             pieces = self._locate(record, offset, length) if length else []
+            if self._read_ahead is not None:
+                ahead = self._read_ahead.follow(name, offset, length, record.length)
+                if ahead is not None:
+                    ahead_pieces = self._locate(record, ahead.start, ahead.end - ahead.start)
+        if ahead is not None:
+            assert self._read_ahead is not None
+            self._read_ahead.prefetch(ahead, ahead_pieces, self._fetch_range)
         return self._fetch(pieces, length)
 
     def _locate(self, record: SegmentRecord, offset: int, length: int) -> builtins.list[_ReadPiece]:
@@ -836,7 +940,35 @@ class ChunkedSegmentStorage:
         return b"".join(parts)
 
     def _fetch_piece(self, piece: _ReadPiece) -> bytes:
-        handle = self.chunk_storage.open_read(piece.chunk)
+        """The piece's bytes, checked: from what was read ahead if it covers them, else
+        from the chunk storage (``_fetch_stored``)."""
+        if self._read_ahead is not None:
+            data = self._read_ahead.take(piece.chunk, piece.chunk_offset, piece.length)
+            # Parts were checked block by block when fetched; a whole chunk kept without
+            # blocks is checked here. Bytes that fail it are read again, and the read
+            # from storage reports them.
+            if data is not None and (
+                piece.whole_chunk_checksum is None or _checksum(data) == piece.whole_chunk_checksum
+            ):
+                return data
+        return self._fetch_stored(piece)
+
+    def _fetch_range(self, piece: _ReadPiece, chunk_offset: int, length: int) -> bytes:
+        """Bytes ``[chunk_offset, chunk_offset+length)`` of ``piece``'s chunk, within the
+        piece, checked (read-ahead's fetch: a whole chunk without blocks is checked when
+        a read takes it, in ``_fetch_piece``)."""
+        assert piece.chunk_offset <= chunk_offset, (piece, chunk_offset)
+        assert chunk_offset + length <= piece.chunk_offset + piece.length, (piece, chunk_offset, length)
+        return self._fetch_stored(
+            replace(piece, chunk_offset=chunk_offset, length=length, whole_chunk_checksum=None)
+        )
+
+    def _fetch_stored(self, piece: _ReadPiece) -> bytes:
+        """The piece's bytes, checked, read from the chunk storage. The handle is built
+        here, not opened: the metadata says the chunk exists and how long it is, and
+        opening costs a request on some bindings (a HEAD on S3). A chunk that is gone
+        after all raises ``ChunkNotFound`` from the read itself (``read`` retries it)."""
+        handle = ChunkHandle(piece.chunk, readonly=True)
         if piece.blocks is not None:  # read the blocks it touches whole, check them, cut the piece
             first, end, start, stop = block_checksums.covering(piece.blocks, piece.chunk_offset, piece.length)
             data = self.chunk_storage.read(handle, start, stop - start)
@@ -853,12 +985,37 @@ class ChunkedSegmentStorage:
             raise ChunkCorrupted(f"chunk {piece.chunk!r} fails its CRC32C checksum", chunk=piece.chunk)
         return data
 
+    def _checksums_pool(self) -> ThreadPoolExecutor:
+        """Threads computing large writes' checksums beside their data I/O (as many as
+        the read threads: one per concurrent large write is the most that helps)."""
+        with self._pool_lock:
+            if self._checksum_pool is None:
+                self._check_open()
+                self._checksum_pool = ThreadPoolExecutor(
+                    self.config.read_threads, thread_name_prefix="slts-checksum"
+                )
+            return self._checksum_pool
+
     def _read_pool(self) -> ThreadPoolExecutor:
         with self._pool_lock:
             if self._pool is None:
                 self._check_open()
                 self._pool = ThreadPoolExecutor(self.config.read_threads, thread_name_prefix="slts-read")
             return self._pool
+
+    def _new_read_ahead(self) -> ReadAhead | None:
+        """The instance's read-ahead, if the configuration turns it on for its binding:
+        ``read_ahead_bytes`` > 0, and a binding with ``high_latency_reads`` or
+        ``read_ahead_low_latency``."""
+        config = self.config
+        wanted = self.chunk_storage.high_latency_reads or config.read_ahead_low_latency
+        if not wanted or config.read_ahead_bytes == 0:
+            return None
+        return ReadAhead(config.read_ahead_bytes, config.read_ahead_part_bytes, config.read_threads)
+
+    def read_ahead_statistics(self) -> ReadAheadStatistics | None:
+        """What read-ahead did so far and holds now (None when it is off for this instance)."""
+        return None if self._read_ahead is None else self._read_ahead.statistics()
 
     # -- inspection -------------------------------------------------------------------------------------
 

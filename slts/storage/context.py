@@ -14,9 +14,8 @@ segment's records change only under its lock (``locks``).
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -28,33 +27,12 @@ from slts.metadata.ownership import Ownership, ReadOnlyOwnership
 from slts.metadata.records import ChunkRecord, DecodedRecords, SegmentRecord
 from slts.metadata.schema import CHUNKS, SEGMENTS, name_key
 from slts.metadata.store import MetadataStore
+from slts.storage.segment_locks import SegmentLocks
 
 Result = TypeVar("Result")
 
-#: Striped segment locks: enough stripes that unrelated segments rarely share one.
-LOCK_STRIPES = 64
 #: Segment ids are ``epoch * SEGMENT_IDS_PER_EPOCH + n``: unique across epochs.
 SEGMENT_IDS_PER_EPOCH = 1 << 32
-
-
-class SegmentLocks:
-    """A segment's lock is one of ``LOCK_STRIPES`` stripes, by the hash of its name."""
-
-    def __init__(self) -> None:
-        self._stripes = [threading.Lock() for _ in range(LOCK_STRIPES)]
-
-    def stripe(self, name: str) -> threading.Lock:
-        """The lock of segment ``name``."""
-        return self._stripes[hash(name) % LOCK_STRIPES]
-
-    @contextlib.contextmanager
-    def stripes(self, *names: str) -> Iterator[None]:
-        """The locks of several segments, taken in stripe order (no deadlock)."""
-        indexes = sorted({hash(name) % LOCK_STRIPES for name in names})
-        with contextlib.ExitStack() as stack:
-            for i in indexes:
-                stack.enter_context(self._stripes[i])
-            yield
 
 
 @dataclass

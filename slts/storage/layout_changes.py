@@ -40,7 +40,7 @@ def concat(ctx: EngineContext, target: str, offset: int, source: str) -> None:
     """``ChunkedSegmentStorage.concat`` (its docstring is the contract)."""
     if source == target:
         raise InvalidArgument(f"cannot concat segment {source!r} into itself", segment=source)
-    with ctx.locks.stripes(target, source):
+    with ctx.locks.exclusive(target, source):
         seam = ctx.retry_conflicts(lambda: _concat_once(ctx, target, offset, source))
         if seam is not None and ctx.config.concat_merge_seam:
             try:
@@ -145,7 +145,7 @@ def _merge_seam(ctx: EngineContext, name: str, seam: str, start: int) -> None:
 
 def truncate(ctx: EngineContext, name: str, offset: int) -> None:
     """``ChunkedSegmentStorage.truncate`` (its docstring is the contract)."""
-    with ctx.locks.stripe(name):
+    with ctx.locks.exclusive(name):
         record, _ = ctx.load(name)
         if offset > record.length:
             raise InvalidOffset(
@@ -234,7 +234,7 @@ def _truncate_batch(ctx: EngineContext, name: str, new_start: int) -> bool:
 
 def defrag(ctx: EngineContext, name: str) -> DefragResult:
     """``ChunkedSegmentStorage.defrag`` (its docstring is the contract)."""
-    with ctx.locks.stripe(name):
+    with ctx.locks.exclusive(name):
         record, _ = ctx.load(name)
         with ctx.store.snapshot() as view:
             listed = defrag_runs.read_list(view, record)
@@ -289,7 +289,7 @@ def _swap_in_run(
         block_bytes=ctx.config.checksum_block_bytes,
     )
     dropped = [ctx.gc.entry(chunk.record.name, GcReason.DROPPED) for chunk in run.chunks]
-    lock = contextlib.nullcontext() if record is not None else ctx.locks.stripe(run.segment)
+    lock = contextlib.nullcontext() if record is not None else ctx.locks.exclusive(run.segment)
     with lock:
         if record is None:
             try:

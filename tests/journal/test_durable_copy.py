@@ -253,3 +253,38 @@ def test_restore_rebuilds_every_record_with_its_version(env: Env, tmp_path) -> N
                 assert restored[table] == entries, table
     finally:
         target.close()
+
+
+def test_the_copy_ships_only_what_is_durable_here(env: Env) -> None:
+    """Shared syncs let a commit be visible before it is durable: the metadata copy makes
+    the store durable before it reads the changes or the snapshot it ships."""
+    from slts.metadata.delegating import DelegatingStore
+
+    events: list[str] = []
+
+    class Recording(DelegatingStore):
+        def make_durable(self) -> None:
+            events.append("make_durable")
+            super().make_durable()
+
+        def changes(self, after: int, limit: int = 1000) -> list:
+            events.append("changes")
+            return super().changes(after, limit)
+
+        def snapshot(self):  # type: ignore[no-untyped-def]
+            events.append("snapshot")
+            return super().snapshot()
+
+    settings = StorageConfig(gc_interval_s=0.0, **MANUAL)  # type: ignore[arg-type]
+    with ChunkedSegmentStorage(
+        0, None, env.binding, Recording(env.store), settings, clock=env.clock
+    ) as storage:
+        storage.create("s")
+        assert storage.durable is not None
+        events.clear()
+        storage.durable.flush()
+        storage.durable.snapshot()
+    reads = [i for i, event in enumerate(events) if event == "changes"]
+    assert reads and all(events[i - 1] == "make_durable" for i in reads)
+    dumps = [i for i in range(1, len(events)) if events[i] == "snapshot" and events[i - 1] == "make_durable"]
+    assert dumps  # the snapshot's consistent view is taken right after a make_durable

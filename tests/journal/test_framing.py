@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import crc32c
+import msgpack
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -68,3 +70,35 @@ def test_bad_payloads_are_refused() -> None:
     with pytest.raises(InvalidArgument):
         encode_record({"too big": 2**70})
     assert HEADER_BYTES == 8
+
+
+def _frame(body: bytes) -> bytes:
+    """A frame with a valid CRC around any ``body`` (msgpack or not)."""
+    return len(body).to_bytes(4, "big") + crc32c.crc32c(body).to_bytes(4, "big") + body
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "crc",  # the payload's bytes changed
+        _frame(msgpack.packb([1, 2])),  # valid msgpack, not a map
+        _frame(msgpack.packb({"a": 1}) + b"\x01"),  # a map followed by extra bytes
+        _frame(b"\xc1"),  # not msgpack at all
+        _frame(b""),  # nothing
+    ],
+)
+def test_a_bad_record_in_the_middle_is_counted_and_its_neighbours_kept(bad: bytes | str) -> None:
+    frames = [encode_record({"n": i, "pad": "x" * i}) for i in range(5)]
+    if bad == "crc":
+        damaged = bytearray(frames[2])
+        damaged[-1] ^= 0x10
+        frames[2] = bytes(damaged)
+    else:
+        assert isinstance(bad, bytes)
+        frames[2] = bad
+    blob = b"".join(frames)
+    result = read_records(blob)
+    offsets = [sum(len(f) for f in frames[:i]) for i in range(5)]
+    assert result.records == [(offsets[i], {"n": i, "pad": "x" * i}) for i in (0, 1, 3, 4)]
+    assert result.corrupt == 1 and result.torn_at is None and result.unframeable_at is None
+    assert result.end == len(blob)

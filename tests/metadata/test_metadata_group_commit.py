@@ -122,3 +122,86 @@ def test_a_failing_group_fails_each_of_its_callers() -> None:
     assert all(isinstance(outcomes[item], OSError) for item in (1, 2, 3))
     with pytest.raises(OSError):  # and the committer stays usable
         committer.submit(9)
+
+
+# -- shared syncs: a group's items wait for a later run's sync, or for sync() ---------------
+
+
+class Durability:
+    """A model of a store with shared syncs: what was applied, what is durable, and the
+    events in order; ``run_group`` reports ``flushed_earlier`` when it wrote anything."""
+
+    def __init__(self, hold_first_until: SignallingQueue | None = None, fail_sync: bool = False) -> None:
+        self.applied: list[int] = []
+        self.durable: set[int] = set()
+        self.events: list[str] = []
+        self.hold = hold_first_until
+        self.fail_sync = fail_sync
+
+    def run_group(self, items: Sequence[int]) -> tuple[list[object], bool]:
+        self.events.append(f"run {sorted(items)}")
+        if self.hold is not None and len(self.events) == 1:
+            assert self.hold.ready.wait(WAIT_S)
+        flushed = self.applied[:]  # the run's own sync covers what ran before it
+        results: list[object] = [ValueError(item) if item < 0 else item for item in items]
+        self.applied += [item for item in items if item >= 0]
+        self.durable.update(flushed)
+        return results, any(item >= 0 for item in items)
+
+    def sync(self) -> None:
+        self.events.append("sync")
+        if self.fail_sync:
+            raise OSError("fdatasync failed")
+        self.durable.update(self.applied)
+
+    def committer(self) -> GroupCommitter[int, object]:
+        committer: GroupCommitter[int, object] = GroupCommitter(self.run_group, sync=self.sync)
+        if self.hold is not None:
+            committer._queue = self.hold
+        return committer
+
+
+def test_shared_syncs_alone_a_caller_pays_its_own_sync() -> None:
+    model = Durability()
+    committer = model.committer()
+    assert committer.submit(5) == 5
+    assert model.events == ["run [5]", "sync"] and model.durable == {5}
+    assert committer.syncs == 1
+
+
+def test_shared_syncs_a_group_is_acknowledged_after_the_next_run_and_one_sync_settles_the_last() -> None:
+    model = Durability(hold_first_until=SignallingQueue(want=7))
+    committer = model.committer()
+    acknowledged_durable: dict[int, bool] = {}
+    original_submit = committer.submit
+
+    def submit_and_check(item: int) -> object:
+        result = original_submit(item)
+        acknowledged_durable[item] = item in model.durable  # at the moment its caller learns it
+        return result
+
+    committer.submit = submit_and_check  # type: ignore[method-assign]
+    outcomes = run_callers(committer, list(range(8)))
+    assert outcomes == {item: item for item in range(8)}
+    assert all(acknowledged_durable.values()) and len(acknowledged_durable) == 8
+    # Two groups, one sync: the second run synced the first group; the sync settled the second.
+    assert model.events == ["run [0]", "run [1, 2, 3, 4, 5, 6, 7]", "sync"]
+    assert committer.groups == 2 and committer.syncs == 1
+
+
+def test_shared_syncs_failed_items_return_at_once_and_a_run_that_wrote_nothing_flushes_nothing() -> None:
+    model = Durability(hold_first_until=SignallingQueue(want=2))
+    committer = model.committer()
+    outcomes = run_callers(committer, [0, -1, -2])
+    assert outcomes[0] == 0 and isinstance(outcomes[-1], ValueError) and isinstance(outcomes[-2], ValueError)
+    # The second run applied nothing, so it could not make item 0 durable: a sync did.
+    assert model.events == ["run [0]", "run [-2, -1]", "sync"] and model.durable == {0}
+
+
+def test_shared_syncs_a_failed_sync_fails_every_caller_it_covered() -> None:
+    model = Durability(hold_first_until=SignallingQueue(want=2), fail_sync=True)
+    committer = model.committer()
+    outcomes = run_callers(committer, [0, 1, 2])
+    # 0 was made durable by the second run's own sync; 1 and 2 needed the failed sync.
+    assert outcomes[0] == 0
+    assert isinstance(outcomes[1], OSError) and isinstance(outcomes[2], OSError)

@@ -307,3 +307,89 @@ def test_eight_threads_commit_exactly_once(lmdb_path: str) -> None:
         assert stats.conflicts == sum(conflicts)
         assert store.last_sequence == 1 + 2 * total  # conflicts took no sequence
         assert 1 <= stats.group_commits <= stats.commits
+
+
+# -- shared syncs (metasync off; GroupCommitter's sync) ---------------------------------------
+
+
+class _CountingSyncs:
+    """Counts ``lmdb.Environment.sync`` calls of one store's environment."""
+
+    def __init__(self, store: LmdbMetadataStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        environment = store._env
+        real = environment.env
+
+        class Counting:
+            def __getattr__(_self, name: str) -> object:
+                return getattr(real, name)
+
+            def sync(_self, force: bool = False) -> None:
+                self.calls += 1
+                real.sync(force)
+
+        monkeypatch.setattr(environment, "env", Counting())
+
+
+def test_a_lone_durable_commit_syncs_before_it_returns(
+    lmdb_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with LmdbMetadataStore(lmdb_path, TABLES) as store:
+        syncs = _CountingSyncs(store, monkeypatch)
+        store.commit([Put("segments", b"s", b"1")])
+        assert syncs.calls == 1  # its meta page: the commit's own data sync does not cover it
+        store.make_durable()
+        assert syncs.calls == 2
+
+
+def test_queued_commits_share_the_next_groups_sync(lmdb_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.metadata.test_metadata_group_commit import SignallingQueue
+
+    with LmdbMetadataStore(lmdb_path, TABLES) as store:
+        syncs = _CountingSyncs(store, monkeypatch)
+        committer = store._env.committer
+        queue = SignallingQueue(want=3)
+        committer._queue = queue
+        real_run = store._env._run_group
+        runs = 0
+
+        def held_run(group):  # the first group waits inside until the other three are queued
+            nonlocal runs
+            runs += 1
+            if runs == 1:
+                assert queue.ready.wait(30)
+            return real_run(group)
+
+        monkeypatch.setattr(committer, "_run_group", held_run)
+        threads = [
+            threading.Thread(target=store.commit, args=([Put("segments", b"k%d" % i, b"v")],))
+            for i in range(4)
+        ]
+        threads[0].start()
+        for thread in threads[1:]:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert runs == 2 and committer.groups == 2
+        assert syncs.calls == 1  # the second group's data sync made the first durable
+        assert store.last_sequence == 4
+
+
+def test_a_failed_sync_breaks_the_store_for_commits(lmdb_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    with LmdbMetadataStore(lmdb_path, TABLES) as store:
+        environment = store._env
+        real = environment.env
+
+        class FailingSync:
+            def __getattr__(self, name: str) -> object:
+                return getattr(real, name)
+
+            def sync(self, force: bool = False) -> None:
+                raise lmdb.Error("fdatasync: EIO")
+
+        monkeypatch.setattr(environment, "env", FailingSync())
+        with pytest.raises(MetadataError, match="sync failed"):
+            store.commit([Put("segments", b"s", b"1")])
+        monkeypatch.setattr(environment, "env", real)
+        with pytest.raises(MetadataError, match="sync failed"):  # no later commit is trusted
+            store.commit([Put("segments", b"t", b"1")])

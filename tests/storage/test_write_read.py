@@ -182,6 +182,30 @@ def test_checksums_are_recorded_and_verified(env: Env) -> None:
     assert storage.read(handle, 0, 16) == b"abcdefgh12345678"
 
 
+def test_large_writes_record_the_checksums_of_their_bytes(env: Env) -> None:
+    """From PARALLEL_CHECKSUM_BYTES_MIN a write's checksums are computed on a helper
+    thread beside its data I/O: the recorded ones are still those of the bytes written."""
+    import crc32c
+
+    from slts.storage import block_checksums
+    from slts.storage.chunked import PARALLEL_CHECKSUM_BYTES_MIN
+
+    storage = env.open(verify_checksums_on_read=True)
+    storage.create("big", max_rolling_length=3 * PARALLEL_CHECKSUM_BYTES_MIN)
+    handle = storage.open_write("big")
+    rng = random.Random(7)
+    first = rng.randbytes(PARALLEL_CHECKSUM_BYTES_MIN + 5)  # one new chunk
+    second = rng.randbytes(2 * PARALLEL_CHECKSUM_BYTES_MIN)  # an append (if any) and a new chunk
+    storage.write(handle, 0, first)
+    storage.write(handle, len(first), second)
+    data = first + second
+    assert storage.read(handle, 0, len(data)) == data
+    for start, chunk in storage.chunks("big"):
+        part = data[start : start + chunk.length]
+        assert chunk.checksum == crc32c.crc32c(part)
+        assert chunk.blocks == block_checksums.compute(part, storage.config.checksum_block_bytes)
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     rolling=st.integers(1, 64),

@@ -6,10 +6,21 @@ types and shared workloads live in ``base``, below the runner (``slts.tools.benc
 
 from __future__ import annotations
 
-from slts.tools.benchmarks import concurrency, journal, limiter, metadata, offload, reads, remote, spark
+from slts.tools.benchmarks import (
+    concurrency,
+    flushes,
+    journal,
+    limiter,
+    metadata,
+    offload,
+    reads,
+    remote,
+    spark,
+)
 
 SUITES = (
     concurrency.BENCHMARKS,
+    flushes.BENCHMARKS,
     reads.BENCHMARKS,
     metadata.BENCHMARKS,
     journal.BENCHMARKS,

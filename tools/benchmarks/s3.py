@@ -10,6 +10,12 @@ Each figure next to raw boto3 against the same server, bucket and run:
   upload with ``UploadPartCopy``: no chunk byte through this process) vs. the same
   defrag through the client (the engine's read-and-create path, the binding's concat
   turned off). MB/s of defragmented data; a ratio above 1 means server-side is faster.
+* ``s3_read_seq`` / ``s3_read_seq_parallel``: a cold sequential reader: a segment of
+  8 MiB chunks (256 MiB; 64 MiB with ``--quick``) read front to back in 1 MiB reads by a
+  fresh instance (empty metadata cache, nothing read ahead yet), with the configuration's
+  defaults (read-ahead, checksums verified). Baselines: raw boto3 ``get_object`` of the
+  same objects, whole, one after another (``s3_read_seq``), and the same GETs issued on
+  ``PARALLEL_GETS`` threads at once (``s3_read_seq_parallel``). MB/s.
 
 Credentials come from the usual AWS environment variables or profile (``?profile=``).
 Every object a benchmark writes is below ``<prefix>/slts-bench-<random>/`` and deleted
@@ -23,6 +29,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from slts.tools.benchmarks.base import Benchmark, Folder, Workload, timed_segment_writes
@@ -34,6 +41,13 @@ Setup = Iterator[tuple[str, Workload, Workload, float, str]]
 #: S3's smallest multipart part (``slts.bindings.s3.PART_BYTES_MIN``; not imported here so
 #: that ``slts bench`` without boto3 still runs).
 PART_BYTES_MIN = 5 << 20
+#: ``s3_read_seq``: chunk and read sizes, segment sizes (full, ``--quick``).
+READ_SEQ_CHUNK_BYTES = 8 << 20
+READ_SEQ_READ_BYTES = 1 << 20
+READ_SEQ_SEGMENT_BYTES = 256 << 20
+READ_SEQ_SEGMENT_BYTES_QUICK = 64 << 20
+#: Threads of the parallel GET baseline (the engine's ``read_threads`` default).
+PARALLEL_GETS = 8
 
 
 def is_s3_url(store: str | None) -> bool:
@@ -179,6 +193,67 @@ def _concat(url: str, parent: str, quick: bool) -> Setup:
         target.clean()
 
 
+def _read_seq(url: str, parent: str, quick: bool, parallel: bool) -> Setup:
+    """Subject: a fresh instance reads a segment of 8 MiB chunks front to back in 1 MiB
+    reads (timed: the reads, not the start); baseline: raw ``get_object`` of the same
+    objects, whole, one after another or (``parallel``) on ``PARALLEL_GETS`` threads."""
+    from slts.bindings.s3 import S3ChunkStorage
+
+    total = READ_SEQ_SEGMENT_BYTES_QUICK if quick else READ_SEQ_SEGMENT_BYTES
+    target = _Target(url)
+    folder = Folder(parent)
+    metadata = folder.sub("metadata")
+    writer: ChunkedSegmentStorage = open_storage(target.url, metadata=metadata, gc_interval_s=0.0)
+    pool = ThreadPoolExecutor(PARALLEL_GETS, thread_name_prefix="bench-get") if parallel else None
+    try:
+        writer.create("seq", max_rolling_length=READ_SEQ_CHUNK_BYTES)
+        handle = writer.open_write("seq")
+        for offset in range(0, total, READ_SEQ_CHUNK_BYTES):
+            writer.write(handle, offset, os.urandom(READ_SEQ_CHUNK_BYTES))  # one object each
+        names = [chunk.name for _, chunk in writer.chunks("seq")]
+    finally:
+        writer.close()
+    assert len(names) == total // READ_SEQ_CHUNK_BYTES, names
+    keys = [S3ChunkStorage.from_url(target.url).object_key(name) for name in names]
+
+    def subject() -> float:
+        reader: ChunkedSegmentStorage = open_storage(target.url, metadata=metadata, gc_interval_s=0.0)
+        try:
+            segment = reader.open_read("seq")
+            started = time.perf_counter()
+            for offset in range(0, total, READ_SEQ_READ_BYTES):
+                reader.read(segment, offset, READ_SEQ_READ_BYTES)
+            return time.perf_counter() - started
+        finally:
+            reader.close()
+
+    def get(key: str) -> int:
+        return len(target.client.get_object(Bucket=target.bucket, Key=key)["Body"].read())
+
+    def baseline() -> float:
+        started = time.perf_counter()
+        got = sum(pool.map(get, keys)) if pool is not None else sum(get(key) for key in keys)
+        elapsed = time.perf_counter() - started
+        assert got == total, got
+        return elapsed
+
+    try:
+        how = f"on {PARALLEL_GETS} threads" if parallel else "one after another"
+        yield (
+            f"cold sequential 1 MiB reads of a {total >> 20} MiB segment of 8 MiB chunks on S3 vs. "
+            f"raw boto3 GETs of its {len(keys)} objects {how}",
+            subject,
+            baseline,
+            total / 1e6,
+            "MB/s",
+        )
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
+        folder.close()
+        target.clean()
+
+
 def benchmarks(url: str) -> dict[str, Benchmark]:
     """The S3 benchmarks against the store at ``url``."""
     return {
@@ -201,5 +276,15 @@ def benchmarks(url: str) -> dict[str, Benchmark]:
             "s3_concat",
             "defrag on S3: server-side concat vs. through the client",
             lambda p, q: _concat(url, p, q),
+        ),
+        "s3_read_seq": Benchmark(
+            "s3_read_seq",
+            "cold sequential 1 MiB reads on S3: SLTS vs. raw boto3 GETs of the same objects in turn",
+            lambda p, q: _read_seq(url, p, q, parallel=False),
+        ),
+        "s3_read_seq_parallel": Benchmark(
+            "s3_read_seq_parallel",
+            f"cold sequential 1 MiB reads on S3: SLTS vs. the same GETs on {PARALLEL_GETS} threads",
+            lambda p, q: _read_seq(url, p, q, parallel=True),
         ),
     }
