@@ -78,6 +78,9 @@ class StorageConfig:
     gc_delay_s: float = 60.0
     #: Most queue entries (or chunks of a deleted segment) one GC batch handles.
     gc_batch_max: int = 1000
+    #: Most chunk deletes one GC batch has in flight at once (its own threads, for the
+    #: batch only); 1 deletes in list order on the caller's thread.
+    gc_delete_threads: int = 8
     #: Seconds between background GC passes; 0 turns the background worker off
     #: (``storage.gc.run_once()`` still works on demand).
     gc_interval_s: float = 30.0

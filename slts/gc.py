@@ -19,6 +19,14 @@ absent), and only then deletes the chunk; the writer's commit expects its intent
 unchanged, so exactly one of the two wins. A crash after the claim leaves a claimed
 entry that the next run finishes (deletes are idempotent).
 
+The collector works in batches of up to ``gc_batch_max`` due entries: one commit claims
+them all (each claim keeps its own expectations; if the commit conflicts, it is split in
+halves down to the single entries that conflict, which are left for a later pass), one
+``barrier`` makes the claims durable on tier-2, the chunks are deleted in parallel (at
+most ``delete_threads`` at once), and one commit removes the entries. A tombstone
+batch is one barrier, parallel deletes and one commit. So a batch costs two commits and
+at most one flush of the metadata log, whatever its size.
+
 An intent can be collected before its chunk exists: the collector claims an intent
 once it is ``gc_delay_s`` old, whether or not its creator is still at work (a stalled
 writer, a long defrag batch). A chunk created after the collector's delete is then
@@ -29,10 +37,12 @@ again, *after* its creation ended, so the old entry or the new one sees it.
 
 from __future__ import annotations
 
-import contextlib
+import contextvars
 import logging
+import queue
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from slts.bindings.base import ChunkHandle, ChunkStorage
@@ -47,22 +57,26 @@ from slts.metadata.store import Delete, Expect, MetadataStore, Operation, Put
 
 _log = logging.getLogger("slts.gc")
 
-
 @dataclass(frozen=True, slots=True)
 class GcStatistics:
     """What one ``run_once`` did."""
 
-    chunks_deleted: int = 0
+    chunks_deleted: int = 0  # removed from the chunk storage by this pass (found gone: not counted)
     entries_kept: int = 0
     tombstones_finished: int = 0
-    errors: int = 0
+    errors: int = 0  # chunks not deleted (the chunk storage or the barrier failed): a later pass retries
     index_keys_deleted: int = 0  # of deleted segments' namespaces (after their chunks)
+    chunks_gone: int = 0  # collected, but already gone (never created, or deleted by a pass that crashed)
 
     @property
     def progressed(self) -> bool:
         """Did the pass change anything (so another pass may find more to do)?"""
         return bool(
-            self.chunks_deleted or self.entries_kept or self.tombstones_finished or self.index_keys_deleted
+            self.chunks_deleted
+            or self.entries_kept
+            or self.tombstones_finished
+            or self.index_keys_deleted
+            or self.chunks_gone
         )
 
 
@@ -95,6 +109,11 @@ class GarbageCollector:
         #: tier-2 copy of the metadata includes that sequence (DESIGN.md §5 invariant 5:
         #: tier-2 alone must stay restorable). The owner sets it to its ``DurableCopy``'s.
         self.barrier: Callable[[int], None] = lambda sequence: None
+        #: Most chunk deletes a batch has in flight at once (``gc_delete_threads``, >= 1;
+        #: threads of a pool that lives for the batch: enough to hide an object store's
+        #: latency, few enough for a small machine). 1 deletes them one after another in the
+        #: calling thread: what a deterministic simulation needs.
+        self.delete_threads = config.gc_delete_threads
 
     # -- background worker -----------------------------------------------------------------------
 
@@ -137,6 +156,11 @@ class GarbageCollector:
         ``gc_delay_s`` (as configured when collecting) after that."""
         return queue_entry(chunk, reason, int(self._clock() * 1000))
 
+    def entries(self, chunks: Sequence[str], reason: GcReason) -> list[Put]:
+        """``entry`` for each of ``chunks``, all queued at the same moment (now)."""
+        queued_ms = int(self._clock() * 1000)
+        return [queue_entry(chunk, reason, queued_ms) for chunk in chunks]
+
     def lost(self, intents: Sequence[Put], version: int) -> list[str]:
         """``lost_intents`` for intents made by ``entry`` and committed at ``version``."""
         return lost_intents(self._store, _intent_pairs(intents), version)
@@ -160,6 +184,8 @@ class GarbageCollector:
     def run_once(self) -> GcStatistics:
         """Handle up to ``gc_batch_max`` due queue entries and one batch of tombstones.
 
+        A batch of queue entries costs two commits (claim, removal), one barrier and
+        the chunk deletes, up to ``delete_threads`` at once (see ``_collect_due``).
         Raises ``ReadOnlyInstance`` on a read-only instance and ``Fenced`` once a newer
         epoch owns the container (before deleting anything).
         """
@@ -170,29 +196,21 @@ class GarbageCollector:
                 )
             self._ownership.check()
             due_ms = int(self._clock() * 1000) - int(self._config.gc_delay_s * 1000)
-            deleted = kept = errors = finished = keys = 0
-            due = self._store.scan(GC, b"", gc_queued_stop(due_ms), limit=self._config.gc_batch_max)
-            for key, stored in due:
-                try:
-                    outcome = self._collect_entry(key, stored.version, GcEntry.decode(stored.value))
-                except ChunkStorageError:
-                    errors += 1
-                    continue
-                deleted += outcome == "deleted"
-                kept += outcome == "kept"
+            deleted, kept, errors, gone = self._collect_due(due_ms)
+            finished = keys = 0
             for _, stored in self._store.scan(DELETED, limit=self._config.gc_batch_max):
                 tombstone = SegmentRecord.decode(stored.value)
                 if tombstone.modified_ms > due_ms:  # deleted less than gc_delay_s ago
                     continue
-                try:
-                    count, cleared, done = self._collect_tombstone_batch(tombstone, stored.version)
-                except ChunkStorageError:
-                    errors += 1
-                    continue
+                count, cleared, done, failed, missing = self._collect_tombstone_batch(
+                    tombstone, stored.version
+                )
                 deleted += count
+                gone += missing
+                errors += failed
                 keys += cleared
                 finished += done
-            result = GcStatistics(deleted, kept, finished, errors, keys)
+            result = GcStatistics(deleted, kept, finished, errors, keys, gone)
             if deleted or finished or errors:
                 _log.info(
                     "GC pass: %d chunk(s) deleted, %d segment(s) finished, %d error(s)",
@@ -209,52 +227,156 @@ class GarbageCollector:
                     totals.tombstones_finished + finished,
                     totals.errors + errors,
                     totals.index_keys_deleted + keys,
+                    totals.chunks_gone + gone,
                 )
             return result
 
-    def _collect_entry(self, key: bytes, version: int, entry: GcEntry) -> str:
-        if not entry.claimed:
-            with self._store.snapshot() as view:
-                record = view.get(CHUNKS, name_key(entry.chunk))
-            try:
-                if record is not None:
-                    self._ownership.commit([Delete(GC, key)], [Expect(GC, key, version)])
-                    return "kept"
-                version = self._ownership.commit(
-                    [Put(GC, key, entry.replace(claimed=True).encode())],
-                    [Expect(GC, key, version), Expect(CHUNKS, name_key(entry.chunk), 0)],
-                )
-            except VersionConflict:
-                return "raced"  # a writer committed or another collector moved first
-        # The claim proves the chunk unreferenced at ``version``; tier-2's copy must know it too.
-        self.barrier(version)
-        with contextlib.suppress(ChunkNotFound):
-            self._binding.delete(ChunkHandle(entry.chunk, readonly=False))
-        with contextlib.suppress(VersionConflict):
-            self._ownership.commit([Delete(GC, key)], [Expect(GC, key, version)])
-        return "deleted"
+    def _collect_due(self, due_ms: int) -> tuple[int, int, int, int]:
+        """One batch of the due queue entries: (chunks deleted, entries kept, errors,
+        chunks found gone).
 
-    def _collect_tombstone_batch(self, tombstone: SegmentRecord, version: int) -> tuple[int, int, int]:
+        1. One snapshot reads up to ``gc_batch_max`` due entries and, for each unclaimed
+           one, whether its chunk has a record.
+        2. One commit (``_commit_split``) drops the entries whose chunk has a record
+           (kept) and claims the others, each expecting its entry unchanged and its chunk
+           record absent. An entry whose expectation fails (a writer committed, another
+           collector moved first) is left out; the others still commit.
+        3. One ``barrier`` for the newest claim; then the claimed chunks (newly claimed,
+           and claimed by an earlier pass that did not finish) are deleted in parallel.
+        4. One commit removes the entries of the deleted chunks. A chunk whose delete
+           failed keeps its claimed entry: a later pass deletes it.
+
+        A crash anywhere leaves claimed entries, or none: the next pass finishes them.
+        """
+        with self._store.snapshot() as view:
+            due = [
+                _Due(key, stored.version, GcEntry.decode(stored.value))
+                for key, stored in view.scan(GC, b"", gc_queued_stop(due_ms), limit=self._config.gc_batch_max)
+            ]
+            recorded = {
+                item.key
+                for item in due
+                if not item.entry.claimed and view.get(CHUNKS, name_key(item.entry.chunk))
+            }
+        # Claimed by a pass that did not finish: deleted with this batch's.
+        claimed = [_Claim(item.key, item.version, item.entry.chunk) for item in due if item.entry.claimed]
+        decisions = [_decide(item, item.key in recorded) for item in due if not item.entry.claimed]
+        kept = 0
+        for change, sequence in self._commit_split(decisions):
+            if change.key in recorded:
+                kept += 1
+            else:
+                claimed.append(_Claim(change.key, sequence, change.chunk))
+        if not claimed:
+            return 0, kept, 0, 0
+        # The claims prove the chunks unreferenced; tier-2's copy of the metadata must know it too.
+        try:
+            self.barrier(max(claim.version for claim in claimed))
+        except ChunkStorageError:
+            _log.warning("GC: the metadata copy on tier-2 is behind; deleting later", exc_info=True)
+            return 0, kept, len(claimed), 0
+        failed, missing = self._delete_chunks([claim.chunk for claim in claimed])
+        gone = [claim for claim in claimed if claim.chunk not in failed]
+        self._commit_split(
+            [_Change(c.key, c.chunk, (Delete(GC, c.key),), (Expect(GC, c.key, c.version),)) for c in gone]
+        )  # an entry another collector removed first is left out: the chunk is gone either way
+        return len(gone) - missing, kept, len(failed), missing
+
+    def _commit_split(self, changes: Sequence[_Change]) -> list[tuple[_Change, int]]:
+        """Commit every change in one commit; if it conflicts, each half on its own,
+        down to single changes. A single change whose expectations fail is left out.
+
+        Returns the changes committed, each with its commit's sequence. At most
+        ``2 * k * log2(len(changes)) + 1`` commits for ``k`` conflicting changes; one
+        when none conflicts. Raises what ``Ownership.commit`` raises but
+        ``VersionConflict`` (``Fenced``: nothing more is committed).
+        """
+        if not changes:
+            return []
+        ops = [op for change in changes for op in change.ops]
+        expect = [expectation for change in changes for expectation in change.expect]
+        try:
+            sequence = self._ownership.commit(ops, expect)
+        except VersionConflict:
+            if len(changes) == 1:
+                return []
+            middle = len(changes) // 2
+            return self._commit_split(changes[:middle]) + self._commit_split(changes[middle:])
+        return [(change, sequence) for change in changes]
+
+    def _delete_chunks(self, names: Sequence[str]) -> tuple[set[str], int]:
+        """Delete the chunks ``names`` from the chunk storage, up to ``delete_threads``
+        at once, each in the caller's traffic class (and context). A chunk already gone
+        is done (deletes are idempotent) but not counted: an intent whose chunk was never
+        created (a write that failed first, an intent registered ahead and never used),
+        or a delete a crash interrupted after it took effect. Returns the names whose
+        delete failed with a ``ChunkStorageError``, and how many chunks were already
+        gone; any other error is raised once every delete has ended."""
+        pending: queue.SimpleQueue[str] = queue.SimpleQueue()
+        for name in names:
+            pending.put(name)
+        gone: list[str] = []  # list.append is atomic: the drains share it
+
+        def drain() -> dict[str, ChunkStorageError]:
+            failed: dict[str, ChunkStorageError] = {}
+            while True:
+                try:
+                    name = pending.get_nowait()
+                except queue.Empty:
+                    return failed
+                try:
+                    self._binding.delete(ChunkHandle(name, readonly=False))
+                except ChunkNotFound:
+                    gone.append(name)
+                except ChunkStorageError as exc:
+                    failed[name] = exc
+
+        assert self.delete_threads >= 1, self.delete_threads
+        workers = min(self.delete_threads, len(names))
+        failed: dict[str, ChunkStorageError] = {}
+        if workers <= 1:
+            failed = drain()
+        else:
+            with ThreadPoolExecutor(workers, thread_name_prefix="slts-gc-delete") as pool:
+                drains = [pool.submit(contextvars.copy_context().run, drain) for _ in range(workers)]
+            for future in drains:
+                failed.update(future.result())
+        if failed:
+            name, error = next(iter(failed.items()))
+            _log.warning("GC could not delete %d chunk(s), retrying later; %r: %s", len(failed), name, error)
+        return set(failed), len(gone)
+
+    def _collect_tombstone_batch(
+        self, tombstone: SegmentRecord, version: int
+    ) -> tuple[int, int, int, int, int]:
         """Delete up to ``gc_batch_max`` chunks from the head of a deleted segment's list
-        (then its index namespaces); returns (chunks deleted, index keys deleted of its
-        namespaces, 1 if the tombstone is finished else 0)."""
-        batch: list[tuple[ChunkRecord, int]] = []
+        (in parallel, see ``_delete_chunks``), then its index namespaces, in one commit.
+
+        Returns (chunks deleted, index keys deleted of its namespaces, 1 if the tombstone
+        is finished else 0, chunks that could not be deleted, chunks found gone). If a delete or the barrier
+        failed, nothing is committed and a later pass does the batch again (deletes are
+        idempotent)."""
+        batch: list[ChunkRecord] = []
         name, offset = tombstone.first_chunk, tombstone.first_chunk_start_offset
         with self._store.snapshot() as view:
             while name is not None and len(batch) < self._config.gc_batch_max:
                 stored = view.get(CHUNKS, name_key(name))
                 assert stored is not None, f"tombstone of {tombstone.name!r} names missing chunk {name!r}"
                 record = ChunkRecord.decode(stored.value)
-                batch.append((record, offset))
+                batch.append(record)
                 offset += record.length
                 name = record.next_chunk
         self._ownership.check()  # only chunks of a deleted segment, yet a fenced owner deletes nothing
-        self.barrier(version)  # the deletion of the segment is in tier-2's copy before its chunks go
-        for record, _ in batch:
-            with contextlib.suppress(ChunkNotFound):
-                self._binding.delete(ChunkHandle(record.name, readonly=False))
+        try:
+            self.barrier(version)  # the deletion of the segment is in tier-2's copy before its chunks go
+        except ChunkStorageError:
+            _log.warning("GC: the metadata copy on tier-2 is behind; deleting later", exc_info=True)
+            return 0, 0, 0, len(batch), 0
+        failed, missing = self._delete_chunks([record.name for record in batch])
+        if failed:  # the others are gone (counted); the batch is done again by a later pass
+            return len(batch) - len(failed) - missing, 0, 0, len(failed), missing
         ops: list[Put | Delete] = []
-        for record, _ in batch:
+        for record in batch:
             ops.append(Delete(CHUNKS, name_key(record.name)))
             ops.append(index.chunk_entry_delete(record))
         key = segment_id_key(tombstone.segment_id)
@@ -285,7 +407,45 @@ class GarbageCollector:
             )
             ops.append(Put(DELETED, key, rest.encode()))
         self._ownership.commit(ops, [Expect(DELETED, key, version)])
-        return len(batch), len(keys), int(finished)
+        return len(batch) - missing, len(keys), int(finished), 0, missing
+
+
+@dataclass(frozen=True, slots=True)
+class _Due:
+    """A due queue entry as read: its key, its version, its value."""
+
+    key: bytes
+    version: int
+    entry: GcEntry
+
+
+@dataclass(frozen=True, slots=True)
+class _Claim:
+    """A claimed queue entry: its key, the version its claim gave it, its chunk."""
+
+    key: bytes
+    version: int
+    chunk: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Change:
+    """One queue entry's part of a batch commit: its operations and what they expect."""
+
+    key: bytes
+    chunk: str
+    ops: tuple[Operation, ...]
+    expect: tuple[Expect, ...]
+
+
+def _decide(item: _Due, recorded: bool) -> _Change:
+    """The verdict on an unclaimed entry: kept (its chunk has a record: drop the entry)
+    or claimed (expecting the entry unchanged and the chunk record still absent)."""
+    chunk, current = item.entry.chunk, Expect(GC, item.key, item.version)
+    if recorded:
+        return _Change(item.key, chunk, (Delete(GC, item.key),), (current,))
+    claim = Put(GC, item.key, item.entry.replace(claimed=True).encode())
+    return _Change(item.key, chunk, (claim,), (current, Expect(CHUNKS, name_key(chunk), 0)))
 
 
 def queue_entry(chunk: str, reason: GcReason, queued_ms: int) -> Put:

@@ -17,6 +17,7 @@ from slts.errors import (
     ConcatTooDeep,
     InvalidArgument,
     InvalidOffset,
+    MetadataCorrupted,
     SegmentNotFound,
     SegmentNotSealed,
     SegmentSealed,
@@ -27,7 +28,7 @@ from slts.errors import (
 from slts.metadata import index
 from slts.metadata.records import ChunkRecord, GcReason, SegmentRecord
 from slts.metadata.schema import CHUNKS, GC, SEGMENTS, name_key
-from slts.metadata.store import Delete, Expect, Operation, Put
+from slts.metadata.store import Delete, Expect, Operation, Put, ReadView
 from slts.storage import defrag as defrag_runs
 from slts.storage.context import EngineContext
 from slts.storage.segment_names import chunk_name
@@ -179,45 +180,39 @@ def truncate(ctx: EngineContext, name: str, offset: int) -> None:
 
 def _truncate_batch(ctx: EngineContext, name: str, new_start: int) -> bool:
     """One bounded commit of a truncate (lock held; see ``EngineContext.retry_conflicts``):
-    move the start, drop up to a batch of chunks. False if there was nothing to do."""
-    record, version = ctx.load(name)
-    dropped: list[tuple[ChunkRecord, int]] = []
-    kept, start = record.first_chunk, record.first_chunk_start_offset  # the first chunk that stays
-    while kept is not None and len(dropped) < ctx.config.gc_batch_max:
-        chunk, chunk_version = ctx.chunk(kept)
-        if start + chunk.length > new_start:
-            break
-        dropped.append((chunk, chunk_version))
-        start += chunk.length
-        kept = chunk.next_chunk
-    if not dropped and new_start == record.start_offset:
-        return False
-    ops: list[Operation] = []
-    expect = [Expect(SEGMENTS, name_key(name), version)]
-    for chunk, chunk_version in dropped:
-        ops.append(Delete(CHUNKS, name_key(chunk.name)))
-        expect.append(Expect(CHUNKS, name_key(chunk.name), chunk_version))
-        ops.append(ctx.gc.entry(chunk.name, GcReason.DROPPED))
-    if dropped:
-        # Every key serving the dropped range goes (the chunks' own entries and the links
-        # that led to them, at any depth); what stays readable keeps its keys (split).
-        bound = index.clear_bound(len(dropped))
-        with ctx.store.snapshot() as view:
+    move the start, drop up to ``gc_batch_max`` chunks. False if there was nothing to do.
+
+    Everything the commit depends on (the segment, the dropped chunks, the index keys to
+    clear) is read in one snapshot, so the expectations describe one committed state."""
+    key = name_key(name)
+    with ctx.store.snapshot() as view:
+        stored = view.get(SEGMENTS, key)
+        if stored is None:
+            raise SegmentNotFound(f"segment {name!r} does not exist", segment=name)
+        record = ctx.records.decode(SEGMENTS, key, stored.version, stored.value, SegmentRecord)
+        dropped, kept, start = _head_below(view, record, new_start, ctx.config.gc_batch_max)
+        if not dropped and new_start == record.start_offset:
+            return False
+        ops: list[Operation] = []
+        if dropped:
+            # Every key serving the dropped range goes (the chunks' own entries and the links
+            # that led to them, at any depth); what stays readable keeps its keys (split).
+            bound = index.clear_bound(len(dropped))
+            first = record.first_chunk_start_offset
             if kept is not None:
                 ops.extend(index.split_ops(view, record.segment_id, start))
-                ops.extend(
-                    index.clear_ops(view, record.segment_id, record.first_chunk_start_offset, start, bound)
-                )
+                ops.extend(index.clear_ops(view, record.segment_id, first, start, bound))
             else:
-                ops.extend(
-                    index.clear_ops(
-                        view, record.segment_id, record.first_chunk_start_offset, record.length + 1, bound
-                    )
-                )
-    remaining = record.chunk_count - len(dropped)
+                ops.extend(index.clear_ops(view, record.segment_id, first, record.length + 1, bound))
+    expect = [Expect(SEGMENTS, key, stored.version)]
+    for chunk, chunk_version in dropped:
+        chunk_key = name_key(chunk.name)
+        ops.append(Delete(CHUNKS, chunk_key))
+        expect.append(Expect(CHUNKS, chunk_key, chunk_version))
+    ops.extend(ctx.gc.entries([chunk.name for chunk, _ in dropped], GcReason.DROPPED))
     changes: dict[str, object] = {
         "start_offset": new_start,
-        "chunk_count": remaining,
+        "chunk_count": record.chunk_count - len(dropped),
         "modified_ms": ctx.now_ms(),
     }
     if dropped:
@@ -226,10 +221,32 @@ def _truncate_batch(ctx: EngineContext, name: str, new_start: int) -> bool:
         if kept is None:
             changes["last_chunk"] = None
             changes["last_chunk_start_offset"] = new_start
-    ops.append(Put(SEGMENTS, name_key(name), record.replace(**changes).encode()))
+    ops.append(Put(SEGMENTS, key, record.replace(**changes).encode()))
     ctx.ownership.commit(ops, expect)
     ctx.tainted.difference_update(chunk.name for chunk, _ in dropped)
     return True
+
+
+def _head_below(
+    view: ReadView, record: SegmentRecord, new_start: int, limit: int
+) -> tuple[list[tuple[ChunkRecord, int]], str | None, int]:
+    """The chunks at the head of ``record``'s list that end at or below ``new_start``, at
+    most ``limit``, each with its version; then the first chunk that stays (None: no
+    chunk is left) and the offset it starts at. ``MetadataCorrupted`` if the list names
+    a chunk without a record."""
+    dropped: list[tuple[ChunkRecord, int]] = []
+    kept, start = record.first_chunk, record.first_chunk_start_offset
+    while kept is not None and len(dropped) < limit:
+        stored = view.get(CHUNKS, name_key(kept))
+        if stored is None:
+            raise MetadataCorrupted(f"chunk record {kept!r} is referenced but missing", chunk=kept)
+        chunk = ChunkRecord.decode(stored.value)  # dropped: not worth a place in the memo
+        if start + chunk.length > new_start:
+            break
+        dropped.append((chunk, stored.version))
+        start += chunk.length
+        kept = chunk.next_chunk
+    return dropped, kept, start
 
 
 def defrag(ctx: EngineContext, name: str) -> DefragResult:

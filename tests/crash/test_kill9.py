@@ -79,7 +79,7 @@ def test_acknowledged_writes_survive_sigkill(tmp_path, seed: int) -> None:
 
     storage = slts.open(f"file://{folder}/chunks", metadata=f"{folder}/metadata", gc_delay_s=0.0)
     try:
-        while storage.gc.run_once().chunks_deleted:
+        while storage.gc.run_once().progressed:
             pass
         referenced = {chunk.name for name in storage.list() for _, chunk in storage.chunks(name)}
         assert set(segment_chunks(storage.chunk_storage)) == referenced, (

@@ -119,9 +119,10 @@ def test_large_chunks_are_read_ahead_in_parallel_ranged_gets(s3_server, tmp_path
     stats = reader.read_ahead_statistics()
     assert stats is not None and stats.failures == 0 and stats.held_bytes == 0
     reads = len(data) // READ
-    assert stats.hits > reads // 2
-    # The two reads that made the stream fetched their own; everything after was read ahead.
-    assert stats.part_bytes == len(data) - 2 * READ and stats.parts == (len(data) - 2 * READ) // part
+    assert stats.hits > 0  # how many depends on the threads' schedule: only the accounting is exact
+    # The two reads that made the stream fetched their own; nothing before them was read
+    # ahead, and every part is one 32 KiB cut of an object (never past the data).
+    assert 0 < stats.part_bytes <= len(data) - 2 * READ and stats.part_bytes == stats.parts * part
     sent = requests(after, before)
     assert sent["head"] == 0
     assert sent["get"] == (reads - stats.hits) + stats.parts + (after.retries - before.retries)

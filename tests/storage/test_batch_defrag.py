@@ -80,7 +80,7 @@ def test_a_batch_merges_runs_of_every_segment_and_a_second_plans_nothing(env: En
     moved = report.bytes_native + report.bytes_copied
     assert 0 < moved <= sum(len(data) for data in written.values())
     env.clock.advance(60)
-    while owner.gc.run_once().chunks_deleted:
+    while owner.gc.run_once().progressed:
         pass
     assert verify_container(owner).problems == []
     again = run_batch(driver(env), execute_locally(env.binding), progress=progressed.append)
@@ -105,7 +105,7 @@ def test_the_live_owner_keeps_writing_and_sees_the_new_layout(env: Env) -> None:
         owner.write(owner.open_write(name), len(data), b"tail")
         data += b"tail"
     env.clock.advance(60)
-    while owner.gc.run_once().chunks_deleted:  # the replaced chunks are deleted now
+    while owner.gc.run_once().progressed:  # the replaced chunks are deleted now
         pass
     assert contents(owner) == {name: bytes(data) for name, data in written.items()}
     assert verify_container(owner).problems == []
@@ -209,7 +209,7 @@ def test_the_owners_changes_absorb_a_batch_commit_beside_them(env: Env, change: 
     assert committed and all(committed), "the batch committed between the owner's read and commit"
     assert owner.statistics().commit_retries == retries + 1
     env.clock.advance(60)
-    while owner.gc.run_once().chunks_deleted:
+    while owner.gc.run_once().progressed:
         pass
     assert contents(owner) == {name: bytes(data) for name, data in written.items()}
     assert verify_container(owner).problems == []
@@ -224,7 +224,7 @@ def test_a_run_that_changed_is_dropped_and_its_chunk_collected(env: Env) -> None
     assert batch.commit(planned, built) is False
     assert batch.release(planned) is False, "the leased intent was still there: traded for a due entry"
     env.clock.advance(60)
-    while owner.gc.run_once().chunks_deleted:
+    while owner.gc.run_once().progressed:
         pass
     assert built.name not in segment_chunks(env.binding), "the dropped run's chunk is collected"
     assert contents(owner)["f/0000"] == bytes(written["f/0000"][250:])
@@ -268,7 +268,7 @@ def test_failed_tasks_are_reported_and_collected(env: Env) -> None:
     report = run_batch(driver(env), failing)  # type: ignore[arg-type]
     assert report.runs_failed == 1 and "executor lost" in report.errors[0]
     env.clock.advance(60)
-    while owner.gc.run_once().chunks_deleted:
+    while owner.gc.run_once().progressed:
         pass
     assert contents(owner) == {name: bytes(data) for name, data in written.items()}
     assert verify_container(owner).problems == [], "the failed task's chunk is no leak"

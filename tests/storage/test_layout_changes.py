@@ -192,7 +192,7 @@ def test_truncate_sealed_and_in_bounded_batches(env: Env) -> None:
     assert env.store.last_sequence - commits == 12, "45 dropped chunks in batches of 4"
     assert storage.info("t").chunk_count == 5
     env.clock.advance(100)
-    while storage.gc.run_once().chunks_deleted:
+    while storage.gc.run_once().progressed:
         pass
     healthy(storage)
     assert len(segment_chunks(env.binding)) == 5
@@ -246,7 +246,7 @@ def test_defrag_merges_small_runs_and_keeps_bytes(env: Env) -> None:
     healthy(storage)
     assert storage.defrag("f").runs_planned == 0, "a second defrag finds nothing to do"
     env.clock.advance(100)
-    while storage.gc.run_once().chunks_deleted:
+    while storage.gc.run_once().progressed:
         pass
     assert len(segment_chunks(env.binding)) == 5
     healthy(storage)
@@ -324,7 +324,7 @@ def test_a_run_that_changed_meanwhile_is_dropped_and_collected(env: Env) -> None
     assert layout_changes._apply_run(storage.context, runs[0], None, None) is None
     assert content(storage, "c") == data[30:]
     env.clock.advance(100)
-    while storage.gc.run_once().chunks_deleted:
+    while storage.gc.run_once().progressed:
         pass
     healthy(storage)
     assert verify_segment(storage, "c") == []

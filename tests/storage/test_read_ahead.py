@@ -232,7 +232,9 @@ def test_sequential_reads_return_exactly_the_bytes_written(env: Env, size: int) 
     assert b"".join(read_in_order(reader, "s", 0, len(data), size)) == data
     stats = reader.read_ahead_statistics()
     assert stats is not None
-    assert stats.hits > 0 and stats.hit_bytes > len(data) // 2  # most bytes came from read-ahead
+    # Some bytes came from read-ahead; how many depends on the threads' schedule (a part
+    # still held when the budget is needed delays the next), so no share is asserted.
+    assert stats.hits > 0 and stats.hit_bytes > 0
     assert stats.failures == 0 and stats.held_bytes_peak <= BUDGET
 
 

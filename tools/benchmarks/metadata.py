@@ -116,8 +116,10 @@ def truncate(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload
 
 
 def garbage_collection(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
-    """Subject: GC of a deleted segment of N chunks on the filesystem, to the end;
-    baseline: unlink of N files of the same size."""
+    """Subject: GC to the end of N chunks on the filesystem, both kinds of garbage: half
+    dropped by a truncate (queue entries: claimed, deleted and removed in batches) and
+    half with the deleted segment (its tombstone's batches); baseline: unlink of N files
+    of the same size."""
     chunks = 500 if quick else 5000
     folder = Folder(parent)
     storage = open_storage(
@@ -132,6 +134,7 @@ def garbage_collection(parent: str, quick: bool) -> Iterator[tuple[str, Workload
         storage.create(name, max_rolling_length=64)
         handle = storage.open_write(name)
         storage.write(handle, 0, bytes(64 * chunks))
+        storage.truncate(handle, 64 * (chunks // 2))
         storage.delete(handle)
         started = time.perf_counter()
         while storage.gc.run_once().progressed:
@@ -151,7 +154,7 @@ def garbage_collection(parent: str, quick: bool) -> Iterator[tuple[str, Workload
 
     try:
         yield (
-            f"GC of a deleted segment of {chunks} chunks vs. unlink of {chunks} files",
+            f"GC of {chunks} chunks (half truncated away, half deleted) vs. unlink of {chunks} files",
             subject,
             baseline,
             float(chunks),
@@ -195,14 +198,14 @@ def memory_at_scale(parent: str, quick: bool) -> Iterator[tuple[str, Workload, W
         store.commit(ops)
     store.close()
 
-    def probe(touch: bool) -> float:
-        code = _RSS_PROBE.format(read_only=not touch, touch=touch)
-        out = subprocess.run(
     # Tier-2 on disk, as in production: on the memory binding the metadata snapshot that
     # the durable copy takes at the owner's first open (the whole store) would sit in the
     # probe's own memory and be counted (that was the 394 MB of issue 17).
     tier2 = f"file://{folder.sub('tier2')}"
 
+    def probe(touch: bool) -> float:
+        code = _RSS_PROBE.format(read_only=not touch, touch=touch)
+        out = subprocess.run(
             [sys.executable, "-c", code, metadata, tier2], capture_output=True, text=True, check=True
         )
         anonymous_mb, _file_mb = out.stdout.split()

@@ -90,6 +90,7 @@ class World:
             metadata_log_flush_interval_s=0.0,
             usage_flush_interval_s=0.0,
             gc_batch_max=profile.randint(2, 8),
+            gc_delete_threads=1,  # deletes in list order: no thread schedule as input
             defrag_small_chunk_bytes=profile.choice([16, 48, 200, 1000]),
             read_parallel_bytes_min=256 << 20,
             checksums=checksums,
