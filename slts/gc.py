@@ -57,6 +57,7 @@ from slts.metadata.store import Delete, Expect, MetadataStore, Operation, Put
 
 _log = logging.getLogger("slts.gc")
 
+
 @dataclass(frozen=True, slots=True)
 class GcStatistics:
     """What one ``run_once`` did."""
