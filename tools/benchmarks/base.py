@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -105,6 +106,33 @@ def timed_segment_writes(storage: ChunkedSegmentStorage, name: str, payload: byt
     for i in range(count):
         storage.write(handle, i * len(payload), payload)
     return time.perf_counter() - started
+
+
+def run_together(threads: int, work: Callable[[int], None]) -> float:
+    """Run ``work(i)`` for i in range(``threads``), each in its own thread, released at
+    once; the seconds until all ended. The first error of a thread is raised after all
+    ended."""
+    barrier = threading.Barrier(threads + 1)
+    errors: list[BaseException] = []
+
+    def body(i: int) -> None:
+        barrier.wait()
+        try:
+            work(i)
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread below
+            errors.append(exc)
+
+    workers = [threading.Thread(target=body, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for worker in workers:
+        worker.join()
+    elapsed = time.perf_counter() - started
+    if errors:
+        raise errors[0]
+    return elapsed
 
 
 def durable_writes(

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import os
-import threading
-import time
 from collections.abc import Callable, Iterator
 
-from slts.tools.benchmarks.base import Benchmark, Folder, Workload, durable_writes
+from slts.tools.benchmarks.base import Benchmark, Folder, Workload, durable_writes, run_together
 
 from slts.storage.factory import open as open_storage
 
@@ -16,20 +14,7 @@ WRITERS = 8
 
 def _together(work: Callable[[int], None]) -> float:
     """Run ``work(i)`` in ``WRITERS`` threads released at once; seconds until all end."""
-    barrier = threading.Barrier(WRITERS + 1)
-
-    def body(i: int) -> None:
-        barrier.wait()
-        work(i)
-
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(WRITERS)]
-    for thread in threads:
-        thread.start()
-    barrier.wait()
-    started = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    return time.perf_counter() - started
+    return run_together(WRITERS, work)
 
 
 def concurrent_small_writes(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:

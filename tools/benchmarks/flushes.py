@@ -19,12 +19,11 @@ import math
 import multiprocessing
 import os
 import random
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
 
-from slts.tools.benchmarks.base import Benchmark, Folder, Workload
+from slts.tools.benchmarks.base import Benchmark, Folder, Workload, run_together
 
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.factory import open as open_storage
@@ -62,28 +61,12 @@ def _by_thread(plan: Plan, threads: int) -> list[Plan]:
 
 def _run_threads(parts: list[Plan], flush: Callable[[int, int], None]) -> float:
     """Run each part in its own thread, released together; seconds until all end."""
-    barrier = threading.Barrier(len(parts) + 1)
-    errors: list[BaseException] = []
 
-    def body(part: Plan) -> None:
-        barrier.wait()
-        try:
-            for segment, size in part:
-                flush(segment, size)
-        except BaseException as exc:  # noqa: BLE001 - reported by the caller
-            errors.append(exc)
+    def work(i: int) -> None:
+        for segment, size in parts[i]:
+            flush(segment, size)
 
-    workers = [threading.Thread(target=body, args=(part,)) for part in parts]
-    for worker in workers:
-        worker.start()
-    barrier.wait()
-    started = time.perf_counter()
-    for worker in workers:
-        worker.join()
-    elapsed = time.perf_counter() - started
-    if errors:
-        raise errors[0]
-    return elapsed
+    return run_together(len(parts), work)
 
 
 class SltsFlusher:
