@@ -165,11 +165,14 @@ def _build_container(folder: Folder, segments: int) -> tuple[int, int, int]:
             list(pool.map(make, range(segments // 2), chunksize=64))
             snapshot = storage.durable.snapshot()
             list(pool.map(make, range(segments // 2, segments), chunksize=64))
-        durable = storage.durable.flush()
-        assert durable == store.last_sequence, (durable, store.last_sequence)
-        return durable, snapshot.sequence, snapshot.entries
+        storage.close()  # its last commits (the usage record) and the log's last flush
+        assert storage.durable.durable_sequence == store.last_sequence, (
+            storage.durable.durable_sequence,
+            store.last_sequence,
+        )
+        return store.last_sequence, snapshot.sequence, snapshot.entries
     finally:
-        storage.close()
+        storage.close()  # idempotent
         store.close()  # ours: the instance leaves a store it was given open
 
 
