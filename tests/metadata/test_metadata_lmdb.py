@@ -312,30 +312,33 @@ def test_eight_threads_commit_exactly_once(lmdb_path: str) -> None:
 # -- shared syncs (metasync off; GroupCommitter's sync) ---------------------------------------
 
 
-class _CountingSyncs:
-    """Counts ``lmdb.Environment.sync`` calls of one store's environment."""
+class _SyncSpy:
+    """Stands in for one store's ``lmdb.Environment``: every call but ``sync`` goes to the
+    real one; ``sync`` is counted, then passed on, or fails with ``error``."""
 
-    def __init__(self, store: LmdbMetadataStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(
+        self, store: LmdbMetadataStore, monkeypatch: pytest.MonkeyPatch, error: Exception | None = None
+    ):
         self.calls = 0
-        environment = store._env
-        real = environment.env
+        self.real = store._env.env
+        self.error = error
+        monkeypatch.setattr(store._env, "env", self)
 
-        class Counting:
-            def __getattr__(_self, name: str) -> object:
-                return getattr(real, name)
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.real, name)
 
-            def sync(_self, force: bool = False) -> None:
-                self.calls += 1
-                real.sync(force)
-
-        monkeypatch.setattr(environment, "env", Counting())
+    def sync(self, force: bool = False) -> None:
+        self.calls += 1
+        if self.error is not None:
+            raise self.error
+        self.real.sync(force)
 
 
 def test_a_lone_durable_commit_syncs_before_it_returns(
     lmdb_path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with LmdbMetadataStore(lmdb_path, TABLES) as store:
-        syncs = _CountingSyncs(store, monkeypatch)
+        syncs = _SyncSpy(store, monkeypatch)
         store.commit([Put("segments", b"s", b"1")])
         assert syncs.calls == 1  # its meta page: the commit's own data sync does not cover it
         store.make_durable()
@@ -346,7 +349,7 @@ def test_queued_commits_share_the_next_groups_sync(lmdb_path: str, monkeypatch: 
     from tests.metadata.test_metadata_group_commit import SignallingQueue
 
     with LmdbMetadataStore(lmdb_path, TABLES) as store:
-        syncs = _CountingSyncs(store, monkeypatch)
+        syncs = _SyncSpy(store, monkeypatch)
         committer = store._env.committer
         queue = SignallingQueue(want=3)
         committer._queue = queue
@@ -377,19 +380,9 @@ def test_queued_commits_share_the_next_groups_sync(lmdb_path: str, monkeypatch: 
 
 def test_a_failed_sync_breaks_the_store_for_commits(lmdb_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     with LmdbMetadataStore(lmdb_path, TABLES) as store:
-        environment = store._env
-        real = environment.env
-
-        class FailingSync:
-            def __getattr__(self, name: str) -> object:
-                return getattr(real, name)
-
-            def sync(self, force: bool = False) -> None:
-                raise lmdb.Error("fdatasync: EIO")
-
-        monkeypatch.setattr(environment, "env", FailingSync())
+        spy = _SyncSpy(store, monkeypatch, lmdb.Error("fdatasync: EIO"))
         with pytest.raises(MetadataError, match="sync failed"):
             store.commit([Put("segments", b"s", b"1")])
-        monkeypatch.setattr(environment, "env", real)
+        spy.error = None  # the disk is back
         with pytest.raises(MetadataError, match="sync failed"):  # no later commit is trusted
             store.commit([Put("segments", b"t", b"1")])
