@@ -208,16 +208,15 @@ class ChunkedSegmentStorage:
             # commit of the owner (another process) as foreign and drops what it holds.
             if epoch is not None:
                 raise InvalidArgument("a read-only instance takes no epoch")
-            self._store = CachedMetadataStore(metadata_store, self.config.metadata_cache_entries)
-            self._ownership = ReadOnlyOwnership(metadata_store, container_id)
-        else:
-            if self.config.journal:
-                # Before the epoch commit, so that the tier-2 copy sees every commit from here on.
-                metadata_store.enable_change_capture()
+        elif self.config.journal:
+            # Before the epoch commit, so that the tier-2 copy sees every commit from here on.
+            metadata_store.enable_change_capture()
         # One store? (``slts.journal.identity``): checked before the epoch commit fences anyone.
         identity.settle(metadata_store, chunk_storage, container_id, read_only=read_only)
-        if not read_only:
-            self._store = CachedMetadataStore(metadata_store, self.config.metadata_cache_entries)
+        self._store = CachedMetadataStore(metadata_store, self.config.metadata_cache_entries)
+        if read_only:
+            self._ownership = ReadOnlyOwnership(metadata_store, container_id)
+        else:
             self._ownership = Ownership(self._store, container_id, epoch, clock)
         self.epoch = self._ownership.epoch
         assert 0 <= self.epoch <= EPOCH_MAX, self.epoch
@@ -238,8 +237,10 @@ class ChunkedSegmentStorage:
             DecodedRecords(self.config.metadata_cache_entries),
             SegmentIds(self.epoch),
         )
-        self._pool: ThreadPoolExecutor | None = None
-        self._checksum_pool: ThreadPoolExecutor | None = None  # large writes' checksums
+        #: Thread pools made on first use, by purpose ("slts-read": burst reads of several
+        #: chunks; "slts-checksum": large writes' checksums beside their data I/O), each
+        #: of ``read_threads`` threads; ``close`` shuts them down.
+        self._pools: dict[str, ThreadPoolExecutor] = {}
         self._pool_lock = threading.Lock()
         self._read_ahead = self._new_read_ahead()
         self._leaks: LeakReport | None = None  # the last check_leaks() report
@@ -282,9 +283,8 @@ class ChunkedSegmentStorage:
         self._closed = True
         self.gc.stop()
         with self._pool_lock:
-            for pool in (self._pool, self._checksum_pool):
-                if pool is not None:
-                    pool.shutdown(wait=True)
+            for pool in self._pools.values():
+                pool.shutdown(wait=True)
         if self._read_ahead is not None:
             self._read_ahead.close()
         self.meter.stop()
@@ -684,10 +684,11 @@ class ChunkedSegmentStorage:
             intent_version = (
                 self._ownership.commit(intents, [Expect(GC, op.key, 0) for op in intents]) if intents else 0
             )
-        following: Put | None = None  # the intent of the chunk the next write will create
+        following: AheadIntent | None = None  # of the chunk the next write will create
         if self._ahead is not None:
-            following_name = chunk_name(self.container_id, record.name, self.epoch, record.length + len(data))
-            following = queue_entry(following_name, GcReason.INTENT, now_ms)
+            start = record.length + len(data)
+            name = chunk_name(self.container_id, record.name, self.epoch, start)
+            following = AheadIntent(name, start, queue_entry(name, GcReason.INTENT, now_ms), 0, now_ms)
 
         # The checksums, beside the data I/O when the write is large (both release the GIL).
         sums: Future[_WriteSums] | _WriteSums | None = None
@@ -699,7 +700,7 @@ class ChunkedSegmentStorage:
                 self.config.checksum_block_bytes,
             )
             if len(data) >= PARALLEL_CHECKSUM_BYTES_MIN:
-                sums = self._checksums_pool().submit(_write_sums, *arguments)
+                sums = self._thread_pool("slts-checksum").submit(_write_sums, *arguments)
             else:
                 sums = _write_sums(*arguments)
 
@@ -720,7 +721,7 @@ class ChunkedSegmentStorage:
                 new_chunks,
                 intents,
                 intent_version,
-                following,
+                following.entry if following is not None else None,
                 sums.result() if isinstance(sums, Future) else sums,
             )
             sequence = self._commit_write(record, version, previous, plan)
@@ -728,9 +729,8 @@ class ChunkedSegmentStorage:
             if intents:  # a write stalled past gc_delay_s may have lost them to GC
                 self.gc.requeue_lost(intents, intent_version)
             raise
-        if self._ahead is not None and following is not None:
-            start = record.length + len(data)
-            self._ahead.offer(record.name, AheadIntent(following_name, start, following, sequence, now_ms))
+        if self._ahead is not None and following is not None:  # committed at ``sequence``
+            self._ahead.offer(record.name, replace(following, version=sequence))
 
     def _commit_write(
         self,
@@ -862,11 +862,10 @@ class ChunkedSegmentStorage:
         except (ChunkNotFound, MetadataCorrupted):
             # The layout this instance read is gone: another instance changed it (and GC
             # collected its chunks). Fenced if a newer epoch owns the container; otherwise
-            # forget every cached record (a read-only instance caches none) and read once
-            # more from the store: a chunk still missing then is missing (ChunkNotFound).
+            # forget every cached record and read once more from the store: a chunk still
+            # missing then is missing (ChunkNotFound).
             self._ownership.check()
-            if isinstance(self._store, CachedMetadataStore):
-                self._store.clear()
+            self._store.clear()
             data = self._read_once(handle.name, offset, length)
         assert len(data) == length, (len(data), length)
         self.context.counters.add(reads=1, bytes_read=length)
@@ -931,7 +930,7 @@ class ChunkedSegmentStorage:
         even after ``close``), and the error raised is the first failing piece's in
         segment order, whatever the threads' schedule."""
         if len(pieces) > 1 and length >= self.config.read_parallel_bytes_min:
-            pool = self._read_pool()
+            pool = self._thread_pool("slts-read")
             fetches = [pool.submit(self._fetch_piece, piece) for piece in pieces]
             wait(fetches)
             parts = [fetch.result() for fetch in fetches]
@@ -985,23 +984,18 @@ class ChunkedSegmentStorage:
             raise ChunkCorrupted(f"chunk {piece.chunk!r} fails its CRC32C checksum", chunk=piece.chunk)
         return data
 
-    def _checksums_pool(self) -> ThreadPoolExecutor:
-        """Threads computing large writes' checksums beside their data I/O (as many as
-        the read threads: one per concurrent large write is the most that helps)."""
+    def _thread_pool(self, purpose: str) -> ThreadPoolExecutor:
+        """The instance's pool for ``purpose`` (its threads' name prefix), made on first
+        use with ``read_threads`` threads: one per concurrent piece or large write is the
+        most that helps. ``StorageClosed`` after ``close``."""
         with self._pool_lock:
-            if self._checksum_pool is None:
+            pool = self._pools.get(purpose)
+            if pool is None:
                 self._check_open()
-                self._checksum_pool = ThreadPoolExecutor(
-                    self.config.read_threads, thread_name_prefix="slts-checksum"
+                pool = self._pools[purpose] = ThreadPoolExecutor(
+                    self.config.read_threads, thread_name_prefix=purpose
                 )
-            return self._checksum_pool
-
-    def _read_pool(self) -> ThreadPoolExecutor:
-        with self._pool_lock:
-            if self._pool is None:
-                self._check_open()
-                self._pool = ThreadPoolExecutor(self.config.read_threads, thread_name_prefix="slts-read")
-            return self._pool
+            return pool
 
     def _new_read_ahead(self) -> ReadAhead | None:
         """The instance's read-ahead, if the configuration turns it on for its binding:
