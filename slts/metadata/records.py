@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -60,25 +61,35 @@ class Record:
     @classmethod
     @functools.cache
     def _field_names(cls) -> tuple[str, ...]:
-        """The record's own fields (not ``extra``), computed once per class."""
+        """The record's own fields (not ``extra``), in declaration order, computed once
+        per class."""
         return tuple(f.name for f in dataclasses.fields(cls) if f.name != "extra")
 
     @classmethod
     @functools.cache
-    def _optional_fields(cls) -> frozenset[str]:
-        """Fields added after a record kind first shipped: they have a default, and a
-        record written before them decodes with it."""
-        return frozenset(
-            f.name
-            for f in dataclasses.fields(cls)
-            if f.name != "extra" and f.default is not dataclasses.MISSING
-        )
+    def _field_values(cls) -> operator.attrgetter[Any]:
+        """Reads the values of ``_field_names()`` off a record as one tuple."""
+        return operator.attrgetter(*cls._field_names(), "extra")
+
+    @classmethod
+    @functools.cache
+    def _decoding(cls) -> tuple[tuple[str, ...], tuple[tuple[str, Any], ...]]:
+        """The fields every encoding of this kind holds, and (name, default) of those added
+        after the kind first shipped (a record written before them decodes with the
+        default); in declaration order, so required then optional (dataclass rule)."""
+        fields = [f for f in dataclasses.fields(cls) if f.name != "extra"]
+        required = tuple(f.name for f in fields if f.default is dataclasses.MISSING)
+        optional = tuple((f.name, f.default) for f in fields if f.default is not dataclasses.MISSING)
+        assert [f.name for f in fields] == [*required, *(name for name, _ in optional)], cls
+        return required, optional
 
     def encode(self) -> bytes:
         """msgpack bytes of this record, unknown fields included."""
         self.check()
-        payload = dict(self.extra)  # type: ignore[attr-defined]
-        payload.update((name, getattr(self, name)) for name in self._field_names())
+        *values, extra = self._field_values()(self)
+        payload = dict(zip(self._field_names(), values, strict=True))
+        if extra:  # unknown fields first, as they were read
+            payload = {**extra, **payload}
         payload[_VERSION_KEY] = FORMAT_VERSION
         return msgpack.packb(payload, use_bin_type=True)
 
@@ -91,16 +102,16 @@ class Record:
             raise MetadataCorrupted(f"{cls.KIND} record is not valid msgpack") from exc
         if not isinstance(payload, dict) or not isinstance(payload.get(_VERSION_KEY), int):
             raise MetadataCorrupted(f"{cls.KIND} record has no format version")
-        payload.pop(_VERSION_KEY)
+        del payload[_VERSION_KEY]
+        required, optional = cls._decoding()
         try:
-            values = {
-                name: payload.pop(name) for name in cls._field_names() if name not in cls._optional_fields()
-            }
+            values = [payload.pop(name) for name in required]
         except KeyError as exc:
             raise MetadataCorrupted(f"{cls.KIND} record lacks field {exc}") from exc
-        values.update((name, payload.pop(name)) for name in cls._optional_fields() if name in payload)
+        values.extend(payload.pop(name, default) for name, default in optional)
         # Every concrete record declares ``extra`` last (a dataclass base cannot: defaults first).
-        record = cls(**values, extra=MappingProxyType(payload) if payload else _EMPTY)  # type: ignore[call-arg]
+        values.append(MappingProxyType(payload) if payload else _EMPTY)
+        record = cls(*values)
         try:
             record.check()
         except (AssertionError, TypeError) as exc:
@@ -222,6 +233,9 @@ class GcReason(enum.StrEnum):
     ORPHAN = "orphan"
 
 
+_GC_REASONS = frozenset(GcReason)
+
+
 @dataclass(frozen=True, slots=True)
 class GcEntry(Record):
     """A chunk waiting in the GC queue. ``claimed`` once the collector decided to delete it."""
@@ -235,7 +249,7 @@ class GcEntry(Record):
     extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
 
     def check(self) -> None:
-        assert self.chunk and self.reason in GcReason.__members__.values(), self
+        assert self.chunk and self.reason in _GC_REASONS, self
 
 
 class DecodedRecords:
