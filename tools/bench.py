@@ -14,12 +14,14 @@ The benchmarks: the basic ones here (durable writes of 4 KiB and 1 MiB, concat o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 from slts.tools.benchmarks.base import (
     Benchmark,
@@ -31,6 +33,24 @@ from slts.tools.benchmarks.base import (
 
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.factory import open as open_storage
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A benchmark that raised: its name, the error in one line, and the traceback."""
+
+    name: str
+    error: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """What a run measured (``figures``) and which benchmarks failed (``failures``), in
+    the order they ran."""
+
+    figures: list[Figure]
+    failures: list[Failure]
 
 
 def _concat(
@@ -174,8 +194,18 @@ BENCHMARKS: dict[str, Benchmark] = {
 
 
 def measure(benchmark: Benchmark, parent: str, quick: bool, repetitions: int) -> Figure:
-    """Run ``benchmark``: alternate subject and baseline ``repetitions`` times each."""
-    for work, subject, baseline, amount, unit in benchmark.run(parent, quick):
+    """Run ``benchmark``: alternate subject and baseline ``repetitions`` times each. The
+    benchmark's teardown runs before this returns or raises."""
+    with contextlib.closing(benchmark.run(parent, quick)) as workloads:
+        return _measure_first(benchmark, workloads, repetitions)
+
+
+def _measure_first(
+    benchmark: Benchmark,
+    workloads: Iterator[tuple[str, Workload, Workload, float, str]],
+    repetitions: int,
+) -> Figure:
+    for work, subject, baseline, amount, unit in workloads:
         subject_rates, baseline_rates = [], []
         for _ in range(repetitions):
             if benchmark.measures == "value":
@@ -209,8 +239,11 @@ def run(
     directory: str | None = None,
     out: Callable[[str], None] = print,
     store: str | None = None,
-) -> list[Figure]:
-    """Run the selected benchmarks (all by default) and print a table; returns the figures.
+) -> Report:
+    """Run the selected benchmarks (all by default) and print a table; returns the figures
+    and the failures. A benchmark that raises is reported as failed (its line says why)
+    and the run goes on with the next one: one broken benchmark does not cost the others'
+    figures. ``InvalidArgument`` (before anything runs) for an unknown name.
 
     With an ``s3://`` ``store`` the S3 benchmarks (``slts.tools.benchmarks.s3``) against
     it are available too, and are the default selection; otherwise they do not exist.
@@ -230,20 +263,26 @@ def run(
         raise InvalidArgument(f"unknown benchmarks {unknown}; known: {sorted(available)}{hint}")
     parent = directory or os.getcwd()
     repetitions = 3 if quick else 5
-    figures = []
+    report = Report([], [])
     out(
         f"{'benchmark':<17} {'unit':<9} {'SLTS median':>12} {'(min-max)':>21} {'baseline median':>16} "
         f"{'(min-max)':>21} {'ratio':>6}"
     )
     for name in names:
-        figure = measure(available[name], parent, quick, repetitions)
-        figures.append(figure)
+        try:
+            figure = measure(available[name], parent, quick, repetitions)
+        except Exception as exc:  # noqa: BLE001 - reported, and the run goes on
+            failure = Failure(name, f"{type(exc).__name__}: {exc}", traceback.format_exc())
+            report.failures.append(failure)
+            out(f"{name:<17} FAILED: {failure.error}")
+            continue
+        report.figures.append(figure)
         out(
             f"{figure.name:<17} {figure.unit:<9} {figure.subject_median:>12.1f} "
             f"{f'({figure.subject_min:.1f}-{figure.subject_max:.1f})':>21} {figure.baseline_median:>16.1f} "
             f"{f'({figure.baseline_min:.1f}-{figure.baseline_max:.1f})':>21} {figure.ratio:>6.2f}"
         )
-    return figures
+    return report
 
 
 def _register_suites() -> None:
@@ -256,6 +295,13 @@ def _register_suites() -> None:
             BENCHMARKS.setdefault(name, benchmark)
 
 
-def to_json(figures: Sequence[Figure]) -> str:
-    """The figures as a JSON document (``--json FILE``)."""
-    return json.dumps({"figures": [asdict(figure) for figure in figures]}, indent=2, sort_keys=True)
+def to_json(report: Report) -> str:
+    """The report as a JSON document (``--json-file FILE``): ``figures`` and ``failures``."""
+    return json.dumps(
+        {
+            "figures": [asdict(figure) for figure in report.figures],
+            "failures": [asdict(failure) for failure in report.failures],
+        },
+        indent=2,
+        sort_keys=True,
+    )

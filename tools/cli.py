@@ -677,20 +677,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Measure SLTS against raw baselines in the same run (see ``slts.tools.bench``)."""
     from slts.tools import bench
 
-    figures = bench.run(
+    report = bench.run(
         args.only,
         quick=args.quick,
         directory=args.dir,
         store=args.store,
         out=(lambda _: None) if args.json else print,
     )
-    document = bench.to_json(figures)
+    document = bench.to_json(report)
     if args.json_file:
         with open(args.json_file, "w") as handle:
             handle.write(document)
     if args.json:
         print(document)
-    return EXIT_OK
+    return EXIT_ERROR if report.failures else EXIT_OK
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

@@ -17,7 +17,7 @@ def test_bench_quick_json_shape(tmp_path, capsys) -> None:
     printed = json.loads(capsys.readouterr().out)
     assert printed == json.loads(out_file.read_text())
     names = [figure["name"] for figure in printed["figures"]]
-    assert names == only
+    assert names == only and printed["failures"] == []
     for figure in printed["figures"]:
         assert figure["subject_min"] <= figure["subject_median"] <= figure["subject_max"]
         assert figure["baseline_min"] <= figure["baseline_median"] <= figure["baseline_max"]
@@ -72,3 +72,49 @@ def test_bench_limiter_suite_runs_quick(tmp_path, capsys) -> None:
     assert figure["subject_median"] > 0 and figure["baseline_median"] > 0
     assert "limiter_tail: limits 10 and 5 MB/s" in captured.err and "without limits" in captured.err
     assert list(tmp_path.iterdir()) == [], "scratch folders are removed"
+
+
+def test_a_failing_benchmark_is_reported_and_the_run_goes_on(tmp_path, capsys, monkeypatch) -> None:
+    """A benchmark that raises mid-measure is reported in the JSON and the table; the
+    benchmarks after it still run, its teardown ran, and the exit code says it failed."""
+    from slts.tools import bench
+    from slts.tools.benchmarks.base import Benchmark, Folder
+
+    torn_down = []
+
+    def broken(parent: str, quick: bool):
+        folder = Folder(parent)
+
+        def subject() -> float:
+            raise RuntimeError("the subject broke")
+
+        try:
+            yield "broken work", subject, lambda: 1.0, 1.0, "ops/s"
+        finally:
+            folder.close()
+            torn_down.append(True)
+
+    monkeypatch.setitem(bench.BENCHMARKS, "broken", Benchmark("broken", "raises", broken))
+    out_file = tmp_path / "bench.json"
+    code = cli.main(
+        [
+            "bench",
+            "--quick",
+            "--only",
+            "broken",
+            "concat_10",
+            "--dir",
+            str(tmp_path),
+            "--json-file",
+            str(out_file),
+        ]
+    )
+    assert code == cli.EXIT_ERROR
+    assert "broken            FAILED: RuntimeError: the subject broke" in capsys.readouterr().out
+    document = json.loads(out_file.read_text())
+    assert [figure["name"] for figure in document["figures"]] == ["concat_10"]
+    [failure] = document["failures"]
+    assert failure["name"] == "broken" and failure["error"] == "RuntimeError: the subject broke"
+    assert "the subject broke" in failure["detail"] and "Traceback" in failure["detail"]
+    assert torn_down == [True]
+    assert [p.name for p in tmp_path.iterdir()] == ["bench.json"], "scratch folders are removed"
