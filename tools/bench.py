@@ -14,7 +14,6 @@ The benchmarks: the basic ones here (durable writes of 4 KiB and 1 MiB, concat o
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import statistics
@@ -196,8 +195,13 @@ BENCHMARKS: dict[str, Benchmark] = {
 def measure(benchmark: Benchmark, parent: str, quick: bool, repetitions: int) -> Figure:
     """Run ``benchmark``: alternate subject and baseline ``repetitions`` times each. The
     benchmark's teardown runs before this returns or raises."""
-    with contextlib.closing(benchmark.run(parent, quick)) as workloads:
+    workloads = benchmark.run(parent, quick)
+    try:
         return _measure_first(benchmark, workloads, repetitions)
+    finally:
+        close = getattr(workloads, "close", None)  # a generator: runs its teardown now
+        if close is not None:
+            close()
 
 
 def _measure_first(
