@@ -6,7 +6,7 @@ It ties the pieces together for a running container instance:
   log up with the store; if it cannot (the changes in between are no longer captured,
   e.g. the store predates its copy or was restored) a metadata snapshot covers them;
 * in the background, every ``metadata_log_flush_interval_s`` (the recovery point
-  objective for the loss of the machine): flush the log; take a metadata snapshot when
+  objective for the loss of the machine): ship the commits made until then; take a metadata snapshot when
   the log outgrew ``metadata_snapshot_log_bytes`` or ``metadata_snapshot_interval_s``
   passed; let the journal take its time-based snapshot;
 * ``barrier(sequence)``: return only once the tier-2 copy includes ``sequence``
@@ -143,8 +143,12 @@ class DurableCopy:
         return info
 
     def maintain(self) -> None:
-        """One background step: flush, then snapshots that are due (see module doc)."""
-        self.flush()
+        """One background step: ship the commits made before it started, then take the
+        snapshots that are due (see module doc). Commits landing meanwhile wait for the next
+        step: under a busy writer, shipping "everything" would never end and would cost
+        tier-2 a log append and a journal record every few commits instead of one per
+        interval (the recovery point objective is the interval either way)."""
+        self.flush(through=self.log.store.last_sequence)
         log = self.segments.layout(METADATA_LOG)
         outgrown = log.length - log.start_offset >= self.config.metadata_snapshot_log_bytes
         aged = self._clock() - self._snapshot_at >= self.config.metadata_snapshot_interval_s

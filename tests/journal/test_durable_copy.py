@@ -13,7 +13,7 @@ import contextlib
 import os
 import random
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from slts.bindings.faulty import FaultyChunkStorage
@@ -288,3 +288,38 @@ def test_the_copy_ships_only_what_is_durable_here(env: Env) -> None:
     assert reads and all(events[i - 1] == "make_durable" for i in reads)
     dumps = [i for i in range(1, len(events)) if events[i] == "snapshot" and events[i - 1] == "make_durable"]
     assert dumps  # the snapshot's consistent view is taken right after a make_durable
+
+
+def test_a_background_step_ships_what_was_committed_before_it(env: Env) -> None:
+    """Under a busy writer, one background step ships the commits made before it began
+    and ends: a commit landing during the step waits for the next one (shipping until
+    nothing is left would never end and would append to tier-2 every few commits)."""
+    from slts.metadata.delegating import DelegatingStore
+
+    class Busy(DelegatingStore):
+        during: Callable[[], None] | None = None
+
+        def changes(self, after: int, limit: int = 1000) -> list:
+            result = super().changes(after, limit)
+            if self.during is not None:
+                during, self.during = self.during, None
+                during()  # a writer commits while the step ships
+            return result
+
+    busy = Busy(env.store)
+    settings = StorageConfig(gc_interval_s=0.0, **MANUAL)  # type: ignore[arg-type]
+    with ChunkedSegmentStorage(0, None, env.binding, busy, settings, clock=env.clock) as storage:
+        copy = storage.durable
+        assert copy is not None
+        storage.create("s")
+        handle = storage.open_write("s")
+        storage.write(handle, 0, b"a")
+        began = busy.last_sequence
+        busy.during = lambda: storage.write(handle, 1, b"b")
+        flushes = copy.statistics().flushes
+        copy.maintain()
+        assert busy.during is None, "the writer committed during the step"
+        assert copy.durable_sequence == began < busy.last_sequence
+        assert copy.statistics().flushes == flushes + 1
+        copy.maintain()
+        assert copy.durable_sequence == busy.last_sequence
