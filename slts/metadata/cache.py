@@ -7,6 +7,11 @@ and, on success, caches what it wrote at the returned sequence (a delete caches 
 (``enable_change_capture``, ``changes``, ``discard_changes``) is the inner store's;
 ``replicate`` goes to the inner store and leaves the keys it wrote uncached.
 
+**Uncached tables.** Tables named in ``uncached_tables`` pass through: ``get`` reads the
+inner store, and commits do not cache what they write there. For tables that are written
+on every change but read by scans and floors (the engine's GC queue and offset index),
+so that their keys do not push the records that ``get`` serves out of the LRU.
+
 **Other writers.** Every ``get`` first compares the inner store's latest sequence with
 the last one it saw: if a commit that did not go through this cache landed in between
 (another process, such as a defrag batch driver, or another store object), every cached
@@ -71,11 +76,20 @@ class _Flight:
 class CachedMetadataStore(MetadataStore):
     """``inner`` with a bounded LRU cache of ``get`` results; closing it closes ``inner``."""
 
-    def __init__(self, inner: MetadataStore, capacity: int) -> None:
+    def __init__(
+        self, inner: MetadataStore, capacity: int, uncached_tables: frozenset[str] = frozenset()
+    ) -> None:
         if not isinstance(capacity, int) or capacity < 1:
             raise InvalidArgument("cache capacity must be an int >= 1", capacity=capacity)
+        if not isinstance(uncached_tables, frozenset) or not uncached_tables <= set(inner.tables):
+            raise InvalidArgument(
+                "uncached_tables must be a frozenset of the store's tables",
+                uncached_tables=uncached_tables,
+                tables=inner.tables,
+            )
         self.tables = inner.tables
         self.capacity = capacity
+        self.uncached_tables = uncached_tables
         self._inner = inner
         self._lock = threading.Lock()
         self._entries: OrderedDict[_Key, Versioned | None] = OrderedDict()
@@ -107,6 +121,8 @@ class CachedMetadataStore(MetadataStore):
         _checks.check_table(self.tables, table)
         _checks.check_bound("key", key)
         self._check_open()
+        if table in self.uncached_tables:
+            return self._inner.get(table, key)
         self._follow()
         name = (table, key)
         token: object | None = None
@@ -203,7 +219,8 @@ class CachedMetadataStore(MetadataStore):
         self._check_open()
         written: dict[_Key, bytes | None] = {}  # the last op per key wins; None: deleted
         for op in ops:
-            written[(op.table, op.key)] = op.value if isinstance(op, Put) else None
+            if op.table not in self.uncached_tables:
+                written[(op.table, op.key)] = op.value if isinstance(op, Put) else None
         with self._lock:
             for name in written:
                 self._entries.pop(name, None)

@@ -59,7 +59,7 @@ from slts.metadata import index
 from slts.metadata.cache import CachedMetadataStore
 from slts.metadata.ownership import EPOCH_MAX, Ownership, ReadOnlyOwnership
 from slts.metadata.records import ChunkRecord, DecodedRecords, GcReason, SegmentRecord, SegmentStatus
-from slts.metadata.schema import CHUNKS, DELETED, GC, SEGMENTS, name_key, segment_id_key
+from slts.metadata.schema import CHUNKS, DELETED, GC, INDEX, SEGMENTS, name_key, segment_id_key
 from slts.metadata.store import Delete, Expect, MetadataStore, Put, prefix_stop
 from slts.storage import block_checksums, layout_changes
 from slts.storage.ahead_intents import AheadIntent, AheadIntents
@@ -213,7 +213,11 @@ class ChunkedSegmentStorage:
             metadata_store.enable_change_capture()
         # One store? (``slts.journal.identity``): checked before the epoch commit fences anyone.
         identity.settle(metadata_store, chunk_storage, container_id, read_only=read_only)
-        self._store = CachedMetadataStore(metadata_store, self.config.metadata_cache_entries)
+        # The GC queue and the offset index change with every write but are read by scans
+        # and floors, never by ``get`` on the hot path: their keys would only crowd the cache.
+        self._store = CachedMetadataStore(
+            metadata_store, self.config.metadata_cache_entries, uncached_tables=frozenset({GC, INDEX})
+        )
         if read_only:
             self._ownership = ReadOnlyOwnership(metadata_store, container_id)
         else:

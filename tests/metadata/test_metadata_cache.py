@@ -298,6 +298,31 @@ def test_reads_other_than_get_are_never_cached(cache: CachedMetadataStore, hooke
     assert cache.last_sequence == later
 
 
+def test_uncached_tables_pass_through(hooked: HookedStore) -> None:
+    """Keys of an uncached table never take a cache entry: commits do not cache them,
+    ``get`` always asks the inner store (and sees what it holds), and the own commit on
+    them is not mistaken for another writer's."""
+    cache = CachedMetadataStore(hooked, capacity=2, uncached_tables=frozenset({"chunks"}))
+    own = cache.commit([Put(T, b"a", b"1"), Put("chunks", b"c1", b"x"), Delete("chunks", b"c2")])
+    assert cache.cached_entries == 1  # only the segments key
+    assert served_from_cache(cache, hooked, b"a") == Versioned(own, b"1")
+    for _ in range(2):
+        before = hooked.gets
+        assert cache.get("chunks", b"c1") == Versioned(own, b"x")
+        assert cache.get("chunks", b"c2") is None
+        assert hooked.gets == before + 2  # asked the inner store each time
+    assert cache.cached_entries == 1
+    cache.commit([Put("chunks", b"c3", b"y")])  # an own commit on uncached keys only
+    assert served_from_cache(cache, hooked, b"a") == Versioned(own, b"1")
+    assert cache.foreign_invalidations == 0
+
+
+def test_uncached_tables_must_be_the_store_s(hooked: HookedStore) -> None:
+    for tables in ({"chunks"}, frozenset({"nope"}), ("chunks",)):
+        with pytest.raises(InvalidArgument, match="uncached_tables"):
+            CachedMetadataStore(hooked, capacity=2, uncached_tables=tables)  # type: ignore[arg-type]
+
+
 def test_capacity_must_be_positive(hooked: HookedStore) -> None:
     for capacity in (0, -1, 1.5):
         with pytest.raises(InvalidArgument):
