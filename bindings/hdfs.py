@@ -408,6 +408,9 @@ class HdfsChunkStorage(ChunkStorage):
     supports_concat = False  # HDFS CONCAT consumes its sources: see the module doc
     supports_truncate = True
     supports_readonly = True
+    #: Every read is a NameNode ``OPEN`` redirected to a DataNode: two HTTP round trips,
+    #: so the engine reads ahead for sequential readers.
+    high_latency_reads = True
 
     def __init__(
         self,

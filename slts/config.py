@@ -57,13 +57,13 @@ class StorageConfig:
     #: once reads of a segment arrive in order (each starting where the one before ended),
     #: the chunk bytes that follow are fetched on ``read_threads`` threads while the caller
     #: consumes what it asked for (``slts.storage.read_ahead``). On by default on bindings
-    #: with high-latency reads (S3); elsewhere see ``read_ahead_low_latency``. 0: off.
+    #: with high-latency reads (S3, HDFS); elsewhere see ``read_ahead_low_latency``. 0: off.
     read_ahead_bytes: int = 32 * MiB
     #: Read-ahead fetches a chunk in ranged reads of this size (cut at its multiples
     #: within the chunk), in parallel: at most ``read_ahead_bytes``.
     read_ahead_part_bytes: int = 8 * MiB
-    #: Read ahead also on bindings without high-latency reads (filesystem, memory, and HDFS
-    #: today); on a local file system the page cache reads ahead already.
+    #: Read ahead also on bindings without high-latency reads (filesystem, memory); on a
+    #: local file system the page cache reads ahead already.
     read_ahead_low_latency: bool = False
     #: Entries in the write-through metadata cache.
     metadata_cache_entries: int = 100_000

@@ -507,3 +507,21 @@ def test_the_engine_runs_on_hdfs_and_defrag_copies(server, tmp_path):
     reopened = slts.open(url, metadata=metadata)
     assert reopened.read(reopened.open_read("s"), 0, len(data)) == data
     reopened.close()
+
+
+def test_a_sequential_reader_on_hdfs_is_served_by_read_ahead(server, tmp_path):
+    """Every HDFS read is two round trips (NameNode, DataNode): the engine reads ahead
+    by default, and a reader going front to back gets exactly the bytes written."""
+    import slts
+
+    url = server.url(f"/engine/{uuid.uuid4().hex}", **TEST_OPTIONS)
+    settings = {"read_ahead_bytes": 64 << 10, "read_ahead_part_bytes": 8 << 10}
+    data = bytes(i % 253 for i in range(96 << 10))
+    with slts.open(url, metadata=str(tmp_path / "metadata"), **settings) as storage:
+        storage.create("s", max_rolling_length=32 << 10)  # three chunks
+        storage.write(storage.open_write("s"), 0, data)
+        reader = storage.open_read("s")
+        got = b"".join(storage.read(reader, offset, 4 << 10) for offset in range(0, len(data), 4 << 10))
+        statistics = storage.read_ahead_statistics()
+    assert got == data
+    assert statistics is not None and statistics.hits > 0 and statistics.failures == 0
