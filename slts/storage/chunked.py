@@ -23,6 +23,7 @@ commit of its segment, never for a write's data I/O or sync.
 from __future__ import annotations
 
 import builtins
+import contextvars
 import logging
 import threading
 import time
@@ -935,7 +936,11 @@ class ChunkedSegmentStorage:
         segment order, whatever the threads' schedule."""
         if len(pieces) > 1 and length >= self.config.read_parallel_bytes_min:
             pool = self._thread_pool("slts-read")
-            fetches = [pool.submit(self._fetch_piece, piece) for piece in pieces]
+            # In the caller's context (its traffic class), a copy per piece: a context
+            # runs in one thread at a time.
+            fetches = [
+                pool.submit(contextvars.copy_context().run, self._fetch_piece, piece) for piece in pieces
+            ]
             wait(fetches)
             parts = [fetch.result() for fetch in fetches]
         else:

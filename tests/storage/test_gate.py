@@ -5,6 +5,7 @@ refused before anything is written. On the filesystem binding and on S3."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
@@ -15,7 +16,7 @@ from slts.tools.simulation.seam import FakeClock
 
 from slts.config import StorageConfig
 from slts.errors import InvalidArgument
-from slts.limiter import Limit, PriorityLimiter, TrafficClass
+from slts.limiter import Limit, PriorityLimiter, TrafficClass, traffic_class
 from slts.offload.ledgers import MemoryLedger
 from slts.offload.offloader import LedgerOffloader
 from slts.storage.chunked import ChunkedSegmentStorage
@@ -92,6 +93,31 @@ def test_every_kind_of_work_is_counted_in_its_class(env: Env) -> None:
     )
     offload = grew(before, counted(limiter))
     assert offload[TrafficClass.OFFLOAD][0] >= record.data_length
+
+
+def test_a_read_across_chunks_in_parallel_keeps_its_caller_s_class(env: Env) -> None:
+    """A read large enough to fetch its chunks on the read pool's threads is paid and
+    counted in the class of the caller that asked (scrub here), not as a foreground read."""
+    limiter = PriorityLimiter()
+    config = dataclasses.replace(CONFIG, read_parallel_bytes_min=1024)
+    storage = ChunkedSegmentStorage(0, None, env.binding, env.store, config, limiter=limiter)
+    env.instances.append(storage)
+    small_chunks(storage, "s", 8, 1000)
+    fetched_on: set[str] = set()
+    fetch_stored = storage._fetch_stored
+
+    def spying(piece):  # type: ignore[no-untyped-def]
+        fetched_on.add(threading.current_thread().name)
+        return fetch_stored(piece)
+
+    storage._fetch_stored = spying  # type: ignore[method-assign]
+    before = counted(limiter)
+    with traffic_class(TrafficClass.SCRUB):
+        data = storage.read(storage.open_read("s"), 0, 8000)
+    assert data == b"".join(bytes([i]) * 1000 for i in range(8))
+    assert all(name.startswith("slts-read") for name in fetched_on), fetched_on  # the pool's threads
+    read = grew(before, counted(limiter))
+    assert set(read) == {TrafficClass.SCRUB} and read[TrafficClass.SCRUB] == (8000, 8)
 
 
 def test_a_limited_class_waits_and_the_others_do_not(env: Env) -> None:
