@@ -6,9 +6,9 @@ It ties the pieces together for a running container instance:
   log up with the store; if it cannot (the changes in between are no longer captured,
   e.g. the store predates its copy or was restored) a metadata snapshot covers them;
 * in the background, every ``metadata_log_flush_interval_s`` (the recovery point
-  objective for the loss of the machine): ship the commits made until then; take a metadata snapshot when
-  the log outgrew ``metadata_snapshot_log_bytes`` or ``metadata_snapshot_interval_s``
-  passed; let the journal take its time-based snapshot;
+  objective for the loss of the machine): ship the commits made until then; take a
+  metadata snapshot when the log outgrew ``metadata_snapshot_log_bytes`` or
+  ``metadata_snapshot_interval_s`` passed; let the journal take its time-based snapshot;
 * ``barrier(sequence)``: return only once the tier-2 copy includes ``sequence``
   (flushing if needed). GC calls it before deleting a chunk, so tier-2 alone always
   holds a restorable state that needs no deleted chunk (DESIGN.md §5 invariant 5).

@@ -43,10 +43,10 @@ class Failure:
     detail: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Report:
     """What a run measured (``figures``) and which benchmarks failed (``failures``), in
-    the order they ran."""
+    the order they ran (filled in as the run goes)."""
 
     figures: list[Figure]
     failures: list[Failure]

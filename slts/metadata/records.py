@@ -68,7 +68,7 @@ class Record:
     @classmethod
     @functools.cache
     def _field_values(cls) -> operator.attrgetter[Any]:
-        """Reads the values of ``_field_names()`` off a record as one tuple."""
+        """Reads the values of ``_field_names()``, then ``extra``, off a record as one tuple."""
         return operator.attrgetter(*cls._field_names(), "extra")
 
     @classmethod
