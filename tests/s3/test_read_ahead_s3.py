@@ -26,6 +26,7 @@ from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.schema import TABLES
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.usage import UsageRecord
+from tests.support.s3 import run_quick_bench
 from tests.support.s3server import SeaweedServer
 
 KiB = 1 << 10
@@ -138,19 +139,8 @@ def test_the_cold_sequential_read_benchmark_runs_and_cleans_up(
 ) -> None:
     """``slts bench --quick`` with ``s3_read_seq`` and ``s3_read_seq_parallel``: both
     figures, and no scratch folder or object left behind."""
-    import json
-
-    from slts.tools import cli
-
-    for variable, value in s3_server.credentials().items():
-        monkeypatch.setenv(variable, value)
-    bucket = s3_server.new_bucket("bench")
-    url = f"s3://{bucket}/b?endpoint_url={s3_server.endpoint_url}"
     only = ["s3_read_seq", "s3_read_seq_parallel"]
-    code = cli.main(["bench", "--quick", "--store", url, "--only", *only, "--dir", str(tmp_path), "--json"])
-    assert code == cli.EXIT_OK
-    figures = json.loads(capsys.readouterr().out)["figures"]
-    assert [figure["name"] for figure in figures] == only
+    bucket, figures = run_quick_bench(s3_server, monkeypatch, tmp_path, capsys, only)
     for figure in figures:
         assert figure["unit"] == "MB/s" and figure["ratio"] > 0 and "64 MiB segment" in figure["work"]
     assert list(tmp_path.iterdir()) == []

@@ -34,6 +34,7 @@ from slts.errors import ChunkExists, ChunkNotFound, ChunkStorageError, InvalidCo
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.schema import TABLES
 from slts.storage.chunked import ChunkedSegmentStorage
+from tests.support.s3 import run_quick_bench
 from tests.support.s3server import SeaweedServer, SeaweedUnavailable, find_weed
 
 FIVE_MIB = PART_BYTES_MIN
@@ -410,17 +411,8 @@ def test_the_cli_takes_an_s3_url(s3_server, monkeypatch, tmp_path, capsys) -> No
 
 
 def test_bench_runs_the_s3_benchmarks_against_the_store(s3_server, monkeypatch, tmp_path, capsys) -> None:
-    for variable, value in s3_server.credentials().items():
-        monkeypatch.setenv(variable, value)
-    bucket = s3_server.new_bucket("bench")
-    url = f"s3://{bucket}/b?endpoint_url={s3_server.endpoint_url}"
     only = ["s3_write_64k", "s3_concat"]
-    code = cli.main(["bench", "--quick", "--store", url, "--only", *only, "--dir", str(tmp_path), "--json"])
-    assert code == cli.EXIT_OK
-    import json
-
-    figures = json.loads(capsys.readouterr().out)["figures"]
-    assert [figure["name"] for figure in figures] == only
+    bucket, figures = run_quick_bench(s3_server, monkeypatch, tmp_path, capsys, only)
     for figure in figures:
         assert figure["unit"] == "MB/s" and figure["repetitions"] == 3 and figure["ratio"] > 0
         assert figure["subject_min"] <= figure["subject_median"] <= figure["subject_max"]

@@ -88,3 +88,24 @@ def s3_storage_binding(tmp: Path) -> Any:
 
     server = shared_server_or_skip()
     return S3ChunkStorage(server.new_bucket("storage"), "chunks", **server.binding_kwargs())
+
+
+def run_quick_bench(
+    server: SeaweedServer, monkeypatch: Any, tmp_path: Path, capsys: Any, only: list[str]
+) -> tuple[str, list[dict[str, Any]]]:
+    """``slts bench --quick --json`` of the S3 benchmarks ``only`` against a new bucket of
+    ``server`` (its credentials in the environment, scratch folders in ``tmp_path``),
+    asserted to succeed; the bucket and the figures printed."""
+    import json
+
+    from slts.tools import cli
+
+    for variable, value in server.credentials().items():
+        monkeypatch.setenv(variable, value)
+    bucket = server.new_bucket("bench")
+    url = f"s3://{bucket}/b?endpoint_url={server.endpoint_url}"
+    code = cli.main(["bench", "--quick", "--store", url, "--only", *only, "--dir", str(tmp_path), "--json"])
+    assert code == cli.EXIT_OK
+    figures: list[dict[str, Any]] = json.loads(capsys.readouterr().out)["figures"]
+    assert [figure["name"] for figure in figures] == only
+    return bucket, figures
