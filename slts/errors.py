@@ -42,11 +42,14 @@
     │   └── EntryOutOfRange (IndexError)      a read outside [0, the ledger's last entry]
     ├── Fenced                                a newer epoch owns the container
     ├── ReadOnlyInstance (PermissionError)    the instance was opened read-only
-    └── StorageClosed                         the instance (or store, binding) was closed
+    ├── StorageClosed                         the instance (or store, binding) was closed
+    └── InvariantViolated (AssertionError)    a bug caught before it returned wrong bytes
 
 Rules: leaves inherit the matching builtin where the meaning matches, so callers that
 think in builtins still work. Errors carry their context as attributes (``segment``,
-``chunk``, ``offset``...). Bugs are ``AssertionError`` and are never caught. Backend
+``chunk``, ``offset``...). Bugs are ``AssertionError`` and are never caught; where a
+bug would hand a caller wrong bytes (a read's length, its pieces), the check is an ``if``
+that raises ``InvariantViolated``, so it holds under ``python -O`` too. Backend
 exceptions are translated at one choke point per binding with ``raise ... from exc``.
 """
 
@@ -265,3 +268,9 @@ class ReadOnlyInstance(SltsError, PermissionError):
 
 class StorageClosed(SltsError):
     """The object was closed; no further operation is accepted."""
+
+
+class InvariantViolated(SltsError, AssertionError):
+    """An invariant the engine checks on every call failed (a bug, never bad input): the
+    operation raised instead of returning what broke it, e.g. a read whose bytes are not
+    the length asked for. Raised by an explicit check, so ``python -O`` keeps it."""

@@ -42,6 +42,7 @@ from slts.errors import (
     InvalidArgument,
     InvalidName,
     InvalidOffset,
+    InvariantViolated,
     MetadataCorrupted,
     ReadOnlyInstance,
     SegmentExists,
@@ -124,6 +125,19 @@ class _WritePlan:
     intent_version: int
     following: Put | None
     sums: _WriteSums | None
+
+
+def _exactly(data: bytes, piece: _ReadPiece, how: str) -> bytes:
+    """``data`` if it is as long as ``piece``, else ``InvariantViolated`` (a bug that
+    would return wrong bytes; an ``if``, so it holds under ``python -O``)."""
+    if len(data) != piece.length:
+        raise InvariantViolated(
+            f"chunk {piece.chunk!r}: {len(data)} bytes {how} for a piece of {piece.length} "
+            f"at {piece.chunk_offset}",
+            chunk=piece.chunk,
+            offset=piece.chunk_offset,
+        )
+    return data
 
 
 def _write_sums(
@@ -873,7 +887,12 @@ class ChunkedSegmentStorage:
             self._ownership.check()
             self._store.clear()
             data = self._read_once(handle.name, offset, length)
-        assert len(data) == length, (len(data), length)
+        if len(data) != length:  # not an assert: wrong bytes must not reach a caller under -O
+            raise InvariantViolated(
+                f"segment {handle.name!r}: a read of {length} at {offset} produced {len(data)} bytes",
+                segment=handle.name,
+                offset=offset,
+            )
         self.context.counters.add(reads=1, bytes_read=length)
         return data
 
@@ -959,8 +978,8 @@ class ChunkedSegmentStorage:
             if data is not None and (
                 piece.whole_chunk_checksum is None or _checksum(data) == piece.whole_chunk_checksum
             ):
-                return data
-        return self._fetch_stored(piece)
+                return _exactly(data, piece, "read ahead")
+        return _exactly(self._fetch_stored(piece), piece, "read")
 
     def _fetch_range(self, piece: _ReadPiece, chunk_offset: int, length: int) -> bytes:
         """Bytes ``[chunk_offset, chunk_offset+length)`` of ``piece``'s chunk, within the

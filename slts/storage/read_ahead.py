@@ -247,31 +247,37 @@ class ReadAhead:
             candidates = self._by_chunk.get(chunk)
             if not candidates:
                 return None
-            chain: list[_Part] = []
+            # (part, first, stop): the part gives bytes [first, stop) of the chunk. Parts
+            # of one chunk may overlap (two streams cut it at different ends), so each
+            # gives only what the parts before it in the chain did not.
+            chain: list[tuple[_Part, int, int]] = []
             position = offset
             while position < end:
                 part = next((p for p in candidates if p.offset <= position < p.end), None)
                 if part is None:
                     return None
-                chain.append(part)
-                position = part.end
+                stop = min(end, part.end)
+                chain.append((part, position, stop))
+                position = stop
         pieces = []
-        for part in chain:
+        for part, first, stop in chain:
             assert part.future is not None
             try:
                 data = part.future.result()
             except (SltsError, CancelledError):  # the part's error: the reader reads itself
                 return None
-            low, high = max(offset, part.offset) - part.offset, min(end, part.end) - part.offset
+            low, high = first - part.offset, stop - part.offset
             pieces.append(data if low == 0 and high == part.length else data[low:high])
         with self._lock:
-            for part in chain:
+            for part, _, _ in chain:
                 if part.end <= end:
                     self._drop(part, used=True)
                     self._fill(part.stream)  # what it held may go to the parts that follow
             self._counts["hits"] += 1
             self._counts["hit_bytes"] += length
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        assert len(data) == length, (chunk, offset, length, len(data))
+        return data
 
     # -- life cycle ------------------------------------------------------------------------------
 

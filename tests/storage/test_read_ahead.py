@@ -25,6 +25,8 @@ The S3 side (no HEAD on the read path, ranged GETs within a chunk) is in
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import wait
@@ -36,6 +38,7 @@ from slts.bindings.faulty import FaultyChunkStorage
 from slts.bindings.filesystem import FileSystemChunkStorage
 from slts.bindings.memory import MemoryChunkStorage
 
+from slts.admin.verify import verify_segment
 from slts.config import StorageConfig
 from slts.errors import ChunkCorrupted, InvalidConfig, SegmentTruncated, StorageUnavailable
 from slts.metadata.lmdb_store import LmdbMetadataStore
@@ -198,6 +201,34 @@ def test_streams_share_the_budget_and_parts_are_found_by_chunk_and_range() -> No
     assert ahead.statistics().held_bytes == 0 and not read_ahead_threads()
 
 
+def test_overlapping_parts_of_one_chunk_give_each_byte_once() -> None:
+    """Invariant 1 on the module alone: two streams (here two segments sharing a chunk, as
+    after a concat) cut the same chunk at different ends, so their parts overlap; a take
+    across them returns exactly the bytes asked for, each once (it once joined the overlap
+    twice: a longer, wrong result)."""
+    ahead = ReadAhead(bytes_max=64, part_bytes=8, threads=2)
+
+    def fetch(piece: _Piece, offset: int, length: int) -> bytes:
+        return _bytes_of(piece.chunk, offset, length)
+
+    try:
+        ahead.follow("a", 0, 4, 20)
+        first = ahead.follow("a", 4, 4, 20)  # the segment ends at 20: parts [8, 16), [16, 20)
+        assert first is not None and (first.start, first.end) == (8, 20)
+        ahead.prefetch(first, [_Piece("c", 8, 12)], fetch)
+        ahead.follow("b", 0, 4, 100)
+        second = ahead.follow("b", 4, 4, 100)  # parts [8, 16), [16, 24), ... of the same chunk
+        assert second is not None and second.start == 8 and second.end > 24
+        ahead.prefetch(second, [_Piece("c", 8, second.end - 8)], fetch)
+        # The chunk's parts, in the order they are looked up: "a"'s [8, 16) and [16, 20),
+        # then "b"'s [8, 16), [16, 24), ...: [12, 24) is [12, 16) + [16, 20) of "a" and
+        # [20, 24) of "b"'s [16, 24), which overlaps "a"'s last part.
+        assert ahead.take("c", 12, 12) == _bytes_of("c", 12, 12)
+        assert ahead.take("c", 24, 8) == _bytes_of("c", 24, 8)  # "b" alone goes on
+    finally:
+        ahead.close()
+
+
 def test_a_forgotten_stream_releases_its_parts() -> None:
     """Invariant 3: a stream pushed out of the table by ``STREAMS_MAX`` others drops its
     parts; a part a thread is fetching counts until its fetch ends (at most one here:
@@ -315,6 +346,87 @@ def test_reads_stay_exact_while_the_layout_changes(env: Env, seed: int) -> None:
         assert (info.start_offset, info.length) == (start, len(model)), where
     stats = reader.read_ahead_statistics()
     assert stats is not None and stats.held_bytes_peak <= BUDGET
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_concurrent_readers_get_exact_bytes_while_the_owner_changes_the_layout(env: Env, seed: int) -> None:
+    """Invariant 1 with threads: two readers (one on the owner, one on a read-only
+    instance) read a segment in order, jumping to another place now and then (each jump
+    starts a stream whose parts overlap the older streams' parts of the same chunks),
+    while the owner appends, concatenates, truncates, defragments and collects. Every
+    read returns exactly the model's bytes, or ``SegmentTruncated`` below the start (it
+    once returned a piece longer than asked for: an ``AssertionError``, and under ``-O``
+    wrong bytes)."""
+    owner = env.open(**AHEAD, gc_delay_s=0.0)
+    observer = ChunkedSegmentStorage(0, None, env.binding, env.store, StorageConfig(**AHEAD), read_only=True)
+    env.instances.append(observer)
+    model = bytearray(pattern(64 * KiB, seed))
+    segment(owner, "s", bytes(model))
+    stop = threading.Event()
+    failures: list[BaseException] = []
+    reads = [0, 0]
+
+    def read_along(storage: ChunkedSegmentStorage, index: int) -> None:
+        rng = random.Random(seed * 10 + index)
+        handle = storage.open_read("s")
+        position = 0
+        try:
+            while not stop.is_set():
+                info = storage.info("s")
+                if position < info.start_offset or position >= info.length or rng.random() < 0.05:
+                    position = rng.randint(info.start_offset, max(info.start_offset, info.length - 1))
+                size = min(rng.choice([3 * KiB, 6 * KiB, 11 * KiB]), info.length - position)
+                if size <= 0:
+                    continue
+                try:
+                    data = storage.read(handle, position, size)
+                except SegmentTruncated:
+                    continue
+                # The model only grows and is extended before the owner commits: the bytes
+                # below any committed length are final.
+                assert data == model[position : position + size], (index, position, size, len(data))
+                position += size
+                reads[index] += 1
+        except BaseException as exc:
+            failures.append(exc)
+            stop.set()
+
+    readers = [threading.Thread(target=read_along, args=(s, i)) for i, s in enumerate((owner, observer))]
+    for reader in readers:
+        reader.start()
+    rng = random.Random(seed)
+    writer = owner.open_write("s")
+    try:
+        for step in range(200):
+            if stop.is_set():
+                break
+            action = rng.choice(["append"] * 3 + ["concat", "truncate", "defrag", "gc"])
+            if action == "append":
+                data = rng.randbytes(rng.randint(1, 12 * KiB))
+                model += data
+                owner.write(writer, len(model) - len(data), data)
+            elif action == "concat":
+                source, data = f"source-{step}", rng.randbytes(rng.randint(1, 12 * KiB))
+                owner.create(source, max_rolling_length=rng.choice([2 * KiB, ROLLING]))
+                owner.write(owner.open_write(source), 0, data)
+                owner.seal(owner.open_write(source))
+                model += data
+                owner.concat(writer, len(model) - len(data), source)
+            elif action == "truncate":
+                owner.truncate(writer, max(owner.info("s").start_offset, len(model) - 40 * KiB))
+            elif action == "defrag":
+                owner.defrag("s")
+            else:
+                env.clock.advance(1.0)
+                owner.gc.run_once()
+    finally:
+        stop.set()
+        for reader in readers:
+            reader.join()
+    if failures:
+        raise failures[0]
+    assert all(count > 0 for count in reads), reads
+    assert verify_segment(owner, "s", checksums=True) == []
 
 
 retry_env = env_fixture([("filesystem", "lmdb"), ("s3", "lmdb")])
@@ -528,3 +640,41 @@ def test_no_read_ahead_thread_outlives_close(tmp_path: Path) -> None:
             instance.close()
         environment.store.close()
     assert not read_ahead_threads()
+
+
+def test_a_read_of_the_wrong_length_raises_even_under_python_O(tmp_path: Path) -> None:
+    """A read's length never rests on an ``assert``: with a bug planted in read-ahead (its
+    ``take`` hands back one byte too many), a read under ``python -O`` (asserts off)
+    raises ``InvariantViolated`` naming the chunk, instead of returning the wrong bytes."""
+    script = f"""
+import sys
+from slts.bindings.filesystem import FileSystemChunkStorage
+from slts.config import StorageConfig
+from slts.errors import InvariantViolated
+from slts.metadata.lmdb_store import LmdbMetadataStore
+from slts.metadata.schema import TABLES
+from slts.storage.chunked import ChunkedSegmentStorage
+from slts.storage.read_ahead import ReadAhead
+
+assert not __debug__, "run with -O"
+take = ReadAhead.take
+ReadAhead.take = lambda self, *args: (lambda data: None if data is None else data + b"!")(take(self, *args))
+config = StorageConfig(**{AHEAD!r}, gc_interval_s=0.0, metadata_log_flush_interval_s=0.0)
+store = LmdbMetadataStore({str(tmp_path / "metadata")!r}, TABLES)
+storage = ChunkedSegmentStorage(0, None, FileSystemChunkStorage({str(tmp_path / "chunks")!r}), store, config)
+storage.create("s")
+handle = storage.open_write("s")
+storage.write(handle, 0, bytes(range(256)) * 256)
+for offset in range(0, 64 * 1024, 1024):
+    try:
+        data = storage.read(handle, offset, 1024)
+    except InvariantViolated as error:
+        print("raised", error.chunk)
+        sys.exit(0)
+    assert len(data) == 1024, len(data)  # not reached with asserts off: checked by the exit code
+print("no error")
+sys.exit(1)
+"""
+    done = subprocess.run([sys.executable, "-O", "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("raised ")
