@@ -145,12 +145,14 @@ def scrub(
             check_chunks_locally(storage.chunk_storage)(pending) if checker is None else checker(pending)
         )
         assert len(results) == len(pending), (len(results), len(pending))
+        found: list[Anomaly] = []
         for result in results:
             if isinstance(result, BaseException):
                 raise result
             report.bytes_read += result.bytes_read
             report.unverified_chunks += result.unverified
-            report.anomalies.extend(result.anomalies)
+            found.extend(result.anomalies)
+        report.anomalies.extend(_confirmed(storage, found))
         if progress is not None:
             progress(len(pending))
         pending.clear()
@@ -177,6 +179,23 @@ def scrub(
             run_pending()
     report.seconds = time.perf_counter() - began
     return report
+
+
+def _confirmed(storage: ChunkedSegmentStorage, anomalies: list[Anomaly]) -> list[Anomaly]:
+    """``anomalies`` less those of chunks that left their segment's layout since the walk
+    planned them: a chunk missing or short on the chunk storage because a defrag, truncate
+    or delete dropped it and GC collected it is no damage. A checksum anomaly stands: the
+    bytes below a chunk's recorded length never change while it exists."""
+    suspects: dict[str, set[str]] = {}
+    for anomaly in anomalies:
+        if anomaly.kind != "checksum":
+            suspects.setdefault(anomaly.segment, set()).add(anomaly.chunk)
+    still = {
+        (segment, chunk)
+        for segment, chunks in suspects.items()
+        for chunk in storage.context.still_listed(segment, chunks)
+    }
+    return [a for a in anomalies if a.kind == "checksum" or (a.segment, a.chunk) in still]
 
 
 def _check_of(url: str, segment: str, start: int, chunk: ChunkRecord, piece_bytes: int) -> ChunkCheck:
@@ -209,6 +228,21 @@ def check_chunk(check: ChunkCheck, binding: ChunkStorage) -> ChunkResult:
         return ChunkResult(0, False, tuple(anomalies))
     if check.length == 0:
         return ChunkResult(0, False, ())
+    try:
+        return _read_and_check(check, binding, anomaly, anomalies)
+    except ChunkNotFound:  # deleted while it was read: reported as missing (and confirmed)
+        anomalies.clear()
+        anomaly("missing", 0, "the chunk left the chunk storage while it was read")
+        return ChunkResult(0, False, tuple(anomalies))
+
+
+def _read_and_check(
+    check: ChunkCheck,
+    binding: ChunkStorage,
+    anomaly: Callable[[str, int, str], None],
+    anomalies: list[Anomaly],
+) -> ChunkResult:
+    """``check_chunk``'s reading part: the chunk's bytes read in pieces and checked."""
     unverified = check.blocks is None and check.checksum is None
     handle = binding.open_read(check.chunk)
     whole = bytes_read = position = 0

@@ -21,13 +21,15 @@ from dataclasses import dataclass, field
 import crc32c
 
 from slts.bindings.base import ChunkStorage
-from slts.errors import ChunkNotFound
+from slts.errors import ChunkNotFound, SegmentNotFound
 from slts.journal.restore import verify_copy
 from slts.journal.system_names import system_prefix
 from slts.metadata import index
 from slts.metadata.records import ChunkRecord, GcEntry, SegmentRecord
-from slts.metadata.schema import CHUNKS, DELETED, GC, name_key
+from slts.metadata.schema import CHUNKS, DELETED, GC, SEGMENTS, name_key
+from slts.metadata.store import MetadataStore, ReadView
 from slts.storage.chunked import ChunkedSegmentStorage
+from slts.storage.context import walk_chunks
 from slts.storage.leaks import LeakReport
 from slts.storage.segment_names import chunk_prefix
 
@@ -43,72 +45,80 @@ class ContainerReport:
     problems: list[str] = field(default_factory=list)
 
 
-def _walk(
-    storage: ChunkedSegmentStorage, record: SegmentRecord
-) -> tuple[list[tuple[int, ChunkRecord]], list[str]]:
-    problems: list[str] = []
-    listed: list[tuple[int, ChunkRecord]] = []
-    name, start = record.first_chunk, record.first_chunk_start_offset
-    while name is not None:
-        if len(listed) > record.chunk_count:
-            problems.append(
-                f"{record.name}: chunk list longer than chunk_count {record.chunk_count} (cycle?)"
-            )
-            break
-        stored = storage.context.store.get(CHUNKS, name_key(name))
-        if stored is None:
-            problems.append(f"{record.name}: chunk {name!r} is referenced but has no record")
-            break
-        chunk = ChunkRecord.decode(stored.value)
-        listed.append((start, chunk))
-        start += chunk.length
-        name = chunk.next_chunk
-    if not problems:
-        if len(listed) != record.chunk_count:
-            problems.append(
-                f"{record.name}: {len(listed)} chunks listed, chunk_count says {record.chunk_count}"
-            )
-        if listed and start != record.length:
-            problems.append(f"{record.name}: chunks end at {start}, length is {record.length}")
-        if listed and (
-            listed[-1][1].name != record.last_chunk or listed[-1][0] != record.last_chunk_start_offset
-        ):
-            problems.append(f"{record.name}: last_chunk / last_chunk_start_offset disagree with the list")
-    return listed, problems
-
-
 def verify_segment(storage: ChunkedSegmentStorage, name: str, *, checksums: bool = False) -> list[str]:
     """Problems found in segment ``name`` (empty list: healthy). With ``checksums`` every
-    chunk that has a recorded CRC32C is read whole and its bytes checked against it."""
-    record, _ = storage.context.load(name)
-    listed, problems = _walk(storage, record)
+    chunk that has a recorded CRC32C is read whole and its bytes checked against it.
+    ``SegmentNotFound`` if the segment does not exist."""
+    return _verify_segment(storage, name, checksums)[1]
+
+
+def _verify_segment(
+    storage: ChunkedSegmentStorage, name: str, checksums: bool
+) -> tuple[list[tuple[int, ChunkRecord]], list[str]]:
+    """(the chunk list checked, the problems found) of segment ``name``.
+
+    The record, its chunk list and the offset index are read in one snapshot (one
+    committed layout); the chunks are then checked on the chunk storage, and a chunk found
+    missing or short there is reported only if the segment's layout still lists it: a
+    defrag, truncate or delete beside the check may have dropped it and GC collected it,
+    which is no damage."""
+    context = storage.context
+    key = name_key(name)
+    with context.store.snapshot() as view:
+        stored = view.get(SEGMENTS, key)
+        if stored is None:
+            raise SegmentNotFound(f"segment {name!r} does not exist", segment=name)
+        record = SegmentRecord.decode(stored.value)
+        listed, problems = walk_chunks(view, record)
+        problems += _index_problems(view, record, listed)
     binding = storage.chunk_storage
-    for start, chunk in listed:
+    suspects: dict[str, str] = {}  # chunk -> its problem on the chunk storage
+    for _, chunk in listed:
         try:
             stored_length = binding.get_info(chunk.name).length
         except ChunkNotFound:
-            problems.append(f"{name}: chunk {chunk.name!r} is missing from the chunk storage")
+            suspects[chunk.name] = f"{name}: chunk {chunk.name!r} is missing from the chunk storage"
             continue
         if stored_length < chunk.length:
-            problems.append(
+            suspects[chunk.name] = (
                 f"{name}: chunk {chunk.name!r} holds {stored_length} bytes, {chunk.length} recorded"
             )
-        elif checksums and chunk.checksum is not None and _checksum(binding, chunk) != chunk.checksum:
-            problems.append(
-                f"{name}: chunk {chunk.name!r} fails its CRC32C (its bytes are not the ones written)"
-            )
+        elif checksums and chunk.checksum is not None:
+            try:
+                if _checksum(binding, chunk) != chunk.checksum:
+                    problems.append(
+                        f"{name}: chunk {chunk.name!r} fails its CRC32C (its bytes are not the ones written)"
+                    )
+            except ChunkNotFound:
+                suspects[chunk.name] = f"{name}: chunk {chunk.name!r} is missing from the chunk storage"
+    still = context.still_listed(name, suspects) if suspects else set()
+    return listed, problems + [problem for chunk, problem in suspects.items() if chunk in still]
+
+
+def _index_problems(
+    view: ReadView, record: SegmentRecord, listed: list[tuple[int, ChunkRecord]]
+) -> list[str]:
+    """Offsets where the index (read in ``view``) and the list disagree: each chunk's
+    first readable and last byte must resolve to that chunk."""
+    problems: list[str] = []
+    for start, chunk in listed:
         if chunk.length == 0 or start + chunk.length <= record.start_offset:
             continue  # empty, or wholly below the start (an interrupted truncate leaves such)
-        for offset in {max(start, record.start_offset), start + chunk.length - 1}:
+        for offset in sorted({max(start, record.start_offset), start + chunk.length - 1}):
             if offset < record.start_offset or offset >= record.length:
                 continue
-            found, found_start = index.resolve(storage.context.store, record.segment_id, offset)
+            found, found_start = index.resolve(view, record.segment_id, offset)
             if (found, found_start) != (chunk.name, start):
                 problems.append(
-                    f"{name}: index maps offset {offset} to {found!r}@{found_start}, list says "
+                    f"{record.name}: index maps offset {offset} to {found!r}@{found_start}, list says "
                     f"{chunk.name!r}@{start}"
                 )
     return problems
+
+
+def _queued(store: MetadataStore, chunk: str) -> bool:
+    """Whether the GC queue holds an entry for ``chunk`` now (a scan of the queue)."""
+    return any(GcEntry.decode(stored.value).chunk == chunk for _, stored in store.iterate(GC))
 
 
 def _checksum(binding: ChunkStorage, chunk: ChunkRecord, piece_bytes: int = 8 << 20) -> int:
@@ -128,19 +138,30 @@ def verify_container(storage: ChunkedSegmentStorage, *, checksums: bool = False)
     report = ContainerReport()
     referenced: set[str] = set()
     for name in storage.list():
+        try:
+            listed, problems = _verify_segment(storage, name, checksums)
+        except SegmentNotFound:
+            continue  # deleted meanwhile
         report.segments += 1
-        report.problems.extend(verify_segment(storage, name, checksums=checksums))
-        record, _ = storage.context.load(name)
-        referenced.update(chunk.name for _, chunk in _walk(storage, record)[0])
+        report.problems.extend(problems)
+        referenced.update(chunk.name for _, chunk in listed)
     store = storage.context.store
     for _, stored in store.iterate(DELETED):
         tombstone = SegmentRecord.decode(stored.value)
-        referenced.update(chunk.name for _, chunk in _walk(storage, tombstone)[0])
+        referenced.update(chunk.name for _, chunk in walk_chunks(store, tombstone)[0])
     queued = {GcEntry.decode(stored.value).chunk for _, stored in store.iterate(GC)}
     report.chunks = len(referenced)
     system = system_prefix(storage.container_id)
-    for chunk in storage.chunk_storage.list(chunk_prefix(storage.container_id)):
-        if chunk not in referenced and chunk not in queued and not chunk.startswith(system):
+    unaccounted = [
+        chunk
+        for chunk in storage.chunk_storage.list(chunk_prefix(storage.container_id))
+        if chunk not in referenced and chunk not in queued and not chunk.startswith(system)
+    ]
+    # Gathered before the listing, the references miss chunks created since (each
+    # registered with GC before its creation): a chunk is a leak only if, after the
+    # listing, it has neither a record nor a GC entry.
+    for chunk in unaccounted:
+        if store.get(CHUNKS, name_key(chunk)) is None and not _queued(store, chunk):
             report.problems.append(
                 f"chunk {chunk!r} is on the chunk storage but nothing references it (leak)"
             )

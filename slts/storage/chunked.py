@@ -62,7 +62,7 @@ from slts.metadata.cache import CachedMetadataStore
 from slts.metadata.ownership import EPOCH_MAX, Ownership, ReadOnlyOwnership
 from slts.metadata.records import ChunkRecord, DecodedRecords, GcReason, SegmentRecord, SegmentStatus
 from slts.metadata.schema import CHUNKS, DELETED, GC, INDEX, SEGMENTS, name_key, segment_id_key
-from slts.metadata.store import Delete, Expect, MetadataStore, Put, prefix_stop
+from slts.metadata.store import Delete, Expect, MetadataStore, Put, ReadView, prefix_stop
 from slts.storage import block_checksums, layout_changes
 from slts.storage.ahead_intents import AheadIntent, AheadIntents
 from slts.storage.context import EngineContext, SegmentIds
@@ -90,6 +90,10 @@ class _ReadPiece:
     length: int
     whole_chunk_checksum: int | None  # set when the piece is the whole chunk and it has no blocks
     blocks: bytes | None  # the chunk's block checksums, when reads verify them
+
+
+#: Where a read resolves its layout: the instance's (cached) store, or one snapshot's view.
+RecordSource = MetadataStore | ReadView
 
 
 def _checksum(data: bytes, previous: int = 0) -> int:
@@ -903,40 +907,77 @@ class ChunkedSegmentStorage:
         ahead: Plan | None = None
         ahead_pieces: builtins.list[_ReadPiece] = []
         with self.context.locks.layout(name):
-            record, _ = self.context.load(name)
-            if offset < record.start_offset:
-                raise SegmentTruncated(
-                    f"segment {name!r}: offset {offset} is below its start {record.start_offset}",
-                    segment=name,
-                    offset=offset,
-                )
-            if offset + length > record.length:
-                raise InvalidOffset(
-                    f"segment {name!r}: read of {length} at {offset} passes its end {record.length}",
-                    segment=name,
-                    offset=offset,
-                )
-            pieces = self._locate(record, offset, length) if length else []
-            if self._read_ahead is not None:
-                ahead = self._read_ahead.follow(name, offset, length, record.length)
-                if ahead is not None:
-                    ahead_pieces = self._locate(record, ahead.start, ahead.end - ahead.start)
+            try:  # from the instance's cache, if no change of the segment commits meanwhile
+                record, version = self.context.load(name)
+                pieces = self._locate_checked(record, offset, length, self._store)
+                moved = self.context.version(name) != version
+            except MetadataCorrupted:  # a chunk record gone: a change committed meanwhile
+                moved = True
+            if not moved:
+                ahead, ahead_pieces = self._plan_ahead(record, offset, length, self._store)
+            else:  # a change by another instance or process: read one committed state
+                with self._store.snapshot() as view:
+                    record = self.context.load(name, view)[0]
+                    pieces = self._locate_checked(record, offset, length, view)
+                    ahead, ahead_pieces = self._plan_ahead(record, offset, length, view)
         if ahead is not None:
             assert self._read_ahead is not None
             self._read_ahead.prefetch(ahead, ahead_pieces, self._fetch_range)
         return self._fetch(pieces, length)
 
-    def _locate(self, record: SegmentRecord, offset: int, length: int) -> builtins.list[_ReadPiece]:
-        """The chunk pieces holding ``[offset, offset+length)``: one O(log n) index lookup,
-        then a walk along ``next_chunk`` over the chunks the range covers only."""
+    def _plan_ahead(
+        self, record: SegmentRecord, offset: int, length: int, source: RecordSource
+    ) -> tuple[Plan | None, builtins.list[_ReadPiece]]:
+        """What to read ahead after a read of ``[offset, offset+length)`` (``follow``) and
+        its pieces, located in ``source``; (None, []) when nothing is, or when the range's
+        layout changed under the lookup (read-ahead is a hint: the read goes on)."""
+        if self._read_ahead is None:
+            return None, []
+        ahead = self._read_ahead.follow(record.name, offset, length, record.length)
+        if ahead is None:
+            return None, []
+        try:
+            return ahead, self._locate(record, ahead.start, ahead.end - ahead.start, source)
+        except MetadataCorrupted:
+            return None, []
+
+    def _locate_checked(
+        self, record: SegmentRecord, offset: int, length: int, source: RecordSource
+    ) -> builtins.list[_ReadPiece]:
+        """``_locate``, after checking the range against ``record``: ``SegmentTruncated``
+        below its start, ``InvalidOffset`` past its end."""
+        name = record.name
+        if offset < record.start_offset:
+            raise SegmentTruncated(
+                f"segment {name!r}: offset {offset} is below its start {record.start_offset}",
+                segment=name,
+                offset=offset,
+            )
+        if offset + length > record.length:
+            raise InvalidOffset(
+                f"segment {name!r}: read of {length} at {offset} passes its end {record.length}",
+                segment=name,
+                offset=offset,
+            )
+        return self._locate(record, offset, length, source) if length else []
+
+    def _locate(
+        self, record: SegmentRecord, offset: int, length: int, source: RecordSource
+    ) -> builtins.list[_ReadPiece]:
+        """The chunk pieces holding ``[offset, offset+length)``, read from ``source`` (the
+        instance's store, or one snapshot's view): one O(log n) index lookup, then a walk
+        along ``next_chunk`` over the chunks the range covers only."""
         name: str | None
-        name, chunk_start = index.resolve(self._store, record.segment_id, offset)
+        name, chunk_start = index.resolve(source, record.segment_id, offset)
         pieces: builtins.list[_ReadPiece] = []
         end = offset + length
         position = offset
         while position < end:
-            assert name is not None, f"chunk list of {record.name!r} ends before offset {position}"
-            chunk, _ = self.context.chunk(name)
+            if name is None:  # not an assert: a read must never come back short
+                raise MetadataCorrupted(
+                    f"chunk list of {record.name!r} ends before offset {position}", segment=record.name
+                )
+            chunk, _ = self.context.chunk(name, source)
             chunk_end = chunk_start + chunk.length
             if chunk_end > position:
                 take = min(chunk_end, end) - position
@@ -1043,20 +1084,14 @@ class ChunkedSegmentStorage:
     # -- inspection -------------------------------------------------------------------------------------
 
     def chunks(self, name: str) -> builtins.list[tuple[int, ChunkRecord]]:
-        """The segment's chunk list as (start offset, record) pairs, walked from the head.
+        """The segment's chunk list as (start offset, record) pairs, walked from the head,
+        as one committed layout (one snapshot of the metadata, whatever changes commit
+        meanwhile, from this or another process).
 
-        For tools and tests (``slts verify``); O(chunks).
+        For tools and tests (``slts verify``, scrub, backup); O(chunks) in one read
+        transaction. Raises ``SegmentNotFound``, and ``MetadataCorrupted`` only for a
+        list that is broken in a committed state (damage, never a race).
         """
         self._check_open()
         check_segment_name(name)
-        record, _ = self.context.load(name)
-        result: builtins.list[tuple[int, ChunkRecord]] = []
-        current, start = record.first_chunk, record.first_chunk_start_offset
-        while current is not None:
-            assert len(result) < record.chunk_count, f"chunk list of {name!r} is longer than recorded"
-            chunk, _ = self.context.chunk(current)
-            result.append((start, chunk))
-            start += chunk.length
-            current = chunk.next_chunk
-        assert len(result) == record.chunk_count, (name, len(result), record.chunk_count)
-        return result
+        return self.context.layout(name)[1]

@@ -15,9 +15,9 @@ segment's records change only under its lock (``locks``).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from slts.bindings.base import ChunkStorage
 from slts.config import StorageConfig
@@ -26,7 +26,7 @@ from slts.gc import GarbageCollector
 from slts.metadata.ownership import Ownership, ReadOnlyOwnership
 from slts.metadata.records import ChunkRecord, DecodedRecords, SegmentRecord
 from slts.metadata.schema import CHUNKS, SEGMENTS, name_key
-from slts.metadata.store import MetadataStore
+from slts.metadata.store import MetadataStore, Versioned
 from slts.storage.segment_locks import SegmentLocks
 
 Result = TypeVar("Result")
@@ -122,19 +122,110 @@ class EngineContext:
         """An id no segment of the container ever had."""
         return self.segment_ids.new()
 
-    def load(self, name: str) -> tuple[SegmentRecord, int]:
-        """Segment ``name``'s record and version. Raises ``SegmentNotFound``."""
+    def load(self, name: str, source: RecordReader | None = None) -> tuple[SegmentRecord, int]:
+        """Segment ``name``'s record and version, from ``source`` (a snapshot's view) or
+        the instance's store. Raises ``SegmentNotFound``."""
         key = name_key(name)
-        stored = self.store.get(SEGMENTS, key)
+        stored = (self.store if source is None else source).get(SEGMENTS, key)
         if stored is None:
             raise SegmentNotFound(f"segment {name!r} does not exist", segment=name)
         return self.records.decode(SEGMENTS, key, stored.version, stored.value, SegmentRecord), stored.version
 
-    def chunk(self, name: str) -> tuple[ChunkRecord, int]:
-        """Chunk ``name``'s record and version. Raises ``MetadataCorrupted`` if missing
-        (a segment's list names it: a stale cached layout, or a damaged store)."""
+    def chunk(self, name: str, source: RecordReader | None = None) -> tuple[ChunkRecord, int]:
+        """Chunk ``name``'s record and version, from ``source`` (a snapshot's view) or the
+        instance's store. Raises ``MetadataCorrupted`` if missing (a segment's list names
+        it: a layout read across a change, or a damaged store)."""
         key = name_key(name)
-        stored = self.store.get(CHUNKS, key)
+        stored = (self.store if source is None else source).get(CHUNKS, key)
         if stored is None:
             raise MetadataCorrupted(f"chunk record {name!r} is referenced but missing", chunk=name)
         return self.records.decode(CHUNKS, key, stored.version, stored.value, ChunkRecord), stored.version
+
+    def version(self, name: str) -> int:
+        """The version of segment ``name``'s record now; 0 if there is none. Every change
+        of a segment's chunk list, lengths or offset index commits its record (a new
+        version; versions are never reused), so a layout read between two equal versions
+        is one committed layout."""
+        stored = self.store.get(SEGMENTS, name_key(name))
+        return 0 if stored is None else stored.version
+
+    def layout(self, name: str) -> tuple[SegmentRecord, list[tuple[int, ChunkRecord]]]:
+        """Segment ``name``'s record and chunk list ((start offset, record) pairs, from the
+        head), read in one snapshot of the store: one committed layout, whatever commits
+        meanwhile (a defrag, truncate, concat or GC in this or another process).
+
+        O(chunks) in one read transaction: for inspection (``chunks``, verify, scrub,
+        backup), not the read path. Raises ``SegmentNotFound``, and ``MetadataCorrupted``
+        if the list is broken in that committed state (damage: no race can cause it)."""
+        key = name_key(name)
+        with self.store.snapshot() as view:
+            stored = view.get(SEGMENTS, key)
+            if stored is None:
+                raise SegmentNotFound(f"segment {name!r} does not exist", segment=name)
+            record = self.records.decode(SEGMENTS, key, stored.version, stored.value, SegmentRecord)
+            listed, problems = walk_chunks(view, record, self.records)
+        if problems:
+            raise MetadataCorrupted(problems[0], segment=name)
+        return record, listed
+
+    def still_listed(self, name: str, chunks: Iterable[str]) -> set[str]:
+        """Those of ``chunks`` that segment ``name``'s layout lists now (none if the
+        segment is gone). A check that planned from an earlier layout and then found a
+        chunk missing on the chunk storage asks this before it reports damage: a chunk
+        dropped by a defrag, truncate or delete since, and collected, is no damage."""
+        try:
+            _, listed = self.layout(name)
+        except SegmentNotFound:
+            return set()
+        wanted = set(chunks)
+        return {chunk.name for _, chunk in listed if chunk.name in wanted}
+
+
+class RecordReader(Protocol):
+    """Where records are read from: a ``ReadView`` (one committed state) or a store."""
+
+    def get(self, table: str, key: bytes) -> Versioned | None: ...
+
+
+def walk_chunks(
+    source: RecordReader, record: SegmentRecord, records: DecodedRecords | None = None
+) -> tuple[list[tuple[int, ChunkRecord]], list[str]]:
+    """Segment ``record``'s chunk list read from ``source`` ((start offset, record) pairs,
+    from the head) and what is wrong with it (empty: well formed): a chunk named but
+    without a record, a list longer than ``chunk_count`` (a cycle), a count, end or last
+    chunk that disagrees with the record. The walk stops at the first broken link.
+    Read from one snapshot, a problem is damage; read across commits, it may be a race."""
+    problems: list[str] = []
+    listed: list[tuple[int, ChunkRecord]] = []
+    name, start = record.first_chunk, record.first_chunk_start_offset
+    while name is not None:
+        if len(listed) > record.chunk_count:
+            problems.append(
+                f"{record.name}: chunk list longer than chunk_count {record.chunk_count} (cycle?)"
+            )
+            break
+        key = name_key(name)
+        stored = source.get(CHUNKS, key)
+        if stored is None:
+            problems.append(f"{record.name}: chunk {name!r} is referenced but has no record")
+            break
+        chunk = (
+            ChunkRecord.decode(stored.value)
+            if records is None
+            else records.decode(CHUNKS, key, stored.version, stored.value, ChunkRecord)
+        )
+        listed.append((start, chunk))
+        start += chunk.length
+        name = chunk.next_chunk
+    if not problems:
+        if len(listed) != record.chunk_count:
+            problems.append(
+                f"{record.name}: {len(listed)} chunks listed, chunk_count says {record.chunk_count}"
+            )
+        if listed and start != record.length:
+            problems.append(f"{record.name}: chunks end at {start}, length is {record.length}")
+        if listed and (
+            listed[-1][1].name != record.last_chunk or listed[-1][0] != record.last_chunk_start_offset
+        ):
+            problems.append(f"{record.name}: last_chunk / last_chunk_start_offset disagree with the list")
+    return listed, problems
