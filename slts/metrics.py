@@ -14,7 +14,8 @@ operators. Names follow Prometheus conventions (``slts_`` prefix, ``_total`` cou
 
 * operations of this instance: writes, reads, bytes, appends, chunks created, commit
   retries, write failures (counters since the instance started);
-* layout: segments and chunks in the metadata (gauges; a scan of two tables per scrape);
+* layout: segments and chunks in the metadata (gauges; the tables' entry counts, O(1):
+  a scrape reads no table's entries, whatever the store's size);
 * GC: passes' deletions and errors (counters), queue depth, the age of its oldest entry and
   the deleted segments awaiting collection (gauges);
 * the metadata's copy on tier-2: records not yet on tier-2 (the recovery point lag),
@@ -102,12 +103,14 @@ class SltsCollector(Collector):
 
     def _layout(self) -> Iterator[Metric]:
         now_ms = self.storage.context.clock() * 1000
-        store = self.storage.context.store
-        oldest = store.scan(GC, limit=1)  # keys sort by the time queued
-        segments = sum(1 for _ in store.iterate(SEGMENTS))
-        chunks = sum(1 for _ in store.iterate(CHUNKS))
-        deleted = sum(1 for _ in store.iterate(DELETED))
-        depth = sum(1 for _ in store.iterate(GC))
+        # One read view, O(1) reads (counts, and the GC queue's first key): a scrape costs the
+        # same at 10 and at 10,000,000 segments.
+        with self.storage.context.store.snapshot() as view:
+            oldest = view.scan(GC, limit=1)  # keys sort by the time queued
+            segments = view.count(SEGMENTS)
+            chunks = view.count(CHUNKS)
+            deleted = view.count(DELETED)
+            depth = view.count(GC)
         oldest_ms = _QUEUED_MS.unpack_from(oldest[0][0])[0] if oldest else None
         yield self._gauge("slts_segments", "Segments (the system segments are the journal's).", segments)
         yield self._gauge("slts_chunks", "Chunk records in the metadata.", chunks)

@@ -3,7 +3,7 @@
 ``get`` is served from an LRU map of at most ``capacity`` entries (absent keys are cached
 too); a miss reads the inner store and fills the cache. ``commit`` goes to the inner store
 and, on success, caches what it wrote at the returned sequence (a delete caches "absent").
-``floor``, ``scan`` and ``snapshot`` always read the inner store. Change capture
+``floor``, ``scan``, ``count`` and ``snapshot`` always read the inner store. Change capture
 (``enable_change_capture``, ``changes``, ``discard_changes``) is the inner store's;
 ``replicate`` goes to the inner store and leaves the keys it wrote uncached.
 
@@ -193,6 +193,11 @@ class CachedMetadataStore(MetadataStore):
         """The inner store's scan (never cached)."""
         self._check_open()
         return self._inner.scan(table, start, stop, limit, reverse)
+
+    def count(self, table: str) -> int:
+        """The inner store's count (never cached: O(1) there already)."""
+        self._check_open()
+        return self._inner.count(table)
 
     @property
     def last_sequence(self) -> int:

@@ -23,6 +23,9 @@ class DelegatingStore(MetadataStore):
     def snapshot(self) -> contextlib.AbstractContextManager[ReadView]:
         return self.inner.snapshot()
 
+    def count(self, table: str) -> int:
+        return self.inner.count(table)
+
     def commit(self, ops: Sequence[Operation], expect: Sequence[Expect] = ()) -> int:
         return self.inner.commit(ops, expect)
 

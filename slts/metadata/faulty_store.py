@@ -113,6 +113,10 @@ class FaultyMetadataStore(DelegatingStore):
         self._check_alive()
         return self.inner.snapshot()
 
+    def count(self, table: str) -> int:
+        self._check_alive()
+        return self.inner.count(table)
+
     def close(self) -> None:
         """Closes ``inner`` unless this process died (the store outlives a dead process)."""
         if not self.dead:

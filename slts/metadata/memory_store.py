@@ -6,7 +6,8 @@ Invariants (asserted where they are established):
 * A table dictionary that an open snapshot references (``_pins``) is never mutated:
   a commit that would write to it writes to a copy instead (copy-on-write), so a
   snapshot sees one committed state without holding the lock and never blocks a commit.
-* ``floor`` bisects the sorted keys (O(log n)); nothing scans a table linearly.
+* ``floor`` bisects the sorted keys (O(log n)); ``count`` is a dictionary's size (O(1));
+  nothing scans a table linearly.
 * With capture on, ``_changes`` holds one ``Change`` per commit, added under the lock in
   the same step that applies the commit; its keys (sequences) ascend and never exceed
   ``_sequence``.
@@ -105,6 +106,9 @@ class _MemoryView(ReadView):
         _checks.check_scan(start, stop, limit)
         return scan_entries(data, start, stop, limit, reverse)
 
+    def count(self, table: str) -> int:
+        return len(self._table(table))
+
     def close(self) -> None:
         self._open = False
 
@@ -189,6 +193,14 @@ class MemoryMetadataStore(MetadataStore):
             self._check_open()
             self._reads += 1
             return scan_entries(self._data[table], start, stop, limit, reverse)
+
+    def count(self, table: str) -> int:
+        """The table dictionary's size, read under the lock (O(1))."""
+        _checks.check_table(self.tables, table)
+        with self._lock:
+            self._check_open()
+            self._reads += 1
+            return len(self._data[table])
 
     # -- commits ---------------------------------------------------------------------------
 

@@ -20,6 +20,8 @@ reads see one committed state. Keep snapshots short (an LMDB read transaction pi
 pages and grows the file while it is open, and growing the map waits for open
 snapshots), and never call ``commit`` inside a ``snapshot()`` block on the same thread
 (it raises ``InvalidArgument``): read, leave the block, then commit with expectations.
+``count(table)`` is a table's number of entries in O(1), whatever its size (gauges read
+at every metrics scrape: no entry of the table is read).
 
 **Change capture** (``enable_change_capture``, ``changes``, ``discard_changes``): once
 enabled, every commit also records ``Change(sequence, ops)`` in the store's change log, in
@@ -141,6 +143,13 @@ class ReadView(abc.ABC):
         ascending, or descending with ``reverse``. Page by passing the last key + b"\\x00"
         as the next ``start`` (or the last key as the next ``stop`` when reversing).
         ``limit`` must be >= 1 (``InvalidArgument`` otherwise)."""
+
+    @abc.abstractmethod
+    def count(self, table: str) -> int:
+        """How many entries ``table`` holds in this view's state (>= 0), in time that does
+        not grow with the table (LMDB: the sub-database's own entry count; the memory
+        store: its dictionary's size). Only the table's own keys: never the change log or
+        a store's bookkeeping. ``InvalidArgument`` for an unknown table."""
 
 
 class MetadataStore(abc.ABC):
@@ -287,6 +296,12 @@ class MetadataStore(abc.ABC):
         """``snapshot().scan`` in a read of its own."""
         with self.snapshot() as view:
             return view.scan(table, start, stop, limit, reverse)
+
+    def count(self, table: str) -> int:
+        """``snapshot().count`` in a read of its own: O(1), whatever the table's size (read
+        several counts in one ``snapshot()`` to have them from one committed state)."""
+        with self.snapshot() as view:
+            return view.count(table)
 
     def iterate(
         self, table: str, start: bytes = b"", stop: bytes | None = None, page: int = SCAN_LIMIT_DEFAULT

@@ -91,6 +91,47 @@ def test_counts_cover_stores_larger_than_one_read_page() -> None:
         assert value(samples(generate_latest(registry).decode()), "slts_segments") == 1_100
 
 
+def test_a_scrape_reads_no_table_in_full() -> None:
+    """What a scrape reads from the metadata store does not grow with the store: the same
+    reads (one snapshot: the tables' counts and the GC queue's first key) at 10 segments
+    and at thousands of segments, chunks, tombstones and GC entries (several read pages
+    each), with right gauges at both sizes."""
+    with slts.open(
+        "memory://scrape", gc_interval_s=0.0, usage_flush_interval_s=0.0, journal=False
+    ) as storage:
+        registry = CollectorRegistry()
+        registry.register(SltsCollector(storage))
+        store = storage.context.store
+
+        def scrape() -> tuple[int, dict]:
+            before = store.statistics().reads
+            parsed = samples(generate_latest(registry).decode())
+            return store.statistics().reads - before, parsed
+
+        def populate(first: int, last: int) -> None:
+            for i in range(first, last):
+                storage.create(f"s{i:05d}")
+                storage.write(storage.open_write(f"s{i:05d}"), 0, b"x")
+
+        populate(0, 10)
+        small_reads, parsed = scrape()
+        assert value(parsed, "slts_segments") == value(parsed, "slts_chunks") == 10
+
+        populate(10, 2_500)
+        for i in range(1_100):  # tombstones, their chunks awaiting GC
+            storage.delete(storage.open_write(f"s{i:05d}"))
+        storage.create("rolled", max_rolling_length=1)  # a byte per chunk
+        rolled = storage.open_write("rolled")
+        storage.write(rolled, 0, bytes(1_500))
+        storage.truncate(rolled, 1_500)  # its 1,500 chunks queued for GC
+        large_reads, parsed = scrape()
+        assert value(parsed, "slts_segments") == 2_500 - 1_100 + 1
+        assert value(parsed, "slts_chunks") == 2_500  # the queued ones are unlinked
+        assert value(parsed, "slts_gc_deleted_segments") == 1_100
+        assert value(parsed, "slts_gc_queue_entries") == 1_500
+        assert large_reads == small_reads, (small_reads, large_reads)
+
+
 def test_chunk_storage_errors_are_counted_by_type(tmp_path: Path) -> None:
     with slts.open(
         f"file://{tmp_path / 'chunks'}", metadata=str(tmp_path / "md"), gc_interval_s=0.0

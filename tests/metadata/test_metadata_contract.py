@@ -6,13 +6,19 @@ import threading
 
 import pytest
 
-from slts.errors import InvalidArgument, StorageClosed, VersionConflict
+from slts.errors import InvalidArgument, MetadataError, StorageClosed, VersionConflict
 from slts.metadata import KEY_BYTES_MAX, Delete, Expect, MetadataStore, Put, Versioned, prefix_stop
+from slts.metadata.faulty_store import FaultyMetadataStore
 
 from .conftest import TABLES, StoreFactory
 
 T = TABLES[0]
 U = TABLES[1]
+
+
+def _view_count(store: MetadataStore, table: str) -> int:
+    with store.snapshot() as view:
+        return view.count(table)
 
 
 def put_many(store: MetadataStore, table: str, keys: list[bytes]) -> int:
@@ -277,6 +283,8 @@ def test_snapshot_view_is_dead_after_its_block(store: MetadataStore) -> None:
         assert view.get(T, b"x") is None
     with pytest.raises(StorageClosed):
         view.get(T, b"x")
+    with pytest.raises(StorageClosed):
+        view.count(T)
 
 
 def test_commit_inside_own_snapshot_block_is_refused(store: MetadataStore) -> None:
@@ -298,6 +306,137 @@ def test_dump(store: MetadataStore) -> None:
     }
 
 
+# -- counts ----------------------------------------------------------------------------------
+
+
+def counts(store: MetadataStore) -> dict[str, int]:
+    """Every table's ``count``, read in one snapshot."""
+    with store.snapshot() as view:
+        return {table: view.count(table) for table in TABLES}
+
+
+def test_count_follows_puts_and_deletes(store: MetadataStore) -> None:
+    assert counts(store) == {table: 0 for table in TABLES}
+    store.commit([Put(T, b"a", b"1"), Put(T, b"b", b"2"), Put(T, b"c", b"3"), Put(U, b"a", b"4")])
+    assert counts(store) == {T: 3, U: 1, TABLES[2]: 0}
+    store.commit([Put(T, b"a", b"replaced"), Put(T, b"b", b"again")])  # no new keys
+    assert store.count(T) == 3
+    store.commit([Delete(T, b"b"), Delete(T, b"never-there"), Delete(U, b"a")])
+    assert counts(store) == {T: 2, U: 0, TABLES[2]: 0}
+    store.commit([Put(T, b"d", b"5"), Delete(T, b"d"), Delete(T, b"e"), Put(T, b"e", b"6")])
+    assert store.count(T) == 3  # the ops of one commit apply in order: d gone, e there
+    assert store.count(T) == len(store.dump()[T])
+
+
+def test_count_of_a_table_larger_than_a_read_page(store: MetadataStore) -> None:
+    keys = [b"k%05d" % i for i in range(2_500)]  # two and a half pages of scan
+    put_many(store, T, keys)
+    assert store.count(T) == 2_500
+    store.commit([Delete(T, key) for key in keys[::2]])
+    assert store.count(T) == 1_250 == sum(1 for _ in store.iterate(T))
+
+
+def test_count_is_unchanged_by_a_failed_commit(store: MetadataStore) -> None:
+    base = store.commit([Put(T, b"a", b"1")])
+    with pytest.raises(VersionConflict):
+        store.commit([Put(T, b"b", b"2"), Put(U, b"c", b"3"), Delete(T, b"a")], [Expect(T, b"a", base + 1)])
+    with pytest.raises(InvalidArgument):
+        store.commit([Put(T, b"b", b"2"), Put(T, b"", b"empty key")])
+    assert counts(store) == {T: 1, U: 0, TABLES[2]: 0}
+
+
+def test_count_in_commits_of_one_group_where_some_fail(store: MetadataStore) -> None:
+    """Threads commit together (LMDB runs them in shared write transactions): each claims a
+    key that only one thread may create; the count is exactly the successful commits' keys."""
+    threads_count, rounds = 8, 20
+    applied: list[int] = []
+    lock = threading.Lock()
+
+    def worker(worker_id: int) -> None:
+        for round_id in range(rounds):
+            try:
+                store.commit(
+                    [
+                        Put(T, b"claim-%d" % round_id, b"%d" % worker_id),
+                        Put(U, b"w%d-r%d" % (worker_id, round_id), b""),
+                    ],
+                    [Expect(T, b"claim-%d" % round_id, 0)],
+                )
+            except VersionConflict:
+                continue
+            with lock:
+                applied.append(round_id)
+
+    workers = [threading.Thread(target=worker, args=(i,)) for i in range(threads_count)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join()
+    assert sorted(applied) == list(range(rounds))  # one winner per round
+    assert counts(store) == {T: rounds, U: rounds, TABLES[2]: 0}
+
+
+def test_count_after_replicate(store: MetadataStore) -> None:
+    store.replicate(10, [Put(T, b"a", b"A"), Put(T, b"b", b"B"), Put(U, b"c", b"C")], [3, 10, 7])
+    assert counts(store) == {T: 2, U: 1, TABLES[2]: 0}
+    store.replicate(10, [Delete(T, b"a"), Delete(T, b"absent"), Put(T, b"b", b"B2")])  # same sequence
+    store.replicate(12, [Put(TABLES[2], b"x", b"X")])
+    assert counts(store) == {T: 1, U: 1, TABLES[2]: 1}
+
+
+def test_count_counts_no_change_log_entries(store: MetadataStore) -> None:
+    store.enable_change_capture()
+    for i in range(30):
+        store.commit([Put(T, b"k%d" % (i % 3), b"%d" % i)])  # 30 captured changes, 3 keys
+    assert len(store.changes(0, limit=100)) == 30
+    assert counts(store) == {T: 3, U: 0, TABLES[2]: 0}
+    store.discard_changes(30)
+    assert store.count(T) == 3
+
+
+def test_count_in_a_snapshot_while_commits_land(store: MetadataStore) -> None:
+    put_many(store, T, [b"a", b"b", b"c"])
+    with store.snapshot() as view:
+        assert (view.count(T), view.count(U)) == (3, 0)
+        writer = threading.Thread(
+            target=lambda: store.commit(
+                [Delete(T, b"a"), Delete(T, b"b"), Put(U, b"x", b"1"), Put(U, b"y", b"2")]
+            )
+        )
+        writer.start()
+        writer.join()
+        assert store.count(U) == 2  # landed: a read of its own sees it ...
+        assert (view.count(T), view.count(U)) == (3, 0)  # ... the open view does not
+    assert counts(store) == {T: 1, U: 2, TABLES[2]: 0}
+
+
+def test_count_of_another_handles_commits(store_factory: StoreFactory) -> None:
+    if not store_factory.persistent:
+        pytest.skip("only LMDB folders can be opened twice")
+    first, second = store_factory.open(), store_factory.open()
+    put_many(first, T, [b"a", b"b"])
+    assert second.count(T) == 2
+    second.commit([Delete(T, b"a")])
+    assert first.count(T) == 1
+    first.close()
+    reopened = store_factory.open()
+    assert reopened.count(T) == 1
+
+
+def test_count_passes_through_the_fault_wrapper(store: MetadataStore) -> None:
+    faulty = FaultyMetadataStore(store, seed=7)
+    faulty.commit([Put(T, b"a", b"1"), Put(U, b"b", b"2")])
+    assert faulty.count(T) == store.count(T) == 1
+    with faulty.snapshot() as view:
+        assert view.count(U) == 1
+    faulty.crash_at(1, landed=True)
+    with pytest.raises(MetadataError):
+        faulty.commit([Put(T, b"c", b"3")])
+    with pytest.raises(MetadataError):
+        faulty.count(T)  # a dead process reads nothing
+    assert store.count(T) == 2  # the crash landed the commit
+
+
 # -- arguments and life cycle --------------------------------------------------------------
 
 
@@ -313,6 +452,9 @@ def test_dump(store: MetadataStore) -> None:
         lambda s: s.scan(T, "a"),
         lambda s: s.scan(T, b"a", "b"),
         lambda s: s.scan(T, limit=0),
+        lambda s: s.count("nope"),
+        lambda s: s.count(T.encode()),
+        lambda s: _view_count(s, "nope"),
         lambda s: s.commit([Put("nope", b"k", b"v")]),
         lambda s: s.commit([Put(T, "k", b"v")]),
         lambda s: s.commit([Put(T, b"k", "v")]),
@@ -352,6 +494,7 @@ def test_closed_store_raises(store: MetadataStore) -> None:
         lambda: store.last_sequence,
         lambda: store.snapshot().__enter__(),
         lambda: list(store.iterate(T)),
+        lambda: store.count(T),
     ):
         with pytest.raises(StorageClosed):
             call()

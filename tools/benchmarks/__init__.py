@@ -15,6 +15,7 @@ from slts.tools.benchmarks import (
     offload,
     reads,
     remote,
+    scrape,
     spark,
 )
 
@@ -23,6 +24,7 @@ SUITES = (
     flushes.BENCHMARKS,
     reads.BENCHMARKS,
     metadata.BENCHMARKS,
+    scrape.BENCHMARKS,
     journal.BENCHMARKS,
     remote.BENCHMARKS,
     offload.BENCHMARKS,
