@@ -14,6 +14,7 @@ from slts.tools.simulation.program import Step
 from slts.tools.simulation.runner import run_seed, shrink, soak
 
 from slts.errors import InvalidArgument
+from slts.metadata.records import ChunkRecord
 from slts.storage.chunked import ChunkedSegmentStorage
 
 SEEDS = range(30)
@@ -150,12 +151,46 @@ def test_cli_rejects_bad_counts(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_no_thread_runs_during_a_simulation(monkeypatch: pytest.MonkeyPatch) -> None:
     """The thread schedule is no input of a run: GC, the log flusher, the lease renewal and
-    the read pool never start (a thread start would surface as a violation)."""
+    the read pool never start (a thread start would surface as a violation). The one
+    thread allowed is the owner's change inside an observation, which runs while the
+    observer's thread waits for it to end (``observer.InterleavingStore``)."""
     import threading
 
+    start = threading.Thread.start
+    owners: list[str] = []
+
     def refuse(self: threading.Thread) -> None:
-        raise RuntimeError(f"thread {self.name!r} started during a simulation")
+        if self.name != "simulated-owner":
+            raise RuntimeError(f"thread {self.name!r} started during a simulation")
+        owners.append(self.name)
+        start(self)
 
     monkeypatch.setattr(threading.Thread, "start", refuse)
     result = run_seed(6, OPS)
     assert result.violation is None, result.violation
+    assert owners, "no observation ran an owner's change beside it"
+
+
+def walk_across_commits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plant the defect the observer found: ``chunks`` walks the list with one read per
+    record (cached), so a change committed meanwhile yields a mix of two layouts."""
+
+    def chunks(self: ChunkedSegmentStorage, name: str) -> list[tuple[int, ChunkRecord]]:
+        record, _ = self.context.load(name)
+        result, current, start = [], record.first_chunk, record.first_chunk_start_offset
+        while current is not None:
+            chunk, _ = self.context.chunk(current)
+            result.append((start, chunk))
+            start, current = start + chunk.length, chunk.next_chunk
+        return result
+
+    monkeypatch.setattr(ChunkedSegmentStorage, "chunks", chunks)
+
+
+def test_an_observer_seeing_a_mix_of_layouts_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The observer's oracle: a walk across commits is a violation (a mixed layout, or
+    damage reported on an undamaged store), found within the CI slice's seeds."""
+    walk_across_commits(monkeypatch)
+    summary = soak(range(12), OPS)
+    kinds = set(summary.violations)
+    assert kinds & {"observer_mixed_layout", "observer_error:MetadataCorrupted"}, summary.line()

@@ -17,6 +17,7 @@ WEIGHTS: dict[str, int] = {
     "create": 6,
     "write": 20,
     "read": 8,
+    "observe": 8,  # a read-only observer reads, walks, verifies or scrubs beside a change
     "seal": 3,
     "unseal": 1,
     "transaction": 6,  # create, write, seal, concat into a live segment

@@ -16,6 +16,7 @@ Then the invariants of ``checks`` run on the whole container.
 
 from __future__ import annotations
 
+import copy
 import random
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -26,8 +27,10 @@ from slts.bindings.memory import MemoryChunkStorage
 from slts.journal.durable_copy import DurableCopy
 from slts.journal.restore import restore
 
+from slts.admin import verify as verify_module
+from slts.admin.scrub import scrub
 from slts.config import StorageConfig
-from slts.errors import SltsError
+from slts.errors import SegmentNotFound, SegmentTruncated, SltsError
 from slts.metadata.faulty_store import FaultyMetadataStore
 from slts.metadata.memory_store import MemoryMetadataStore
 from slts.metadata.schema import SEGMENTS, TABLES, name_key
@@ -38,6 +41,7 @@ from slts.storage.chunked import ChunkedSegmentStorage
 from . import checks
 from .checks import Violation
 from .model import Model, Segment, State, summary
+from .observer import InterleavingStore, Layouts
 from .seam import Seam
 
 NAMES = tuple(f"p{p}/s{i}" for p in range(2) for i in range(6))
@@ -112,6 +116,9 @@ class World:
         self.in_flight_what = ""
         self.trail: list[str] = []  # the changes the current step completed (for a violation's message)
         self.owner = self._start(self.store)
+        #: The read-only observer of ``observe`` steps (its process, instance, store), made
+        #: on first use and again when ``store`` is replaced (a restore).
+        self.observer: tuple[Process, ChunkedSegmentStorage, InterleavingStore] | None = None
 
     # -- processes ------------------------------------------------------------------------------
 
@@ -149,6 +156,27 @@ class World:
 
     def close(self) -> None:
         self._end(self.owner, close=not self.owner.store.dead)
+        self._end_observer()
+
+    def _end_observer(self) -> None:
+        if self.observer is not None:
+            process, _, _ = self.observer
+            self.observer = None
+            self._end(process, close=True)
+
+    def _observer(self) -> tuple[ChunkedSegmentStorage, InterleavingStore]:
+        """The read-only observer on the current store (made anew after a restore): its
+        own process (cache, binding, locks), its metadata reads interleavable."""
+        if self.observer is not None and self.observer[0].store.inner is not self.store:
+            self._end_observer()
+        if self.observer is None:
+            process = Process(self, self.store)
+            interleaving = InterleavingStore(process.store)
+            process.storage = ChunkedSegmentStorage(
+                0, None, process.binding, interleaving, self.config, clock=self.seam.clock, read_only=True
+            )
+            self.observer = (process, process.storage, interleaving)
+        return self.observer[1], self.observer[2]
 
     # -- faults ------------------------------------------------------------------------------
 
@@ -313,6 +341,109 @@ class World:
                 f"unexpected_error:{type(result).__name__}", f"{what} raised {result!r}, no fault injected"
             )
         return f"{what}: failed ({type(result).__name__})"
+
+    _OBSERVATIONS = ("read", "chunks", "verify", "scrub")
+    _BESIDE = ("change", "change", "defrag", "defrag_gc", "gc")
+
+    def do_observe(self, rng: random.Random) -> str:
+        """A read-only observer reads, walks, verifies or scrubs a segment, and at a
+        seeded point among its metadata reads the owner changes that segment (no faults)
+        to its end (``observer``). The observer must see one layout the owner committed,
+        never a mix, and report no damage (the store has none)."""
+        name = self.pick(rng)
+        if name is None:
+            return "observe: no segment"
+        observer, interleaving = self._observer()
+        before = copy.deepcopy(self.model.segments[name])
+        offset = rng.randint(before.start, len(before.data))
+        size = rng.randint(0, len(before.data) - offset)
+        observation, beside = rng.choice(self._OBSERVATIONS), rng.choice(self._BESIDE)
+        layouts = Layouts(self.store, name)
+        lines: list[str] = []
+
+        def change() -> None:
+            self.owner.store.before_commit = layouts.record
+            try:
+                lines.append(self._beside_observer(beside, name, rng))
+            finally:
+                self.owner.store.before_commit = None
+                layouts.finish()
+
+        interleaving.pause_at(rng.randint(1, 8), change)
+        calls: dict[str, Callable[[], Any]] = {
+            "read": lambda: observer.read(observer.open_read(name), offset, size),
+            "chunks": lambda: observer.chunks(name),
+            "verify": lambda: verify_module.verify_segment(observer, name, checksums=True),
+            "scrub": lambda: scrub(observer, prefix=name).anomalies,
+        }
+        try:
+            result: Any = calls[observation]()
+            error: SltsError | None = None
+        except SltsError as exc:
+            result, error = None, exc
+        except Exception as exc:
+            raise Violation(f"exception:{type(exc).__name__}", f"observer {observation}: {exc!r}") from exc
+        finally:
+            interleaving.run_pending()
+        if interleaving.error is not None:  # the owner's change was judged wrong
+            error_of_change, interleaving.error = interleaving.error, None
+            raise error_of_change
+        what = f"observe {observation} {name} @{offset} +{size} beside [{'; '.join(lines)}]"
+        self._judge_observation(what, observation, name, (offset, size), before, layouts, result, error)
+        return f"{what}: ok"
+
+    def _beside_observer(self, beside: str, name: str, rng: random.Random) -> str:
+        """The owner's change of segment ``name`` inside an observation (no faults)."""
+        if beside == "change":
+            return self._change_of(name, rng)
+        if beside == "gc":
+            self.seam.clock.advance(GC_DELAY_S + 1)
+            return self.mutate(None, "gc after the delay", self.model.copy(), lambda: self.s.gc.run_once())
+        line = self.mutate(None, f"defrag {name}", self.model.copy(), lambda: self.s.defrag(name))
+        if beside == "defrag_gc":  # the chunks defrag replaced are collected at once
+            self.seam.clock.advance(GC_DELAY_S + 1)
+            line += "; " + self.mutate(None, "gc", self.model.copy(), lambda: self.s.gc.run_once())
+        return line
+
+    def _judge_observation(
+        self,
+        what: str,
+        observation: str,
+        name: str,
+        span: tuple[int, int],
+        before: Segment,
+        layouts: Layouts,
+        result: Any,
+        error: SltsError | None,
+    ) -> None:
+        """The oracle of ``do_observe`` (see ``observer``'s module doc)."""
+        after = self.model.segments.get(name)
+        gone = None in layouts.lists()
+        if error is not None:
+            explained = isinstance(error, SegmentNotFound) and gone
+            if observation == "read":
+                offset, size = span
+                explained = explained or (
+                    isinstance(error, SegmentTruncated) and after is not None and offset < after.start
+                )
+            if not explained:
+                raise Violation(
+                    f"observer_error:{type(error).__name__}", f"{what} raised {error!r} on an undamaged store"
+                )
+            return
+        if observation == "read":
+            offset, size = span
+            if result != bytes(before.data[offset : offset + size]):
+                raise Violation("observer_read_content", f"{what} returned other bytes than the model's")
+        elif observation == "chunks":
+            seen = tuple((start, chunk.name, chunk.length) for start, chunk in result)
+            if seen not in layouts.lists():
+                raise Violation(
+                    "observer_mixed_layout",
+                    f"{what} returned a layout the owner never committed: {seen} not in {layouts.lists()}",
+                )
+        elif result:
+            raise Violation(f"observer_false_{observation}", f"{what} reported damage: {result[:3]}")
 
     def _set_sealed(self, rng: random.Random | None, name: str, sealed: bool) -> str:
         after = self.model.copy()
