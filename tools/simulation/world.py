@@ -72,6 +72,9 @@ class Process:
         self.binding = FaultyChunkStorage(world.binding, seed=seam.random.getrandbits(32))
         self.store = FaultyMetadataStore(store, seed=seam.random.getrandbits(32))
         self.store.on_crash = self.binding.kill
+        #: What the process's instance reads through: its reads may be paused for another
+        #: process's change (``observe`` steps); a no-op otherwise.
+        self.interleaving = InterleavingStore(self.store)
         self.storage: ChunkedSegmentStorage | None = None
 
     def faults(self) -> Counter[str]:
@@ -116,9 +119,9 @@ class World:
         self.in_flight_what = ""
         self.trail: list[str] = []  # the changes the current step completed (for a violation's message)
         self.owner = self._start(self.store)
-        #: The read-only observer of ``observe`` steps (its process, instance, store), made
-        #: on first use and again when ``store`` is replaced (a restore).
-        self.observer: tuple[Process, ChunkedSegmentStorage, InterleavingStore] | None = None
+        #: The read-only observer of ``observe`` steps, made on first use and again when
+        #: ``store`` is replaced (a restore).
+        self.observer: Process | None = None
 
     # -- processes ------------------------------------------------------------------------------
 
@@ -126,7 +129,7 @@ class World:
         process = Process(self, store)
         try:
             process.storage = ChunkedSegmentStorage(
-                0, None, process.binding, process.store, self.config, clock=self.seam.clock
+                0, None, process.binding, process.interleaving, self.config, clock=self.seam.clock
             )
         except Exception as exc:
             raise Violation(
@@ -160,23 +163,27 @@ class World:
 
     def _end_observer(self) -> None:
         if self.observer is not None:
-            process, _, _ = self.observer
-            self.observer = None
+            process, self.observer = self.observer, None
             self._end(process, close=True)
 
-    def _observer(self) -> tuple[ChunkedSegmentStorage, InterleavingStore]:
+    def _observer(self) -> Process:
         """The read-only observer on the current store (made anew after a restore): its
-        own process (cache, binding, locks), its metadata reads interleavable."""
-        if self.observer is not None and self.observer[0].store.inner is not self.store:
+        own process (cache, binding, locks)."""
+        if self.observer is not None and self.observer.store.inner is not self.store:
             self._end_observer()
         if self.observer is None:
             process = Process(self, self.store)
-            interleaving = InterleavingStore(process.store)
             process.storage = ChunkedSegmentStorage(
-                0, None, process.binding, interleaving, self.config, clock=self.seam.clock, read_only=True
+                0,
+                None,
+                process.binding,
+                process.interleaving,
+                self.config,
+                clock=self.seam.clock,
+                read_only=True,
             )
-            self.observer = (process, process.storage, interleaving)
-        return self.observer[1], self.observer[2]
+            self.observer = process
+        return self.observer
 
     # -- faults ------------------------------------------------------------------------------
 
@@ -343,38 +350,46 @@ class World:
         return f"{what}: failed ({type(result).__name__})"
 
     _OBSERVATIONS = ("read", "chunks", "verify", "scrub")
+    #: The owner's changes beside a read-only observer, and what may change a layout
+    #: beside the owner's own reads (its changes wait for its locks): a defrag batch.
     _BESIDE = ("change", "change", "defrag", "defrag_gc", "gc")
+    _BESIDE_OWNER = ("batch_defrag",)
 
     def do_observe(self, rng: random.Random) -> str:
-        """A read-only observer reads, walks, verifies or scrubs a segment, and at a
-        seeded point among its metadata reads the owner changes that segment (no faults)
-        to its end (``observer``). The observer must see one layout the owner committed,
-        never a mix, and report no damage (the store has none)."""
+        """A reader reads, walks, verifies or scrubs a segment, and at a seeded point among
+        its metadata reads another process changes that segment (no faults) to its end
+        (``observer``): the owner beside a read-only observer, a defrag batch beside the
+        owner. The reader must see one committed layout, never a mix, and report no
+        damage (the store has none)."""
         name = self.pick(rng)
         if name is None:
             return "observe: no segment"
-        observer, interleaving = self._observer()
+        by_owner = rng.random() < 0.4
+        if by_owner:  # the most fragmented segment: the batch beside it has runs to merge
+            name = max(sorted(self.model.segments), key=lambda n: len(self.s.chunks(n)))
+        process = self.owner if by_owner else self._observer()
+        reader = process.storage
+        assert reader is not None
         before = copy.deepcopy(self.model.segments[name])
         offset = rng.randint(before.start, len(before.data))
         size = rng.randint(0, len(before.data) - offset)
-        observation, beside = rng.choice(self._OBSERVATIONS), rng.choice(self._BESIDE)
+        observation = rng.choice(self._OBSERVATIONS)
+        beside = rng.choice(self._BESIDE_OWNER if by_owner else self._BESIDE)
         layouts = Layouts(self.store, name)
         lines: list[str] = []
 
         def change() -> None:
-            self.owner.store.before_commit = layouts.record
             try:
-                lines.append(self._beside_observer(beside, name, rng))
+                lines.append(self._beside_reader(beside, name, rng, layouts))
             finally:
-                self.owner.store.before_commit = None
                 layouts.finish()
 
-        interleaving.pause_at(rng.randint(1, 8), change)
+        process.interleaving.pause_at(rng.randint(1, 8), change)
         calls: dict[str, Callable[[], Any]] = {
-            "read": lambda: observer.read(observer.open_read(name), offset, size),
-            "chunks": lambda: observer.chunks(name),
-            "verify": lambda: verify_module.verify_segment(observer, name, checksums=True),
-            "scrub": lambda: scrub(observer, prefix=name).anomalies,
+            "read": lambda: reader.read(reader.open_read(name), offset, size),
+            "chunks": lambda: reader.chunks(name),
+            "verify": lambda: verify_module.verify_segment(reader, name, checksums=True),
+            "scrub": lambda: scrub(reader, prefix=name).anomalies,
         }
         try:
             result: Any = calls[observation]()
@@ -382,28 +397,57 @@ class World:
         except SltsError as exc:
             result, error = None, exc
         except Exception as exc:
-            raise Violation(f"exception:{type(exc).__name__}", f"observer {observation}: {exc!r}") from exc
+            raise Violation(f"exception:{type(exc).__name__}", f"{observation}: {exc!r}") from exc
         finally:
-            interleaving.run_pending()
-        if interleaving.error is not None:  # the owner's change was judged wrong
-            error_of_change, interleaving.error = interleaving.error, None
+            process.interleaving.run_pending()
+        if process.interleaving.error is not None:  # the change beside was judged wrong
+            error_of_change, process.interleaving.error = process.interleaving.error, None
             raise error_of_change
-        what = f"observe {observation} {name} @{offset} +{size} beside [{'; '.join(lines)}]"
+        who = "owner" if by_owner else "observer"
+        what = f"{who} {observation} {name} @{offset} +{size} beside [{'; '.join(lines)}]"
         self._judge_observation(what, observation, name, (offset, size), before, layouts, result, error)
         return f"{what}: ok"
 
-    def _beside_observer(self, beside: str, name: str, rng: random.Random) -> str:
-        """The owner's change of segment ``name`` inside an observation (no faults)."""
-        if beside == "change":
-            return self._change_of(name, rng)
-        if beside == "gc":
-            self.seam.clock.advance(GC_DELAY_S + 1)
-            return self.mutate(None, "gc after the delay", self.model.copy(), lambda: self.s.gc.run_once())
-        line = self.mutate(None, f"defrag {name}", self.model.copy(), lambda: self.s.defrag(name))
-        if beside == "defrag_gc":  # the chunks defrag replaced are collected at once
-            self.seam.clock.advance(GC_DELAY_S + 1)
-            line += "; " + self.mutate(None, "gc", self.model.copy(), lambda: self.s.gc.run_once())
-        return line
+    def _beside_reader(self, beside: str, name: str, rng: random.Random, layouts: Layouts) -> str:
+        """The change of segment ``name`` inside an observation (no faults), its commits
+        recorded in ``layouts``."""
+        if beside == "batch_defrag":  # never through the owner: its reader holds its locks
+            return self._batch_defrag_of(name, layouts)
+        self.owner.store.before_commit = layouts.record
+        try:
+            if beside == "change":
+                return self._change_of(name, rng)
+            if beside == "gc":
+                self.seam.clock.advance(GC_DELAY_S + 1)
+                return self.mutate(
+                    None, "gc past the delay", self.model.copy(), lambda: self.s.gc.run_once()
+                )
+            line = self.mutate(None, f"defrag {name}", self.model.copy(), lambda: self.s.defrag(name))
+            if beside == "defrag_gc":  # the chunks defrag replaced are collected at once
+                self.seam.clock.advance(GC_DELAY_S + 1)
+                line += "; " + self.mutate(None, "gc", self.model.copy(), lambda: self.s.gc.run_once())
+            return line
+        finally:
+            self.owner.store.before_commit = None
+
+    def _batch_defrag_of(self, name: str, layouts: Layouts) -> str:
+        """A defrag batch of segment ``name`` alone, run to its end by a driver process
+        (no faults), each commit recorded in ``layouts``."""
+        driver_process = Process(self, self.store)
+        driver_process.store.before_commit = layouts.record
+        binding = driver_process.binding
+        ended: list[str] = []
+        try:
+            driver = batch_defrag.BatchDefrag(
+                binding, driver_process.store, 0, self.config, clock=self.seam.clock
+            )
+            for runs in driver.plan(names=[name]):
+                for item in driver.register(runs):
+                    outcome = batch_defrag.execute(item.task, binding)
+                    ended.append(batch_defrag._end(driver, item, outcome))  # noqa: SLF001 - as run_batch
+        finally:
+            self._end(driver_process, close=False)
+        return f"batch defrag {name}: {','.join(ended) or 'nothing to merge'}"
 
     def _judge_observation(
         self,
