@@ -1,7 +1,10 @@
 """The floor plan (DESIGN.md §2, docs/architecture.md), checked by walking imports with ``ast``.
 
-Every module of the package has a rank; a module imports only modules of its own rank or
-a lower one (``RANKS``). A new room gets its rank when it lands: a module without one
+Every module of the package is in a *room* (a package or a module at the package root)
+with a rank; a module imports modules of its own room and of rooms of a lower rank only,
+never of a sibling room of the same rank nor of a higher one (``RANKS``). ``from P import
+x`` counts as an import of ``P.x`` when that is a module (``from slts import storage``
+imports the engine, not the package root). A new room gets its rank when it lands: a module without one
 fails ``test_every_module_has_a_rank``. Bindings import nothing of the core but the errors;
 the core imports no cloud SDK; nothing imports the source folders by their bare names (that
 loads a second copy of every class in them); pyproject's package list names every folder
@@ -14,6 +17,7 @@ from __future__ import annotations
 import ast
 import pathlib
 import tomllib
+from collections.abc import Collection
 
 import pytest
 
@@ -22,29 +26,42 @@ FOLDERS = {"slts": "slts", "bindings": "slts.bindings", "journal": "slts.journal
 SDKS = ("boto3", "botocore", "pyhdfs", "pyspark")
 
 
-def modules() -> dict[str, list[str]]:
-    """Module name -> absolute names it imports (relative imports resolved)."""
-    result: dict[str, list[str]] = {}
+def _module_names() -> dict[str, pathlib.Path]:
+    """Every module of the package (its dotted name -> its file)."""
+    names: dict[str, pathlib.Path] = {}
     for folder, package in FOLDERS.items():
         for path in sorted((ROOT / folder).rglob("*.py")):
             relative = path.relative_to(ROOT / folder).with_suffix("")
-            parts = [p for p in relative.parts if p != "__init__"]
-            module = ".".join([package, *parts])
-            is_package = path.name == "__init__.py"
-            imported: list[str] = []
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if isinstance(node, ast.Import):
-                    imported.extend(alias.name for alias in node.names)
-                elif isinstance(node, ast.ImportFrom):
-                    if node.level:
-                        base = module.split(".")
-                        base = base[: len(base) - node.level + (1 if is_package else 0)]
-                        name = ".".join([*base, node.module] if node.module else base)
-                    else:
-                        name = node.module or ""
-                    imported.append(name)
-            result[module] = imported
-    return result
+            names[".".join([package, *(p for p in relative.parts if p != "__init__")])] = path
+    return names
+
+
+def imports_of(module: str, source: str, is_package: bool, names: Collection[str]) -> list[str]:
+    """The absolute names ``source`` (module ``module``) imports, relative imports
+    resolved; ``from P import x`` names the module ``P.x`` when ``names`` has it, else ``P``."""
+    imported: list[str] = []
+    for node in ast.walk(ast.parse(source, module)):
+        if isinstance(node, ast.Import):
+            imported.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                name = ".".join([*base, node.module] if node.module else base)
+            else:
+                name = node.module or ""
+            for alias in node.names:
+                imported.append(f"{name}.{alias.name}" if f"{name}.{alias.name}" in names else name)
+    return imported
+
+
+def modules() -> dict[str, list[str]]:
+    """Module name -> absolute names it imports (``imports_of``)."""
+    names = _module_names()
+    return {
+        module: imports_of(module, path.read_text(), path.name == "__init__.py", names)
+        for module, path in names.items()
+    }
 
 
 MODULES = modules()
@@ -52,28 +69,25 @@ MODULES = modules()
 #: (a module, or a package and everything in it; its rank). No import goes up a rank.
 RANKS: tuple[tuple[str, int], ...] = (
     ("slts", 0),  # the package itself: lazy names only
-    ("slts.errors", 0),
-    ("slts.config", 0),
-    ("slts.config_sources", 0),  # the config file, SLTS_* variables, flags
-    ("slts.limiter", 0),  # the priority rate limiter (traffic classes, buckets)
-    ("slts.logs", 0),  # the logger tree's handler, JSON lines, credential redaction
-    ("slts.chunk_names", 0),
-    ("slts.prices", 0),  # the rates the cost report prices with
-    ("slts.metadata", 1),  # stores, records, key layout, the index rules, ownership
-    ("slts.bindings", 2),
-    ("slts.usage", 2),  # what a container asks of its chunk storage, metered and recorded
-    ("slts.journal", 3),  # system segments: on bindings and metadata
-    ("slts.gc", 4),
-    ("slts.storage", 5),  # the engine
-    ("slts.admin", 6),  # admin and repair, on the engine's public seam
-    ("slts.remote", 6),  # tiered log storage for Kafka-style engines (KIP-405), on the engine
-    ("slts.offload", 6),  # Pulsar-style ledger offload (PIP-17), on the engine
-    ("slts.metrics", 6),
-    (
-        "slts.cost",
-        6,
-    ),  # the cost report: usage and layout, priced  # Prometheus metrics of an instance, read at each scrape
-    ("slts.tools", 7),  # CLI, demo, bench, simulator
+    ("slts.errors", 0),  # the error tree: imports nothing of the package
+    ("slts.config", 1),  # the settings and their checks
+    ("slts.limiter", 1),  # the priority rate limiter (traffic classes, buckets)
+    ("slts.logs", 1),  # the logger tree's handler, JSON lines, credential redaction
+    ("slts.chunk_names", 1),  # the unique part of chunk names
+    ("slts.prices", 1),  # the rates the cost report prices with
+    ("slts.config_sources", 2),  # the config file, SLTS_* variables, flags: on the settings
+    ("slts.metadata", 3),  # stores, records, key layout, the index rules, ownership
+    ("slts.bindings", 4),  # chunk storages: on the errors alone (checked below)
+    ("slts.usage", 5),  # what a container asks of its chunk storage, metered and recorded
+    ("slts.journal", 6),  # system segments: on bindings and metadata
+    ("slts.gc", 7),
+    ("slts.storage", 8),  # the engine
+    ("slts.admin", 9),  # admin and repair, on the engine's public seam
+    ("slts.remote", 9),  # tiered log storage for Kafka-style engines (KIP-405), on the engine
+    ("slts.offload", 9),  # Pulsar-style ledger offload (PIP-17), on the engine
+    ("slts.metrics", 9),  # Prometheus metrics of an instance, read at each scrape
+    ("slts.cost", 9),  # the cost report: usage and layout, priced
+    ("slts.tools", 10),  # CLI, demo, bench, simulator
 )
 
 
@@ -83,18 +97,38 @@ def room_of(module: str) -> tuple[str, int] | None:
     return max(found, key=lambda entry: len(entry[0])) if found else None
 
 
+def test_from_a_package_import_a_module_is_an_import_of_that_module() -> None:
+    """The guard's own holes, closed: ``from slts import storage`` and ``from . import x``
+    name the module they load, so a lower room cannot reach a higher one that way; and a
+    sibling room of the same rank is refused like a higher one."""
+    names = {"slts", "slts.storage", "slts.storage.chunked", "slts.metadata", "slts.metadata.store"}
+    assert imports_of("slts.metadata.store", "from slts import storage", False, names) == ["slts.storage"]
+    assert imports_of("slts.metadata", "from .. import storage", True, names) == ["slts.storage"]
+    assert imports_of("slts.metadata.store", "from . import index", False, names) == ["slts.metadata"]
+    assert imports_of("slts.metadata.store", "from slts import open", False, names) == ["slts"]
+    assert not goes_up("slts.storage.chunked", "slts.storage.context")  # its own room
+    assert not goes_up("slts.storage.chunked", "slts.metadata.store")  # a lower room
+    assert goes_up("slts.metrics", "slts.cost")  # a sibling room of the same rank
+    assert goes_up("slts.metadata.store", "slts.storage")  # a higher room
+
+
 def test_every_module_has_a_rank() -> None:
     assert not [module for module in MODULES if room_of(module) is None]
 
 
+def goes_up(module: str, name: str) -> bool:
+    """Whether ``module``'s import of ``name`` breaks the floor plan: ``name`` is in
+    another room of the package whose rank is not lower."""
+    room = room_of(module)
+    target = room_of(name) if name.startswith("slts") else None
+    assert room is not None, module
+    return target is not None and target[0] != room[0] and target[1] >= room[1]
+
+
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_imports_go_down_the_ranks(module: str) -> None:
-    room = room_of(module)
-    assert room is not None
-    for name in MODULES[module]:
-        target = room_of(name) if name.startswith("slts") else None
-        if target is not None:
-            assert target[1] <= room[1], f"{module} (rank {room[1]}) imports {name} (rank {target[1]})"
+    wrong = [name for name in MODULES[module] if goes_up(module, name)]
+    assert not wrong, f"{module} (room {room_of(module)}) imports {wrong} ({[room_of(n) for n in wrong]})"
 
 
 def _all_imports(path: pathlib.Path) -> list[str]:
