@@ -123,12 +123,12 @@ def test_a_fenced_instance_adds_no_usage_and_drops_it_at_close(
     before = records(observer)
     with pytest.raises(Fenced):
         a.flush_usage()
+    unflushed = sum(record.request_count for record in a.meter.usage().values())
     with caplog.at_level(logging.WARNING, logger="slts"):
         a.close()
     assert records(observer) == before, "the fenced instance changed the store"
-    assert any(
-        "was fenced" in r.getMessage() and "requests dropped" in r.getMessage() for r in caplog.records
-    )
+    dropped = [r.getMessage() for r in caplog.records if "was fenced" in r.getMessage()]
+    assert len(dropped) == 1 and dropped[0].endswith(f"; {unflushed} requests dropped"), dropped
 
 
 def test_a_usage_flush_that_the_takeover_overtakes_writes_nothing(folders: Folders) -> None:
