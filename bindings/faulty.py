@@ -3,8 +3,9 @@
 ``FaultyChunkStorage(inner, seed)`` forwards every call to ``inner`` unless a fault
 rule fires first. Rules (any number, checked in order):
 
-* ``fail_nth(op, n, error)``: the n-th call (1-based, counted from when the rule is
-  added) of operation ``op`` raises ``error`` instead of running.
+* ``fail_nth(op, n, error, prefix)``: the n-th call (1-based, counted from when the rule
+  is added) of operation ``op`` on a chunk whose name starts with ``prefix`` (default:
+  any) raises ``error`` instead of running.
 * ``fail_probability(op, p, error)``: each call of ``op`` fails with probability ``p``,
   drawn from the wrapper's own ``random.Random(seed)``; the same seed replays the
   same faults.
@@ -26,6 +27,12 @@ rule fires first. Rules (any number, checked in order):
   still running, a seeded torn prefix of what it wrote (the page cache of a file whose
   ``fdatasync`` had not returned, dropped); a chunk whose ``create`` never returned is
   gone or torn, one whose ``delete`` never returned is still there.
+
+``before(ops, action, nth, prefix)`` is a hook, for tests that need a moment rather than
+a fault: ``action()`` runs right before the ``nth`` next call of one of ``ops`` on a chunk
+whose name starts with ``prefix``, once, before any rule sees that call (another instance
+starts there, a writer waits there for a signal, or the process dies there: ``kill``).
+For ``list`` the name is the listed prefix, for ``concat`` the target.
 
 Rules see only calls with valid arguments: ``ChunkStorage`` checks them before the hooks
 (``_do_*``) here run, so a bad name, range, handle or data raises its usual error before
@@ -78,6 +85,15 @@ class _Rule:
     partial: bool = False
     lost: bool = False  # the call runs, then its answer is lost
     seen: int = 0
+    prefix: str = ""  # only calls on chunks whose name starts with this
+
+
+@dataclass
+class _Hook:
+    ops: frozenset[str]
+    action: Callable[[], None]
+    nth: int
+    prefix: str
 
 
 class FaultyChunkStorage(WrappedChunkStorage):
@@ -93,6 +109,7 @@ class FaultyChunkStorage(WrappedChunkStorage):
         self.dead = False
         self._latency: tuple[Callable[[float], None], float, float] | None = None
         self._rules: list[_Rule] = []
+        self._hooks: list[_Hook] = []
         self._lock = threading.Lock()
         #: What the power-loss model keeps: chunk -> length acknowledged (calls returned).
         self._acknowledged: dict[str, int] = {}
@@ -101,11 +118,24 @@ class FaultyChunkStorage(WrappedChunkStorage):
 
     # -- rules ----------------------------------------------------------------------------------
 
-    def fail_nth(self, op: str, n: int, error: type[SltsError] = StorageUnavailable) -> None:
-        """Make the ``n``-th next call of ``op`` raise ``error``."""
+    def fail_nth(
+        self, op: str, n: int, error: type[SltsError] = StorageUnavailable, *, prefix: str = ""
+    ) -> None:
+        """Make the ``n``-th next call of ``op`` (on a chunk whose name starts with
+        ``prefix``) raise ``error``."""
         assert op in OPERATIONS and n >= 1, (op, n)
         with self._lock:
-            self._rules.append(_Rule(op, error, nth=n))
+            self._rules.append(_Rule(op, error, nth=n, prefix=prefix))
+
+    def before(
+        self, ops: str | Sequence[str], action: Callable[[], None], *, nth: int = 1, prefix: str = ""
+    ) -> None:
+        """Run ``action()`` right before the ``nth`` next call of one of ``ops`` on a chunk
+        whose name starts with ``prefix``, once (see the module doc)."""
+        chosen = frozenset([ops] if isinstance(ops, str) else ops)
+        assert chosen and chosen <= set(OPERATIONS) and nth >= 1, (ops, nth)
+        with self._lock:
+            self._hooks.append(_Hook(chosen, action, nth, prefix))
 
     def fail_probability(
         self, op: str, probability: float, error: type[SltsError] = StorageUnavailable
@@ -179,19 +209,34 @@ class FaultyChunkStorage(WrappedChunkStorage):
                 self._acknowledged[name] = length
 
     def clear(self) -> None:
-        """Remove every rule and the latency (counters stay; a killed wrapper stays dead)."""
+        """Remove every rule, hook and the latency (counters stay; a killed wrapper stays dead)."""
         with self._lock:
             self._rules.clear()
+            self._hooks.clear()
             self._latency = None
 
-    def _fault(self, op: str) -> _Rule | None:
-        """Count the call (and slow it down if latency is on); return the rule that makes
-        it fail, if any.
+    def _run_hooks(self, op: str, name: str) -> None:
+        """Run the hooks this call reaches (outside the lock: an action may block)."""
+        due: list[Callable[[], None]] = []
+        with self._lock:
+            for hook in list(self._hooks):
+                if op in hook.ops and name.startswith(hook.prefix):
+                    hook.nth -= 1
+                    if hook.nth == 0:
+                        self._hooks.remove(hook)
+                        due.append(hook.action)
+        for action in due:
+            action()
+
+    def _fault(self, op: str, name: str) -> _Rule | None:
+        """Run the hooks, count the call (and slow it down if latency is on); return the
+        rule that makes it fail, if any.
 
         Every matching rule counts the call, also when an earlier rule already fired,
         so each ``fail_nth`` fires on its own n-th call. Several rules firing on one
         call make it fail once (the first rule's error) and are all used up.
         """
+        self._run_hooks(op, name)
         slow = 0.0
         with self._lock:
             if self.dead:
@@ -206,14 +251,16 @@ class FaultyChunkStorage(WrappedChunkStorage):
                 self.faults["latency"] += 1
         if slow and latency is not None:
             latency[0](slow)
-        return self._fire(op, lost=False)
+        return self._fire(op, name, lost=False)
 
-    def _fire(self, op: str, *, lost: bool) -> _Rule | None:
+    def _fire(self, op: str, name: str, *, lost: bool) -> _Rule | None:
         """The rule (among the lost-reply ones if ``lost``, else the others) that fires."""
         with self._lock:
             fired: _Rule | None = None
             for rule in list(self._rules):
                 if rule.lost != lost or not (rule.op == op or (rule.partial and op == "create")):
+                    continue
+                if not name.startswith(rule.prefix):
                     continue
                 rule.seen += 1
                 if rule.nth is not None:
@@ -227,9 +274,9 @@ class FaultyChunkStorage(WrappedChunkStorage):
                 self.faults["lost-reply" if lost else "torn" if fired.partial else "fail"] += 1
             return fired
 
-    def _after(self, op: str) -> None:
+    def _after(self, op: str, name: str) -> None:
         """The call took effect: lose its answer if a lost-reply rule says so."""
-        rule = self._fire(op, lost=True)
+        rule = self._fire(op, name, lost=True)
         if rule is not None:
             raise rule.error(
                 f"injected: the answer of {op} was lost after it took effect (seed {self.seed})",
@@ -242,85 +289,85 @@ class FaultyChunkStorage(WrappedChunkStorage):
         with self._lock:
             return self.random.randrange(len(data)) if data else 0
 
-    def _check(self, op: str) -> None:
-        rule = self._fault(op)
+    def _check(self, op: str, name: str) -> None:
+        rule = self._fault(op, name)
         if rule is not None:
             raise rule.error(f"injected fault in {op} (seed {self.seed})", injected=True)
 
     # -- hooks: ChunkStorage checked the arguments; the inner binding checks them again -----
 
     def _do_exists(self, name: str) -> bool:
-        self._check("exists")
+        self._check("exists", name)
         result = self.inner.exists(name)
-        self._after("exists")
+        self._after("exists", name)
         return result
 
     def _do_create(self, name: str, data: bytes) -> ChunkHandle:
         self._start(name)
-        rule = self._fault("create")
+        rule = self._fault("create", name)
         if rule is not None:
             if rule.partial:
                 self.inner.create(name, data[: self._torn_length(data)])
             raise rule.error(f"injected fault in create (seed {self.seed})", injected=True)
         handle = self.inner.create(name, data)
         self._acknowledge(name, len(data))
-        self._after("create")
+        self._after("create", name)
         return handle
 
     def _do_delete(self, handle: ChunkHandle) -> None:
-        self._check("delete")
+        self._check("delete", handle.name)
         self.inner.delete(handle)
         self._acknowledge(handle.name, None)
-        self._after("delete")
+        self._after("delete", handle.name)
 
     def _do_open_read(self, name: str) -> ChunkHandle:
-        self._check("open_read")
+        self._check("open_read", name)
         return self.inner.open_read(name)
 
     def _do_open_write(self, name: str) -> ChunkHandle:
-        self._check("open_write")
+        self._check("open_write", name)
         return self.inner.open_write(name)
 
     def _do_get_info(self, name: str) -> ChunkInfo:
-        self._check("get_info")
+        self._check("get_info", name)
         return self.inner.get_info(name)
 
     def _do_read(self, handle: ChunkHandle, offset: int, length: int) -> bytes:
-        self._check("read")
+        self._check("read", handle.name)
         data = self.inner.read(handle, offset, length)
-        self._after("read")
+        self._after("read", handle.name)
         return data
 
     def _do_write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
         self._start(handle.name, offset)
-        rule = self._fault("write")
+        rule = self._fault("write", handle.name)
         if rule is not None:
             if rule.partial and data:
                 self.inner.write(handle, offset, data[: self._torn_length(data)])
             raise rule.error(f"injected fault in write (seed {self.seed})", injected=True)
         written = self.inner.write(handle, offset, data)
         self._acknowledge(handle.name, offset + written)
-        self._after("write")
+        self._after("write", handle.name)
         return written
 
     def _do_list(self, prefix: str) -> Iterator[str]:
-        self._check("list")
+        self._check("list", prefix)
         return self.inner.list(prefix)
 
     def _do_concat(self, target: str, sources: Sequence[ConcatSource]) -> ChunkInfo:
         self._start(target)
-        self._check("concat")
+        self._check("concat", target)
         info = self.inner.concat(target, sources)
         self._acknowledge(target, info.length)
-        self._after("concat")
+        self._after("concat", target)
         return info
 
     def _do_truncate(self, handle: ChunkHandle, length: int) -> None:
-        self._check("truncate")
+        self._check("truncate", handle.name)
         self.inner.truncate(handle, length)
         self._acknowledge(handle.name, length)
-        self._after("truncate")
+        self._after("truncate", handle.name)
 
     def _do_set_readonly(self, handle: ChunkHandle, readonly: bool) -> None:
-        self._check("set_readonly")
+        self._check("set_readonly", handle.name)
         self.inner.set_readonly(handle, readonly)

@@ -14,7 +14,12 @@ It ties the pieces together for a running container instance:
   holds a restorable state that needs no deleted chunk (DESIGN.md §5 invariant 5).
 
 Flushes and snapshots are serialised by one lock; commits never wait for either (the
-store captures them). A fenced instance's copy stops at the next flush (``Fenced``).
+store captures them). A fenced instance's copy stops at the next flush (``Fenced``): the
+flush checks the owner first, and the change log is trimmed only through
+``discard_changes``, which an owner passes fenced (the container epoch is checked in
+the trimming transaction itself), so an instance fenced mid-flush trims nothing. What a
+fenced instance still appends to the journal is overwritten at replay by the newer
+epoch's boot record (``slts.journal.journal``).
 """
 
 from __future__ import annotations
@@ -71,9 +76,12 @@ class DurableCopy:
         *,
         clock: Callable[[], float] = time.time,
         fence_check: Callable[[], None] = lambda: None,
+        discard_changes: Callable[[int], int] | None = None,
     ) -> None:
-        """Boot the journal and catch up. Raises ``Fenced`` (a newer epoch wrote the
-        journal), ``ChunkStorageError`` (tier-2 failed), ``MetadataCorrupted``."""
+        """Boot the journal and catch up. ``discard_changes`` trims the store's change log
+        (default: the store's own; an owner passes its ``Ownership.discard_changes``).
+        Raises ``Fenced`` (a newer epoch wrote the journal or owns the store),
+        ``ChunkStorageError`` (tier-2 failed), ``MetadataCorrupted``."""
         self.config = config
         self._clock = clock
         self._fence_check = fence_check
@@ -81,7 +89,7 @@ class DurableCopy:
             binding, container_id, epoch, journal_settings(config), clock=clock, fence_check=fence_check
         )
         self.segments = SystemSegments(self.journal, config.system_rolling_length_bytes, fence_check)
-        self.log = MetadataLog(store, self.segments, config.metadata_log_batch_bytes)
+        self.log = MetadataLog(store, self.segments, config.metadata_log_batch_bytes, discard_changes)
         self._lock = threading.Lock()
         self._flushes = self._snapshots = 0
         self._snapshot_at = clock()

@@ -25,7 +25,7 @@ order", and ``durable_sequence`` is the newest sequence it includes.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -85,12 +85,23 @@ def decode_change(record: dict[str, Any]) -> tuple[int, list[Operation]]:
 
 class MetadataLog:
     """Ships captured commits to the log segment. Not thread-safe: the caller serialises
-    ``flush`` and ``write_snapshot`` (``DurableCopy`` holds one lock for both)."""
+    ``flush`` and ``write_snapshot`` (``DurableCopy`` holds one lock for both).
 
-    def __init__(self, store: MetadataStore, segments: SystemSegments, batch_bytes: int) -> None:
+    ``discard_changes`` trims the store's change log once a batch or a snapshot is on
+    tier-2 (default: the store's own); an owner passes its ownership's, which trims only
+    while the instance owns the container and raises ``Fenced`` otherwise."""
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        segments: SystemSegments,
+        batch_bytes: int,
+        discard_changes: Callable[[int], int] | None = None,
+    ) -> None:
         self.store = store
         self.segments = segments
         self.batch_bytes = batch_bytes
+        self._discard_changes = discard_changes if discard_changes is not None else store.discard_changes
         log = segments.layout(METADATA_LOG)
         snapshots = segments.layout(METADATA_SNAPSHOTS)
         self.durable_sequence = max(log.attrs.get(LOG_LAST, 0), snapshots.attrs.get(SNAPSHOT_SEQUENCE, 0))
@@ -102,7 +113,8 @@ class MetadataLog:
     def flush_batch(self) -> int:
         """Ship one batch of captured changes; return how many commits it held (0: none
         pending). Raises ``LogGap`` if the next change is no longer captured,
-        ``ChunkStorageError`` if tier-2 fails (nothing is discarded then)."""
+        ``ChunkStorageError`` if tier-2 fails (nothing is discarded then), ``Fenced``
+        from ``discard_changes`` (the batch is on tier-2; the change log is left as it is)."""
         durable = self.durable_sequence
         self.store.make_durable()  # ship only what survives a power loss here (shared syncs)
         newest = self.store.last_sequence  # read before the changes: no false gap from a later commit
@@ -125,7 +137,7 @@ class MetadataLog:
             return 0
         self.segments.append(METADATA_LOG, b"".join(pieces), {LOG_LAST: last})
         self.durable_sequence = last
-        self.store.discard_changes(last)
+        self._discard_changes(last)
         return len(pieces)
 
     def write_snapshot(self, piece_bytes: int) -> SnapshotInfo:
@@ -153,7 +165,7 @@ class MetadataLog:
         if log.length > log.start_offset:
             self.segments.truncate(METADATA_LOG, log.length)  # every log record is <= sequence
         self.durable_sequence = sequence
-        self.store.discard_changes(sequence)
+        self._discard_changes(sequence)
         return SnapshotInfo(sequence, start, end, entries)
 
 

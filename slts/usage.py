@@ -20,7 +20,14 @@ store (one record per container and class) by ``flush``: periodically while the 
 runs and when it closes, in one conditional commit (retried on a conflict with another
 process adding its own). So ``slts cost`` sees the requests of every process that ran the
 container, less at most one flush interval of a process that was killed (accounting, not
-layout: documented in docs/operations.md). A read-only instance records its usage too.
+layout: documented in docs/operations.md).
+
+An owner flushes through its ownership's fenced commit (``flush``'s ``commit``): once a
+newer epoch started the container, its flush raises ``Fenced`` and writes nothing, and at
+close its unflushed counts are dropped (``drop_unflushed``) with a log line, like every
+other change of a fenced instance (DESIGN.md §5 invariant 4). A read-only instance and a
+defrag batch driver own no epoch and fence nobody: they record their usage with a plain
+conditional commit.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import bisect
 import contextlib
 import struct
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -39,7 +46,11 @@ from slts.errors import InvalidArgument, VersionConflict
 from slts.limiter import TrafficClass, current_traffic_class
 from slts.metadata.records import Record
 from slts.metadata.schema import USAGE
-from slts.metadata.store import Expect, MetadataStore, Put, ReadView, prefix_stop
+from slts.metadata.store import Expect, MetadataStore, Operation, Put, ReadView, prefix_stop
+
+#: How a flush commits: ``(ops, expect) -> sequence``, raising ``VersionConflict`` (or
+#: ``Fenced``) with nothing applied, as ``MetadataStore.commit`` and ``Ownership.commit``.
+Commit = Callable[[Sequence[Operation], Sequence[Expect]], int]
 
 #: The request an object store needs for each binding call, for bindings that do not count
 #: their own (see module doc). A write appends on a filesystem; on an object store it is a
@@ -261,23 +272,38 @@ class UsageMeter:
 
     # -- persisting --------------------------------------------------------------------------
 
-    def flush(self, store: MetadataStore, container_id: int) -> int:
+    def flush(self, store: MetadataStore, container_id: int, commit: Commit | None = None) -> int:
         """Add the counts since the last flush to ``store``'s usage records of
         ``container_id`` in one conditional commit (re-read and retried when another
-        process's flush came between). Returns the requests added. On an error the counts
-        stay unflushed and the error propagates (the next flush adds them)."""
+        process's flush came between), made with ``commit`` (an owner's fenced
+        ``Ownership.commit``; default: ``store.commit``). Returns the requests added. On an
+        error (``Fenced`` included) nothing is written, the counts stay unflushed and the
+        error propagates (the next flush adds them)."""
         with self._flush_lock:
             totals = self.usage()
-            pending = {
-                kind: added
-                for kind, total in totals.items()
-                if (added := total.minus(self._flushed[kind])) != EMPTY_USAGE
-            }
+            pending = self._pending(totals)
             if not pending:
                 return 0
-            _add_usage(store, container_id, pending)
+            _add_usage(store, container_id, pending, commit if commit is not None else store.commit)
             self._flushed = totals
         return sum(record.request_count for record in pending.values())
+
+    def drop_unflushed(self) -> int:
+        """Forget the counts since the last flush, as if flushed (a fenced owner's, which
+        may not be written); returns the requests dropped."""
+        with self._flush_lock:
+            totals = self.usage()
+            dropped = self._pending(totals)
+            self._flushed = totals
+        return sum(record.request_count for record in dropped.values())
+
+    def _pending(self, totals: Mapping[TrafficClass, UsageRecord]) -> dict[TrafficClass, UsageRecord]:
+        """What ``totals`` holds beyond the last flush, by class (flush lock held)."""
+        return {
+            kind: added
+            for kind, total in totals.items()
+            if (added := total.minus(self._flushed[kind])) != EMPTY_USAGE
+        }
 
     def start(self, flush: Callable[[], object], interval_s: float) -> None:
         """Call ``flush`` every ``interval_s`` seconds in a daemon thread until ``stop``;
@@ -301,7 +327,9 @@ class UsageMeter:
             self._flusher.join()
 
 
-def _add_usage(store: MetadataStore, container_id: int, pending: Mapping[TrafficClass, UsageRecord]) -> None:
+def _add_usage(
+    store: MetadataStore, container_id: int, pending: Mapping[TrafficClass, UsageRecord], commit: Commit
+) -> None:
     for attempt in range(_FLUSH_ATTEMPTS):
         ops, expect = [], []
         with store.snapshot() as view:
@@ -312,9 +340,9 @@ def _add_usage(store: MetadataStore, container_id: int, pending: Mapping[Traffic
                 ops.append(Put(USAGE, key, total.encode()))
                 expect.append(Expect(USAGE, key, 0 if current is None else current.version))
         try:
-            store.commit(ops, expect)
+            commit(ops, expect)
             return
-        except VersionConflict:
+        except VersionConflict:  # another flusher came between (``Fenced`` is not one)
             if attempt == _FLUSH_ATTEMPTS - 1:
                 raise
 

@@ -289,10 +289,10 @@ class CachedMetadataStore(MetadataStore):
         self._check_open()
         return self._inner.changes(after, limit)
 
-    def discard_changes(self, through: int) -> int:
+    def discard_changes(self, through: int, expect: Sequence[Expect] = ()) -> int:
         """The inner store's ``discard_changes``."""
         self._check_open()
-        return self._inner.discard_changes(through)
+        return self._inner.discard_changes(through, expect)
 
     def _land(self, written: dict[_Key, bytes | None], sequence: int, known: bool) -> None:
         """One commit on ``written`` finished (``sequence`` 0: not applied). Lock held."""

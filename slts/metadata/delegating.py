@@ -56,8 +56,8 @@ class DelegatingStore(MetadataStore):
     def changes(self, after: int, limit: int = 1000) -> list[Change]:
         return self.inner.changes(after, limit)
 
-    def discard_changes(self, through: int) -> int:
-        return self.inner.discard_changes(through)
+    def discard_changes(self, through: int, expect: Sequence[Expect] = ()) -> int:
+        return self.inner.discard_changes(through, expect)
 
     def replicate(
         self, sequence: int, ops: Sequence[Operation], versions: Sequence[int] | None = None

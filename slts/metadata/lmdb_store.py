@@ -469,7 +469,7 @@ class _Environment:
                 assert not capture or self.changes is not None
                 results: list[int | BaseException] = []
                 for pending in group:
-                    failed = self._failed_expectation(txn, pending.expect)
+                    failed = self.failed_expectation(txn, pending.expect)
                     if failed is not None:
                         results.append(failed)
                         continue
@@ -494,7 +494,7 @@ class _Environment:
                     txn.put(SEQUENCE_KEY, _VERSION.pack(sequence), db=self.internal)
             return results
 
-    def _failed_expectation(
+    def failed_expectation(
         self, txn: lmdb.Transaction[bytes], expect: Sequence[Expect]
     ) -> MetadataError | None:
         """Why this commit may not apply (a conflict, or an unreadable record), or None."""
@@ -968,11 +968,14 @@ class LmdbMetadataStore(MetadataStore):
         assert not changes or changes[0].sequence > after
         return changes
 
-    def discard_changes(self, through: int) -> int:
+    def discard_changes(self, through: int, expect: Sequence[Expect] = ()) -> int:
         """Delete change-log entries ``<= through`` from the start of the log, at most
-        ``DISCARD_BATCH_MAX`` per write transaction (between them commits go on)."""
+        ``DISCARD_BATCH_MAX`` per write transaction (between them commits go on), each
+        transaction only if every ``expect`` holds in it (``VersionConflict`` otherwise)."""
         _checks.check_sequence_bound("through", through)
+        _checks.check_commit(self.tables, (), expect)
         self._check_writable("discard_changes")
+        expect = tuple(expect)
         db = self._env.changes
         assert db is not None
         bound = _VERSION.pack(min(through, SEQUENCE_MAX))
@@ -980,6 +983,9 @@ class LmdbMetadataStore(MetadataStore):
         assert batch_max >= 1
 
         def discard_batch(txn: lmdb.Transaction[bytes]) -> int:
+            failed = self._env.failed_expectation(txn, expect)
+            if failed is not None:
+                raise failed  # aborts this transaction: nothing of it removed
             removed = 0
             with txn.cursor(db) as cursor:
                 positioned = cursor.first()
@@ -992,7 +998,11 @@ class LmdbMetadataStore(MetadataStore):
 
         total = 0
         while True:
-            removed = self._env.write(discard_batch)
+            try:
+                removed = self._env.write(discard_batch)
+            except VersionConflict:
+                self._count(conflicts=1)
+                raise
             total += removed
             if removed < batch_max:
                 return total

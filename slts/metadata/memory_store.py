@@ -279,12 +279,20 @@ class MemoryMetadataStore(MetadataStore):
             sequences = self._changes.irange(minimum=after, inclusive=(False, True))
             return [self._changes[sequence] for sequence in itertools.islice(sequences, limit)]
 
-    def discard_changes(self, through: int) -> int:
-        """Drop captured changes with ``sequence <= through``; how many were dropped."""
+    def discard_changes(self, through: int, expect: Sequence[Expect] = ()) -> int:
+        """Drop captured changes with ``sequence <= through`` if every ``expect`` holds
+        (``VersionConflict`` otherwise, nothing dropped); how many were dropped."""
         _checks.check_sequence_bound("through", through)
+        _checks.check_commit(self.tables, (), expect)
         self._check_not_in_snapshot("discard_changes")
         with self._lock:
             self._check_open()
+            for condition in expect:
+                current = self._data[condition.table].get(condition.key)
+                actual = current.version if current is not None else 0
+                if actual != condition.version:
+                    self._conflicts += 1
+                    raise _checks.conflict(condition, actual)
             removed = 0
             while self._changes and self._changes.peekitem(0)[0] <= through:
                 self._changes.popitem(0)

@@ -6,6 +6,9 @@ this instance also expects the container record at the version this instance wro
 When a newer instance starts it rewrites that record, so every later commit of the
 older instance fails; ``commit`` turns that failure into ``Fenced`` and the instance
 stays fenced for good (DESIGN.md §5 invariant 4; PDP-34 "Segment Store Failover").
+``discard_changes`` trims the store's change log under the same expectation, so a fenced
+instance's copy on tier-2 trims nothing either. Nothing else of an owner writes to the
+store (docs/architecture.md, "Ownership and fencing", lists every path).
 """
 
 from __future__ import annotations
@@ -100,6 +103,19 @@ class Ownership:
             self.check()
             raise
 
+    def discard_changes(self, through: int) -> int:
+        """The store's ``discard_changes(through)`` if this instance still owns the
+        container, checked in the same transaction. Raises ``Fenced`` if it does not
+        (nothing removed); returns how many changes were removed."""
+        if self.fenced:
+            raise self._fenced_error(None)
+        fence = Expect(CONTAINER, CONTAINER_KEY, self.version)
+        try:
+            return self._store.discard_changes(through, [fence])
+        except VersionConflict:
+            self.check()
+            raise
+
 
 class ReadOnlyOwnership:
     """The stand-in for ``Ownership`` of an instance that observes without owning.
@@ -120,6 +136,10 @@ class ReadOnlyOwnership:
         """Nothing to check: a read-only instance cannot be fenced."""
 
     def commit(self, ops: Sequence[Operation], expect: Sequence[Expect] = ()) -> int:
+        """Always ``ReadOnlyInstance``."""
+        raise ReadOnlyInstance(f"container {self.container_id} was opened read-only")
+
+    def discard_changes(self, through: int) -> int:
         """Always ``ReadOnlyInstance``."""
         raise ReadOnlyInstance(f"container {self.container_id} was opened read-only")
 

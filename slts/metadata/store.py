@@ -235,15 +235,19 @@ class MetadataStore(abc.ABC):
         ``limit`` an int >= 1."""
         raise NotImplementedError(f"{type(self).__name__} does not support change capture")
 
-    def discard_changes(self, through: int) -> int:
+    def discard_changes(self, through: int, expect: Sequence[Expect] = ()) -> int:
         """Remove the captured changes with ``sequence <= through``; return how many.
 
         Maintenance of the change log, not a commit: it takes no sequence number, is not
         captured and changes no table. Safe concurrently with commits (which keep being
         captured). Persistent stores remove a large backlog in bounded transactions, so an
-        interrupted call may have removed a prefix of it. ``InvalidArgument`` unless
-        ``through`` is an int >= 0, on a read-only store, or inside this thread's open
-        ``snapshot()`` block; ``StorageClosed`` after ``close``.
+        interrupted call may have removed a prefix of it. ``expect`` is checked as
+        ``commit`` checks it, inside each of those transactions: if one fails, that
+        transaction removes nothing and ``VersionConflict`` is raised (an owner passes its
+        container record's version, so that a fenced instance trims nothing).
+        ``InvalidArgument`` unless ``through`` is an int >= 0 and ``expect`` is valid as
+        for ``commit``, on a read-only store, or inside this thread's open ``snapshot()``
+        block; ``StorageClosed`` after ``close``.
         """
         raise NotImplementedError(f"{type(self).__name__} does not support change capture")
 

@@ -288,6 +288,7 @@ class ChunkedSegmentStorage:
                 self.config,
                 clock=clock,
                 fence_check=self._ownership.check,
+                discard_changes=self._ownership.discard_changes,
             )
             self.gc.barrier = self.durable.barrier
             if self.config.metadata_log_flush_interval_s > 0:
@@ -314,6 +315,14 @@ class ChunkedSegmentStorage:
         self.meter.stop()
         try:  # before the metadata copy's last flush, which takes it to tier-2
             self.flush_usage()
+        except Fenced:  # a fenced instance writes nothing, its usage neither
+            _log.warning(
+                "chunk storage usage not recorded at close: container %d epoch %d was fenced; "
+                "%d requests dropped",
+                self.container_id,
+                self.epoch,
+                self.meter.drop_unflushed(),
+            )
         except SltsError as exc:  # accounting: never a reason to fail a close
             _log.warning("chunk storage usage not recorded at close: %s", exc)
         if self.durable is not None:
@@ -340,10 +349,12 @@ class ChunkedSegmentStorage:
     def flush_usage(self) -> int:
         """Add the chunk storage usage since the last flush to the metadata store's usage
         records (``slts.usage``); returns the requests added. Runs every
-        ``usage_flush_interval_s`` and at ``close``. A read-only instance records its usage
-        too (a scrub's reads are billed like any other): accounting, not a change of any
-        segment, and it fences nobody."""
-        return self.meter.flush(self._store, self.container_id)
+        ``usage_flush_interval_s`` and at ``close``. An owner commits through its fenced
+        commit: ``Fenced`` once a newer epoch started (nothing written). A read-only
+        instance records its usage too (a scrub's reads are billed like any other):
+        accounting, not a change of any segment, and it fences nobody."""
+        commit = None if self._ownership.read_only else self._ownership.commit
+        return self.meter.flush(self._store, self.container_id, commit)
 
     def statistics(self) -> StorageStatistics:
         """Counters since start, and the last leak check's report (the leak gauge), as a

@@ -176,6 +176,29 @@ def test_discard_changes(store: MetadataStore) -> None:
     assert [change.sequence for change in store.changes(0)] == [12]
 
 
+def test_discard_changes_only_while_its_expectations_hold(store: MetadataStore) -> None:
+    """An owner trims its change log only while it owns the store: with ``expect``,
+    ``discard_changes`` checks the versions as ``commit`` does, and removes nothing if
+    one does not hold."""
+    store.enable_change_capture()
+    owner = store.commit([Put(U, b"owner", b"e1")])
+    for index in range(5):
+        store.commit([Put(T, b"%d" % index, b"v")])
+    assert store.discard_changes(2, [Expect(U, b"owner", owner)]) == 2
+    store.commit([Put(U, b"owner", b"e2")])  # a newer owner
+    kept = all_changes(store)
+    with pytest.raises(VersionConflict):
+        store.discard_changes(10, [Expect(U, b"owner", owner)])
+    assert all_changes(store) == kept
+    with pytest.raises(VersionConflict):
+        store.discard_changes(10, [Expect(U, b"nobody", 0), Expect(T, b"0", 0)])  # the 2nd fails
+    assert all_changes(store) == kept
+    for bad in [[Expect("nope", b"k", 0)], [Expect(T, b"", 0)], [Expect(T, b"k", -1)], Expect(T, b"k", 0)]:
+        with pytest.raises(InvalidArgument):
+            store.discard_changes(10, bad)  # type: ignore[arg-type]
+    assert all_changes(store) == kept
+
+
 def test_discard_a_backlog_of_several_batches(store: MetadataStore, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lmdb_store, "DISCARD_BATCH_MAX", 7)
     store.enable_change_capture()

@@ -19,6 +19,7 @@ from slts.errors import (
     InvalidOffloadObject,
     OffloadNotFound,
     ReadOnlyInstance,
+    StorageUnavailable,
 )
 from slts.metadata.schema import OFFLOAD_LEDGERS
 from slts.metadata.store import Put
@@ -26,9 +27,10 @@ from slts.offload import formats
 from slts.offload.ledger_metadata import LedgerMetadata
 from slts.offload.ledgers import FileLedger, MemoryLedger, write_ledger_file
 from slts.offload.offloader import LedgerOffloader, data_name, index_name
-from slts.offload.records import OffloadState
+from slts.offload.records import OffloadRecord, OffloadState
 from slts.storage.chunked import ChunkedSegmentStorage
 from tests.support.engine import Env, env_fixture
+from tests.support.faults import die, faulty_owner
 
 env = env_fixture([("filesystem", "lmdb"), ("s3", "lmdb")])
 BLOCK = 64 << 10
@@ -180,27 +182,37 @@ def test_a_failed_attempt_cleans_up_after_itself(env: Env) -> None:
     assert offloader.attempts() == [] and offload_names(offloader.storage) == []
 
 
-def test_a_crashed_attempt_is_cleaned_up_by_the_next_owner_and_a_live_one_is_left_alone(
-    env: Env, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    class DiesMidway(MemoryLedger):
+def test_a_crashed_attempt_is_cleaned_up_by_the_next_owner_and_a_live_one_is_left_alone(env: Env) -> None:
+    """The offloading process dies half-way through the data object (its chunk storage
+    and metadata store stop answering, so it cannot clean up). While the attempt was
+    running, a cleanup by the same owner left it alone; the next owner removes it."""
+    storage, binding, store = faulty_owner(env)
+    first_owner = LedgerOffloader(storage, max_block_bytes=4096, write_bytes=4096)
+    while_running: list[tuple[list[OffloadRecord], list[OffloadRecord]]] = []
+
+    class Watched(MemoryLedger):
         def read(self, first: int, last: int) -> list[bytes]:
-            if first >= 300:
-                raise KeyboardInterrupt("the process dies here")
+            if first >= 300 and not while_running:
+                while_running.append((first_owner.cleanup(), first_owner.attempts(8)))
+                die(binding, store)  # the process dies here
             return super().read(first, last)
 
-    first_owner = LedgerOffloader(env.open(), max_block_bytes=4096, write_bytes=4096)
-    monkeypatch.setattr(LedgerOffloader, "_forget", lambda self, record, written: None)  # no time to clean up
     crashed = uuid.uuid4()
-    with pytest.raises(KeyboardInterrupt):
-        first_owner.offload(DiesMidway(8, entries(1000)), crashed)
-    monkeypatch.undo()
-    (left,) = first_owner.attempts(8)
-    assert left.state == OffloadState.STARTED
-    assert offload_names(first_owner.storage) == [data_name(8, crashed)]
-    assert first_owner.cleanup() == [], "an attempt of this epoch may still be running: left alone"
+    with pytest.raises(StorageUnavailable) as caught:
+        first_owner.offload(Watched(8, entries(1000)), crashed)
+    assert caught.value.context["injected"]
+    (cleaned, running), *_ = while_running
+    assert cleaned == [], "an attempt of this epoch may still be running: left alone"
+    assert [(r.id, r.state) for r in running] == [(crashed, OffloadState.STARTED)]
 
-    second_owner = LedgerOffloader(env.reopen(), max_block_bytes=4096)
+    follower_storage = ChunkedSegmentStorage(0, None, env.binding, env.store, read_only=True)
+    env.instances.append(follower_storage)
+    follower = LedgerOffloader(follower_storage)
+    (left,) = follower.attempts(8)
+    assert left.state == OffloadState.STARTED, "the dead process could not clean up"
+    assert offload_names(follower_storage) == [data_name(8, crashed)]
+
+    second_owner = LedgerOffloader(env.open(), max_block_bytes=4096)
     ledger = MemoryLedger(8, entries(1000))
     retry = uuid.uuid4()
     second_owner.offload(ledger, retry)

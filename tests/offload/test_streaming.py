@@ -14,11 +14,19 @@ import uuid
 import pytest
 from slts.tools.simulation.seam import FakeClock
 
-from slts.errors import EntryOutOfOrder, InvalidArgument, InvalidOffloadObject, OffloadNotFound
+from slts.errors import (
+    EntryOutOfOrder,
+    InvalidArgument,
+    InvalidOffloadObject,
+    MetadataError,
+    OffloadNotFound,
+    StorageUnavailable,
+)
 from slts.metadata.schema import OFFLOAD_STREAM_SEGMENTS
 from slts.metadata.store import Put
 from slts.offload import formats
 from slts.offload.ledger_metadata import LedgerInfo, decode_ledger_info, encode_ledger_info
+from slts.offload.offloader import FOLDER
 from slts.offload.records import StreamState
 from slts.offload.streaming import (
     OfferResult,
@@ -27,8 +35,8 @@ from slts.offload.streaming import (
     segment_index_name,
     segment_name,
 )
-from slts.storage.chunked import ChunkedSegmentStorage
 from tests.support.engine import Env, env_fixture
+from tests.support.faults import die, faulty_owner
 
 env = env_fixture([("filesystem", "lmdb"), ("s3", "lmdb")])
 ML = "public/default/orders"
@@ -174,18 +182,13 @@ def test_a_segment_rolls_over_by_age(env: Env) -> None:
     assert offloader.read_ledger(0).read(0, 10) == [b"x" * 100] * 10 + [b"x"]
 
 
-def test_a_full_buffer_refuses_offers_until_the_writer_drains_it(
-    env: Env, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_full_buffer_refuses_offers_until_the_writer_drains_it(env: Env) -> None:
+    """The writer's first block waits at the chunk storage (a slow tier-2) until the
+    producer has filled the buffer."""
+    storage, binding, _ = faulty_owner(env)  # no faults: a pause at its binding only
     release = threading.Event()
-    original = StreamingOffloader._write_block
-
-    def slow_write(self, record, entries):  # type: ignore[no-untyped-def]
-        release.wait(30)
-        return original(self, record, entries)
-
-    monkeypatch.setattr(StreamingOffloader, "_write_block", slow_write)
-    offloader = StreamingOffloader(env.open(), ML, block_bytes=1000, buffer_bytes=3000)
+    binding.before(("create", "write"), lambda: release.wait(30), prefix=f"0/{FOLDER}/{ML}/")
+    offloader = StreamingOffloader(storage, ML, block_bytes=1000, buffer_bytes=3000)
     handle = offloader.streaming_offload(uuid.uuid4(), {}, 0, 0)
     results, entry = [], 0
     while len(results) < 40 and (not results or results[-1] == OfferResult.OK):
@@ -223,32 +226,21 @@ def test_entries_out_of_order_are_refused_and_nothing_is_taken(env: Env) -> None
 
 
 @pytest.mark.parametrize("crash", ["after the block's write", "before the block's write"])
-def test_a_crashed_segment_resumes_without_loss_or_duplicates(
-    env: Env, monkeypatch: pytest.MonkeyPatch, crash: str
-) -> None:
-    """The writer dies at its third block, either between the durable SLTS write and the
-    commit that records it, or before writing; a new owner resumes the segment with its
-    uid: it continues right after the last durable entry, the producer offers again from
-    there, and every ledger reads back exactly."""
-    calls = {"n": 0}
-    commit = StreamingOffloader._commit_block
-    write = ChunkedSegmentStorage.write
-
-    def dying_commit(self, record, header, entries):  # type: ignore[no-untyped-def]
-        calls["n"] += 1
-        if crash == "after the block's write" and calls["n"] == 3:
-            raise KeyboardInterrupt("the process dies between the block's write and its record")
-        return commit(self, record, header, entries)
-
-    def dying_write(self, handle, offset, data):  # type: ignore[no-untyped-def]
-        if crash == "before the block's write" and handle.name.startswith("offload/") and calls["n"] == 2:
-            raise KeyboardInterrupt("the process dies before the block is written")
-        return write(self, handle, offset, data)
-
-    monkeypatch.setattr(StreamingOffloader, "_commit_block", dying_commit)
-    monkeypatch.setattr(ChunkedSegmentStorage, "write", dying_write)
+def test_a_crashed_segment_resumes_without_loss_or_duplicates(env: Env, crash: str) -> None:
+    """The writer's process dies at its third block, either between the durable SLTS
+    write and the commit that records it (at that commit), or before writing (at the
+    chunk storage call); a new owner resumes the segment with its uid: it continues
+    right after the last durable entry, the producer offers again from there, and every
+    ledger reads back exactly."""
+    storage, binding, store = faulty_owner(env)
+    if crash == "after the block's write":
+        store.on_crash = binding.kill  # the whole process dies
+        # The segment's first commit opens it; the next ones record its blocks.
+        store.crash_at(1 + 3, landed=False, table=OFFLOAD_STREAM_SEGMENTS)
+    else:
+        binding.before(("create", "write"), lambda: die(binding, store), nth=3, prefix=f"0/{FOLDER}/{ML}/")
     producer = Producer(seed=4, ledger_every=0.02)
-    offloader = StreamingOffloader(env.open(), ML, block_bytes=2048, buffer_bytes=4096)
+    offloader = StreamingOffloader(storage, ML, block_bytes=2048, buffer_bytes=4096)
     uid = uuid.uuid4()
     handle = offloader.streaming_offload(uid, {}, 0, 0)
     offered = []
@@ -257,12 +249,13 @@ def test_a_crashed_segment_resumes_without_loss_or_duplicates(
         try:
             if offer(handle, *entry) != OfferResult.OK:
                 break
-        except KeyboardInterrupt:
+        except (MetadataError, StorageUnavailable):  # the writer's error, once it died
             break
         offered.append(entry)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises((MetadataError, StorageUnavailable)) as caught:
         handle.result(timeout=30)
-    monkeypatch.undo()
+    assert caught.value.context["injected"]
+    assert binding.dead and store.dead
 
     resumed_offloader = StreamingOffloader(env.reopen(), ML, block_bytes=2048, buffer_bytes=4096)
     resumed = resumed_offloader.streaming_offload(uid)
@@ -270,6 +263,8 @@ def test_a_crashed_segment_resumes_without_loss_or_duplicates(
     assert durable is not None
     recorded = resumed_offloader.segments()[0]
     assert (recorded.end_ledger, recorded.end_entry) == durable
+    # The third block is durable (and rolled forward) only if the process died after its write.
+    assert len(recorded.blocks) == (3 if crash == "after the block's write" else 2)
     keys = [(ledger, entry) for ledger, entry, _ in offered]
     assert durable in keys and keys.index(durable) < len(keys) - 1, "the tail was not durable"
     for ledger, entry, data in offered[keys.index(durable) + 1 :]:  # the producer offers again

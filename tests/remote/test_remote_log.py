@@ -22,15 +22,18 @@ from slts.errors import (
     Fenced,
     InvalidArgument,
     InvalidLogSegment,
+    MetadataError,
     ReadOnlyInstance,
     RemoteOffsetOutOfRange,
     StorageUnavailable,
 )
+from slts.metadata.schema import SEGMENTS
 from slts.remote.manager import LocalSegment, RemoteLogManager, local_segments
 from slts.remote.records import SegmentState, TopicPartition, new_segment_metadata
-from slts.remote.rsm import IndexType, RemoteStorageManager
+from slts.remote.rsm import IndexType
 from slts.storage.chunked import ChunkedSegmentStorage
 from tests.support.engine import Env, env_fixture
+from tests.support.faults import faulty_owner
 
 TP = TopicPartition("payments", 7)
 env = env_fixture([("filesystem", "lmdb"), ("s3", "lmdb")])
@@ -186,22 +189,21 @@ def test_offsets_outside_the_remote_log_are_typed_errors(env: Env, tmp_path: Pat
 def test_a_crash_between_started_and_finished_is_cleaned_up_and_copied_again(
     env: Env, tmp_path: Path
 ) -> None:
-    """The copy dies after COPY_SEGMENT_STARTED and part of the data; the next owner's run
-    deletes the partial upload, records it deleted and copies the segment again."""
+    """The copy fails after COPY_SEGMENT_STARTED and part of the data (tier-2 refuses the
+    second of the segment's files to be created, so at least one was written): the copy
+    deletes what it wrote; the next owner's run deletes the partial upload, records it
+    deleted and copies the segment again."""
     partition = make_partition(tmp_path / "payments-7", [300, 300])
-    first = RemoteLogManager(env.open())
-
-    class DiesMidCopy(RemoteStorageManager):
-        def _copy_bytes(self, name: str, data: bytes, written: list[str]) -> None:
-            raise KeyboardInterrupt("the process dies here")  # the indexes' copies, beside the log's
-
-    first.rsm = DiesMidCopy(env.instances[-1])
+    storage, binding, _ = faulty_owner(env)
+    first = RemoteLogManager(storage)
+    binding.fail_nth("create", 2, prefix=f"0/remote/payments-7/{0:020d}-")  # the first segment's files
     stable = partition.logs[-1].end_offset + 1
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(StorageUnavailable) as caught:
         first.copy_rolled_segments(TP, partition.segments(), stable)
+    assert caught.value.context["injected"]
     (started,) = list(first.rlmm.list_segments(TP))
     assert started.segment_state == SegmentState.COPY_SEGMENT_STARTED
-    assert first.rsm.copied_names(started) == [], "the failed copy deleted what it wrote, the log too"
+    assert first.rsm.copied_names(started) == [], "the failed copy deleted what it wrote"
     with pytest.raises(RemoteOffsetOutOfRange):
         first.fetch(TP, 0)
 
@@ -217,19 +219,15 @@ def test_a_crash_between_started_and_finished_is_cleaned_up_and_copied_again(
 
 def test_a_crash_between_the_halves_of_a_delete_is_finished_by_the_next_run(env: Env, tmp_path: Path) -> None:
     partition = make_partition(tmp_path / "payments-7", [100, 100, 100])
-    manager = RemoteLogManager(env.open())
+    storage, _, store = faulty_owner(env)
+    manager = RemoteLogManager(storage)
     manager.copy_rolled_segments(TP, partition.segments(), partition.logs[-1].end_offset + 1)
     oldest = next(iter(manager.rlmm.list_segments(TP)))
-
-    class FailsToDelete(RemoteStorageManager):
-        def delete_log_segment(self, metadata):  # type: ignore[no-untyped-def]
-            raise StorageUnavailable("tier-2 is down")
-
-    storage = env.instances[-1]
-    manager.rsm = FailsToDelete(storage)
-    with pytest.raises(StorageUnavailable):
-        total = sum(m.size_bytes for m in manager.rlmm.list_segments(TP))
+    store.fail_nth(1, table=SEGMENTS)  # the segments' delete (the data's half) fails
+    total = sum(m.size_bytes for m in manager.rlmm.list_segments(TP))
+    with pytest.raises(MetadataError) as caught:
         manager.enforce_retention(TP, retention_bytes=total - oldest.size_bytes)
+    assert caught.value.context["injected"]
     assert manager.rlmm.segment(oldest.id).segment_state == SegmentState.DELETE_SEGMENT_STARTED
     assert manager.rlmm.earliest_offset(TP) == oldest.end_offset + 1, "the start moved before the delete"
     with pytest.raises(RemoteOffsetOutOfRange):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import struct
 import uuid
 
 import pytest
@@ -20,6 +21,8 @@ from slts.errors import (
     ReadOnlyInstance,
     RemoteSegmentNotFound,
 )
+from slts.metadata.schema import REMOTE_EPOCHS
+from slts.remote import keys
 from slts.remote import rlmm as rlmm_module
 from slts.remote.records import (
     PartitionDeleteState,
@@ -31,6 +34,7 @@ from slts.remote.records import (
 from slts.remote.rlmm import RemoteLogMetadataManager
 from slts.storage.chunked import ChunkedSegmentStorage
 from tests.support.engine import Env, env_fixture
+from tests.support.faults import faulty_owner
 
 TP = TopicPartition("orders", 3)
 S = SegmentState
@@ -225,21 +229,23 @@ def test_lookups_at_every_offset_of_hundreds_of_segments_and_epochs_match_a_mode
         assert rlmm.highest_offset_for_epoch(TP, e) == (min(later) - 1 if later else start - 1)
 
 
-def test_a_lookup_without_an_epoch_tries_only_the_epochs_spanning_the_offset(
-    rlmm: RemoteLogMetadataManager, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_lookup_without_an_epoch_tries_only_the_epochs_spanning_the_offset(env: Env) -> None:
     """100 epochs of one 10-offset segment each: a lookup without an epoch searches one
     epoch's offset map, not all of them (the partition keeps each epoch's copied range),
-    and deleting segments does not narrow a range below what was copied."""
+    and deleting segments does not narrow a range below what was copied. The searches are
+    the ``floor`` reads of the offset maps the store is asked for."""
+    storage, _, store = faulty_owner(env)  # no faults: its read observer only
+    rlmm = RemoteLogMetadataManager(storage)
     made = [copied(rlmm, segment(10 * e, 10 * e + 9, {e: 10 * e})) for e in range(100)]
     searched: list[int] = []
-    floor = rlmm_module._floor_segment
+    partition = keys.partition_key(TP)
 
-    def counting_floor(view, tp, epoch, offset):  # type: ignore[no-untyped-def]
-        searched.append(epoch)
-        return floor(view, tp, epoch, offset)
+    def observe(method: str, table: str, key: bytes) -> None:
+        if method == "floor" and table == REMOTE_EPOCHS:
+            assert key.startswith(partition), key
+            searched.append(struct.unpack_from(">I", key, len(partition))[0])
 
-    monkeypatch.setattr(rlmm_module, "_floor_segment", counting_floor)
+    store.on_read = observe
     for offset in (0, 455, 999):
         searched.clear()
         assert rlmm.segment_for_offset(TP, offset) == made[offset // 10]

@@ -1,5 +1,6 @@
 """The simulator's fault injectors: ``FaultyMetadataStore`` and ``FaultyChunkStorage``'s
-lost replies, latency and kill (STYLE.md practice 10)."""
+lost replies, latency and kill, rules that pick a table or chunk names, and the hooks
+tests use for a moment rather than a fault (STYLE.md practice 10)."""
 
 from __future__ import annotations
 
@@ -75,3 +76,73 @@ def test_latency_moves_the_fake_clock_only() -> None:
     binding.clear()
     binding.exists("c")
     assert len(moved) == 1
+
+
+def test_commit_rules_can_pick_the_commits_of_one_table() -> None:
+    inner = MemoryMetadataStore(TABLES)
+    store = FaultyMetadataStore(inner, seed=1)
+    other = Put(TABLES[1], KEY, b"o")
+    store.fail_nth(2, table=TABLES[0])
+    store.commit([put(b"1")])
+    store.commit([other])  # another table: not counted
+    with pytest.raises(MetadataError):
+        store.commit([put(b"2")])
+    assert inner.get(TABLES[0], KEY).value == b"1"  # type: ignore[union-attr]
+    store.commit([put(b"3")])  # used up
+    store.crash_at(1, landed=False, table=TABLES[0])
+    store.commit([other])
+    with pytest.raises(MetadataError):
+        store.commit([put(b"4")])
+    assert store.dead and inner.get(TABLES[0], KEY).value == b"3"  # type: ignore[union-attr]
+
+
+def test_kill_stops_every_call_and_keeps_the_inner_store() -> None:
+    inner = MemoryMetadataStore(TABLES)
+    store = FaultyMetadataStore(inner, seed=1)
+    store.commit([put(b"1")])
+    store.kill()
+    for call in (
+        lambda: store.commit([put(b"2")]),
+        lambda: store.get(TABLES[0], KEY),
+        lambda: store.changes(0),
+    ):
+        with pytest.raises(MetadataError) as caught:
+            call()
+        assert caught.value.context["dead"]
+    store.close()
+    assert inner.get(TABLES[0], KEY).value == b"1"  # type: ignore[union-attr]
+
+
+def test_hooks_run_once_right_before_the_chosen_call() -> None:
+    inner = MemoryMetadataStore(TABLES)
+    store = FaultyMetadataStore(inner, seed=1)
+    seen: list[int] = []
+    store.before("commit", lambda: seen.append(inner.last_sequence), nth=2, table=TABLES[0])
+    store.commit([Put(TABLES[1], KEY, b"o")])
+    store.commit([put(b"1")])
+    store.commit([put(b"2")])  # the second commit of the table: the hook sees the one before it
+    store.commit([put(b"3")])
+    assert seen == [2]
+    reads: list[tuple[str, str, bytes]] = []
+    store.on_read = lambda *read: reads.append(read)
+    store.get(TABLES[0], KEY)
+    store.floor(TABLES[0], b"z")
+    assert reads == [("get", TABLES[0], KEY), ("floor", TABLES[0], b"z")]
+
+
+def test_chunk_hooks_and_rules_can_pick_chunks_by_name() -> None:
+    binding = FaultyChunkStorage(MemoryChunkStorage(), seed=3)
+    seen: list[bool] = []
+    binding.before(("create", "write"), lambda: seen.append(binding.inner.exists("a/1")), nth=2, prefix="a/")
+    binding.fail_nth("create", 1, prefix="b/")
+    binding.create("c/1", b"x")  # neither prefix
+    binding.create("a/1", b"x")
+    with pytest.raises(StorageUnavailable):
+        binding.create("b/1", b"x")
+    assert not binding.inner.exists("b/1")
+    binding.create("b/2", b"x")  # the rule is used up
+    assert seen == []
+    binding.write(binding.open_write("a/1"), 1, b"y")  # the second call under a/: the hook
+    assert seen == [True]
+    binding.create("a/2", b"x")
+    assert seen == [True], "a hook runs once"

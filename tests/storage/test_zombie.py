@@ -7,8 +7,8 @@ is ever readable through ``new`` (each such write carries ``MARKER``); chunks ``
 managed to put on the chunk storage are covered by the GC queue and collected by
 ``new`` once ``gc_delay_s`` has passed (invariants 5, 6). A write of ``old`` that is in
 flight when ``new`` takes over (its chunk bytes land after the takeover) is simulated
-with a binding that starts ``new`` from inside ``old``'s chunk call, and by appending
-to ``old``'s last chunk through the raw binding.
+with a binding hook (``FaultyChunkStorage.before``) that starts ``new`` right before
+``old``'s chunk call, and by appending to ``old``'s last chunk through the raw binding.
 
 The last two tests are regressions: ``open_write`` by the old instance of a segment the
 new one owns, and reads by the old instance after the new one truncated and collected,
@@ -32,21 +32,6 @@ from tests.support.engine import Env, segment_chunks
 
 MARKER = b"<<ZOMBIE-BYTES>>"
 GC_DELAY_S = 10.0
-
-
-class HookedChunkStorage(FaultyChunkStorage):
-    """The binding, with a callback that runs once right before the next call of an op
-    (no faults: only ``FaultyChunkStorage``'s pass-through and call counting)."""
-
-    def __init__(self, inner: ChunkStorage) -> None:
-        super().__init__(inner)
-        self.hooks: dict[str, Callable[[], None]] = {}
-
-    def _fault(self, op: str):
-        hook = self.hooks.pop(op, None)
-        if hook is not None:
-            hook()
-        return super()._fault(op)
 
 
 def instance(env: Env, binding: ChunkStorage | None = None, **config: object) -> ChunkedSegmentStorage:
@@ -179,7 +164,7 @@ def test_zombie_chunk_that_lands_after_the_takeover_is_collected(env: Env, opera
     for a defrag run) when the new one starts: the chunk lands, the commit is fenced, its
     bytes never show, and the new instance's GC deletes it once the delay has passed
     (not before)."""
-    hooked = HookedChunkStorage(env.binding)
+    hooked = FaultyChunkStorage(env.binding)  # no faults: its hook only
     old = instance(env, hooked, concat_merge_seam=False)
     old.create("w", max_rolling_length=8 if operation == "write" else 64)
     handle = old.open_write("w")
@@ -201,7 +186,7 @@ def test_zombie_chunk_that_lands_after_the_takeover_is_collected(env: Env, opera
             started.append(instance(env))
             started[0].open_write("w")
 
-    hooked.hooks["create"] = hooked.hooks["concat"] = take_over  # defrag: native concat or copy
+    hooked.before(("create", "concat"), take_over)  # defrag: native concat or copy
     with pytest.raises(Fenced):
         if operation == "write":
             old.write(handle, 8, MARKER[:8])
@@ -242,13 +227,13 @@ def test_zombie_append_in_flight_during_takeover(env: Env) -> None:
     new owner's next write goes to a new chunk."""
     if not env.binding.supports_append:
         pytest.skip("binding has no append: a zombie cannot extend an existing chunk")
-    hooked = HookedChunkStorage(env.binding)
+    hooked = FaultyChunkStorage(env.binding)  # no faults: its hook only
     old = instance(env, hooked)
     old.create("a", max_rolling_length=1000)
     handle = old.open_write("a")
     old.write(handle, 0, b"committed|")
     started: list[ChunkedSegmentStorage] = []
-    hooked.hooks["write"] = lambda: started.append(instance(env))
+    hooked.before("write", lambda: started.append(instance(env)))
     with pytest.raises(Fenced):
         old.write(handle, 10, MARKER)
     new = started[0]
