@@ -217,7 +217,7 @@ class FaultyMetadataStore(DelegatingStore):
         return self._observed()
 
     def count(self, table: str) -> int:
-        self._check_alive()
+        self._enter("count")
         return self.inner.count(table)
 
     def close(self) -> None:
@@ -277,3 +277,7 @@ class _ObservedView(ReadView):
     ) -> list[tuple[bytes, Versioned]]:
         self._on_read("scan", table, start)
         return self._view.scan(table, start, stop, limit, reverse)
+
+    def count(self, table: str) -> int:
+        self._on_read("count", table, b"")
+        return self._view.count(table)

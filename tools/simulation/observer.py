@@ -1,11 +1,12 @@
 """Readers beside the owner's changes: the simulator's ``observe`` step.
 
 A read-only instance (another process in the real system: its own cache, binding and
-locks) reads a segment while the owner changes its layout. Threads would make the
-interleaving an accident of the schedule; here it is drawn from the seed instead: the
-reader's metadata store is an ``InterleavingStore``, which pauses the reader at its n-th
-read of the metadata (inside a snapshot as well as between reads), runs one owner change
-to its end on another thread, and lets the reader go on. So a walk, a lookup or a check
+locks) reads a segment while the owner changes its layout; or the owner reads while a
+defrag batch commits beside it. Threads would make the interleaving an accident of the
+schedule; here it is drawn from the seed instead: an ``Interleaver`` pauses the reader at
+its n-th read of the metadata (inside a snapshot as well as between reads: its
+``FaultyMetadataStore``'s ``on_read``), runs the other process's change to its end on
+another thread, and lets the reader go on. So a walk, a lookup or a check
 is cut at a seeded point by a write, truncate, concat, delete, defrag, or a defrag and a
 GC pass that collects the chunks the reader planned to read.
 
@@ -19,14 +20,13 @@ returns one of them, a read returns the bytes of the model before or after the c
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
-from slts.metadata.delegating import DelegatingStore
+from slts.metadata.faulty_store import FaultyMetadataStore
 from slts.metadata.records import SegmentRecord
 from slts.metadata.schema import SEGMENTS, name_key
-from slts.metadata.store import Expect, MetadataStore, Operation, ReadView, Versioned
+from slts.metadata.store import Expect, MetadataStore, Operation
 from slts.storage.context import walk_chunks
 
 #: A segment's layout as the oracle compares it: (start offset, length, ((chunk start,
@@ -66,35 +66,37 @@ class Layouts:
         return [None if layout is None else layout[2] for layout in self.seen]
 
 
-class InterleavingStore(DelegatingStore):
-    """``inner`` whose ``pause_at``-th read (counted over every view read) first runs an
-    action to its end on another thread (so it may commit while this thread holds a
-    snapshot open), once. Deterministic: this thread waits for it."""
+class Interleaver:
+    """Pauses a process's reads of the metadata (its ``FaultyMetadataStore``'s
+    ``on_read``, called before every read of a view, inside a snapshot too): at the
+    ``nth`` read from ``pause_at`` on, ``action`` runs to its end on another thread (so it
+    may commit while the reader holds a snapshot open), once. Deterministic: the reader's
+    thread waits for it."""
 
-    def __init__(self, inner: MetadataStore) -> None:
-        super().__init__(inner)
+    def __init__(self, store: FaultyMetadataStore) -> None:
+        self._store = store
         self._countdown = 0
         self._action: Callable[[], None] | None = None
         self.error: BaseException | None = None
 
     def pause_at(self, nth: int, action: Callable[[], None]) -> None:
-        assert nth >= 1, nth
+        assert nth >= 1 and self._store.on_read is None, nth
         self._countdown, self._action = nth, action
+        self._store.on_read = self._read
 
     def run_pending(self) -> None:
-        """Run the action now if the reader did not reach its read (it did fewer)."""
+        """Run the action now if the reader made fewer reads than ``nth``."""
         if self._action is not None:
             self._run()
 
-    def _tick(self) -> None:
-        if self._action is None:
-            return
+    def _read(self, method: str, table: str, key: bytes) -> None:
         self._countdown -= 1
-        if self._countdown <= 0:
+        if self._countdown <= 0 and self._action is not None:
             self._run()
 
     def _run(self) -> None:
         action, self._action = self._action, None
+        self._store.on_read = None
         assert action is not None
 
         def run() -> None:
@@ -106,42 +108,3 @@ class InterleavingStore(DelegatingStore):
         thread = threading.Thread(target=run, name="simulated-owner")
         thread.start()
         thread.join()
-
-    @contextlib.contextmanager
-    def snapshot(self) -> Iterator[ReadView]:
-        with self.inner.snapshot() as view:
-            yield _PausingView(view, self._tick)
-
-
-class _PausingView(ReadView):
-    """A view whose reads call ``tick`` first."""
-
-    def __init__(self, view: ReadView, tick: Callable[[], None]) -> None:
-        self._view, self._tick = view, tick
-
-    @property
-    def sequence(self) -> int:
-        return self._view.sequence
-
-    def get(self, table: str, key: bytes) -> Versioned | None:
-        self._tick()
-        return self._view.get(table, key)
-
-    def floor(self, table: str, key: bytes, lowest: bytes = b"") -> tuple[bytes, Versioned] | None:
-        self._tick()
-        return self._view.floor(table, key, lowest)
-
-    def scan(
-        self,
-        table: str,
-        start: bytes = b"",
-        stop: bytes | None = None,
-        limit: int = 1000,
-        reverse: bool = False,
-    ) -> list[tuple[bytes, Versioned]]:
-        self._tick()
-        return self._view.scan(table, start, stop, limit, reverse)
-
-    def count(self, table: str) -> int:
-        self._tick()
-        return self._view.count(table)

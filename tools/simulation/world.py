@@ -41,7 +41,7 @@ from slts.storage.chunked import ChunkedSegmentStorage
 from . import checks
 from .checks import Violation
 from .model import Model, Segment, State, summary
-from .observer import InterleavingStore, Layouts
+from .observer import Interleaver, Layouts
 from .seam import Seam
 
 NAMES = tuple(f"p{p}/s{i}" for p in range(2) for i in range(6))
@@ -72,9 +72,8 @@ class Process:
         self.binding = FaultyChunkStorage(world.binding, seed=seam.random.getrandbits(32))
         self.store = FaultyMetadataStore(store, seed=seam.random.getrandbits(32))
         self.store.on_crash = self.binding.kill
-        #: What the process's instance reads through: its reads may be paused for another
-        #: process's change (``observe`` steps); a no-op otherwise.
-        self.interleaving = InterleavingStore(self.store)
+        #: Pauses the process's metadata reads for another process's change (``observe``).
+        self.interleaver = Interleaver(self.store)
         self.storage: ChunkedSegmentStorage | None = None
 
     def faults(self) -> Counter[str]:
@@ -129,7 +128,7 @@ class World:
         process = Process(self, store)
         try:
             process.storage = ChunkedSegmentStorage(
-                0, None, process.binding, process.interleaving, self.config, clock=self.seam.clock
+                0, None, process.binding, process.store, self.config, clock=self.seam.clock
             )
         except Exception as exc:
             raise Violation(
@@ -177,7 +176,7 @@ class World:
                 0,
                 None,
                 process.binding,
-                process.interleaving,
+                process.store,
                 self.config,
                 clock=self.seam.clock,
                 read_only=True,
@@ -384,7 +383,7 @@ class World:
             finally:
                 layouts.finish()
 
-        process.interleaving.pause_at(rng.randint(1, 8), change)
+        process.interleaver.pause_at(rng.randint(1, 8), change)
         calls: dict[str, Callable[[], Any]] = {
             "read": lambda: reader.read(reader.open_read(name), offset, size),
             "chunks": lambda: reader.chunks(name),
@@ -399,9 +398,9 @@ class World:
         except Exception as exc:
             raise Violation(f"exception:{type(exc).__name__}", f"{observation}: {exc!r}") from exc
         finally:
-            process.interleaving.run_pending()
-        if process.interleaving.error is not None:  # the change beside was judged wrong
-            error_of_change, process.interleaving.error = process.interleaving.error, None
+            process.interleaver.run_pending()
+        if process.interleaver.error is not None:  # the change beside was judged wrong
+            error_of_change, process.interleaver.error = process.interleaver.error, None
             raise error_of_change
         who = "owner" if by_owner else "observer"
         what = f"{who} {observation} {name} @{offset} +{size} beside [{'; '.join(lines)}]"
@@ -419,9 +418,7 @@ class World:
                 return self._change_of(name, rng)
             if beside == "gc":
                 self.seam.clock.advance(GC_DELAY_S + 1)
-                return self.mutate(
-                    None, "gc past the delay", self.model.copy(), lambda: self.s.gc.run_once()
-                )
+                return self.mutate(None, "gc past the delay", self.model.copy(), lambda: self.s.gc.run_once())
             line = self.mutate(None, f"defrag {name}", self.model.copy(), lambda: self.s.defrag(name))
             if beside == "defrag_gc":  # the chunks defrag replaced are collected at once
                 self.seam.clock.advance(GC_DELAY_S + 1)
