@@ -204,18 +204,23 @@ class MemoryMetadataStore(MetadataStore):
 
     # -- commits ---------------------------------------------------------------------------
 
+    def _check_expectations(self, expect: Sequence[Expect]) -> None:
+        """``VersionConflict`` (counted) at the first expectation that does not hold now
+        (lock held)."""
+        for condition in expect:
+            current = self._data[condition.table].get(condition.key)
+            actual = current.version if current is not None else 0
+            if actual != condition.version:
+                self._conflicts += 1
+                raise _checks.conflict(condition, actual)
+
     def commit(self, ops: Sequence[Operation], expect: Sequence[Expect] = ()) -> int:
         """Check every expectation, then apply every operation under one new sequence."""
         _checks.check_commit(self.tables, ops, expect)
         self._check_not_in_snapshot("commit")
         with self._lock:
             self._check_open()
-            for condition in expect:
-                current = self._data[condition.table].get(condition.key)
-                actual = current.version if current is not None else 0
-                if actual != condition.version:
-                    self._conflicts += 1
-                    raise _checks.conflict(condition, actual)
+            self._check_expectations(expect)
             sequence = self._sequence + 1
             for op in ops:
                 data = self._writable(op.table)
@@ -287,12 +292,7 @@ class MemoryMetadataStore(MetadataStore):
         self._check_not_in_snapshot("discard_changes")
         with self._lock:
             self._check_open()
-            for condition in expect:
-                current = self._data[condition.table].get(condition.key)
-                actual = current.version if current is not None else 0
-                if actual != condition.version:
-                    self._conflicts += 1
-                    raise _checks.conflict(condition, actual)
+            self._check_expectations(expect)
             removed = 0
             while self._changes and self._changes.peekitem(0)[0] <= through:
                 self._changes.popitem(0)

@@ -157,12 +157,8 @@ class EngineContext:
         O(chunks) in one read transaction: for inspection (``chunks``, verify, scrub,
         backup), not the read path. Raises ``SegmentNotFound``, and ``MetadataCorrupted``
         if the list is broken in that committed state (damage: no race can cause it)."""
-        key = name_key(name)
         with self.store.snapshot() as view:
-            stored = view.get(SEGMENTS, key)
-            if stored is None:
-                raise SegmentNotFound(f"segment {name!r} does not exist", segment=name)
-            record = self.records.decode(SEGMENTS, key, stored.version, stored.value, SegmentRecord)
+            record, _ = self.load(name, view)
             listed, problems = walk_chunks(view, record, self.records)
         if problems:
             raise MetadataCorrupted(problems[0], segment=name)

@@ -186,10 +186,7 @@ def _truncate_batch(ctx: EngineContext, name: str, new_start: int) -> bool:
     clear) is read in one snapshot, so the expectations describe one committed state."""
     key = name_key(name)
     with ctx.store.snapshot() as view:
-        stored = view.get(SEGMENTS, key)
-        if stored is None:
-            raise SegmentNotFound(f"segment {name!r} does not exist", segment=name)
-        record = ctx.records.decode(SEGMENTS, key, stored.version, stored.value, SegmentRecord)
+        record, version = ctx.load(name, view)
         dropped, kept, start = _head_below(view, record, new_start, ctx.config.gc_batch_max)
         if not dropped and new_start == record.start_offset:
             return False
@@ -204,7 +201,7 @@ def _truncate_batch(ctx: EngineContext, name: str, new_start: int) -> bool:
                 ops.extend(index.clear_ops(view, record.segment_id, first, start, bound))
             else:
                 ops.extend(index.clear_ops(view, record.segment_id, first, record.length + 1, bound))
-    expect = [Expect(SEGMENTS, key, stored.version)]
+    expect = [Expect(SEGMENTS, key, version)]
     for chunk, chunk_version in dropped:
         chunk_key = name_key(chunk.name)
         ops.append(Delete(CHUNKS, chunk_key))
