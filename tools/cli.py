@@ -712,6 +712,24 @@ def _input(path: str) -> Iterator[BinaryIO]:
 # -- parser --------------------------------------------------------------------------------------------
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: prints ``slts VERSION`` (the installed distribution's version, read
+    only when asked) and exits 0."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            installed = version("slts")
+        except PackageNotFoundError:
+            installed = "unknown (the slts distribution is not installed)"
+        print(f"slts {installed}")
+        parser.exit(EXIT_OK)
+
+
 def _non_negative(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -760,6 +778,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     parser = argparse.ArgumentParser(prog="slts", description="SLTS: tier-2 storage for stream engines")
+    parser.add_argument(
+        "--version", action=_VersionAction, help="print the installed version of slts and exit"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, func: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:
