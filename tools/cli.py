@@ -39,6 +39,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from typing import Any, BinaryIO
+from urllib.parse import unquote, urlparse
 
 from tqdm import tqdm
 
@@ -49,6 +50,7 @@ from slts.errors import (
     Fenced,
     IllegalStateTransition,
     InvalidArgument,
+    InvalidConfig,
     InvalidOffloadObject,
     MetadataCorrupted,
     OffloadNotFound,
@@ -127,7 +129,7 @@ def open_storage(args: argparse.Namespace, *, read_only: bool = False) -> Iterat
     config = resolve_config(args)  # a bad setting is refused before anything is opened
     if read_only:
         require_chunk_storage(url)  # slts.open(read_only=True) checks the metadata folder
-    elif url.startswith("file://"):
+    elif file_url_path(url) is not None:
         os.makedirs(metadata, exist_ok=True)
     storage = slts.open(
         url,
@@ -144,12 +146,33 @@ def open_storage(args: argparse.Namespace, *, read_only: bool = False) -> Iterat
 
 
 def require_chunk_storage(url: str) -> None:
-    """``StoreNotFound`` unless a ``file://`` chunk storage's folder exists: a look at a
-    mistyped path must not create it (building the binding would)."""
-    if url.startswith("file://"):
-        folder = url[len("file://") :]
+    """Check the chunk storage URL of a look before any metadata is looked for:
+    ``InvalidConfig`` for a URL no binding accepts (unknown scheme, no path, no bucket,
+    no NameNode, an unknown option...), ``StoreNotFound`` unless a ``file://`` chunk
+    storage's folder exists (a look at a mistyped path must not create it: building the
+    filesystem binding would). Other bindings are built and closed again: building one
+    checks its URL and sends no request."""
+    folder = file_url_path(url)
+    if folder is not None:
         if not os.path.isdir(folder):
             raise StoreNotFound(f"no chunk storage at {folder!r}")
+        return
+    if urlparse(url).scheme != "memory":  # memory bindings are shared in the process: leave them be
+        from slts.bindings import from_url
+
+        from_url(url).close()
+
+
+def file_url_path(url: str) -> str | None:
+    """The folder of a ``file://`` URL, as the filesystem binding reads it (None for
+    another scheme); ``InvalidConfig`` if it names none."""
+    parsed = urlparse(url)
+    if parsed.scheme != "file":
+        return None
+    path = unquote(parsed.netloc + parsed.path)
+    if not path:
+        raise InvalidConfig(f"file URL has no path: {url!r}")
+    return path
 
 
 def emit(args: argparse.Namespace, value: Any, text: str) -> None:

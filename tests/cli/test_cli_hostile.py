@@ -9,7 +9,9 @@ import importlib.metadata
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 from slts.tools import cli
 
 SCRIPT = os.path.join(os.path.dirname(sys.executable), "slts")
@@ -24,3 +26,45 @@ def test_version_prints_the_installed_distribution_version() -> None:
     assert result.returncode == cli.EXIT_OK, result.stderr
     assert result.stdout == f"slts {importlib.metadata.version('slts')}\n"
     assert result.stderr == ""
+
+
+#: Malformed chunk storage URLs, with what the message must name.
+MALFORMED_URLS = {
+    "ftp://host/x": "unknown chunk storage scheme 'ftp'",
+    "s3://": "S3 URL has no bucket",
+    "s3:///prefix": "S3 URL has no bucket",
+    "s3://bucket?colour=blue": "unknown S3 URL option 'colour'",
+    "file://": "file URL has no path",
+    "hdfs://": "hdfs URL names no NameNode",
+}
+#: Every way a command reaches the store: read-only looks, a change, the journal, restore.
+COMMANDS = (
+    ["ls"],
+    ["info", "x"],
+    ["cat", "x"],
+    ["export", "x", "-"],
+    ["verify"],
+    ["journal", "show"],
+    ["put", "x", "INPUT"],
+    ["restore", "--to", "TARGET"],
+)
+
+
+@pytest.mark.parametrize("url", list(MALFORMED_URLS))
+def test_a_malformed_store_url_is_invalid_input_before_any_metadata_is_looked_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str
+) -> None:
+    source = tmp_path / "input"
+    source.write_bytes(b"abc")
+    metadata = tmp_path / "metadata"  # absent: the URL must be refused first
+    for command in COMMANDS:
+        argv = [
+            str(source) if arg == "INPUT" else str(tmp_path / "target") if arg == "TARGET" else arg
+            for arg in command
+        ]
+        code = cli.main([*argv, "--store", url, "--metadata", str(metadata)])
+        err = capsys.readouterr().err
+        assert code == cli.EXIT_INVALID, (command, err)
+        assert MALFORMED_URLS[url] in err, (command, err)
+        assert len(err.strip().splitlines()) == 1, err
+        assert sorted(path.name for path in tmp_path.iterdir()) == ["input"], f"{command} created files"
