@@ -667,6 +667,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     if args.format != "rolling":
         with _input(args.file) as source:  # before the store: a missing file fences nobody
             document = source.read()
+        _check_export(document, "stdin" if args.file == "-" else repr(args.file))
     with open_storage(args) as storage:
         if document is None:
             from slts.admin.rolling import import_segment as import_header
@@ -678,6 +679,22 @@ def cmd_import(args: argparse.Namespace) -> int:
             info = import_segment(storage, document, name=args.name)
     emit(args, asdict(info), f"{info.name}: imported, length {info.length}, {info.chunk_count} chunks")
     return EXIT_OK
+
+
+def _check_export(document: bytes, where: str) -> None:
+    """``InvalidArgument`` naming ``where`` and the problem unless ``document`` is a whole
+    segment export: a bad input file is the operator's input error, not damaged metadata
+    (``MetadataCorrupted`` would send them to restore a healthy store)."""
+    from slts.admin.backup import parse_export
+
+    if not document:
+        raise InvalidArgument(f"cannot import {where}: it is empty, not an SLTS segment export")
+    try:
+        parse_export(document)
+    except MetadataCorrupted as exc:
+        raise InvalidArgument(
+            f"cannot import {where} ({len(document)} bytes): {exc}; give a file `slts export` wrote"
+        ) from None
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -68,3 +68,52 @@ def test_a_malformed_store_url_is_invalid_input_before_any_metadata_is_looked_fo
         assert MALFORMED_URLS[url] in err, (command, err)
         assert len(err.strip().splitlines()) == 1, err
         assert sorted(path.name for path in tmp_path.iterdir()) == ["input"], f"{command} created files"
+
+
+def container_epoch(folder: Path) -> int:
+    from slts.metadata.lmdb_store import LmdbMetadataStore
+    from slts.metadata.records import ContainerRecord
+    from slts.metadata.schema import CONTAINER, CONTAINER_KEY, TABLES
+
+    with LmdbMetadataStore(str(folder / "metadata"), TABLES, readonly=True) as metadata:
+        stored = metadata.get(CONTAINER, CONTAINER_KEY)
+        assert stored is not None
+        return ContainerRecord.decode(stored.value).epoch
+
+
+@pytest.mark.parametrize(
+    ("kind", "problem"),
+    [
+        ("random", "bad magic"),
+        ("empty", "it is empty"),
+        ("truncated", "CRC32C"),
+        ("flipped", "CRC32C"),
+        ("json", "bad magic"),
+    ],
+)
+def test_importing_a_file_that_is_not_an_export_is_an_input_error(
+    tmp_path: Path, kind: str, problem: str
+) -> None:
+    folder = tmp_path / "store"
+    store = ["--store", str(folder)]
+    assert slts("put", "live", "-", *store, stdin=b"abc").returncode == 0
+    export = tmp_path / "live.export"
+    assert slts("export", "live", str(export), *store).returncode == 0
+    whole = export.read_bytes()
+    contents = {
+        "random": os.urandom(300),
+        "empty": b"",
+        "truncated": whole[: len(whole) // 2],
+        "flipped": whole[:-10] + bytes([whole[-10] ^ 0x40]) + whole[-9:],
+        "json": b'{"segment": "live", "chunks": []}\n',
+    }[kind]
+    bad = tmp_path / f"{kind}.input"
+    bad.write_bytes(contents)
+    before = container_epoch(folder)
+    result = slts("import", str(bad), "--name", "copy", *store)
+    assert result.returncode == cli.EXIT_INVALID, result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert str(bad) in result.stderr and problem in result.stderr, result.stderr
+    assert "restore" not in result.stderr, "a bad input file sent the operator to restore a healthy store"
+    assert container_epoch(folder) == before, "the store was opened (and its owner fenced) for nothing"
+    assert slts("ls", *store).stdout.split() == ["live"]
