@@ -117,3 +117,27 @@ def test_importing_a_file_that_is_not_an_export_is_an_input_error(
     assert "restore" not in result.stderr, "a bad input file sent the operator to restore a healthy store"
     assert container_epoch(folder) == before, "the store was opened (and its owner fenced) for nothing"
     assert slts("ls", *store).stdout.split() == ["live"]
+
+
+def test_chunk_storage_going_away_under_put_is_one_line_per_failure(tmp_path: Path) -> None:
+    """The chunk folder is replaced by a file while ``put`` waits for its input: the write
+    fails, and so does the metadata copy's final flush on close (the background flusher is
+    off, so the commits of the open are still to ship): one log line for the flush, one
+    line for the command's error, no traceback."""
+    folder = tmp_path / "store"
+    argv = [SCRIPT, "put", "s", "-", "--store", str(folder), "--log-level", "info"]
+    argv += ["--set", "metadata_log_flush_interval_s=0"]
+    child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert child.stdin is not None and child.stderr is not None
+    first = child.stderr.readline().decode()  # the container is started: put now waits for stdin
+    assert "started at epoch" in first, first
+    (folder / "chunks").rename(tmp_path / "chunks.away")
+    (folder / "chunks").write_bytes(b"")
+    _, err = child.communicate(b"x" * 1000, timeout=300)
+    lines = [first.rstrip(), *err.decode().splitlines()]
+    assert child.returncode == cli.EXIT_CHUNK_STORAGE, lines
+    assert not any("Traceback" in line for line in lines), "\n".join(lines)
+    assert lines[-1].startswith("slts put: ChunkStorageError: "), lines
+    flush = [line for line in lines if "ERROR slts.journal: final metadata log flush failed" in line]
+    assert len(flush) == 1 and flush[0].endswith(" not found)"), lines
+    assert all(" INFO " in line or " ERROR " in line for line in lines[:-1]), lines
