@@ -5,7 +5,10 @@ Every module logs to a logger under ``slts`` (``slts.gc``, ``slts.journal``,
 configures nothing unless asked: a library user's ``logging`` setup applies as it is.
 ``configure_logging(level, fmt)`` (what ``slts --log-level/--log-format`` calls) puts one
 handler on ``slts``: text lines, or one JSON object per line (``timestamp``, ``level``,
-``logger``, ``message``, and the record's extra fields) for log shippers.
+``logger``, ``message``, and the record's extra fields) for log shippers. Below ``debug``
+a record's exception is one summary at the end of its line (``OneLineExceptions``: a
+failing background worker writes one line per failure, not a traceback); at ``debug``
+the traceback follows the line.
 
 Credentials never reach a line: ``RedactingFilter``, on that handler, replaces URL user info,
 ``key=value`` pairs whose key names a secret (secret, password, token, access key,
@@ -74,6 +77,27 @@ class RedactingFilter(logging.Filter):
         return True
 
 
+class OneLineExceptions(logging.Filter):
+    """Replaces a record's traceback by one summary at the end of its message,
+    ``message (ErrorType: error message)``, so a failure (a background worker's
+    included) is one line. ``configure_logging`` puts it on its handler below ``debug``;
+    at ``debug`` the whole traceback is kept."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        summary = None
+        if record.exc_info and record.exc_info[1] is not None:
+            error = record.exc_info[1]
+            summary = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        elif record.exc_text:
+            summary = record.exc_text.strip().splitlines()[-1]
+        if summary is not None:
+            record.msg = f"{record.getMessage()} ({' '.join(summary.split())})"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
 class _SltsHandler(logging.StreamHandler):
     """The handler ``configure_logging`` installs (so a second call replaces it)."""
 
@@ -82,8 +106,9 @@ def configure_logging(
     level: str = "warning", fmt: str = "text", stream: IO[str] | None = None
 ) -> logging.Handler:
     """Send the ``slts`` tree's records at ``level`` and above to ``stream`` (default
-    stderr) as ``fmt`` lines, through ``RedactingFilter``; replaces a handler an earlier call
-    installed. Returns the handler. ``InvalidArgument`` for an unknown level or format."""
+    stderr) as ``fmt`` lines, through ``RedactingFilter`` (and, below ``debug``,
+    ``OneLineExceptions``); replaces a handler an earlier call installed. Returns the
+    handler. ``InvalidArgument`` for an unknown level or format."""
     if level not in LEVELS:
         raise InvalidArgument(f"log level {level!r} is not one of {', '.join(LEVELS)}")
     if fmt not in FORMATS:
@@ -93,6 +118,8 @@ def configure_logging(
         if isinstance(installed, _SltsHandler):
             logger.removeHandler(installed)
     handler = _SltsHandler(stream if stream is not None else sys.stderr)
+    if level != "debug":
+        handler.addFilter(OneLineExceptions())  # before the redaction, which covers the summary too
     handler.addFilter(RedactingFilter())
     formatter: logging.Formatter
     if fmt == "json":

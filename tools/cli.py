@@ -39,6 +39,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from typing import Any, BinaryIO
+from urllib.parse import unquote, urlparse
 
 from tqdm import tqdm
 
@@ -49,6 +50,7 @@ from slts.errors import (
     Fenced,
     IllegalStateTransition,
     InvalidArgument,
+    InvalidConfig,
     InvalidOffloadObject,
     MetadataCorrupted,
     OffloadNotFound,
@@ -127,7 +129,7 @@ def open_storage(args: argparse.Namespace, *, read_only: bool = False) -> Iterat
     config = resolve_config(args)  # a bad setting is refused before anything is opened
     if read_only:
         require_chunk_storage(url)  # slts.open(read_only=True) checks the metadata folder
-    elif url.startswith("file://"):
+    elif file_url_path(url) is not None:
         os.makedirs(metadata, exist_ok=True)
     storage = slts.open(
         url,
@@ -144,12 +146,33 @@ def open_storage(args: argparse.Namespace, *, read_only: bool = False) -> Iterat
 
 
 def require_chunk_storage(url: str) -> None:
-    """``StoreNotFound`` unless a ``file://`` chunk storage's folder exists: a look at a
-    mistyped path must not create it (building the binding would)."""
-    if url.startswith("file://"):
-        folder = url[len("file://") :]
+    """Check the chunk storage URL of a look before any metadata is looked for:
+    ``InvalidConfig`` for a URL no binding accepts (unknown scheme, no path, no bucket,
+    no NameNode, an unknown option...), ``StoreNotFound`` unless a ``file://`` chunk
+    storage's folder exists (a look at a mistyped path must not create it: building the
+    filesystem binding would). Other bindings are built and closed again: building one
+    checks its URL and sends no request."""
+    folder = file_url_path(url)
+    if folder is not None:
         if not os.path.isdir(folder):
             raise StoreNotFound(f"no chunk storage at {folder!r}")
+        return
+    if urlparse(url).scheme != "memory":  # memory bindings are shared in the process: leave them be
+        from slts.bindings import from_url
+
+        from_url(url).close()
+
+
+def file_url_path(url: str) -> str | None:
+    """The folder of a ``file://`` URL, as the filesystem binding reads it (None for
+    another scheme); ``InvalidConfig`` if it names none."""
+    parsed = urlparse(url)
+    if parsed.scheme != "file":
+        return None
+    path = unquote(parsed.netloc + parsed.path)
+    if not path:
+        raise InvalidConfig(f"file URL has no path: {url!r}")
+    return path
 
 
 def emit(args: argparse.Namespace, value: Any, text: str) -> None:
@@ -644,6 +667,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     if args.format != "rolling":
         with _input(args.file) as source:  # before the store: a missing file fences nobody
             document = source.read()
+        _check_export(document, "stdin" if args.file == "-" else repr(args.file))
     with open_storage(args) as storage:
         if document is None:
             from slts.admin.rolling import import_segment as import_header
@@ -655,6 +679,22 @@ def cmd_import(args: argparse.Namespace) -> int:
             info = import_segment(storage, document, name=args.name)
     emit(args, asdict(info), f"{info.name}: imported, length {info.length}, {info.chunk_count} chunks")
     return EXIT_OK
+
+
+def _check_export(document: bytes, where: str) -> None:
+    """``InvalidArgument`` naming ``where`` and the problem unless ``document`` is a whole
+    segment export: a bad input file is the operator's input error, not damaged metadata
+    (``MetadataCorrupted`` would send them to restore a healthy store)."""
+    from slts.admin.backup import parse_export
+
+    if not document:
+        raise InvalidArgument(f"cannot import {where}: it is empty, not an SLTS segment export")
+    try:
+        parse_export(document)
+    except MetadataCorrupted as exc:
+        raise InvalidArgument(
+            f"cannot import {where} ({len(document)} bytes): {exc}; give a file `slts export` wrote"
+        ) from None
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -712,6 +752,24 @@ def _input(path: str) -> Iterator[BinaryIO]:
 # -- parser --------------------------------------------------------------------------------------------
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: prints ``slts VERSION`` (the installed distribution's version, read
+    only when asked) and exits 0."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            installed = version("slts")
+        except PackageNotFoundError:
+            installed = "unknown (the slts distribution is not installed)"
+        print(f"slts {installed}")
+        parser.exit(EXIT_OK)
+
+
 def _non_negative(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -760,6 +818,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     parser = argparse.ArgumentParser(prog="slts", description="SLTS: tier-2 storage for stream engines")
+    parser.add_argument(
+        "--version", action=_VersionAction, help="print the installed version of slts and exit"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, func: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:

@@ -81,6 +81,41 @@ def test_a_second_configuration_replaces_the_first(captured: io.StringIO) -> Non
         logging.getLogger(LOGGER_NAME).removeHandler(handler)
 
 
+def _failure_logged(level: str, fmt: str) -> str:
+    stream = io.StringIO()
+    handler = configure_logging(level, fmt, stream)
+    try:
+        try:
+            raise RuntimeError(f"tier-2 went away\nsecret_key={SECRET}, key AKIAIOSFODNN7EXAMPLE")
+        except RuntimeError:
+            logging.getLogger("slts.journal").exception("metadata copy step failed; retrying in %s s", 1.0)
+    finally:
+        logging.getLogger(LOGGER_NAME).removeHandler(handler)
+        logging.getLogger(LOGGER_NAME).setLevel(logging.NOTSET)
+    return stream.getvalue()
+
+
+@pytest.mark.parametrize("level", ["info", "warning", "error"])
+def test_below_debug_a_failure_is_one_line_with_its_error(level: str) -> None:
+    text = _failure_logged(level, "text")
+    assert text.count("\n") == 1 and "Traceback" not in text, text
+    assert text.rstrip().endswith(
+        "ERROR slts.journal: metadata copy step failed; retrying in 1.0 s "
+        "(RuntimeError: tier-2 went away secret_key=***, key ***)"
+    ), text
+    assert SECRET not in text
+    (line,) = [json.loads(line) for line in _failure_logged(level, "json").splitlines()]
+    assert "exc_info" not in line and line["message"].endswith(
+        "(RuntimeError: tier-2 went away secret_key=***, key ***)"
+    )
+
+
+def test_at_debug_a_failure_keeps_its_traceback() -> None:
+    text = _failure_logged("debug", "text")
+    assert "metadata copy step failed; retrying in 1.0 s\nTraceback (most recent call last):" in text, text
+    assert SECRET not in text
+
+
 def test_bad_level_or_format_is_a_typed_error() -> None:
     with pytest.raises(InvalidArgument, match="log level"):
         configure_logging("loud")
