@@ -32,156 +32,39 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from typing import Any, BinaryIO
-from urllib.parse import unquote, urlparse
 
+from slts.tools import config_cli, metrics_cli, offload_cli, remote_cli
+from slts.tools.command_line import (
+    DEFAULT_STORE,
+    EXIT_CHUNK_STORAGE,
+    EXIT_ERROR,
+    EXIT_FILE,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    IO_BYTES,
+    emit,
+    exit_code,
+    non_negative,
+    open_storage,
+    positive,
+    require_chunk_storage,
+    resolve_config,
+    store_locations,
+)
 from tqdm import tqdm
 
 from slts.errors import (
-    ChunkNotFound,
-    ChunkStorageError,
-    EntryOutOfRange,
-    Fenced,
-    IllegalStateTransition,
     InvalidArgument,
-    InvalidConfig,
-    InvalidOffloadObject,
     MetadataCorrupted,
-    OffloadNotFound,
-    RemoteOffsetOutOfRange,
-    RemoteSegmentNotFound,
-    SegmentError,
-    SegmentExists,
-    SegmentNotFound,
     SltsError,
-    StoreNotFound,
 )
 from slts.logs import FORMATS, LEVELS, LOGGER_NAME, configure_logging
-
-DEFAULT_STORE = "slts-data"
-IO_BYTES = 8 << 20
-
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_EXISTS = 0, 1, 2, 3, 4
-EXIT_INVALID, EXIT_FENCED, EXIT_CHUNK_STORAGE, EXIT_STATE = 5, 6, 7, 8
-EXIT_FILE, EXIT_CORRUPT = 9, 10
-
-_EXIT_BY_ERROR: tuple[tuple[type[SltsError], int], ...] = (
-    (SegmentNotFound, EXIT_NOT_FOUND),
-    (RemoteSegmentNotFound, EXIT_NOT_FOUND),
-    (OffloadNotFound, EXIT_NOT_FOUND),
-    (EntryOutOfRange, EXIT_INVALID),
-    (IllegalStateTransition, EXIT_STATE),
-    (RemoteOffsetOutOfRange, EXIT_INVALID),
-    (ChunkNotFound, EXIT_NOT_FOUND),
-    (StoreNotFound, EXIT_NOT_FOUND),
-    (MetadataCorrupted, EXIT_CORRUPT),
-    (SegmentExists, EXIT_EXISTS),
-    (InvalidArgument, EXIT_INVALID),
-    (Fenced, EXIT_FENCED),
-    (InvalidOffloadObject, EXIT_CHUNK_STORAGE),
-    (ChunkStorageError, EXIT_CHUNK_STORAGE),
-    (SegmentError, EXIT_STATE),
-)
-
-
-def exit_code(error: SltsError) -> int:
-    """The documented exit code for ``error``."""
-    for kind, code in _EXIT_BY_ERROR:
-        if isinstance(error, kind):
-            return code
-    return EXIT_ERROR
-
-
-def store_locations(store: str, metadata: str | None) -> tuple[str, str]:
-    """(chunk storage URL, metadata folder) for ``--store``/``--metadata``."""
-    if "://" in store:
-        if not metadata:
-            raise InvalidArgument(f"--metadata FOLDER is required with a storage URL ({store})")
-        return store, metadata
-    root = os.path.abspath(store)
-    return f"file://{os.path.join(root, 'chunks')}", metadata or os.path.join(root, "metadata")
-
-
-def resolve_config(args: argparse.Namespace) -> Any:
-    """The configuration the flags, ``$SLTS_*`` and the config file give (``ResolvedConfig``;
-    docs/config.md): ``--config``, else ``$SLTS_CONFIG``, else ``slts.toml`` in the store's
-    folder (with a storage URL: the metadata folder)."""
-    from slts.config_sources import find_config_file, resolve_config
-
-    folder = args.metadata if "://" in args.store else args.store
-    path = find_config_file(args.config, os.environ, folder)
-    return resolve_config(path, os.environ, args.set)
-
-
-@contextlib.contextmanager
-def open_storage(args: argparse.Namespace, *, read_only: bool = False) -> Iterator[Any]:
-    """The container instance the global flags name, closed afterwards. Read-only
-    commands observe without taking the container over, so they fence nobody."""
-    import slts
-
-    url, metadata = store_locations(args.store, args.metadata)
-    config = resolve_config(args)  # a bad setting is refused before anything is opened
-    if read_only:
-        require_chunk_storage(url)  # slts.open(read_only=True) checks the metadata folder
-    elif file_url_path(url) is not None:
-        os.makedirs(metadata, exist_ok=True)
-    storage = slts.open(
-        url,
-        metadata=metadata,
-        container_id=args.container,
-        read_only=read_only,
-        limiter=config.limiter(),
-        **config.fields(),
-    )
-    try:
-        yield storage
-    finally:
-        storage.close()
-
-
-def require_chunk_storage(url: str) -> None:
-    """Check the chunk storage URL of a look before any metadata is looked for:
-    ``InvalidConfig`` for a URL no binding accepts (unknown scheme, no path, no bucket,
-    no NameNode, an unknown option...), ``StoreNotFound`` unless a ``file://`` chunk
-    storage's folder exists (a look at a mistyped path must not create it: building the
-    filesystem binding would). Other bindings are built and closed again: building one
-    checks its URL and sends no request."""
-    folder = file_url_path(url)
-    if folder is not None:
-        if not os.path.isdir(folder):
-            raise StoreNotFound(f"no chunk storage at {folder!r}")
-        return
-    if urlparse(url).scheme != "memory":  # memory bindings are shared in the process: leave them be
-        from slts.bindings import from_url
-
-        from_url(url).close()
-
-
-def file_url_path(url: str) -> str | None:
-    """The folder of a ``file://`` URL, as the filesystem binding reads it (None for
-    another scheme); ``InvalidConfig`` if it names none."""
-    parsed = urlparse(url)
-    if parsed.scheme != "file":
-        return None
-    path = unquote(parsed.netloc + parsed.path)
-    if not path:
-        raise InvalidConfig(f"file URL has no path: {url!r}")
-    return path
-
-
-def emit(args: argparse.Namespace, value: Any, text: str) -> None:
-    """Print ``value`` as JSON with ``--json``, else ``text``."""
-    if args.json:
-        print(json.dumps(value, sort_keys=True))
-    elif text:
-        print(text)
-
 
 # -- subcommands ---------------------------------------------------------------------------------
 
@@ -770,20 +653,6 @@ class _VersionAction(argparse.Action):
         parser.exit(EXIT_OK)
 
 
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``slts``."""
     from slts.storage.batch_defrag import BATCH_BYTES_DEFAULT, BATCH_RUNS_DEFAULT
@@ -795,7 +664,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="store folder, or chunk storage URL (default: $SLTS_STORE or ./slts-data)",
     )
     common.add_argument("--metadata", default=None, help="LMDB metadata folder (default: STORE/metadata)")
-    common.add_argument("--container", type=_non_negative, default=0, help="container id (default 0)")
+    common.add_argument("--container", type=non_negative, default=0, help="container id (default 0)")
     common.add_argument("--json", action="store_true", help="machine-readable output")
     common.add_argument(
         "--config",
@@ -831,12 +700,12 @@ def build_parser() -> argparse.ArgumentParser:
     put = add("put", cmd_put, "append a file or stdin to a segment")
     put.add_argument("name")
     put.add_argument("file", nargs="?", default="-", help="input file, or - for stdin (default)")
-    put.add_argument("--write-bytes", type=_positive, default=IO_BYTES, help="bytes per write")
+    put.add_argument("--write-bytes", type=positive, default=IO_BYTES, help="bytes per write")
 
     cat = add("cat", cmd_cat, "write a segment to stdout")
     cat.add_argument("name")
-    cat.add_argument("--offset", type=_non_negative, default=None)
-    cat.add_argument("--length", type=_non_negative, default=None)
+    cat.add_argument("--offset", type=non_negative, default=None)
+    cat.add_argument("--length", type=non_negative, default=None)
 
     ls = add("ls", cmd_ls, "list segments")
     ls.add_argument("prefix", nargs="?", default="")
@@ -853,12 +722,12 @@ def build_parser() -> argparse.ArgumentParser:
     concat.add_argument("target")
     concat.add_argument("source")
     concat.add_argument(
-        "--offset", type=_non_negative, default=None, help="expected target length (default: current)"
+        "--offset", type=non_negative, default=None, help="expected target length (default: current)"
     )
 
     truncate = add("truncate", cmd_truncate, "drop a segment's bytes below an offset")
     truncate.add_argument("name")
-    truncate.add_argument("offset", type=_non_negative)
+    truncate.add_argument("offset", type=non_negative)
 
     defrag = add(
         "defrag", cmd_defrag, "merge small consecutive chunks (a batch beside the owner; --spark on Spark)"
@@ -866,18 +735,16 @@ def build_parser() -> argparse.ArgumentParser:
     defrag.add_argument("name", nargs="?", default=None)
     defrag.add_argument("--all", action="store_true", help="every segment (with --prefix: those under it)")
     defrag.add_argument("--prefix", default="", help="with --all: only segments starting with this")
-    defrag.add_argument(
-        "--threads", type=_positive, default=4, help="in process: builder threads (default 4)"
-    )
+    defrag.add_argument("--threads", type=positive, default=4, help="in process: builder threads (default 4)")
     defrag.add_argument(
         "--batch-runs",
-        type=_positive,
+        type=positive,
         default=BATCH_RUNS_DEFAULT,
         help=f"runs planned, built and committed per batch (default {BATCH_RUNS_DEFAULT})",
     )
     defrag.add_argument(
         "--batch-bytes",
-        type=_positive,
+        type=positive,
         default=BATCH_BYTES_DEFAULT,
         help=f"bytes of runs per batch (default {BATCH_BYTES_DEFAULT}); a batch's GC intents "
         "are leased for defrag_batch_lease_s (SLTS_DEFRAG_BATCH_LEASE_S), renewed "
@@ -887,13 +754,13 @@ def build_parser() -> argparse.ArgumentParser:
     defrag.add_argument("--master", default=None, help="with --spark: the Spark master (default local[*])")
     defrag.add_argument(
         "--partitions",
-        type=_positive,
+        type=positive,
         default=None,
         help="with --spark: partitions per batch (default: 4 x the default parallelism)",
     )
 
     gc = add("gc", cmd_gc, "collect garbage chunks that are due")
-    gc.add_argument("--passes-max", type=_positive, default=1000, help="bound on passes (default 1000)")
+    gc.add_argument("--passes-max", type=positive, default=1000, help="bound on passes (default 1000)")
     gc.add_argument("--orphans", action="store_true", help="first queue chunks nothing references")
     gc.add_argument("--dry-run", action="store_true", help="with --orphans: only list them")
 
@@ -904,12 +771,10 @@ def build_parser() -> argparse.ArgumentParser:
     scrub = add("scrub", cmd_scrub, "re-read every chunk and check it against the metadata")
     scrub.add_argument("prefix", nargs="?", default="", help="only segments starting with this")
     scrub.add_argument("--from", dest="start_at", default=None, metavar="NAME", help="start at this segment")
-    scrub.add_argument("--max-chunks", type=_positive, default=None, metavar="N", help="stop after about N")
+    scrub.add_argument("--max-chunks", type=positive, default=None, metavar="N", help="stop after about N")
     scrub.add_argument("--spark", action="store_true", help="read and check the chunks on Spark executors")
     scrub.add_argument("--master", default=None, help="with --spark: the Spark master (default local[*])")
-    scrub.add_argument(
-        "--partitions", type=_positive, default=None, help="with --spark: partitions per batch"
-    )
+    scrub.add_argument("--partitions", type=positive, default=None, help="with --spark: partitions per batch")
 
     add("cost", cmd_cost, "requests, bytes moved and stored, priced (defaults: S3 Standard list prices)")
 
@@ -943,8 +808,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = add("demo", cmd_demo, "ingest, read back and verify many segments on the embedded default")
     demo.add_argument("--dir", default="slts-demo", help="demo folder (recreated; default ./slts-demo)")
-    demo.add_argument("--segments", type=_positive, default=64)
-    demo.add_argument("--writes", type=_positive, default=200, help="small writes per segment")
+    demo.add_argument("--segments", type=positive, default=64)
+    demo.add_argument("--writes", type=positive, default=200, help="small writes per segment")
     demo.add_argument("--keep", action="store_true", help="keep the demo folder afterwards")
     demo.add_argument(
         "--kafka", action="store_true", help="only the tiered Kafka log part (KIP-405, slts.remote)"
@@ -959,20 +824,18 @@ def build_parser() -> argparse.ArgumentParser:
     simulate = add(
         "simulate", cmd_simulate, "random programs under faults against a model (--seed N: replay one)"
     )
-    simulate.add_argument("--seeds", type=_positive, default=100, help="seeds to run (default 100)")
+    simulate.add_argument("--seeds", type=positive, default=100, help="seeds to run (default 100)")
     simulate.add_argument(
-        "--first-seed", type=_non_negative, default=0, help="first seed of the soak (default 0)"
+        "--first-seed", type=non_negative, default=0, help="first seed of the soak (default 0)"
     )
-    simulate.add_argument("--ops", type=_positive, default=500, help="steps per seed (default 500)")
+    simulate.add_argument("--ops", type=positive, default=500, help="steps per seed (default 500)")
     simulate.add_argument(
-        "--seed", type=_non_negative, default=None, help="replay this seed, print its program"
+        "--seed", type=non_negative, default=None, help="replay this seed, print its program"
     )
     simulate.add_argument("--no-shrink", action="store_true", help="with --seed: print the program unshrunk")
     simulate.add_argument("--by-kind", action="store_true", help="also list the seeds of each violation kind")
     simulate.add_argument("--ignore", nargs="+", default=[], metavar="KIND", help="count these kinds, go on")
-    simulate.add_argument("--jobs", type=_positive, default=1, help="seeds run side by side (default 1)")
-
-    from slts.tools import config_cli, metrics_cli, offload_cli, remote_cli  # they import this module
+    simulate.add_argument("--jobs", type=positive, default=1, help="seeds run side by side (default 1)")
 
     remote_cli.register(sub, common)
     offload_cli.register(sub, common)

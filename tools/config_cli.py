@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 # ``slts.tools.cli`` imports this module inside ``build_parser``, after it has loaded.
-from slts.tools.cli import EXIT_OK, emit, resolve_config
+from slts.tools.command_line import EXIT_OK, emit, resolve_config
 
 from slts.config import ENV_PREFIX, StorageConfig
 from slts.config_sources import CONFIG_FILE_ENV, CONFIG_FILE_NAME, LIMIT_KEYS

@@ -15,8 +15,7 @@ import threading
 from typing import Any
 
 # ``slts.tools.cli`` imports this module inside ``build_parser``, after it has loaded.
-from slts.tools.cli import EXIT_OK, open_storage
-from slts.tools.cli import _non_negative as non_negative
+from slts.tools.command_line import EXIT_OK, non_negative, open_storage
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:

@@ -20,9 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
 # ``slts.tools.cli`` imports this module inside ``build_parser``, after it has loaded.
-from slts.tools.cli import EXIT_OK, emit, open_storage
-from slts.tools.cli import _non_negative as non_negative
-from slts.tools.cli import _positive as positive
+from slts.tools.command_line import EXIT_OK, emit, non_negative, open_storage, positive
 
 from slts.errors import InvalidArgument, InvalidOffloadObject
 from slts.offload.ledgers import FileLedger, LedgerReadHandle, check_entry_range, write_ledger_entries

@@ -15,9 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 # ``slts.tools.cli`` imports this module inside ``build_parser``, after it has loaded.
-from slts.tools.cli import EXIT_OK, emit, open_storage
-from slts.tools.cli import _non_negative as non_negative
-from slts.tools.cli import _positive as positive
+from slts.tools.command_line import EXIT_OK, emit, non_negative, open_storage, positive
 
 from slts.errors import InvalidArgument
 from slts.remote.kafka_formats import iter_batches

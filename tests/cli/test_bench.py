@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from slts.tools import cli
+from slts.tools import cli, command_line
 
 
 def test_bench_quick_json_shape(tmp_path, capsys) -> None:
@@ -30,7 +30,7 @@ def test_bench_quick_json_shape(tmp_path, capsys) -> None:
 
 
 def test_bench_rejects_unknown_names(capsys) -> None:
-    assert cli.main(["bench", "--only", "nope"]) == cli.EXIT_INVALID
+    assert cli.main(["bench", "--only", "nope"]) == command_line.EXIT_INVALID
 
 
 def test_bench_remote_suite_runs_quick(tmp_path, capsys) -> None:
@@ -109,7 +109,7 @@ def test_a_failing_benchmark_is_reported_and_the_run_goes_on(tmp_path, capsys, m
             str(out_file),
         ]
     )
-    assert code == cli.EXIT_ERROR
+    assert code == command_line.EXIT_ERROR
     assert "broken            FAILED: RuntimeError: the subject broke" in capsys.readouterr().out
     document = json.loads(out_file.read_text())
     assert [figure["name"] for figure in document["figures"]] == ["concat_10"]

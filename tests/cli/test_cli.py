@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from slts.tools import cli
+from slts.tools import cli, command_line
 
 
 @pytest.fixture
@@ -67,19 +67,19 @@ def test_exit_codes(tmp_path, store: list[str], capsys: pytest.CaptureFixture[st
     source = tmp_path / "in.bin"
     source.write_bytes(b"abc")
     code, _, err = run(capsys, "info", "missing", *store)  # no store yet: a look creates none
-    assert code == cli.EXIT_NOT_FOUND and "StoreNotFound" in err
+    assert code == command_line.EXIT_NOT_FOUND and "StoreNotFound" in err
     run(capsys, "put", "x", str(source), *store)
-    assert run(capsys, "info", "missing", *store)[0] == cli.EXIT_NOT_FOUND
+    assert run(capsys, "info", "missing", *store)[0] == command_line.EXIT_NOT_FOUND
     code, _, err = run(capsys, "info", "../etc", *store)
-    assert code == cli.EXIT_INVALID and "InvalidName" in err
-    assert run(capsys, "cat", "x", "--offset", "5", *store)[0] == cli.EXIT_INVALID
+    assert code == command_line.EXIT_INVALID and "InvalidName" in err
+    assert run(capsys, "cat", "x", "--offset", "5", *store)[0] == command_line.EXIT_INVALID
     assert run(capsys, "seal", "x", *store)[0] == 0
-    assert run(capsys, "put", "x", str(source), *store)[0] == cli.EXIT_STATE
+    assert run(capsys, "put", "x", str(source), *store)[0] == command_line.EXIT_STATE
     assert run(capsys, "rm", "x", "--json", *store)[0] == 0
-    assert run(capsys, "info", "x", *store)[0] == cli.EXIT_NOT_FOUND
+    assert run(capsys, "info", "x", *store)[0] == command_line.EXIT_NOT_FOUND
     with pytest.raises(SystemExit) as usage:
         cli.main(["cat"])
-    assert usage.value.code == cli.EXIT_USAGE
+    assert usage.value.code == command_line.EXIT_USAGE
 
 
 def test_console_script_and_demo(tmp_path) -> None:
@@ -123,7 +123,7 @@ def test_console_script_and_demo(tmp_path) -> None:
 def test_demo_refuses_a_foreign_folder(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "precious.txt").write_text("keep me")
     code, _, _ = run(capsys, "demo", "--dir", str(tmp_path), "--segments", "1", "--writes", "1")
-    assert code == cli.EXIT_INVALID and (tmp_path / "precious.txt").exists()
+    assert code == command_line.EXIT_INVALID and (tmp_path / "precious.txt").exists()
 
 
 def test_concat_truncate_defrag_gc(tmp_path, store: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -136,14 +136,14 @@ def test_concat_truncate_defrag_gc(tmp_path, store: list[str], capsys: pytest.Ca
     for i in range(4):
         code, out, _ = run(capsys, "concat", "main", f"txn{i}", "--json", *store)
         assert code == 0 and json.loads(out)["length"] == 10 * (i + 2)
-    assert run(capsys, "concat", "main", "missing", *store)[0] == cli.EXIT_NOT_FOUND
+    assert run(capsys, "concat", "main", "missing", *store)[0] == command_line.EXIT_NOT_FOUND
     code, out, _ = run(capsys, "truncate", "main", "15", "--json", *store)
     assert code == 0 and json.loads(out)["start_offset"] == 15
     code, out, _ = run(capsys, "defrag", "main", "--json", *store)
     assert code == 0 and json.loads(out)["segments"] == 1
     code, out, _ = run(capsys, "defrag", "--all", "--json", *store)
     assert code == 0 and json.loads(out)["runs_dropped"] == 0
-    assert run(capsys, "defrag", *store)[0] == cli.EXIT_INVALID
+    assert run(capsys, "defrag", *store)[0] == command_line.EXIT_INVALID
     code, out, _ = run(capsys, "gc", "--json", *store)
     assert code == 0 and json.loads(out)["errors"] == 0
     result = subprocess.run(
@@ -167,11 +167,11 @@ def test_verify_and_orphans(tmp_path, store: list[str], capsys: pytest.CaptureFi
     leaked = tmp_path / "store" / "chunks" / "0%" / "v%" / "E1.O7.0123456789abcdef0123456789abcdef"
     leaked.write_bytes(b"nobody references me")
     code, out, _ = run(capsys, "verify", "--json", *store)
-    assert code == cli.EXIT_ERROR and "leak" in json.loads(out)["problems"][0]
+    assert code == command_line.EXIT_ERROR and "leak" in json.loads(out)["problems"][0]
     run(capsys, "seal", "v", *store)  # a newer epoch owns the container: epoch 1's leftovers are orphans
     code, out, _ = run(capsys, "gc", "--orphans", "--dry-run", "--json", *store)
     assert code == 0 and len(json.loads(out)["orphans"]) == 1 and leaked.exists()
-    assert run(capsys, "gc", "--dry-run", *store)[0] == cli.EXIT_INVALID
+    assert run(capsys, "gc", "--dry-run", *store)[0] == command_line.EXIT_INVALID
     assert run(capsys, "gc", "--orphans", *store)[0] == 0
     assert leaked.exists(), "queued orphans wait gc_delay_s like any garbage"
 
@@ -182,13 +182,13 @@ def test_export_import(tmp_path, store: list[str], capsys: pytest.CaptureFixture
     run(capsys, "put", "e", str(source), *store)
     backup = tmp_path / "e.slts"
     assert run(capsys, "export", "e", str(backup), *store)[0] == 0
-    assert run(capsys, "import", str(backup), *store)[0] == cli.EXIT_EXISTS
+    assert run(capsys, "import", str(backup), *store)[0] == command_line.EXIT_EXISTS
     code, out, _ = run(capsys, "export", "e", "--format", "rolling", "--json", *store)
     assert code == 0 and json.loads(out)["header"] == "e$header"
     assert run(capsys, "rm", "e", *store)[0] == 0
     code, out, _ = run(capsys, "import", "--format", "rolling", "--name", "e", "--json", *store)
-    assert code == cli.EXIT_INVALID, "the chunks still belong to the deleted segment until GC"
-    assert run(capsys, "import", "--format", "rolling", *store)[0] == cli.EXIT_INVALID
+    assert code == command_line.EXIT_INVALID, "the chunks still belong to the deleted segment until GC"
+    assert run(capsys, "import", "--format", "rolling", *store)[0] == command_line.EXIT_INVALID
 
 
 def test_snapshot_restore_journal_show(
@@ -243,25 +243,25 @@ def test_restore_and_snapshot_bad_input(
     code, _, err = run(
         capsys, "restore", "--to", str(tmp_path / "target"), *store
     )  # no store: nothing created
-    assert code == cli.EXIT_NOT_FOUND and "StoreNotFound" in err
+    assert code == command_line.EXIT_NOT_FOUND and "StoreNotFound" in err
     assert not (tmp_path / "target").exists() and not (tmp_path / "store").exists()
     (tmp_path / "store" / "chunks").mkdir(parents=True)  # a store with nothing on tier-2 yet
     code, _, err = run(capsys, "restore", "--to", str(occupied), *store)
-    assert code == cli.EXIT_INVALID and "not an empty folder" in err
+    assert code == command_line.EXIT_INVALID and "not an empty folder" in err
     assert os.listdir(occupied) == ["keep.txt"]
     empty_target = tmp_path / "fresh"
     code, _, err = run(capsys, "restore", "--to", str(empty_target), *store)  # nothing on tier-2 yet
-    assert code == cli.EXIT_CORRUPT and "no system journal" in err and not empty_target.exists()
+    assert code == command_line.EXIT_CORRUPT and "no system journal" in err and not empty_target.exists()
     run(capsys, "put", "x", str(occupied / "keep.txt"), *store)
     os.environ["SLTS_JOURNAL"] = "false"
     try:
         code, _, err = run(capsys, "snapshot", *store)
     finally:
         del os.environ["SLTS_JOURNAL"]
-    assert code == cli.EXIT_INVALID and "journal" in err
+    assert code == command_line.EXIT_INVALID and "journal" in err
     with pytest.raises(SystemExit) as exited:  # argparse: a usage error
         cli.main(["journal", "list", *store])
-    assert exited.value.code == cli.EXIT_USAGE
+    assert exited.value.code == command_line.EXIT_USAGE
 
 
 def test_verify_checksums_finds_bit_rot(
@@ -277,7 +277,7 @@ def test_verify_checksums_finds_bit_rot(
     chunk.write_bytes(bytes(damaged))
     assert run(capsys, "verify", *store)[0] == 0, "lengths alone cannot see bit rot"
     code, out, _ = run(capsys, "verify", "--checksums", "--json", *store)
-    assert code == cli.EXIT_ERROR and "CRC32C" in json.loads(out)["problems"][0]
+    assert code == command_line.EXIT_ERROR and "CRC32C" in json.loads(out)["problems"][0]
 
 
 def test_demo_without_the_spark_extra_names_it(
@@ -294,5 +294,5 @@ def test_demo_without_the_spark_extra_names_it(
     assert spark_defrag.spark_unavailable() == "PySpark is not installed: pip install 'slts[spark]'"
     folder = tmp_path / "demo"
     code, _, err = run(capsys, "demo", "--dir", str(folder), "--segments", "1", "--writes", "1")
-    assert code == cli.EXIT_INVALID and "pip install 'slts[spark]'" in err and "Traceback" not in err
+    assert code == command_line.EXIT_INVALID and "pip install 'slts[spark]'" in err and "Traceback" not in err
     assert not folder.exists(), "refused before anything was written"

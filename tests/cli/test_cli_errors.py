@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from slts.tools import cli
+from slts.tools import command_line
 
 SCRIPT = os.path.join(os.path.dirname(sys.executable), "slts")
 
@@ -46,9 +46,9 @@ def epoch(store: list[str]) -> int:
 @pytest.mark.parametrize(
     ("argv", "code"),
     [
-        (["put", "n", "/nonexistent/file"], cli.EXIT_NOT_FOUND),
-        (["put", "n", "/tmp"], cli.EXIT_FILE),
-        (["import", "/nonexistent/export"], cli.EXIT_NOT_FOUND),
+        (["put", "n", "/nonexistent/file"], command_line.EXIT_NOT_FOUND),
+        (["put", "n", "/tmp"], command_line.EXIT_FILE),
+        (["import", "/nonexistent/export"], command_line.EXIT_NOT_FOUND),
     ],
     ids=["put-missing", "put-folder", "import-missing"],
 )
@@ -62,7 +62,7 @@ def test_a_bad_input_file_is_one_line_and_fences_nobody(store: list[str], argv: 
 
 def test_export_to_a_missing_folder_is_one_line(store: list[str], tmp_path: Path) -> None:
     result = slts("export", "live", str(tmp_path / "missing" / "dir" / "f"), *store)
-    assert result.returncode == cli.EXIT_NOT_FOUND
+    assert result.returncode == command_line.EXIT_NOT_FOUND
     no_traceback(result)
 
 
@@ -83,7 +83,7 @@ def test_looking_at_a_mistyped_store_creates_nothing(tmp_path: Path, argv: list[
     mistyped = tmp_path / "mistyped"
     argv = [str(tmp_path / "target") if arg == "TARGET" else arg for arg in argv]
     result = slts(*argv, "--store", str(mistyped))
-    assert result.returncode == cli.EXIT_NOT_FOUND, result.stderr
+    assert result.returncode == command_line.EXIT_NOT_FOUND, result.stderr
     no_traceback(result)
     assert list(tmp_path.iterdir()) == [], "a look created files"
 
@@ -94,6 +94,6 @@ def test_verify_reports_damaged_metadata_instead_of_crashing(store: list[str]) -
     data = Path(store[1]) / "metadata" / "data.mdb"
     data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
     result = slts("verify", *store)
-    assert result.returncode == cli.EXIT_CORRUPT, result.stderr
+    assert result.returncode == command_line.EXIT_CORRUPT, result.stderr
     no_traceback(result)
     assert "slts restore" in result.stderr

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from slts.tools import cli
+from slts.tools import cli, command_line
 
 SCRIPT = os.path.join(os.path.dirname(sys.executable), "slts")
 
@@ -23,7 +23,7 @@ def slts(*argv: str, stdin: bytes = b"") -> subprocess.CompletedProcess[str]:
 
 def test_version_prints_the_installed_distribution_version() -> None:
     result = slts("--version")
-    assert result.returncode == cli.EXIT_OK, result.stderr
+    assert result.returncode == command_line.EXIT_OK, result.stderr
     assert result.stdout == f"slts {importlib.metadata.version('slts')}\n"
     assert result.stderr == ""
 
@@ -64,7 +64,7 @@ def test_a_malformed_store_url_is_invalid_input_before_any_metadata_is_looked_fo
         ]
         code = cli.main([*argv, "--store", url, "--metadata", str(metadata)])
         err = capsys.readouterr().err
-        assert code == cli.EXIT_INVALID, (command, err)
+        assert code == command_line.EXIT_INVALID, (command, err)
         assert MALFORMED_URLS[url] in err, (command, err)
         assert len(err.strip().splitlines()) == 1, err
         assert sorted(path.name for path in tmp_path.iterdir()) == ["input"], f"{command} created files"
@@ -111,7 +111,7 @@ def test_importing_a_file_that_is_not_an_export_is_an_input_error(
     bad.write_bytes(contents)
     before = container_epoch(folder)
     result = slts("import", str(bad), "--name", "copy", *store)
-    assert result.returncode == cli.EXIT_INVALID, result.stderr
+    assert result.returncode == command_line.EXIT_INVALID, result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert str(bad) in result.stderr and problem in result.stderr, result.stderr
     assert "restore" not in result.stderr, "a bad input file sent the operator to restore a healthy store"
@@ -135,7 +135,7 @@ def test_chunk_storage_going_away_under_put_is_one_line_per_failure(tmp_path: Pa
     (folder / "chunks").write_bytes(b"")
     _, err = child.communicate(b"x" * 1000, timeout=300)
     lines = [first.rstrip(), *err.decode().splitlines()]
-    assert child.returncode == cli.EXIT_CHUNK_STORAGE, lines
+    assert child.returncode == command_line.EXIT_CHUNK_STORAGE, lines
     assert not any("Traceback" in line for line in lines), "\n".join(lines)
     assert lines[-1].startswith("slts put: ChunkStorageError: "), lines
     flush = [line for line in lines if "ERROR slts.journal: final metadata log flush failed" in line]

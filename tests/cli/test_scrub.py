@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from slts.tools import cli
+from slts.tools import cli, command_line
 
 import slts
 from slts.admin.scrub import scrub
@@ -121,7 +121,7 @@ def test_slts_scrub(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ) as owner:
         (_, chunk), *_ = owner.chunks("b")
         replace_chunk(owner, chunk.name, None)
-    assert cli.main(["scrub", *store]) == cli.EXIT_ERROR
+    assert cli.main(["scrub", *store]) == command_line.EXIT_ERROR
     out = capsys.readouterr().out
     assert f"b @0: missing: chunk {chunk.name}" in out and "1 anomalies" in out
     assert cli.main(["scrub", "--max-chunks", "2", "--json", *store]) == 0

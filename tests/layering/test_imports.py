@@ -207,3 +207,16 @@ def test_importing_bindings_does_not_load_the_engine() -> None:
 def test_benchmark_suites_build_on_base_not_on_the_runner(module: str) -> None:
     # The runner (slts.tools.bench) imports the suites; they share types through base.
     assert "slts.tools.bench" not in MODULES[module], module
+
+
+SUBCOMMAND_MODULES = sorted(m for m in MODULES if m.startswith("slts.tools.") and m.endswith("_cli"))
+
+
+@pytest.mark.parametrize("module", ["slts.tools.command_line", *SUBCOMMAND_MODULES])
+def test_subcommand_modules_share_command_line_not_each_other(module: str) -> None:
+    """``slts.tools.cli`` (the parser) imports the modules that register subcommands;
+    they and the shared ``command_line`` never import it or each other (no cycle, no
+    private helpers reached across)."""
+    others = {"slts.tools.cli", *SUBCOMMAND_MODULES} - {module}
+    assert not [name for name in MODULES[module] if name in others], module
+    assert SUBCOMMAND_MODULES, "no subcommand module found"

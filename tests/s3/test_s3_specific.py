@@ -26,7 +26,7 @@ pytest.importorskip("boto3", reason="boto3 is not installed (pip install 'slts[s
 import botocore.exceptions
 from slts.bindings import ChunkHandle, ConcatSource, from_url
 from slts.bindings.s3 import PART_BYTES_MIN, S3ChunkStorage, S3Statistics, bytes_through_client
-from slts.tools import cli
+from slts.tools import cli, command_line
 
 import slts
 from slts.config import StorageConfig
@@ -387,12 +387,12 @@ def test_the_cli_takes_an_s3_url(s3_server, monkeypatch, tmp_path, capsys) -> No
     common = ["--store", url, "--metadata", str(tmp_path / "md")]
     source = tmp_path / "input"
     source.write_bytes(b"from a file" * 1000)
-    assert cli.main(["put", "logs/a", str(source), "--write-bytes", "4096", *common]) == cli.EXIT_OK
-    assert cli.main(["seal", "logs/a", *common]) == cli.EXIT_OK
+    assert cli.main(["put", "logs/a", str(source), "--write-bytes", "4096", *common]) == command_line.EXIT_OK
+    assert cli.main(["seal", "logs/a", *common]) == command_line.EXIT_OK
     capsys.readouterr()
-    assert cli.main(["ls", *common]) == cli.EXIT_OK
+    assert cli.main(["ls", *common]) == command_line.EXIT_OK
     assert capsys.readouterr().out.split() == ["logs/a"]
-    assert cli.main(["info", "logs/a", "--json", *common]) == cli.EXIT_OK
+    assert cli.main(["info", "logs/a", "--json", *common]) == command_line.EXIT_OK
     assert '"length": 11000' in capsys.readouterr().out
     # A fresh process finds the credentials in the environment, as an operator's shell would.
     result = subprocess.run(
@@ -402,9 +402,9 @@ def test_the_cli_takes_an_s3_url(s3_server, monkeypatch, tmp_path, capsys) -> No
         env={**os.environ},
         check=False,
     )
-    assert result.returncode == cli.EXIT_OK, result.stderr
+    assert result.returncode == command_line.EXIT_OK, result.stderr
     assert result.stdout == b"from a file" * 1000
-    assert cli.main(["cat", "nope", *common]) == cli.EXIT_NOT_FOUND
+    assert cli.main(["cat", "nope", *common]) == command_line.EXIT_NOT_FOUND
 
 
 # -- slts bench --store s3://... ------------------------------------------------------------------------
@@ -420,7 +420,8 @@ def test_bench_runs_the_s3_benchmarks_against_the_store(s3_server, monkeypatch, 
     assert s3_server.client().list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0  # scratch objects too
     # Without an s3:// store the S3 benchmarks do not exist.
     assert (
-        cli.main(["bench", "--quick", "--only", "s3_write_64k", "--dir", str(tmp_path)]) == cli.EXIT_INVALID
+        cli.main(["bench", "--quick", "--only", "s3_write_64k", "--dir", str(tmp_path)])
+        == command_line.EXIT_INVALID
     )
 
 

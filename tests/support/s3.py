@@ -98,14 +98,14 @@ def run_quick_bench(
     asserted to succeed; the bucket and the figures printed."""
     import json
 
-    from slts.tools import cli
+    from slts.tools import cli, command_line
 
     for variable, value in server.credentials().items():
         monkeypatch.setenv(variable, value)
     bucket = server.new_bucket("bench")
     url = f"s3://{bucket}/b?endpoint_url={server.endpoint_url}"
     code = cli.main(["bench", "--quick", "--store", url, "--only", *only, "--dir", str(tmp_path), "--json"])
-    assert code == cli.EXIT_OK
+    assert code == command_line.EXIT_OK
     figures: list[dict[str, Any]] = json.loads(capsys.readouterr().out)["figures"]
     assert [figure["name"] for figure in figures] == only
     return bucket, figures
