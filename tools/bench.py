@@ -30,6 +30,7 @@ from slts.tools.benchmarks.base import (
     durable_writes,
 )
 
+from slts.errors import InvalidArgument
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.factory import open as open_storage
 
@@ -247,7 +248,8 @@ def run(
     """Run the selected benchmarks (all by default) and print a table; returns the figures
     and the failures. A benchmark that raises is reported as failed (its line says why)
     and the run goes on with the next one: one broken benchmark does not cost the others'
-    figures. ``InvalidArgument`` (before anything runs) for an unknown name.
+    figures. ``InvalidArgument`` (before anything runs) for an unknown name
+    or a ``directory`` that is not an existing folder.
 
     With an ``s3://`` ``store`` the S3 benchmarks (``slts.tools.benchmarks.s3``) against
     it are available too, and are the default selection; otherwise they do not exist.
@@ -261,11 +263,11 @@ def run(
     names = list(only) if only else list(s3_benchmarks or BENCHMARKS)
     unknown = [name for name in names if name not in available]
     if unknown:
-        from slts.errors import InvalidArgument
-
         hint = "" if s3.is_s3_url(store) else " (the s3_* benchmarks need --store s3://...)"
         raise InvalidArgument(f"unknown benchmarks {unknown}; known: {sorted(available)}{hint}")
     parent = directory or os.getcwd()
+    if not os.path.isdir(parent):
+        raise InvalidArgument(f"the scratch folder {parent!r} is not an existing folder")
     repetitions = 3 if quick else 5
     report = Report([], [])
     out(

@@ -33,6 +33,17 @@ def test_bench_rejects_unknown_names(capsys) -> None:
     assert cli.main(["bench", "--only", "nope"]) == command_line.EXIT_INVALID
 
 
+def test_bench_rejects_a_scratch_folder_that_does_not_exist(tmp_path, capsys) -> None:
+    """Refused before any benchmark runs (it once ran each one into a FileNotFoundError)."""
+    missing = tmp_path / "missing"
+    assert (
+        cli.main(["bench", "--quick", "--only", "read_seq", "--dir", str(missing)])
+        == command_line.EXIT_INVALID
+    )
+    err = capsys.readouterr().err
+    assert "not an existing folder" in err and "Traceback" not in err and not missing.exists()
+
+
 def test_bench_remote_suite_runs_quick(tmp_path, capsys) -> None:
     """The tiered-log benchmarks build genuine Kafka logs, copy and fetch them, and clean up."""
     only = ["remote_copy", "remote_fetch_first"]
