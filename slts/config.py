@@ -67,6 +67,12 @@ class StorageConfig:
     read_ahead_low_latency: bool = False
     #: Entries in the write-through metadata cache.
     metadata_cache_entries: int = 100_000
+    #: Before the LMDB metadata file is mapped, walk it in a child process when it may
+    #: have changed other than by LMDB since it was last known good (a copy, bytes changed
+    #: in place, the first open after an OS crash), so that no damage to it can kill this
+    #: process: damage raises ``MetadataCorrupted`` (docs/metadata.md). Off: only its
+    #: meta pages are checked.
+    metadata_check: bool = True
     #: Keep per-chunk CRC32C checksums in chunk records.
     checksums: bool = True
     #: Verify what every read returns: the CRC32C of each block it touches (chunks

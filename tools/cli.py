@@ -330,8 +330,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     process reading the metadata is reported (exit 10), not a crash of ``slts``."""
     import multiprocessing
 
+    from slts.metadata.lmdb_file import DATA_FILE, walk_in_child
+
     url, metadata = store_locations(args.store, args.metadata)
     require_chunk_storage(url)
+    if os.path.isfile(os.path.join(metadata, DATA_FILE)):
+        walk_in_child(metadata)  # the whole file, whatever changed since it was known good (bit rot)
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: LMDB is never forked
     receiver, sender = context.Pipe(duplex=False)
     child = context.Process(

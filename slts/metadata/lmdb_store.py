@@ -56,7 +56,7 @@ from slts.errors import (
 )
 from slts.metadata import _checks
 from slts.metadata.group_commit import GroupCommitter
-from slts.metadata.lmdb_file import check_data_file
+from slts.metadata.lmdb_file import CHECK_MODES, UNCHECKED, WALKED, record_good_state, vouch
 from slts.metadata.store import (
     KEY_BYTES_MAX,
     SCAN_LIMIT_DEFAULT,
@@ -269,11 +269,15 @@ class _Environment:
         map_size_bytes: int,
         durable: bool,
         readonly: bool,
+        vouched: str = UNCHECKED,
     ) -> None:
         self.path = path
         self.identity = identity
         self.durable = durable
         self.readonly = readonly
+        #: What the open's file check found (``lmdb_file.vouch``): whether this process
+        #: may record the file's state as known good.
+        self.vouched = vouched
         self.pid = _process_id
         self.references = 1
         self.closed = False
@@ -314,6 +318,8 @@ class _Environment:
         )
         if durable and not readonly:
             self.sync()  # what an earlier process applied but did not sync is durable from here
+        if vouched != UNCHECKED and (not readonly or vouched == WALKED):  # a look records only a walk
+            record_good_state(path, synced=durable and not readonly)
 
     # -- set up ----------------------------------------------------------------------------
 
@@ -440,7 +446,12 @@ class _Environment:
             except lmdb.MapResizedError:
                 self.resize(adopt=True)
             except lmdb.Error as exc:
-                error = MetadataError(f"LMDB write failed: {exc}", path=self.path)
+                damaged = isinstance(exc, (lmdb.CorruptedError, lmdb.PageNotFoundError))
+                error = (
+                    _translation(self, exc)
+                    if damaged
+                    else MetadataError(f"LMDB write failed: {exc}", path=self.path)
+                )
                 error.__cause__ = exc
                 return [error] * len(group)
             else:
@@ -530,8 +541,8 @@ class _Environment:
                 self.resize(adopt=False)
             except lmdb.MapResizedError:
                 self.resize(adopt=True)
-            except lmdb.CorruptedError as exc:
-                raise MetadataCorrupted(f"LMDB reports corruption: {exc}", path=self.path) from exc
+            except (lmdb.CorruptedError, lmdb.PageNotFoundError) as exc:
+                raise _translation(self, exc) from exc
             except lmdb.Error as exc:
                 raise MetadataError(f"LMDB write failed: {exc}", path=self.path) from exc
             else:
@@ -585,10 +596,14 @@ class _Environment:
         with self.write_lock, self.gate.exclusive():
             if not self.closed:
                 self.closed = True
+                synced = False
                 if self.durable and not self.readonly and self.sync_failure is None:
                     with contextlib.suppress(lmdb.Error):  # best effort: acknowledged commits synced already
                         self.env.sync(True)
+                        synced = True
                 self.env.close()
+                if synced and self.vouched != UNCHECKED:  # a clean restart need not walk the file
+                    record_good_state(self.path, synced=True)
 
 
 @contextlib.contextmanager
@@ -602,8 +617,12 @@ def _translated(env: _Environment) -> Iterator[None]:
 
 def _translation(env: _Environment, exc: lmdb.Error) -> SltsError:
     """The SLTS error for an LMDB error."""
-    if isinstance(exc, lmdb.CorruptedError):
-        return MetadataCorrupted(f"LMDB reports corruption: {exc}", path=env.path)
+    if isinstance(exc, (lmdb.CorruptedError, lmdb.PageNotFoundError)):  # a page number past the file
+        return MetadataCorrupted(
+            f"LMDB reports corruption: {exc}; rebuild the metadata from tier-2 with "
+            "`slts restore --to NEW_FOLDER`",
+            path=env.path,
+        )
     if env.closed:
         return StorageClosed("metadata store is closed", path=env.path)
     return MetadataError(f"LMDB error: {exc}", path=env.path)
@@ -613,8 +632,9 @@ _registry: dict[tuple[int, int, int], _Environment] = {}  # (pid, st_dev, st_ino
 _registry_lock = threading.Lock()
 
 
-def _acquire(path: str, map_size_bytes: int, durable: bool, readonly: bool) -> _Environment:
-    """The environment of ``path`` in this process: the open one, or a new one."""
+def _acquire(path: str, map_size_bytes: int, durable: bool, readonly: bool, check: str) -> _Environment:
+    """The environment of ``path`` in this process: the open one, or a new one, opened
+    once its data file is vouched for (``lmdb_file.vouch`` with mode ``check``)."""
     try:
         if not readonly:
             os.makedirs(path, exist_ok=True)
@@ -631,30 +651,48 @@ def _acquire(path: str, map_size_bytes: int, durable: bool, readonly: bool) -> _
         ) from exc
     if not stat.S_ISDIR(status.st_mode):
         raise InvalidConfig(f"cannot use {path!r} as a metadata folder: it is not a folder", path=path)
-    check_data_file(path)  # a damaged file would kill the process with SIGBUS once mapped
     identity = (status.st_dev, status.st_ino)
     with _registry_lock:
-        for (pid, *other), opened in _registry.items():
-            if tuple(other) == identity and pid != _process_id and not opened.closed:
-                raise MetadataError(
-                    f"LMDB environment {path!r} was opened by process {pid} before this process "
-                    "forked; a forked child must not use or reopen it (open it in a process "
-                    "started with 'spawn', or before opening it in the parent)",
-                    path=path,
-                )
-        env = _registry.get((_process_id, *identity))
-        if env is None or env.closed:
-            env = _Environment(path, identity, map_size_bytes, durable, readonly)
+        env = _opened(path, identity)
+        if env is not None:
+            return _share(env, durable, readonly)
+    # Not mapped in this process yet: a damaged file would kill it once mapped (SIGBUS).
+    # The check may walk the file in a child process: outside the lock.
+    vouched = vouch(path, check)
+    with _registry_lock:
+        env = _opened(path, identity)
+        if env is None:
+            env = _Environment(path, identity, map_size_bytes, durable, readonly, vouched)
             _registry[(_process_id, *identity)] = env
             return env
-        if env.durable != durable:
-            raise InvalidArgument(
-                "this folder is already open in this process with another durable flag", path=path
+        return _share(env, durable, readonly)
+
+
+def _opened(path: str, identity: tuple[int, int]) -> _Environment | None:
+    """The open environment of ``identity`` in this process, or None; ``MetadataError``
+    if another process opened it before forking this one. Under ``_registry_lock``."""
+    for (pid, *other), opened in _registry.items():
+        if tuple(other) == identity and pid != _process_id and not opened.closed:
+            raise MetadataError(
+                f"LMDB environment {path!r} was opened by process {pid} before this process "
+                "forked; a forked child must not use or reopen it (open it in a process "
+                "started with 'spawn', or before opening it in the parent)",
+                path=path,
             )
-        if env.readonly and not readonly:
-            raise InvalidArgument("this folder is already open read-only in this process", path=path)
-        env.references += 1
-        return env
+    env = _registry.get((_process_id, *identity))
+    return None if env is None or env.closed else env
+
+
+def _share(env: _Environment, durable: bool, readonly: bool) -> _Environment:
+    """One more reference to ``env``, if the flags agree. Under ``_registry_lock``."""
+    if env.durable != durable:
+        raise InvalidArgument(
+            "this folder is already open in this process with another durable flag", path=env.path
+        )
+    if env.readonly and not readonly:
+        raise InvalidArgument("this folder is already open read-only in this process", path=env.path)
+    env.references += 1
+    return env
 
 
 def _release(env: _Environment) -> None:
@@ -794,6 +832,12 @@ class LmdbMetadataStore(MetadataStore):
     ``map_size_bytes`` is the initial map; it doubles whenever it fills up (up to
     ``MAP_SIZE_BYTES_MAX``), so a commit never fails for lack of map.
 
+    ``check`` (``"changed"``, ``"always"`` or ``"never"``; ``lmdb_file``): before this
+    process first maps the folder's data file, its meta pages are checked and, when it may
+    have changed other than by LMDB since it was last known good (always, with
+    ``"always"``), the whole file is walked in a child process, so that no damage to it can
+    kill this process: damage raises ``MetadataCorrupted``.
+
     Several processes may open the same folder (LMDB serialises their writers; a commit's
     expectations are checked inside the write transaction, so conflicts are detected across
     processes). Store objects of one process on one folder share one environment and one
@@ -809,8 +853,11 @@ class LmdbMetadataStore(MetadataStore):
         map_size_bytes: int = MAP_SIZE_BYTES_DEFAULT,
         durable: bool = True,
         readonly: bool = False,
+        check: str = "changed",
     ) -> None:
         self.tables = _checks.check_tables(tables)
+        if check not in CHECK_MODES:
+            raise InvalidArgument(f"check must be one of {', '.join(CHECK_MODES)}, got {check!r}")
         page_bytes = os.sysconf("SC_PAGE_SIZE")
         if not isinstance(map_size_bytes, int) or not 0 < map_size_bytes <= MAP_SIZE_BYTES_MAX:
             raise InvalidArgument(
@@ -825,7 +872,7 @@ class LmdbMetadataStore(MetadataStore):
         self._closed = False
         self._counters_lock = threading.Lock()
         self._counters = {"commits": 0, "conflicts": 0, "reads": 0, "group_commits": 0}
-        self._env = _acquire(self.path, map_size_bytes, durable, readonly)
+        self._env = _acquire(self.path, map_size_bytes, durable, readonly, check)
         try:
             self._env.open_tables(self.tables)
         except BaseException:

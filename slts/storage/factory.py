@@ -21,9 +21,12 @@ _log = logging.getLogger("slts.storage")
 MEMORY_METADATA = ":memory:"
 
 
-def open_metadata(metadata: str | os.PathLike[str] | MetadataStore) -> MetadataStore:
+def open_metadata(
+    metadata: str | os.PathLike[str] | MetadataStore, *, check: str = "changed"
+) -> MetadataStore:
     """The metadata store named by ``metadata``: a store object (used as is), the string
-    ``":memory:"`` (a new in-memory store) or a folder path (an LMDB environment)."""
+    ``":memory:"`` (a new in-memory store) or a folder path (an LMDB environment, its
+    data file checked as ``check`` says: ``LmdbMetadataStore``)."""
     if isinstance(metadata, MetadataStore):
         return metadata
     if metadata == MEMORY_METADATA:
@@ -33,7 +36,7 @@ def open_metadata(metadata: str | os.PathLike[str] | MetadataStore) -> MetadataS
     if isinstance(metadata, (str, os.PathLike)) and str(metadata):
         from slts.metadata.lmdb_store import LmdbMetadataStore
 
-        return LmdbMetadataStore(os.fspath(metadata), TABLES)
+        return LmdbMetadataStore(os.fspath(metadata), TABLES, check=check)
     raise InvalidConfig(
         f"metadata must be a folder path, {MEMORY_METADATA!r} or a MetadataStore, got {metadata!r}"
     )
@@ -77,7 +80,7 @@ def open(
         _check_existing(os.fspath(metadata))
     binding = from_url(url)
     try:
-        store = open_metadata(metadata)
+        store = open_metadata(metadata, check="changed" if settings.metadata_check else "never")
     except BaseException:
         binding.close()
         raise
