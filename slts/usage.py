@@ -33,7 +33,7 @@ conditional commit.
 from __future__ import annotations
 
 import bisect
-import contextlib
+import logging
 import struct
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -42,11 +42,13 @@ from types import MappingProxyType
 from typing import Any, ClassVar
 
 from slts.bindings.base import REQUEST_KINDS
-from slts.errors import InvalidArgument, VersionConflict
+from slts.errors import Fenced, InvalidArgument, VersionConflict
 from slts.limiter import TrafficClass, current_traffic_class
 from slts.metadata.records import Record
 from slts.metadata.schema import USAGE
 from slts.metadata.store import Expect, MetadataStore, Operation, Put, ReadView, prefix_stop
+
+_log = logging.getLogger(__name__)
 
 #: How a flush commits: ``(ops, expect) -> sequence``, raising ``VersionConflict`` (or
 #: ``Fenced``) with nothing applied, as ``MetadataStore.commit`` and ``Ownership.commit``.
@@ -307,15 +309,22 @@ class UsageMeter:
 
     def start(self, flush: Callable[[], object], interval_s: float) -> None:
         """Call ``flush`` every ``interval_s`` seconds in a daemon thread until ``stop``;
-        a flush that fails is tried again at the next interval."""
+        a flush that fails is tried again at the next interval, but one that raises
+        ``Fenced`` ends the thread: a newer owner runs the container, and a fenced
+        instance never writes again."""
         if not interval_s > 0:
             raise InvalidArgument(f"interval_s must be > 0, got {interval_s!r}")
         assert self._flusher is None, "started twice"
 
         def run() -> None:
             while not self._stop.wait(interval_s):
-                with contextlib.suppress(Exception):  # kept unflushed; retried next time
+                try:
                     flush()
+                except Fenced:
+                    _log.info("usage flushes stop: a newer epoch owns the container")
+                    return
+                except Exception:  # noqa: BLE001 - kept unflushed; retried next time
+                    continue
 
         self._flusher = threading.Thread(target=run, name="slts-usage-flush", daemon=True)
         self._flusher.start()

@@ -14,7 +14,7 @@ from slts.journal.restore import restore
 
 from slts.config import StorageConfig
 from slts.cost import GiB, Prices, cost_report
-from slts.errors import ChunkNotFound, InvalidArgument, InvalidConfig
+from slts.errors import ChunkNotFound, Fenced, InvalidArgument, InvalidConfig
 from slts.limiter import TrafficClass
 from slts.metadata.memory_store import MemoryMetadataStore
 from slts.metadata.schema import TABLES
@@ -234,3 +234,24 @@ def test_recorded_usage_survives_the_loss_of_the_machine(env: Env) -> None:
     restore(env.binding, 0, restored)  # from tier-2 alone, as after the loss of the machine
     with restored.snapshot() as view:
         assert read_usage(view, 0) == local
+
+
+def test_the_periodic_flush_stops_once_fenced() -> None:
+    """A flush that raises ``Fenced`` ends the flusher thread (a fenced instance never
+    writes again; it used to read and fail at every interval until close); any other
+    failure is tried again at the next interval."""
+    meter = UsageMeter()
+    calls: list[str] = []
+    outcomes = iter([InvalidArgument("a passing failure"), Fenced("a newer epoch owns the container")])
+
+    def flush() -> None:
+        outcome = next(outcomes)
+        calls.append(type(outcome).__name__)
+        raise outcome
+
+    meter.start(flush, 0.001)
+    flusher = meter._flusher  # white box: the thread to wait for
+    assert flusher is not None
+    flusher.join(timeout=60)
+    assert not flusher.is_alive() and calls == ["InvalidArgument", "Fenced"]
+    meter.stop()
