@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from slts.tools import cli
+from slts.tools import command_line
 
 from slts.errors import MetadataCorrupted
 from slts.metadata.lmdb_file import walk_in_child
@@ -61,7 +61,7 @@ def assert_refused(runs: dict[str, subprocess.CompletedProcess[str]]) -> None:
         if name == "slts.open":
             assert run.returncode == 3 and "slts restore" in run.stdout, (run.returncode, run.stderr[-2000:])
         else:
-            assert run.returncode == cli.EXIT_CORRUPT, (name, run.returncode, run.stderr[-2000:])
+            assert run.returncode == command_line.EXIT_CORRUPT, (name, run.returncode, run.stderr[-2000:])
             assert "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
             assert "MetadataCorrupted" in run.stderr and "slts restore" in run.stderr, run.stderr
 
@@ -114,7 +114,7 @@ def test_flipped_bytes_in_later_pages_never_kill_a_command(engine: Path, tmp_pat
             continue
         for name, run in looks(root, "s7").items():
             assert run.returncode >= 0, f"seed {seed}: {name} died of signal {-run.returncode}"
-            assert run.returncode in (0, cli.EXIT_CORRUPT, 3), (
+            assert run.returncode in (0, command_line.EXIT_CORRUPT, 3), (
                 seed,
                 name,
                 run.returncode,
@@ -137,5 +137,5 @@ def test_verify_walks_the_whole_file_even_when_the_record_trusts_it(engine: Path
     result = subprocess.run(
         [SCRIPT, "verify", "--store", str(root)], capture_output=True, text=True, timeout=300
     )
-    assert result.returncode == cli.EXIT_CORRUPT, result.stderr[-2000:]
+    assert result.returncode == command_line.EXIT_CORRUPT, result.stderr[-2000:]
     assert "free-list record frees a page outside" in result.stderr and "slts restore" in result.stderr
