@@ -52,6 +52,9 @@ SLOW_TESTS: tuple[str, ...] = (
     "cli/test_cli.py::test_console_script_and_demo",
     "cli/test_cli_errors.py::test_verify_reports_damaged_metadata_instead_of_crashing",
     "cli/test_bench.py::",
+    "cli/test_damaged_metadata.py::",  # damaged LMDB files, each command in a child process
+    "storage/test_consistent_layouts.py::",  # an owner beside threads that walk and scrub
+    "simulation/test_simulate.py::test_an_observer_seeing_a_mix_of_layouts_is_caught",
 )
 
 
