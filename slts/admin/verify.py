@@ -27,7 +27,7 @@ from slts.journal.system_names import system_prefix
 from slts.metadata import index
 from slts.metadata.records import ChunkRecord, GcEntry, SegmentRecord
 from slts.metadata.schema import CHUNKS, DELETED, GC, SEGMENTS, name_key
-from slts.metadata.store import MetadataStore, ReadView
+from slts.metadata.store import ReadView
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.context import walk_chunks
 from slts.storage.leaks import LeakReport
@@ -116,11 +116,6 @@ def _index_problems(
     return problems
 
 
-def _queued(store: MetadataStore, chunk: str) -> bool:
-    """Whether the GC queue holds an entry for ``chunk`` now (a scan of the queue)."""
-    return any(GcEntry.decode(stored.value).chunk == chunk for _, stored in store.iterate(GC))
-
-
 def _checksum(binding: ChunkStorage, chunk: ChunkRecord, piece_bytes: int = 8 << 20) -> int:
     """CRC32C of the chunk's recorded bytes, read in pieces."""
     handle, value, offset = binding.open_read(chunk.name), 0, 0
@@ -160,8 +155,9 @@ def verify_container(storage: ChunkedSegmentStorage, *, checksums: bool = False)
     # Gathered before the listing, the references miss chunks created since (each
     # registered with GC before its creation): a chunk is a leak only if, after the
     # listing, it has neither a record nor a GC entry.
+    queued_now = {GcEntry.decode(s.value).chunk for _, s in store.iterate(GC)} if unaccounted else set()
     for chunk in unaccounted:
-        if store.get(CHUNKS, name_key(chunk)) is None and not _queued(store, chunk):
+        if store.get(CHUNKS, name_key(chunk)) is None and chunk not in queued_now:
             report.problems.append(
                 f"chunk {chunk!r} is on the chunk storage but nothing references it (leak)"
             )
