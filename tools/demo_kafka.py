@@ -20,7 +20,8 @@ from typing import Any
 
 from slts.tools import kafka_logs
 
-from slts.remote.manager import RemoteLogManager, local_segments
+from slts.remote.local_log import local_log
+from slts.remote.manager import RemoteLogManager
 from slts.remote.records import TopicPartition
 
 TOPIC_PARTITION = TopicPartition("demo-orders", 0)
@@ -62,17 +63,15 @@ def run_kafka_demo(
     log_dir = os.path.join(folder, f"{TOPIC_PARTITION}")
     os.makedirs(log_dir)
     produced = build_partition(log_dir, segments, batches)
-    local = local_segments(log_dir)
-    log_bytes = sum(os.path.getsize(s.data.log) for s in local)
+    local = local_log(log_dir)
+    log_bytes = sum(s.size_bytes for s in local.segments)
     with open_storage(os.path.join(folder, "store")) as storage:
         manager = RemoteLogManager(storage)
         started = time.perf_counter()
-        copy = manager.copy_rolled_segments(
-            TOPIC_PARTITION, local, local[-1].base_offset
-        )  # the last is active
+        copy = manager.copy_rolled_segments(TOPIC_PARTITION, local)  # never the active segment
         copy_s = time.perf_counter() - started
         copied_bytes = sum(m.size_bytes for m in copy.copied)
-        for segment in local[:-1]:  # local retention: the broker deletes what the remote tier holds
+        for segment in local.segments[:-1]:  # local retention: the broker deletes what the remote tier holds
             for path in (segment.data.log, segment.data.offset_index, segment.data.time_index):
                 os.remove(path)
         remote_end = manager.rlmm.highest_offset(TOPIC_PARTITION)
@@ -81,16 +80,19 @@ def run_kafka_demo(
         offset, fetches = 0, 0
         started = time.perf_counter()
         while offset <= remote_end:
-            result = manager.fetch(TOPIC_PARTITION, offset, FETCH_BYTES)
+            result = manager.fetch(TOPIC_PARTITION, offset, FETCH_BYTES, leader_epochs=local.leader_epochs)
             consumed += [r for r in kafka_logs.decode_records(result.records) if r[0] >= offset]
             offset, fetches = result.next_offset, fetches + 1
         consume_s = time.perf_counter() - started
         matched = consumed == produced[: remote_end + 1]
-        limit = sum(m.size_bytes for m in copy.copied[len(copy.copied) // 2 :])
-        retention = manager.enforce_retention(TOPIC_PARTITION, retention_bytes=limit)
+        # retention.bytes covers the whole log: the active segment (only local) counts too
+        limit = (
+            sum(m.size_bytes for m in copy.copied[len(copy.copied) // 2 :]) + local.segments[-1].size_bytes
+        )
+        retention = manager.enforce_retention(TOPIC_PARTITION, local, retention_bytes=limit)
         epochs = sorted(manager.rlmm.leader_epochs(TOPIC_PARTITION))
     return {
-        "kafka_segments": len(local),
+        "kafka_segments": len(local.segments),
         "kafka_segments_copied": len(copy.copied),
         "kafka_log_bytes": log_bytes,
         "kafka_copy_mb_per_s": round(copied_bytes / copy_s / 1e6, 2),

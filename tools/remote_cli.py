@@ -17,9 +17,9 @@ from typing import Any
 # ``slts.tools.cli`` imports this module inside ``build_parser``, after it has loaded.
 from slts.tools.command_line import EXIT_OK, emit, non_negative, open_storage, positive
 
-from slts.errors import InvalidArgument
 from slts.remote.kafka_formats import iter_batches
-from slts.remote.manager import RemoteLogManager, local_segments
+from slts.remote.local_log import LocalLog, local_log
+from slts.remote.manager import RemoteLogManager
 from slts.remote.records import RemoteLogSegmentMetadata, SegmentState, TopicPartition
 
 
@@ -57,16 +57,11 @@ def cmd_remote_ls(args: argparse.Namespace) -> int:
 
 def cmd_remote_copy(args: argparse.Namespace) -> int:
     """Copy the rolled segments of a Kafka partition folder (named TOPIC-PARTITION) that are
-    not remote yet: every segment but the newest (the active one), or those ending below
-    --last-stable-offset."""
-    folder = os.path.abspath(args.logdir)
-    tp = TopicPartition.parse(args.partition or os.path.basename(folder.rstrip("/")))
-    segments = local_segments(folder)
-    if not segments:
-        raise InvalidArgument(f"the log folder {folder!r} holds no <offset>.log segment")
-    stable = args.last_stable_offset if args.last_stable_offset is not None else segments[-1].base_offset
+    not remote yet: every segment but the newest (the active one) whose next segment starts
+    at or below --last-stable-offset (default: the log end offset)."""
+    tp, log = _local(args)
     with open_storage(args) as storage:
-        report = RemoteLogManager(storage).copy_rolled_segments(tp, segments, stable)
+        report = RemoteLogManager(storage, validate=not args.no_validate).copy_rolled_segments(tp, log)
     copied = [_segment_fields(m) for m in report.copied]
     text = [f"{tp}: copied {len(copied)} segment(s), skipped {report.skipped}, cleaned {len(report.cleaned)}"]
     text += [f"  {s['start_offset']}..{s['end_offset']} ({s['size_bytes']} bytes) {s['id']}" for s in copied]
@@ -87,8 +82,9 @@ def cmd_remote_fetch(args: argparse.Namespace) -> int:
     """Read record batches from the one holding OFFSET, up to --max-bytes (at least one
     batch): raw batches to --out or stdout; with --json a summary of each batch."""
     tp = TopicPartition.parse(args.partition)
+    epochs = None if args.logdir is None else local_log(os.path.abspath(args.logdir)).leader_epochs
     with open_storage(args, read_only=True) as storage:
-        result = RemoteLogManager(storage).fetch(tp, args.offset, args.max_bytes)
+        result = RemoteLogManager(storage).fetch(tp, args.offset, args.max_bytes, leader_epochs=epochs)
     if args.json:
         batches = [
             {
@@ -112,12 +108,14 @@ def cmd_remote_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_remote_retention(args: argparse.Namespace) -> int:
-    """Delete remote segments past --retention-ms or --retention-bytes (and superseded or
-    half-deleted ones); the log start offset moves first."""
-    tp = TopicPartition.parse(args.partition)
+    """Delete the remote segments of a Kafka partition folder's log past --retention-ms or
+    --retention-bytes (the whole log: local segments not yet remote count), below its log
+    start offset, outside its leader-epoch lineage, or half-deleted; the log start offset
+    moves first."""
+    tp, log = _local(args)
     with open_storage(args) as storage:
         report = RemoteLogManager(storage).enforce_retention(
-            tp, retention_ms=args.retention_ms, retention_bytes=args.retention_bytes
+            tp, log, retention_ms=args.retention_ms, retention_bytes=args.retention_bytes
         )
     fields = {
         "partition": str(tp),
@@ -131,6 +129,14 @@ def cmd_remote_retention(args: argparse.Namespace) -> int:
     )
     emit(args, fields, text)
     return EXIT_OK
+
+
+def _local(args: argparse.Namespace) -> tuple[TopicPartition, LocalLog]:
+    """The partition and local log of ``args.logdir`` (named TOPIC-PARTITION unless
+    ``--partition`` says otherwise)."""
+    folder = os.path.abspath(args.logdir)
+    tp = TopicPartition.parse(args.partition or os.path.basename(folder.rstrip("/")))
+    return tp, local_log(folder, last_stable_offset=args.last_stable_offset)
 
 
 def _reader(data: bytes) -> Callable[[int], bytes]:
@@ -165,14 +171,24 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     copy.add_argument("logdir", metavar="LOGDIR")
     copy.add_argument("--partition", default=None, metavar="TOPIC-PARTITION", help="default: LOGDIR's name")
     copy.add_argument("--last-stable-offset", type=non_negative, default=None, metavar="OFFSET")
+    copy.add_argument(
+        "--no-validate", action="store_true", help="copy without checking batches and indexes first"
+    )
 
     fetch = add("fetch", cmd_remote_fetch, "read record batches by offset")
     fetch.add_argument("partition", metavar="TOPIC-PARTITION")
     fetch.add_argument("offset", type=non_negative)
     fetch.add_argument("--max-bytes", type=positive, default=1 << 20)
     fetch.add_argument("--out", default=None, metavar="FILE", help="write the batches here (default: stdout)")
+    fetch.add_argument(
+        "--logdir", default=None, metavar="LOGDIR", help="follow this partition folder's leader-epoch lineage"
+    )
 
     retention = add("retention", cmd_remote_retention, "delete what retention no longer keeps")
-    retention.add_argument("partition", metavar="TOPIC-PARTITION")
+    retention.add_argument("logdir", metavar="LOGDIR")
+    retention.add_argument(
+        "--partition", default=None, metavar="TOPIC-PARTITION", help="default: LOGDIR's name"
+    )
+    retention.add_argument("--last-stable-offset", type=non_negative, default=None, metavar="OFFSET")
     retention.add_argument("--retention-ms", type=non_negative, default=None)
     retention.add_argument("--retention-bytes", type=non_negative, default=None)

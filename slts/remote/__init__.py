@@ -4,18 +4,16 @@
 * ``rlmm``: the remote log metadata manager, on the container's metadata store;
 * ``rsm``: the remote storage manager, log segments and indexes as SLTS segments;
 * ``manager``: the remote log manager's copy, fetch and retention tasks;
+* ``local_log``: what those tasks know of the engine's local log;
+* ``lineage``: the leader-epoch cache and which remote segments belong to its lineage;
+* ``inspection``: the checks of a segment's files before it is copied;
 * ``kafka_formats``: Kafka's on-disk formats (v2 record batches, offset and time
   indexes, the leader-epoch checkpoint), read and written exactly.
 """
 
-from slts.remote.manager import (
-    CopyReport,
-    FetchResult,
-    LocalSegment,
-    RemoteLogManager,
-    RetentionReport,
-    local_segments,
-)
+from slts.remote.lineage import LeaderEpochCache
+from slts.remote.local_log import LocalLog, LocalSegment, local_log
+from slts.remote.manager import CopyReport, FetchResult, RemoteLogManager, RetentionReport
 from slts.remote.records import (
     PartitionDeleteState,
     RemoteLogSegmentMetadata,
@@ -30,6 +28,8 @@ __all__ = [
     "CopyReport",
     "FetchResult",
     "IndexType",
+    "LeaderEpochCache",
+    "LocalLog",
     "LocalSegment",
     "LogSegmentData",
     "PartitionDeleteState",
@@ -40,6 +40,6 @@ __all__ = [
     "RetentionReport",
     "SegmentState",
     "TopicPartition",
-    "local_segments",
+    "local_log",
     "new_segment_metadata",
 ]

@@ -1,114 +1,97 @@
 """The remote log manager (KIP-405 RLM): the copy, fetch and retention tasks, driven by
-the engine that owns the local log.
+the engine that owns the local log, with Kafka's ``RemoteLogManager`` rules.
 
-KIP-405 runs these as a leader task per partition (copy, retention) and serves
-followers and consumers from the remote tier (fetch). Here the engine calls them:
+Kafka runs these as tasks per partition on the leader (copy, expiration) and serves
+fetches from the remote tier. Here the engine calls them with a ``LocalLog`` snapshot
+(``slts.remote.local_log``: its segments, leader-epoch cache, start, end and last stable
+offsets):
 
-* ``copy_rolled_segments(tp, segments, last_stable_offset)`` copies rolled segments whose
-  end offset is below the last stable offset, oldest first, one at a time: each is
-  inspected (nothing is recorded for bad files), recorded COPY_SEGMENT_STARTED, copied
-  (``RemoteStorageManager``) and then COPY_SEGMENT_FINISHED; the next segment's files are
-  inspected in a background thread while this one is written (the writes wait on the
-  disk or the network, the inspection on the CPU). A crash in between leaves a
-  STARTED entry; the next run deletes its data and records it deleted before copying
-  again (``cleanup``), as a new upload with a new id.
-* ``fetch(tp, offset, max_bytes)`` finds the segment through the RLMM, the byte position
-  through its offset index (read and checked once, then kept: ``index_cache``), and
-  returns whole record batches from the batch holding ``offset``, up to ``max_bytes`` (at
-  least one batch, as Kafka returns an oversized first batch so that a consumer makes
-  progress), across segment boundaries.
-* ``enforce_retention(tp, retention_ms=..., retention_bytes=...)``: the expired segments
-  (oldest first, by their largest timestamp, or while the remote size minus the oldest
-  segment is still at least the limit) move the log start offset past them first, then
-  each goes DELETE_SEGMENT_STARTED, its data is deleted, DELETE_SEGMENT_FINISHED.
-  Segments a later upload superseded, segments below the log start offset and segments
-  a crash left in DELETE_SEGMENT_STARTED are deleted in the same run: a failed delete is
-  retried by the next run, never forgotten. Uploads in COPY_SEGMENT_STARTED are left to
-  the copy task (it may be copying them now; its next run cleans up a crashed one).
+* ``copy_rolled_segments(tp, log)``: the highest remote offset is found by walking the
+  leader-epoch cache from its latest epoch back (``find_highest_remote_offset``: a
+  remote segment of a diverged lineage does not count past the lineage's own epoch end);
+  the candidates are the segments after it, never the active segment, whose *next*
+  segment starts at or below the last stable offset. Each is optionally validated
+  (``validate=True``, the default: every batch parses and passes its CRC, offsets lie in
+  the segment, the indexes agree; bad files raise ``InvalidLogSegment`` and nothing of
+  that segment is recorded), recorded COPY_SEGMENT_STARTED with end offset = the next
+  segment's base - 1 and the cache's epochs in that range, copied by the RSM (exactly
+  the bytes the snapshot holds: appends after it are not copied), recorded
+  COPY_SEGMENT_FINISHED. A copy that fails is deleted at once (Kafka's "copy failed,
+  cleaning segment"); a crash in between leaves a STARTED entry that the next run
+  deletes (``cleanup``). Empty segments are skipped.
+* ``fetch(tp, offset, max_bytes, leader_epochs=...)``: with the cache, the segment is the
+  one of the epoch the cache gives for ``offset`` (Kafka's lookup: a diverged lineage is
+  never served); without it, the newest epoch whose map holds the offset. Whole record
+  batches from the batch holding ``offset``, continuing into later segments while
+  ``max_bytes`` allows; an offset that compaction removed continues into the next
+  segment; the first batch is returned even if it exceeds ``max_bytes`` unless
+  ``min_one_message=False``, which returns nothing then. A segment deleted under a
+  fetch is resolved again: a fetch returns whole batches or ``RemoteOffsetOutOfRange``.
+* ``enforce_retention(tp, log, retention_ms=..., retention_bytes=...)``: Kafka's
+  expiration task: segments below the log start offset, then, walking the lineage's
+  epochs oldest first, segments breached by time (largest timestamp at or before now -
+  retention) or by size (the whole log, local segments not yet remote plus the remote
+  segments of the lineage, over the limit), stopping at the first segment kept; the log
+  start offset moves past them before anything is deleted; DELETE_SEGMENT_STARTED ones
+  are finished; segments of epochs older than the lineage's earliest are deleted too.
 * ``delete_partition(tp)``: the partition's deletion markers around deleting every
-  segment.
+  segment; a repeat (or a partition never seen) changes nothing more.
+
+The copy, retention, cleanup and partition deletion of one partition never run at once
+in one container: each holds the partition's task lock; another process changes nothing
+unless it owns the container (the fence). Fetches run beside them.
 
 A read-only instance (a follower) answers ``fetch`` from the same store.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import os
-import re
+import itertools
+import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from slts.errors import InvalidArgument, RemoteOffsetOutOfRange
+from slts.errors import InvalidArgument, InvalidLogSegment, RemoteOffsetOutOfRange, RemoteSegmentNotFound
+from slts.remote import inspection
 from slts.remote import kafka_formats as kf
 from slts.remote.index_cache import OffsetIndexCache
+from slts.remote.inspection import InspectedLog
+from slts.remote.lineage import LeaderEpochCache, filtered_epochs, segment_within_lineage
+from slts.remote.local_log import LocalLog, LocalSegment, local_log
 from slts.remote.records import (
     PartitionDeleteState,
     RemoteLogSegmentMetadata,
     SegmentState,
     TopicPartition,
-    check_epoch,
     check_offset,
     new_segment_metadata,
 )
 from slts.remote.rlmm import RemoteLogMetadataManager
-from slts.remote.rsm import IndexType, InspectedLog, LogSegmentData, RemoteStorageManager
+from slts.remote.rsm import IndexType, LogSegmentData, RemoteStorageManager
 from slts.storage.chunked import ChunkedSegmentStorage
+
+logger = logging.getLogger(__name__)
 
 #: Default byte budget of one fetch (Kafka's max.partition.fetch.bytes default).
 FETCH_MAX_BYTES_DEFAULT = 1 << 20
-_LOG_FILE = re.compile(r"(?P<base>[0-9]{20})\.log")
-CHECKPOINT_FILE = "leader-epoch-checkpoint"
+#: Times a fetch resolves its first segment again when retention deleted it meanwhile.
+FETCH_ATTEMPTS = 3
 
-
-@dataclass(frozen=True, slots=True)
-class LocalSegment:
-    """A rolled segment of the local log: its base offset and files."""
-
-    base_offset: int
-    data: LogSegmentData
-
-
-def local_segments(log_dir: str | os.PathLike[str]) -> list[LocalSegment]:
-    """The segments of a Kafka partition folder, by base offset: ``<20 digits>.log`` with
-    its ``.index`` and ``.timeindex`` (and ``.txnindex``, ``.snapshot`` if present) and the
-    folder's ``leader-epoch-checkpoint``. Raises ``InvalidArgument`` (no such folder, a
-    log without its indexes, no checkpoint)."""
-    folder = os.fspath(log_dir)
-    try:
-        names = set(os.listdir(folder))
-    except OSError as exc:
-        raise InvalidArgument(f"cannot list the log folder {folder!r}: {exc.strerror}") from exc
-    try:
-        with open(os.path.join(folder, CHECKPOINT_FILE), "rb") as file:
-            checkpoint = file.read()
-    except OSError as exc:
-        raise InvalidArgument(f"the log folder {folder!r} has no readable {CHECKPOINT_FILE}") from exc
-    found = []
-    for name in sorted(names):
-        match = _LOG_FILE.fullmatch(name)
-        if match is None:
-            continue
-        stem = os.path.join(folder, match["base"])
-        for suffix in (".index", ".timeindex"):
-            if match["base"] + suffix not in names:
-                raise InvalidArgument(f"the log {stem}.log has no {suffix} file")
-        optional = {
-            s: f"{stem}{s}" if match["base"] + s in names else None for s in (".txnindex", ".snapshot")
-        }
-        data = LogSegmentData(
-            log=f"{stem}.log",
-            offset_index=f"{stem}.index",
-            time_index=f"{stem}.timeindex",
-            leader_epoch_checkpoint=checkpoint,
-            transaction_index=optional[".txnindex"],
-            producer_snapshot=optional[".snapshot"],
-        )
-        found.append(LocalSegment(int(match["base"]), data))
-    return found
+__all__ = [
+    "FETCH_MAX_BYTES_DEFAULT",
+    "CopyReport",
+    "FetchResult",
+    "LocalLog",
+    "LocalSegment",
+    "RemoteLogManager",
+    "RetentionReport",
+    "local_log",
+]
 
 
 @dataclass(slots=True)
@@ -118,7 +101,8 @@ class CopyReport:
     copied: list[RemoteLogSegmentMetadata] = field(default_factory=list)
     #: Unfinished uploads (and unfinished deletes) of earlier runs, now deleted.
     cleaned: list[uuid.UUID] = field(default_factory=list)
-    #: Segments already remote, or not yet below the last stable offset.
+    #: Rolled segments not copied by this run: already remote, empty, or not yet
+    #: below the last stable offset.
     skipped: int = 0
 
 
@@ -143,7 +127,11 @@ class RetentionReport:
 
 
 class RemoteLogManager:
-    """KIP-405's RLM on one SLTS container (the owner; a read-only instance can fetch)."""
+    """KIP-405's RLM on one SLTS container (the owner; a read-only instance can fetch).
+
+    ``validate`` (default on) checks every segment's batches and indexes before the RSM
+    is called (see module doc); ``inspection_ahead`` inspects the next segment in a
+    background thread while one is written."""
 
     def __init__(
         self,
@@ -153,90 +141,205 @@ class RemoteLogManager:
         clock: Callable[[], float] = time.time,
         rsm: RemoteStorageManager | None = None,
         offset_indexes: OffsetIndexCache | None = None,
+        validate: bool = True,
     ) -> None:
         if not isinstance(storage, ChunkedSegmentStorage):
             raise InvalidArgument(f"{storage!r} is not a ChunkedSegmentStorage")
         if isinstance(broker_id, bool) or not isinstance(broker_id, int) or broker_id < 0:
             raise InvalidArgument(f"broker id {broker_id!r} is not a non-negative integer")
+        if not isinstance(validate, bool):
+            raise InvalidArgument(f"validate must be True or False, got {validate!r}")
+        if rsm is not None and not isinstance(rsm, RemoteStorageManager):
+            raise InvalidArgument(f"{rsm!r} is not a RemoteStorageManager")
         self.rlmm = RemoteLogMetadataManager(storage)
         self.rsm = rsm if rsm is not None else RemoteStorageManager(storage)
         self.offset_indexes = offset_indexes if offset_indexes is not None else OffsetIndexCache()
         self.broker_id = broker_id
+        self.validate = validate
+        self._locks = storage.context.locks
         self._clock = clock
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
 
-    # -- copy -------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _task(self, tp: TopicPartition) -> Iterator[None]:
+        """The partition's task lock: copy, retention, cleanup and partition deletion of
+        ``tp`` run one at a time in this container (across processes: the fence)."""
+        with self._locks.changing(f"remote-task:{tp}"):
+            yield
 
-    def copy_rolled_segments(
-        self, tp: TopicPartition, segments: Iterable[LocalSegment], last_stable_offset: int
-    ) -> CopyReport:
-        """Copy every segment of ``segments`` not yet remote whose end offset is below
-        ``last_stable_offset``, oldest first (see module doc). Stops at the first segment
-        that is not below it. Raises ``InvalidLogSegment`` (that segment and later ones
-        are not copied; earlier ones are), ``InvalidArgument``, ``Fenced``,
-        ``ReadOnlyInstance``, storage errors (the STARTED entry is cleaned up next run)."""
-        _check_tp(tp)
-        check_offset(last_stable_offset, f"{tp}: last stable offset")
+    # -- the RLMM's answers for partitions it may not know yet -------------------------------------
+
+    def _highest_for_epoch(self, tp: TopicPartition, epoch: int) -> int | None:
         try:
-            given = list(segments)
-        except TypeError as exc:
-            raise InvalidArgument(f"{tp}: segments must be an iterable of LocalSegment") from exc
-        if not all(isinstance(s, LocalSegment) for s in given):
-            raise InvalidArgument(f"{tp}: segments must be LocalSegment objects")
-        ordered = sorted(given, key=lambda s: s.base_offset)
-        report = CopyReport(cleaned=self.cleanup(tp))
-        highest = self.rlmm.highest_offset(tp)
-        pending: list[LocalSegment] = []
-        for segment, following in zip(ordered, [*ordered[1:], None], strict=True):
-            if following is not None and highest is not None and following.base_offset - 1 <= highest:
-                report.skipped += 1  # its end is known without reading it: already remote
-            else:
-                pending.append(segment)
-        with ThreadPoolExecutor(1, thread_name_prefix="slts-remote-inspect") as read_ahead:
-            inspections = [self._inspect_later(read_ahead, tp, segment) for segment in pending[:1]]
-            for number, segment in enumerate(pending):
-                inspected = inspections[number].result()
-                if number + 1 < len(pending):  # the next file is checked while this one is written
-                    inspections.append(self._inspect_later(read_ahead, tp, pending[number + 1]))
-                summary = inspected.summary
-                if highest is not None and summary.end_offset <= highest:
-                    report.skipped += 1
-                    continue
-                if summary.end_offset >= last_stable_offset:
-                    report.skipped += len(pending) - number
-                    break
-                report.copied.append(self._copy(tp, segment, inspected))
-                highest = summary.end_offset
-        return report
+            return self.rlmm.highest_offset_for_epoch(tp, epoch)
+        except RemoteSegmentNotFound:
+            return None
+
+    def _listing(self, tp: TopicPartition, leader_epoch: int | None = None) -> list[RemoteLogSegmentMetadata]:
+        try:
+            return list(self.rlmm.list_segments(tp, leader_epoch=leader_epoch))
+        except RemoteSegmentNotFound:
+            return []
+
+    def _remote_range(self, tp: TopicPartition) -> tuple[int | None, int | None]:
+        try:
+            return self.rlmm.earliest_offset(tp), self.rlmm.highest_offset(tp)
+        except RemoteSegmentNotFound:
+            return None, None
+
+    # -- offsets of the lineage ----------------------------------------------------------------------
+
+    def find_highest_remote_offset(self, tp: TopicPartition, log: LocalLog) -> tuple[int, int]:
+        """(offset, epoch) of the highest offset copied in ``log``'s lineage, (-1, -1) if
+        none (Kafka's ``findHighestRemoteOffset``): from the latest epoch of the cache back,
+        the first epoch with a remote copy gives its highest copied offset, capped at that
+        epoch's end in the cache minus one (a lineage that diverged after it)."""
+        _check_tp(tp)
+        _check_log(log)
+        cache = log.leader_epochs
+        entry = cache.latest()
+        while entry is not None:
+            epoch = entry[0]
+            highest = self._highest_for_epoch(tp, epoch)
+            if highest is not None:
+                found_epoch, end = cache.end_offset_for(epoch, log.log_end_offset)
+                return (end - 1, found_epoch) if end <= highest else (highest, epoch)
+            entry = cache.previous_entry(epoch)
+        return -1, -1
+
+    def find_log_start_offset(self, tp: TopicPartition, log: LocalLog) -> int:
+        """The log start offset a new leader adopts (Kafka's ``findLogStartOffset``): the
+        start of the first remote segment listed under the cache's earliest epoch that has
+        one, else the local log's first offset."""
+        _check_tp(tp)
+        _check_log(log)
+        cache = log.leader_epochs
+        earliest = cache.earliest()
+        epoch = None if earliest is None else earliest[0]
+        while epoch is not None:
+            listed = self._listing(tp, epoch)
+            if listed:
+                return listed[0].start_offset
+            epoch = cache.next_epoch(epoch)
+        return log.segments[0].base_offset if log.segments else log.log_start_offset
+
+    # -- copy ---------------------------------------------------------------------------------------
+
+    @staticmethod
+    def candidate_segments(log: LocalLog, from_offset: int) -> list[tuple[LocalSegment, int]]:
+        """(segment, next segment's base offset) of every segment of ``log`` holding or
+        after ``from_offset`` that is not the active segment and whose next segment starts
+        at or below the last stable offset (Kafka's ``candidateLogSegments``)."""
+        _check_log(log)
+        check_offset(from_offset, "from offset")
+        segments = list(log.segments)
+        first = 0
+        for number, segment in enumerate(segments):
+            if segment.base_offset <= from_offset:
+                first = number
+        chosen = segments[first:]
+        return [
+            (previous, current.base_offset)
+            for previous, current in itertools.pairwise(chosen)
+            if current.base_offset <= log.last_stable_offset
+        ]
+
+    def copy_rolled_segments(self, tp: TopicPartition, log: LocalLog) -> CopyReport:
+        """Copy the rolled segments of ``log`` that are not remote yet and lie below its
+        last stable offset, oldest first (see module doc).
+
+        Raises ``InvalidLogSegment`` (validation: that segment and later ones are not
+        copied, earlier ones are), ``InvalidArgument``, ``Fenced``, ``ReadOnlyInstance``,
+        storage errors (the failed upload is deleted, or left STARTED for the next run's
+        cleanup if the delete fails too)."""
+        _check_tp(tp)
+        _check_log(log)
+        with self._task(tp):
+            report = CopyReport(cleaned=self._cleanup(tp))
+            rolled = len(log.segments) - 1 if log.segments else 0
+            highest, _ = self.find_highest_remote_offset(tp, log)
+            lso = log.last_stable_offset
+            if lso == 0 or highest >= lso:
+                report.skipped = rolled
+                return report
+            candidates = self.candidate_segments(log, max(highest + 1, log.log_start_offset))
+            pending = [
+                (segment, following, _segment_data(log, segment, following))
+                for segment, following in candidates
+                if segment.size_bytes > 0
+            ]
+            with ThreadPoolExecutor(1, thread_name_prefix="slts-remote-inspect") as ahead:
+                inspections = [self._inspect_later(ahead, tp, *pending[0])] if pending else []
+                for number, (segment, following, data) in enumerate(pending):
+                    inspected = inspections[number].result()
+                    if number + 1 < len(pending):  # the next file is checked while this one is written
+                        inspections.append(self._inspect_later(ahead, tp, *pending[number + 1]))
+                    report.copied.append(self._copy(tp, log, segment, following, data, inspected))
+            report.skipped = rolled - len(report.copied)
+            return report
 
     def _inspect_later(
-        self, pool: ThreadPoolExecutor, tp: TopicPartition, segment: LocalSegment
-    ) -> Future[InspectedLog]:
-        return pool.submit(self.rsm.inspect, segment.data, label=f"{tp} segment {segment.base_offset:020d}")
+        self,
+        pool: ThreadPoolExecutor,
+        tp: TopicPartition,
+        segment: LocalSegment,
+        following: int,
+        data: LogSegmentData,
+    ) -> Future[InspectedLog | None]:
+        del following
+        if not self.validate:
+            done: Future[InspectedLog | None] = Future()
+            done.set_result(None)
+            return done
+        return pool.submit(
+            inspection.inspect_segment,
+            data,
+            label=f"{tp} segment {segment.base_offset:020d}",
+            size_bytes=segment.size_bytes,
+        )
 
     def _copy(
-        self, tp: TopicPartition, segment: LocalSegment, inspected: InspectedLog
+        self,
+        tp: TopicPartition,
+        log: LocalLog,
+        segment: LocalSegment,
+        following: int,
+        data: LogSegmentData,
+        inspected: InspectedLog | None,
     ) -> RemoteLogSegmentMetadata:
-        """Record ``segment`` COPY_SEGMENT_STARTED, copy it, record it FINISHED."""
-        summary = inspected.summary
+        """Record ``segment`` COPY_SEGMENT_STARTED, copy it, record it FINISHED; delete
+        it again if the copy fails."""
+        label = f"{tp} segment {segment.base_offset:020d}"
+        end_offset = following - 1
+        if inspected is not None:
+            _check_within(inspected, segment.base_offset, end_offset, log.leader_epochs, label)
+        epochs = _segment_epochs(log.leader_epochs, segment.base_offset, following, inspected, label)
         metadata = new_segment_metadata(
             tp,
-            start_offset=summary.base_offset,
-            end_offset=summary.end_offset,
-            leader_epochs=_segment_epochs(summary),
-            max_timestamp_ms=summary.max_timestamp,
-            size_bytes=summary.size_bytes,
+            start_offset=segment.base_offset,
+            end_offset=end_offset,
+            leader_epochs=epochs,
+            max_timestamp_ms=(
+                inspected.summary.max_timestamp if inspected is not None else _largest_timestamp(segment)
+            ),
+            size_bytes=segment.size_bytes,
             broker_id=self.broker_id,
             event_timestamp_ms=self._now_ms(),
         )
-        cut = [(e, s) for e, s in inspected.leader_epoch_checkpoint if s <= summary.end_offset]
-        data = dataclasses.replace(
-            segment.data, leader_epoch_checkpoint=kf.encode_leader_epoch_checkpoint(cut)
-        )
         self.rlmm.add_segment(metadata)
-        custom = self.rsm.copy_log_segment(metadata, data, inspected=inspected)
+        try:
+            custom = self.rsm.copy_log_segment(metadata, data)
+        except Exception:
+            logger.info("copy of %s failed: deleting remote segment %s", label, metadata.id)
+            try:
+                self._delete(metadata)
+            except Exception as cleanup_error:  # noqa: BLE001 - the original error matters; cleanup retries
+                logger.info(
+                    "deleting remote segment %s failed (the next run retries): %s", metadata.id, cleanup_error
+                )
+            raise
         return self.rlmm.update_segment(
             metadata.id,
             SegmentState.COPY_SEGMENT_FINISHED,
@@ -248,16 +351,18 @@ class RemoteLogManager:
         """Delete the uploads of ``tp`` a crash left COPY_SEGMENT_STARTED and finish the
         deletes it left DELETE_SEGMENT_STARTED; return their ids."""
         _check_tp(tp)
+        with self._task(tp):
+            return self._cleanup(tp)
+
+    def _cleanup(self, tp: TopicPartition) -> list[uuid.UUID]:
         unfinished = [
             m
-            for m in self.rlmm.list_segments(tp)
+            for m in self._listing(tp)
             if m.segment_state in (SegmentState.COPY_SEGMENT_STARTED, SegmentState.DELETE_SEGMENT_STARTED)
         ]
-        for metadata in unfinished:
-            self._delete(metadata)
-        return [m.id for m in unfinished]
+        return [m.id for m in unfinished if self._delete(m)]
 
-    # -- fetch ------------------------------------------------------------------------------------
+    # -- fetch ----------------------------------------------------------------------------------------
 
     def fetch(
         self,
@@ -265,20 +370,51 @@ class RemoteLogManager:
         offset: int,
         max_bytes: int = FETCH_MAX_BYTES_DEFAULT,
         *,
-        leader_epoch: int | None = None,
+        leader_epochs: LeaderEpochCache | Sequence[tuple[int, int]] | None = None,
+        min_one_message: bool = True,
     ) -> FetchResult:
         """Whole record batches of ``tp`` from the one holding ``offset`` (see module doc).
 
-        Raises ``RemoteOffsetOutOfRange`` (below the earliest or above the highest remote
-        offset, or in no finished segment: naming partition and offset), ``InvalidArgument``,
-        ``InvalidLogSegment`` (the remote bytes or index do not parse: damage)."""
+        ``leader_epochs``: the partition's leader-epoch cache (Kafka's lookup; None: the
+        newest epoch holding the offset). Raises ``RemoteOffsetOutOfRange`` (below the
+        earliest or above the highest remote offset, or in no finished segment of the
+        lineage: naming partition and offset), ``InvalidArgument``, ``InvalidLogSegment``
+        (the remote bytes or index do not parse: damage)."""
         _check_tp(tp)
         check_offset(offset, f"{tp}: fetch offset")
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
             raise InvalidArgument(f"{tp}: max_bytes {max_bytes!r} is not a positive integer")
-        if leader_epoch is not None:
-            check_epoch(leader_epoch)
-        earliest, highest = self.rlmm.earliest_offset(tp), self.rlmm.highest_offset(tp)
+        if not isinstance(min_one_message, bool):
+            raise InvalidArgument(f"{tp}: min_one_message must be True or False")
+        cache = (
+            leader_epochs
+            if leader_epochs is None or isinstance(leader_epochs, LeaderEpochCache)
+            else LeaderEpochCache.of(leader_epochs)
+        )
+        for _ in range(FETCH_ATTEMPTS):
+            try:
+                return self._fetch_once(tp, offset, max_bytes, cache, min_one_message)
+            except RemoteSegmentNotFound:
+                continue  # retention deleted the segment it resolved: resolve again
+        earliest, highest = self._remote_range(tp)
+        raise RemoteOffsetOutOfRange(
+            f"{tp}: offset {offset} was deleted while it was read ({_span(earliest, highest)})",
+            partition=str(tp),
+            offset=offset,
+            earliest=earliest,
+            highest=highest,
+        )
+
+    def _fetch_once(
+        self,
+        tp: TopicPartition,
+        offset: int,
+        max_bytes: int,
+        cache: LeaderEpochCache | None,
+        min_one_message: bool,
+    ) -> FetchResult:
+        """One attempt; raises ``RemoteSegmentNotFound`` if the first segment vanished."""
+        earliest, highest = self._remote_range(tp)
         if earliest is None or highest is None or not earliest <= offset <= highest:
             raise RemoteOffsetOutOfRange(
                 f"{tp}: offset {offset} is outside the remote log ({_span(earliest, highest)})",
@@ -287,33 +423,64 @@ class RemoteLogManager:
                 earliest=earliest,
                 highest=highest,
             )
+        metadata = self._segment_for(tp, offset, cache)
+        if metadata is None:
+            epoch = None if cache is None else cache.epoch_for_offset(offset)
+            raise RemoteOffsetOutOfRange(
+                f"{tp}: no remote segment holds offset {offset}"
+                + (f" in leader epoch {epoch}" if cache is not None else ""),
+                partition=str(tp),
+                offset=offset,
+                earliest=earliest,
+                highest=highest,
+            )
         records = bytearray()
         segments: list[uuid.UUID] = []
         position = offset
-        while position <= highest and len(records) < max_bytes:
-            metadata = self.rlmm.segment_for_offset(tp, position, leader_epoch if not segments else None)
-            if metadata is None:
-                if not segments:
-                    raise RemoteOffsetOutOfRange(
-                        f"{tp}: no remote segment holds offset {offset}"
-                        + (f" under leader epoch {leader_epoch}" if leader_epoch is not None else ""),
-                        partition=str(tp),
-                        offset=offset,
-                    )
-                break  # a gap: the caller reads on from ``next_offset`` (local log, or later)
-            after = self._read_batches(metadata, position, max_bytes, records)
-            if after == position:  # its next batch is over the budget left
+        while metadata is not None and len(records) < max_bytes:
+            try:
+                after, full = self._read_batches(metadata, position, max_bytes, records, min_one_message)
+            except RemoteSegmentNotFound:
+                if not segments and not records:
+                    raise
+                break  # deleted under us: what was read is whole batches
+            if after > position:
+                segments.append(metadata.id)
+                position = after
+            if full:
                 break
-            segments.append(metadata.id)
-            position = after
+            metadata = self._next_segment(tp, metadata, cache)
         return FetchResult(bytes(records), offset, position, tuple(segments))
 
+    def _segment_for(
+        self, tp: TopicPartition, offset: int, cache: LeaderEpochCache | None
+    ) -> RemoteLogSegmentMetadata | None:
+        try:
+            if cache is None:
+                return self.rlmm.segment_for_offset(tp, offset)
+            epoch = cache.epoch_for_offset(offset)
+            return None if epoch is None else self.rlmm.segment_for_offset(tp, offset, epoch)
+        except RemoteSegmentNotFound:
+            return None
+
+    def _next_segment(
+        self, tp: TopicPartition, metadata: RemoteLogSegmentMetadata, cache: LeaderEpochCache | None
+    ) -> RemoteLogSegmentMetadata | None:
+        """The segment after ``metadata`` in the lineage (Kafka's ``findNextSegmentMetadata``)."""
+        return self._segment_for(tp, metadata.end_offset + 1, cache)
+
     def _read_batches(
-        self, metadata: RemoteLogSegmentMetadata, offset: int, max_bytes: int, records: bytearray
-    ) -> int:
+        self,
+        metadata: RemoteLogSegmentMetadata,
+        offset: int,
+        max_bytes: int,
+        records: bytearray,
+        min_one_message: bool,
+    ) -> tuple[int, bool]:
         """Append to ``records`` the batches of ``metadata`` from the one holding ``offset``
-        while the budget allows (always one, if ``records`` is empty); return the offset
-        after the last batch appended."""
+        while the budget allows (the first of the fetch even over it, if
+        ``min_one_message``); return the offset after the last batch appended (``offset``
+        if none) and whether the budget stopped it."""
         label = f"{metadata.topic_partition} segment {metadata.id}"
         index = self.offset_indexes.get(
             metadata.id,
@@ -327,99 +494,207 @@ class RemoteLogManager:
                 stream.read,
                 segment=label,
                 start_position=start,
-                block_bytes=min(max_bytes - len(records), kf.SCAN_BLOCK_BYTES),
+                block_bytes=min(max(max_bytes - len(records), 1), kf.SCAN_BLOCK_BYTES),
             )
             for header, batch in batches:
                 if header.last_offset < offset:
                     continue
-                if records and len(records) + len(batch) > max_bytes:
-                    return offset
+                if len(records) + len(batch) > max_bytes and (records or not min_one_message):
+                    return offset, True
                 records += batch
                 offset = header.last_offset + 1
                 if len(records) >= max_bytes:
-                    break
-        return offset
+                    return offset, True
+        return offset, False
 
-    # -- retention --------------------------------------------------------------------------------
+    # -- retention ------------------------------------------------------------------------------------
 
     def enforce_retention(
         self,
         tp: TopicPartition,
+        log: LocalLog,
         *,
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
         now_ms: int | None = None,
     ) -> RetentionReport:
-        """Delete what retention no longer keeps (see module doc); None: no limit of that
-        kind. Raises ``InvalidArgument``, ``Fenced``, ``ReadOnlyInstance``, storage errors
-        (what was not deleted yet is retried by the next run)."""
+        """Delete the remote segments Kafka's expiration task deletes (see module doc);
+        None: no limit of that kind. ``retention_bytes`` covers the whole log: the local
+        segments not yet remote count (``log``). Raises ``InvalidArgument``, ``Fenced``,
+        ``ReadOnlyInstance``, storage errors (what was not deleted yet is retried by the
+        next run)."""
         _check_tp(tp)
+        _check_log(log)
         for value, what in ((retention_ms, "retention_ms"), (retention_bytes, "retention_bytes")):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise InvalidArgument(f"{tp}: {what} {value!r} is not a non-negative integer or None")
         now = self._now_ms() if now_ms is None else check_offset(now_ms, "now_ms")
-        segments = list(self.rlmm.list_segments(tp))
-        start = self.rlmm.earliest_offset(tp)
-        live = [
-            m
-            for m in segments
-            if m.segment_state == SegmentState.COPY_SEGMENT_FINISHED
-            and self.rlmm.is_referenced(m)
-            and (start is None or m.end_offset >= start)
-        ]
-        expired: list[RemoteLogSegmentMetadata] = []
-        remaining = sum(m.size_bytes for m in live)
-        for metadata in live:  # oldest first (the listing is by start offset)
-            by_time = retention_ms is not None and metadata.max_timestamp_ms < now - retention_ms
-            by_size = retention_bytes is not None and remaining - metadata.size_bytes >= retention_bytes
-            if not (by_time or by_size):
+        with self._task(tp):
+            return self._enforce_retention(tp, log, retention_ms, retention_bytes, now)
+
+    def _enforce_retention(
+        self,
+        tp: TopicPartition,
+        log: LocalLog,
+        retention_ms: int | None,
+        retention_bytes: int | None,
+        now: int,
+    ) -> RetentionReport:
+        listed = self._listing(tp)
+        report = RetentionReport(log_start_offset=self._remote_range(tp)[0])
+        if not listed:
+            return report
+        remote_epochs = sorted({epoch for m in listed for epoch in m.leader_epochs})
+        lineage = filtered_epochs(log.leader_epochs.as_dict())
+        breached = _Breach(
+            cleanup_until_ms=None if retention_ms is None else now - retention_ms,
+            remaining_bytes=self._breached_bytes(tp, log, lineage, retention_bytes),
+        )
+        chosen: dict[bytes, RemoteLogSegmentMetadata] = {}
+        going = True
+        for epoch in lineage:
+            if not going:
                 break
-            expired.append(metadata)
-            remaining -= metadata.size_bytes
-        report = RetentionReport(log_start_offset=start)
-        if expired:
-            report.log_start_offset = self.rlmm.move_log_start_offset(tp, expired[-1].end_offset + 1)
-        kept = {m.id for m in live[len(expired) :]}
-        chosen = {m.id for m in expired}
-        rest = [  # superseded, below the start, or a delete a crash interrupted; an upload
-            # in progress (COPY_SEGMENT_STARTED) is the copy task's to finish or clean up
-            m
-            for m in segments
-            if m.id not in chosen
-            and m.id not in kept
-            and m.segment_state != SegmentState.COPY_SEGMENT_STARTED
-        ]
-        for metadata in [*expired, *rest]:
-            self._delete(metadata)
-            report.deleted.append(metadata)
-            report.bytes_deleted += metadata.size_bytes
+            for metadata in self._listing(tp, epoch):
+                if not going:
+                    break
+                state = metadata.segment_state
+                if state == SegmentState.DELETE_SEGMENT_STARTED:
+                    chosen[metadata.segment_id] = metadata
+                    continue
+                if state == SegmentState.DELETE_SEGMENT_FINISHED or metadata.segment_id in chosen:
+                    continue
+                delete = _below_log_start(metadata, log.log_start_offset, lineage)
+                valid = False
+                if not delete:
+                    valid = segment_within_lineage(metadata, log.log_end_offset, lineage)
+                    delete = valid and (breached.by_time(metadata) or breached.by_size(metadata))
+                if delete:
+                    chosen[metadata.segment_id] = metadata
+                going = delete or not valid
+        if breached.log_start_offset is not None:
+            report.log_start_offset = self.rlmm.move_log_start_offset(tp, breached.log_start_offset)
+        doomed = list(chosen.values())
+        earliest = log.leader_epochs.earliest()
+        if earliest is not None:  # epochs older than the lineage: after an unclean election
+            seen = set(chosen)
+            for epoch in (e for e in remote_epochs if e < earliest[0]):
+                for metadata in self._listing(tp, epoch):
+                    if metadata.segment_id not in seen and all(
+                        e < earliest[0] for e in metadata.leader_epochs
+                    ):
+                        seen.add(metadata.segment_id)
+                        doomed.append(metadata)
+        for metadata in doomed:
+            if self._delete(metadata):
+                report.deleted.append(metadata)
+                report.bytes_deleted += metadata.size_bytes
         return report
+
+    def _breached_bytes(
+        self, tp: TopicPartition, log: LocalLog, lineage: dict[int, int], retention_bytes: int | None
+    ) -> int | None:
+        """Bytes over ``retention_bytes`` of the whole log (Kafka's ``RetentionSizeData``):
+        the local segments not yet remote and the finished remote segments of the lineage;
+        None if no limit or within it."""
+        if retention_bytes is None:
+            return None
+        counted: set[bytes] = set()
+        remote = 0
+        for epoch in lineage:
+            for metadata in self._listing(tp, epoch):
+                if (
+                    metadata.segment_state == SegmentState.COPY_SEGMENT_FINISHED
+                    and metadata.segment_id not in counted
+                    and segment_within_lineage(metadata, log.log_end_offset, lineage)
+                ):
+                    counted.add(metadata.segment_id)
+                    remote += metadata.size_bytes
+        highest, _ = self.find_highest_remote_offset(tp, log)
+        total = log.only_local_bytes(highest) + remote
+        return total - retention_bytes if total > retention_bytes else None
+
+    # -- partition deletion -----------------------------------------------------------------------------
 
     def delete_partition(self, tp: TopicPartition) -> RetentionReport:
         """Delete every remote segment of ``tp`` between its deletion markers, then forget
-        the partition. Resumable: a repeat after a crash carries on."""
+        the partition. Resumable: a repeat after a crash carries on; a partition never
+        seen (or already forgotten) has nothing to delete."""
         _check_tp(tp)
         report = RetentionReport()
-        state = self.rlmm.delete_state(tp)
-        if state is None:
-            self.rlmm.mark_partition(tp, PartitionDeleteState.DELETE_PARTITION_MARKED)
-        self.rlmm.mark_partition(tp, PartitionDeleteState.DELETE_PARTITION_STARTED)
-        for metadata in list(self.rlmm.list_segments(tp)):
-            self._delete(metadata)
-            report.deleted.append(metadata)
-            report.bytes_deleted += metadata.size_bytes
-        self.rlmm.mark_partition(tp, PartitionDeleteState.DELETE_PARTITION_FINISHED)
+        with self._task(tp):
+            try:
+                state = self.rlmm.delete_state(tp)
+            except RemoteSegmentNotFound:
+                return report
+            if state is None:
+                self.rlmm.mark_partition(tp, PartitionDeleteState.DELETE_PARTITION_MARKED)
+            self.rlmm.mark_partition(tp, PartitionDeleteState.DELETE_PARTITION_STARTED)
+            for metadata in self._listing(tp):
+                if self._delete(metadata):
+                    report.deleted.append(metadata)
+                    report.bytes_deleted += metadata.size_bytes
+            self.rlmm.mark_partition(tp, PartitionDeleteState.DELETE_PARTITION_FINISHED)
         return report
 
-    def _delete(self, metadata: RemoteLogSegmentMetadata) -> None:
-        """DELETE_SEGMENT_STARTED, the data, DELETE_SEGMENT_FINISHED (each step idempotent)."""
-        self.rlmm.update_segment(
-            metadata.id, SegmentState.DELETE_SEGMENT_STARTED, event_timestamp_ms=self._now_ms()
-        )
+    def _delete(self, metadata: RemoteLogSegmentMetadata) -> bool:
+        """DELETE_SEGMENT_STARTED, the data, DELETE_SEGMENT_FINISHED; each step idempotent,
+        and a segment already forgotten (deleted by an earlier run) is left alone. Return
+        whether this call found the segment still recorded."""
+        try:
+            self.rlmm.update_segment(
+                metadata.id, SegmentState.DELETE_SEGMENT_STARTED, event_timestamp_ms=self._now_ms()
+            )
+        except RemoteSegmentNotFound:
+            return False
         self.rsm.delete_log_segment(metadata)
-        self.rlmm.update_segment(
-            metadata.id, SegmentState.DELETE_SEGMENT_FINISHED, event_timestamp_ms=self._now_ms()
-        )
+        with contextlib.suppress(RemoteSegmentNotFound):
+            self.rlmm.update_segment(
+                metadata.id, SegmentState.DELETE_SEGMENT_FINISHED, event_timestamp_ms=self._now_ms()
+            )
+        return True
+
+
+@dataclass(slots=True)
+class _Breach:
+    """Kafka's retention handler: which segments time or size retention breaches, and
+    the log start offset past them."""
+
+    cleanup_until_ms: int | None
+    remaining_bytes: int | None
+    log_start_offset: int | None = None
+
+    def _moved_past(self, metadata: RemoteLogSegmentMetadata) -> None:
+        if self.log_start_offset is None or self.log_start_offset < metadata.end_offset + 1:
+            self.log_start_offset = metadata.end_offset + 1
+
+    def by_time(self, metadata: RemoteLogSegmentMetadata) -> bool:
+        if self.cleanup_until_ms is None or metadata.max_timestamp_ms > self.cleanup_until_ms:
+            return False
+        if self.remaining_bytes is not None:
+            self.remaining_bytes = max(0, self.remaining_bytes - metadata.size_bytes)
+        self._moved_past(metadata)
+        return True
+
+    def by_size(self, metadata: RemoteLogSegmentMetadata) -> bool:
+        if self.remaining_bytes is None or self.remaining_bytes <= 0:
+            return False
+        if self.remaining_bytes - metadata.size_bytes < 0:
+            return False
+        self.remaining_bytes -= metadata.size_bytes
+        self._moved_past(metadata)
+        return True
+
+
+def _below_log_start(
+    metadata: RemoteLogSegmentMetadata, log_start_offset: int, lineage: dict[int, int]
+) -> bool:
+    """Kafka's ``isSegmentBreachByLogStartOffset``: every epoch of the segment at or
+    below the lineage's first, and the segment ends below the log start offset."""
+    if not lineage:
+        return False
+    first = min(lineage)
+    return all(epoch <= first for epoch in metadata.leader_epochs) and metadata.end_offset < log_start_offset
 
 
 def _check_tp(tp: object) -> None:
@@ -427,16 +702,74 @@ def _check_tp(tp: object) -> None:
         raise InvalidArgument(f"{tp!r} is not a TopicPartition")
 
 
-def _segment_epochs(summary: kf.LogSummary) -> dict[int, int]:
-    """The segment's leader epochs from its batches; batches before the first that carries
-    an epoch (-1: none, an old message format) count to that first epoch, and a log with
-    no epoch at all is epoch 0 (Kafka's default before any election)."""
-    epochs = dict(summary.leader_epochs)
+def _check_log(log: object) -> None:
+    if not isinstance(log, LocalLog):
+        raise InvalidArgument(f"{log!r} is not a LocalLog (slts.remote.local_log)")
+
+
+def _check_within(inspected: InspectedLog, start: int, end: int, cache: LeaderEpochCache, label: str) -> None:
+    """Raise ``InvalidLogSegment`` unless the inspected batches lie in ``start..end`` and
+    each epoch they carry is the cache's epoch for its first offset."""
+    summary = inspected.summary
+    if summary.base_offset < start or summary.end_offset > end:
+        raise InvalidLogSegment(
+            f"{label}: its batches hold offsets {summary.base_offset}..{summary.end_offset}, outside "
+            f"the segment's {start}..{end} (the next segment starts at {end + 1})",
+            segment=label,
+            offset=summary.base_offset if summary.base_offset < start else summary.end_offset,
+        )
+    if not len(cache):
+        return
+    for epoch, first in summary.leader_epochs.items():
+        if epoch >= 0 and cache.epoch_for_offset(first) != epoch:
+            raise InvalidLogSegment(
+                f"{label}: a batch at offset {first} carries leader epoch {epoch}, the leader-epoch "
+                f"cache says {cache.epoch_for_offset(first)}",
+                segment=label,
+                offset=first,
+            )
+
+
+def _segment_epochs(
+    cache: LeaderEpochCache, start: int, following: int, inspected: InspectedLog | None, label: str
+) -> dict[int, int]:
+    """The segment's leader epochs: the cache's entries in ``[start, following)`` (Kafka's
+    rule), else those the batches carry (a log without a cache); the first moved to the
+    segment's start."""
+    epochs = dict(cache.entries_in_range(start, following))
+    if not epochs and inspected is not None:
+        epochs = {epoch: first for epoch, first in inspected.summary.leader_epochs.items() if epoch >= 0}
     if not epochs:
-        return {0: summary.base_offset}
+        if inspected is None:
+            raise InvalidLogSegment(
+                f"{label}: the leader-epoch cache has no entry for it", segment=label, offset=start
+            )
+        epochs = {0: start}  # no epoch anywhere: Kafka's epoch before any election
     first = min(epochs)
-    epochs[first] = summary.base_offset
+    epochs[first] = start
     return epochs
+
+
+def _segment_data(log: LocalLog, segment: LocalSegment, following: int) -> LogSegmentData:
+    """The files the RSM copies for ``segment``: its own, and the leader-epoch cache cut
+    at its end (Kafka's ``epochEntriesInRange(-1, next segment's base)``)."""
+    checkpoint = kf.encode_leader_epoch_checkpoint(log.leader_epochs.entries_in_range(-1, following))
+    return dataclasses.replace(segment.data, leader_epoch_checkpoint=checkpoint)
+
+
+def _largest_timestamp(segment: LocalSegment) -> int:
+    """The largest record timestamp of a rolled segment: its time index's last entry
+    (Kafka writes the segment's largest timestamp there when it rolls)."""
+    label = f"segment {segment.base_offset:020d}"
+    try:
+        with open(segment.data.time_index, "rb") as file:
+            data = file.read()
+    except OSError as exc:
+        raise InvalidArgument(
+            f"cannot read the time index {segment.data.time_index!r}: {exc.strerror}"
+        ) from exc
+    entries = kf.parse_time_index(data, segment.base_offset, segment=label)
+    return entries[-1].timestamp if entries else kf.NO_TIMESTAMP
 
 
 def _span(earliest: int | None, highest: int | None) -> str:

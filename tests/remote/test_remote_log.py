@@ -27,8 +27,10 @@ from slts.errors import (
     RemoteOffsetOutOfRange,
     StorageUnavailable,
 )
-from slts.metadata.schema import SEGMENTS
-from slts.remote.manager import LocalSegment, RemoteLogManager, local_segments
+from slts.metadata.schema import REMOTE_SEGMENTS, SEGMENTS
+from slts.remote import inspection
+from slts.remote.local_log import LocalLog, local_log
+from slts.remote.manager import RemoteLogManager
 from slts.remote.records import SegmentState, TopicPartition, new_segment_metadata
 from slts.remote.rsm import IndexType
 from slts.storage.chunked import ChunkedSegmentStorage
@@ -41,13 +43,16 @@ env = env_fixture([("filesystem", "lmdb"), ("s3", "lmdb")])
 
 @dataclasses.dataclass
 class Partition:
-    """A partition folder of several segments with contiguous offsets."""
+    """A partition folder of several rolled segments with contiguous offsets (``logs``)
+    and an active segment after them (``active``: never copied)."""
 
     folder: Path
     logs: list[KafkaLog]
+    active: KafkaLog
 
-    def segments(self) -> list[LocalSegment]:
-        return local_segments(self.folder)
+    def local(self, last_stable_offset: int | None = None) -> LocalLog:
+        """The folder's local log; by default everything rolled is below the LSO."""
+        return local_log(self.folder, last_stable_offset=last_stable_offset)
 
     def records(self, logs: slice = slice(None)) -> list[tuple]:
         return [record for log in self.logs[logs] for record in log.records]
@@ -61,10 +66,11 @@ def make_partition(
     records_per_batch: int = 3,
     value_bytes: int = 100,
 ) -> Partition:
-    """Segments of ``sizes`` batches each; with ``epochs_every``, the leader epoch goes up
-    by one every that many batches (so segments span epochs)."""
+    """Rolled segments of ``sizes`` batches each and an active segment of two batches;
+    with ``epochs_every``, the leader epoch goes up by one every that many batches (so
+    segments span epochs)."""
     logs, base, epoch, epoch_entries, batch_number = [], 0, 0, [(0, 0)], 0
-    for index, count in enumerate(sizes):
+    for index, count in enumerate([*sizes, 2]):
         epochs = [(epoch, base)]
         for batch in range(count):
             if epochs_every and batch_number and batch_number % epochs_every == 0:
@@ -88,7 +94,7 @@ def make_partition(
         logs.append(log)
         base = log.end_offset + 1
     (folder / "leader-epoch-checkpoint").write_bytes(leader_epoch_checkpoint_bytes(epoch_entries))
-    return Partition(folder, logs)
+    return Partition(folder, logs[:-1], logs[-1])
 
 
 def consume(manager: RemoteLogManager, start: int, max_bytes: int = 64 << 10) -> list[tuple]:
@@ -110,8 +116,8 @@ def test_copy_then_consume_every_record_back(env: Env, tmp_path: Path) -> None:
     start returns every record of the rolled ones, in order, decoded by kafka-python."""
     partition = make_partition(tmp_path / "payments-7", [1200, 1200, 1200], epochs_every=1000)
     manager = RemoteLogManager(env.open())
-    segments = partition.segments()
-    report = manager.copy_rolled_segments(TP, segments, segments[-1].base_offset)
+    local = partition.local(last_stable_offset=partition.logs[2].base_offset)
+    report = manager.copy_rolled_segments(TP, local)
     assert [(m.start_offset, m.end_offset) for m in report.copied] == [
         (log.base_offset, log.end_offset) for log in partition.logs[:2]
     ]
@@ -123,7 +129,7 @@ def test_copy_then_consume_every_record_back(env: Env, tmp_path: Path) -> None:
     assert manager.rlmm.highest_offset(TP) == partition.logs[1].end_offset
     assert consume(manager, 0) == partition.records(slice(0, 2))
 
-    again = manager.copy_rolled_segments(TP, segments, segments[-1].base_offset)
+    again = manager.copy_rolled_segments(TP, local)
     assert again.copied == [] and again.skipped == 3, "a second run copies nothing twice"
     for metadata in report.copied:  # the files round-trip exactly
         log = partition.logs[report.copied.index(metadata)]
@@ -140,22 +146,23 @@ def test_a_fetch_starts_at_the_batch_holding_the_offset_at_every_offset(env: Env
     count = 120 if env.binding.url.startswith("file") else 30
     partition = make_partition(tmp_path / "payments-7", [4] * count, epochs_every=37, records_per_batch=2)
     manager = RemoteLogManager(env.open())
-    segments = partition.segments()
-    manager.copy_rolled_segments(TP, segments, partition.logs[-1].end_offset + 1)
+    local = partition.local()
+    manager.copy_rolled_segments(TP, local)
     assert len(list(manager.rlmm.list_segments(TP))) == count
     assert len(manager.rlmm.leader_epochs(TP)) >= 3
     by_offset = {record[0]: record for record in partition.records()}
     for offset, record in by_offset.items():
-        result = manager.fetch(TP, offset, 1)
-        decoded = decode_records(result.records)
-        assert decoded[0][0] <= offset <= decoded[-1][0] and record in decoded, offset
-        assert result.next_offset == decoded[-1][0] + 1
+        for epochs in (None, local.leader_epochs):
+            result = manager.fetch(TP, offset, 1, leader_epochs=epochs)
+            decoded = decode_records(result.records)
+            assert decoded[0][0] <= offset <= decoded[-1][0] and record in decoded, offset
+            assert result.next_offset == decoded[-1][0] + 1
 
 
 def test_fetch_crosses_segment_boundaries_within_its_budget(env: Env, tmp_path: Path) -> None:
     partition = make_partition(tmp_path / "payments-7", [50, 50, 50])
     manager = RemoteLogManager(env.open())
-    manager.copy_rolled_segments(TP, partition.segments(), partition.logs[-1].end_offset + 1)
+    manager.copy_rolled_segments(TP, partition.local())
     start = partition.logs[0].end_offset - 4
     result = manager.fetch(TP, start, len(partition.logs[0].data) + len(partition.logs[1].data))
     assert len(result.segments) >= 2
@@ -169,14 +176,14 @@ def test_offsets_outside_the_remote_log_are_typed_errors(env: Env, tmp_path: Pat
     manager = RemoteLogManager(env.open())
     with pytest.raises(RemoteOffsetOutOfRange, match="empty"):
         manager.fetch(TP, 0)
-    manager.copy_rolled_segments(TP, partition.segments(), partition.logs[-1].end_offset + 1)
+    manager.copy_rolled_segments(TP, partition.local())
     manager.rlmm.move_log_start_offset(TP, 10)
     for offset in (0, 9, partition.logs[-1].end_offset + 1):
         with pytest.raises(RemoteOffsetOutOfRange) as caught:
             manager.fetch(TP, offset)
         assert caught.value.partition == str(TP) and caught.value.offset == offset
     with pytest.raises(RemoteOffsetOutOfRange, match="leader epoch 5"):
-        manager.fetch(TP, 10, leader_epoch=5)
+        manager.fetch(TP, 10, leader_epochs=[(5, 0)])
     for bad in (
         lambda: manager.fetch(TP, -1),
         lambda: manager.fetch(TP, 10, 0),
@@ -186,29 +193,47 @@ def test_offsets_outside_the_remote_log_are_typed_errors(env: Env, tmp_path: Pat
             bad()  # type: ignore[no-untyped-call]
 
 
-def test_a_crash_between_started_and_finished_is_cleaned_up_and_copied_again(
-    env: Env, tmp_path: Path
-) -> None:
-    """The copy fails after COPY_SEGMENT_STARTED and part of the data (tier-2 refuses the
-    second of the segment's files to be created, so at least one was written): the copy
-    deletes what it wrote; the next owner's run deletes the partial upload, records it
-    deleted and copies the segment again."""
+def test_a_failed_copy_is_deleted_at_once(env: Env, tmp_path: Path) -> None:
+    """Kafka's "copy failed, cleaning segment": tier-2 refuses the second of the first
+    segment's files; the copy deletes the upload at once (its data and its record), raises,
+    and the next run copies the segment under a new id."""
     partition = make_partition(tmp_path / "payments-7", [300, 300])
     storage, binding, _ = faulty_owner(env)
     first = RemoteLogManager(storage)
-    binding.fail_nth("create", 2, prefix=f"0/remote/payments-7/{0:020d}-")  # the first segment's files
-    stable = partition.logs[-1].end_offset + 1
+    binding.fail_nth("create", 2, prefix=f"0/remote/payments-7/{0:020d}-")
     with pytest.raises(StorageUnavailable) as caught:
-        first.copy_rolled_segments(TP, partition.segments(), stable)
+        first.copy_rolled_segments(TP, partition.local())
     assert caught.value.context["injected"]
+    assert list(first.rlmm.list_segments(TP)) == [], "the failed upload is forgotten"
+    assert list(storage.list("remote/")) == [], "and its data deleted"
+    report = first.copy_rolled_segments(TP, partition.local())
+    assert report.cleaned == [] and [m.start_offset for m in report.copied] == [
+        0,
+        partition.logs[1].base_offset,
+    ]
+    assert consume(first, 0) == partition.records()
+
+
+def test_a_crash_between_started_and_finished_is_cleaned_up_and_copied_again(
+    env: Env, tmp_path: Path
+) -> None:
+    """The copy fails after COPY_SEGMENT_STARTED and the delete of the failed upload fails
+    too (the process is dying): the STARTED entry stays; the next owner's run deletes the
+    partial upload, records it deleted and copies the segment again."""
+    partition = make_partition(tmp_path / "payments-7", [300, 300])
+    storage, binding, store = faulty_owner(env)
+    first = RemoteLogManager(storage)
+    binding.fail_nth("create", 2, prefix=f"0/remote/payments-7/{0:020d}-")
+    store.fail_nth(2, table=REMOTE_SEGMENTS)  # after COPY_STARTED, the next change: DELETE_STARTED
+    with pytest.raises(StorageUnavailable):
+        first.copy_rolled_segments(TP, partition.local())
     (started,) = list(first.rlmm.list_segments(TP))
     assert started.segment_state == SegmentState.COPY_SEGMENT_STARTED
-    assert first.rsm.copied_names(started) == [], "the failed copy deleted what it wrote"
     with pytest.raises(RemoteOffsetOutOfRange):
         first.fetch(TP, 0)
 
     second = RemoteLogManager(env.reopen())  # a new owner (a restart)
-    report = second.copy_rolled_segments(TP, partition.segments(), stable)
+    report = second.copy_rolled_segments(TP, partition.local())
     assert report.cleaned == [started.id]
     assert [m.start_offset for m in report.copied] == [0, partition.logs[1].base_offset]
     assert started.id not in {m.id for m in second.rlmm.list_segments(TP)}
@@ -221,12 +246,13 @@ def test_a_crash_between_the_halves_of_a_delete_is_finished_by_the_next_run(env:
     partition = make_partition(tmp_path / "payments-7", [100, 100, 100])
     storage, _, store = faulty_owner(env)
     manager = RemoteLogManager(storage)
-    manager.copy_rolled_segments(TP, partition.segments(), partition.logs[-1].end_offset + 1)
+    local = partition.local()
+    manager.copy_rolled_segments(TP, local)
     oldest = next(iter(manager.rlmm.list_segments(TP)))
     store.fail_nth(1, table=SEGMENTS)  # the segments' delete (the data's half) fails
-    total = sum(m.size_bytes for m in manager.rlmm.list_segments(TP))
+    total = sum(m.size_bytes for m in manager.rlmm.list_segments(TP)) + len(partition.active.data)
     with pytest.raises(MetadataError) as caught:
-        manager.enforce_retention(TP, retention_bytes=total - oldest.size_bytes)
+        manager.enforce_retention(TP, local, retention_bytes=total - oldest.size_bytes)
     assert caught.value.context["injected"]
     assert manager.rlmm.segment(oldest.id).segment_state == SegmentState.DELETE_SEGMENT_STARTED
     assert manager.rlmm.earliest_offset(TP) == oldest.end_offset + 1, "the start moved before the delete"
@@ -234,7 +260,7 @@ def test_a_crash_between_the_halves_of_a_delete_is_finished_by_the_next_run(env:
         manager.fetch(TP, 0)
 
     restarted = RemoteLogManager(env.reopen())
-    report = restarted.enforce_retention(TP)  # no limits: only the unfinished delete
+    report = restarted.enforce_retention(TP, local)  # no limits: only the unfinished delete
     assert [m.id for m in report.deleted] == [oldest.id]
     assert oldest.id not in {m.id for m in restarted.rlmm.list_segments(TP)}
     assert restarted.rsm.copied_names(oldest) == []
@@ -244,36 +270,41 @@ def test_a_crash_between_the_halves_of_a_delete_is_finished_by_the_next_run(env:
 def test_retention_by_time_and_by_size(env: Env, tmp_path: Path) -> None:
     partition = make_partition(tmp_path / "payments-7", [40] * 6)
     manager = RemoteLogManager(env.open())
-    manager.copy_rolled_segments(TP, partition.segments(), partition.logs[-1].end_offset + 1)
+    local = partition.local()
+    manager.copy_rolled_segments(TP, local)
     segments = list(manager.rlmm.list_segments(TP))
-    cutoff = segments[1].max_timestamp_ms + 1  # the first two are older than this
-    report = manager.enforce_retention(TP, retention_ms=1000, now_ms=cutoff + 1000)
+    cutoff = max(m.max_timestamp_ms for m in segments[:2])  # Kafka's rule: at or before
+    assert all(m.max_timestamp_ms > cutoff for m in segments[2:])
+    report = manager.enforce_retention(TP, local, retention_ms=1000, now_ms=cutoff + 1000)
     assert [m.id for m in report.deleted] == [m.id for m in segments[:2]]
     assert report.log_start_offset == segments[1].end_offset + 1 == manager.rlmm.earliest_offset(TP)
 
     kept = segments[2:]
-    limit = sum(m.size_bytes for m in kept[1:])  # the oldest of the rest must go
-    report = manager.enforce_retention(TP, retention_bytes=limit)
+    local_bytes = len(partition.active.data)  # retention.bytes covers the local log too
+    limit = sum(m.size_bytes for m in kept[1:]) + local_bytes  # the oldest of the rest must go
+    report = manager.enforce_retention(TP, local, retention_bytes=limit)
     assert [m.id for m in report.deleted] == [kept[0].id]
-    assert sum(m.size_bytes for m in manager.rlmm.list_segments(TP)) == limit
-    assert manager.enforce_retention(TP, retention_bytes=limit).deleted == [], "within the limit"
+    assert sum(m.size_bytes for m in manager.rlmm.list_segments(TP)) + local_bytes == limit
+    assert manager.enforce_retention(TP, local, retention_bytes=limit).deleted == [], "within the limit"
     assert consume(manager, kept[1].start_offset) == partition.records(slice(3, None))
     assert verify_container(env.instances[-1]).problems == []
 
 
-def test_a_superseded_upload_is_deleted_by_retention(env: Env, tmp_path: Path) -> None:
+def test_a_superseded_upload_is_read_no_more_and_deleted_when_retention_breaches_it(
+    env: Env, tmp_path: Path
+) -> None:
     """An old leader uploaded offsets 0..89; the next leader uploads 0..179 of the same
-    epoch (it had more when it took over): lookups go to the superset, the old upload
-    stays listed until retention deletes it and its data."""
+    epoch (it had more when it took over): lookups go to the superset; the old upload
+    stays listed (Kafka's unreferenced segment) until retention breaches it."""
     short = make_partition(tmp_path / "old-leader" / "payments-7", [30])
     long = make_partition(tmp_path / "payments-7", [60])
     manager = RemoteLogManager(env.open())
-    manager.copy_rolled_segments(TP, short.segments(), 10**6)
+    manager.copy_rolled_segments(TP, short.local())
     (old,) = list(manager.rlmm.list_segments(TP))
 
-    data = long.segments()[0].data
-    inspected = manager.rsm.inspect(data)
-    summary = inspected.summary
+    local = long.local()
+    data = dataclasses.replace(local.segments[0].data, leader_epoch_checkpoint=b"0\n1\n0 0\n")
+    summary = inspection.inspect_segment(data, label="new").summary
     new = new_segment_metadata(
         TP,
         start_offset=summary.base_offset,
@@ -284,22 +315,24 @@ def test_a_superseded_upload_is_deleted_by_retention(env: Env, tmp_path: Path) -
         broker_id=2,
     )
     manager.rlmm.add_segment(new)
-    manager.rsm.copy_log_segment(new, data, inspected=inspected)
+    manager.rsm.copy_log_segment(new, data)
     manager.rlmm.update_segment(new.id, SegmentState.COPY_SEGMENT_FINISHED)
     assert manager.rlmm.segment_for_offset(TP, 50).id == new.id
     assert not manager.rlmm.is_referenced(old)
-
-    report = manager.enforce_retention(TP)
-    assert [m.id for m in report.deleted] == [old.id]
-    assert manager.rsm.copied_names(old) == []
     assert consume(manager, 0) == long.records()
+
+    assert manager.enforce_retention(TP, local).deleted == [], "no limit breached: Kafka keeps both"
+    now = max(old.max_timestamp_ms, new.max_timestamp_ms) + 10
+    report = manager.enforce_retention(TP, local, retention_ms=10, now_ms=now)
+    assert {m.id for m in report.deleted} == {old.id, new.id}
+    assert manager.rsm.copied_names(old) == [] and manager.rsm.copied_names(new) == []
 
 
 def test_restore_from_tier2_alone_brings_the_remote_log_back(env: Env, tmp_path: Path) -> None:
     partition = make_partition(tmp_path / "payments-7", [200, 200])
     storage = env.open(metadata_log_flush_interval_s=0.0)
     manager = RemoteLogManager(storage)
-    manager.copy_rolled_segments(TP, partition.segments(), partition.logs[-1].end_offset + 1)
+    manager.copy_rolled_segments(TP, partition.local())
     expected = list(manager.rlmm.list_segments(TP))
     revived = env.lose_machine_and_restore(storage)
     manager = RemoteLogManager(revived)
@@ -310,14 +343,14 @@ def test_restore_from_tier2_alone_brings_the_remote_log_back(env: Env, tmp_path:
 
 def test_a_fenced_instance_changes_nothing_and_a_follower_reads(env: Env, tmp_path: Path) -> None:
     partition = make_partition(tmp_path / "payments-7", [50, 50, 50])
-    segments = partition.segments()
+    local = partition.local()
     old = RemoteLogManager(env.open())
-    old.copy_rolled_segments(TP, segments[:1], segments[1].base_offset)
+    old.copy_rolled_segments(TP, partition.local(last_stable_offset=partition.logs[1].base_offset))
     RemoteLogManager(env.open())  # a newer owner
     before = env.snapshot()
     for change in (
-        lambda: old.copy_rolled_segments(TP, segments, partition.logs[-1].end_offset + 1),
-        lambda: old.enforce_retention(TP, retention_bytes=0),
+        lambda: old.copy_rolled_segments(TP, local),
+        lambda: old.enforce_retention(TP, local, retention_bytes=0),
         lambda: old.delete_partition(TP),
     ):
         with pytest.raises(Fenced):
@@ -328,7 +361,7 @@ def test_a_fenced_instance_changes_nothing_and_a_follower_reads(env: Env, tmp_pa
     follower = RemoteLogManager(follower_storage)
     assert consume(follower, 0) == partition.records(slice(0, 1))
     with pytest.raises(ReadOnlyInstance):
-        follower.copy_rolled_segments(TP, segments, partition.logs[-1].end_offset + 1)
+        follower.copy_rolled_segments(TP, local)
     assert env.snapshot() == before
 
 
@@ -341,8 +374,8 @@ def test_bad_segment_files_are_refused_before_anything_is_written(
 ) -> None:
     partition = make_partition(tmp_path / "payments-7", [30, 30, 30])
     manager = RemoteLogManager(env.open())
-    manager.copy_rolled_segments(TP, partition.segments()[:1], partition.logs[1].base_offset)
-    second = partition.segments()[1].data
+    manager.copy_rolled_segments(TP, partition.local(last_stable_offset=partition.logs[1].base_offset))
+    second = partition.local().segments[1].data
     log = Path(second.log).read_bytes()
     if damage == "flipped byte in a record":
         position = partition.logs[1].batches[5].position + 70
@@ -359,28 +392,41 @@ def test_bad_segment_files_are_refused_before_anything_is_written(
         (partition.folder / "leader-epoch-checkpoint").write_bytes(b"0\n3\n0 0\n")
     before = env.snapshot()
     with pytest.raises(InvalidLogSegment) as caught:
-        manager.copy_rolled_segments(TP, partition.segments(), partition.logs[-1].end_offset + 1)
-    assert str(TP) in caught.value.segment and f"{partition.logs[1].base_offset:020d}" in caught.value.segment
-    if damage != "bad checkpoint":
+        manager.copy_rolled_segments(TP, partition.local())
+    if damage == "bad checkpoint":  # the folder's file: found when the folder is read
+        assert str(partition.folder) in caught.value.segment
+    else:
+        assert str(TP) in caught.value.segment
+        assert f"{partition.logs[1].base_offset:020d}" in caught.value.segment
         assert caught.value.position is not None or caught.value.offset is not None
     assert env.snapshot() == before, "a refused segment changed the store"
 
 
-def test_local_segments_reads_a_partition_folder(tmp_path: Path) -> None:
+def test_local_log_reads_a_partition_folder(tmp_path: Path) -> None:
     partition = make_partition(tmp_path / "payments-7", [5, 5])
-    found = local_segments(partition.folder)
-    assert [s.base_offset for s in found] == [0, partition.logs[1].base_offset]
+    snapshot = partition.folder / f"{partition.logs[1].base_offset:020d}.snapshot"
+    snapshot.write_bytes(b"producer state at the roll of segment 0")
+    (partition.folder / f"{0:020d}.snapshot").write_bytes(b"an older snapshot")
+    found = partition.local()
+    assert [s.base_offset for s in found.segments] == [
+        0,
+        partition.logs[1].base_offset,
+        partition.active.base_offset,
+    ]
+    assert found.log_end_offset == found.last_stable_offset == partition.active.end_offset + 1
+    assert found.segments[0].data.producer_snapshot == str(snapshot), "named after the next segment's base"
+    assert found.segments[0].size_bytes == len(partition.logs[0].data)
     with pytest.raises(InvalidArgument):
-        local_segments(tmp_path / "missing")
+        local_log(tmp_path / "missing")
     (partition.folder / f"{partition.logs[1].base_offset:020d}.index").unlink()
     with pytest.raises(InvalidArgument, match="no \\.index"):
-        local_segments(partition.folder)
+        local_log(partition.folder)
 
 
 def test_random_fetches_match_the_log(env: Env, tmp_path: Path) -> None:
     partition = make_partition(tmp_path / "payments-7", [80, 80], value_bytes=400)
     manager = RemoteLogManager(env.open())
-    manager.copy_rolled_segments(TP, partition.segments(), partition.logs[-1].end_offset + 1)
+    manager.copy_rolled_segments(TP, partition.local())
     records = partition.records()
     rng = random.Random(3)
     for _ in range(40):

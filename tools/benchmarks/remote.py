@@ -21,7 +21,8 @@ from slts.tools.benchmarks.base import Benchmark, Folder, Workload
 from slts.config import StorageConfig
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.schema import TABLES
-from slts.remote.manager import LocalSegment, RemoteLogManager, local_segments
+from slts.remote.local_log import LocalSegment, local_log
+from slts.remote.manager import RemoteLogManager
 from slts.remote.records import SegmentState, TopicPartition, new_segment_metadata
 from slts.remote.rlmm import RemoteLogMetadataManager
 from slts.remote.rsm import WRITE_BYTES_DEFAULT
@@ -47,6 +48,9 @@ def _partition(folder: str, segments: int, batches: int) -> list[kafka_logs.Kafk
         kafka_logs.write_log_dir(folder, log)
         logs.append(log)
         base = log.end_offset + 1
+    checkpoint = kafka_logs.leader_epoch_checkpoint_bytes([(0, 0)])  # one leader throughout
+    with open(os.path.join(folder, "leader-epoch-checkpoint"), "wb") as file:
+        file.write(checkpoint)
     os.sync()  # the measured commits' fsyncs must not pay for writing the test data
     return logs
 
@@ -66,9 +70,9 @@ def copy(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, fl
     folder = Folder(parent)
     log_dir = folder.sub(str(TP))
     logs = _partition(log_dir, segments, batches)
-    rolled = local_segments(log_dir)[:-1]
+    local = local_log(log_dir)
+    rolled = local.segments[:-1]
     total = sum(len(log.data) + len(log.offset_index) + len(log.time_index) for log in logs[:-1])
-    lso = logs[-1].base_offset
     runs = 0
 
     def subject() -> float:
@@ -77,7 +81,7 @@ def copy(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, fl
         with folder.store(f"subject-{runs}") as storage:
             manager = RemoteLogManager(storage)
             started = time.perf_counter()
-            report = manager.copy_rolled_segments(TP, rolled, lso)
+            report = manager.copy_rolled_segments(TP, local)
             elapsed = time.perf_counter() - started
         assert len(report.copied) == segments, report
         return elapsed
@@ -123,7 +127,7 @@ def fetch_first(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workl
     logs = _partition(log_dir, segments, batches)[:-1]
     storage = folder.store("store")
     manager = RemoteLogManager(storage)
-    report = manager.copy_rolled_segments(TP, local_segments(log_dir), logs[-1].end_offset + 1)
+    report = manager.copy_rolled_segments(TP, local_log(log_dir))
     assert len(report.copied) == segments, report
     binding = storage.chunk_storage
     rng = random.Random(7)
