@@ -187,7 +187,7 @@ class RemoteLogManager:
             raise InvalidArgument(f"{tp}: segments must be LocalSegment objects")
         ordered = sorted(given, key=lambda s: s.base_offset)
         report = CopyReport(cleaned=self.cleanup(tp))
-        highest = self.rlmm.highest_offset(tp)
+        highest = self.rlmm.highest_offset(tp) if self.rlmm.has_partition(tp) else None
         pending: list[LocalSegment] = []
         for segment, following in zip(ordered, [*ordered[1:], None], strict=True):
             if following is not None and highest is not None and following.base_offset - 1 <= highest:
@@ -248,6 +248,8 @@ class RemoteLogManager:
         """Delete the uploads of ``tp`` a crash left COPY_SEGMENT_STARTED and finish the
         deletes it left DELETE_SEGMENT_STARTED; return their ids."""
         _check_tp(tp)
+        if not self.rlmm.has_partition(tp):
+            return []
         unfinished = [
             m
             for m in self.rlmm.list_segments(tp)
@@ -278,7 +280,9 @@ class RemoteLogManager:
             raise InvalidArgument(f"{tp}: max_bytes {max_bytes!r} is not a positive integer")
         if leader_epoch is not None:
             check_epoch(leader_epoch)
-        earliest, highest = self.rlmm.earliest_offset(tp), self.rlmm.highest_offset(tp)
+        known = self.rlmm.has_partition(tp)
+        earliest = self.rlmm.earliest_offset(tp) if known else None
+        highest = self.rlmm.highest_offset(tp) if known else None
         if earliest is None or highest is None or not earliest <= offset <= highest:
             raise RemoteOffsetOutOfRange(
                 f"{tp}: offset {offset} is outside the remote log ({_span(earliest, highest)})",
@@ -358,8 +362,10 @@ class RemoteLogManager:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise InvalidArgument(f"{tp}: {what} {value!r} is not a non-negative integer or None")
         now = self._now_ms() if now_ms is None else check_offset(now_ms, "now_ms")
+        if not self.rlmm.has_partition(tp):
+            return RetentionReport()
         segments = list(self.rlmm.list_segments(tp))
-        start = self.rlmm.earliest_offset(tp)
+        start = self.rlmm.log_start_offset(tp)
         live = [
             m
             for m in segments
