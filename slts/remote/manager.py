@@ -183,6 +183,12 @@ class RemoteLogManager:
         except RemoteSegmentNotFound:
             return []
 
+    def _log_start_offset(self, tp: TopicPartition) -> int | None:
+        try:
+            return self.rlmm.log_start_offset(tp)
+        except RemoteSegmentNotFound:
+            return None
+
     def _remote_range(self, tp: TopicPartition) -> tuple[int | None, int | None]:
         try:
             return self.rlmm.earliest_offset(tp), self.rlmm.highest_offset(tp)
@@ -541,7 +547,7 @@ class RemoteLogManager:
         now: int,
     ) -> RetentionReport:
         listed = self._listing(tp)
-        report = RetentionReport(log_start_offset=self._remote_range(tp)[0])
+        report = RetentionReport(log_start_offset=self._log_start_offset(tp))
         if not listed:
             return report
         remote_epochs = sorted({epoch for m in listed for epoch in m.leader_epochs})

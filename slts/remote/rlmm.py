@@ -3,36 +3,63 @@
 Kafka keeps this metadata in an internal topic and rebuilds a cache from it; SLTS keeps
 it in tables of the container's own metadata store (``slts/remote/keys.py``), so:
 
-* every change is one atomic, conditional commit through the instance's ownership: a
-  fenced instance changes nothing (``Fenced``), a read-only one neither
-  (``ReadOnlyInstance``), and an illegal state change raises ``IllegalStateTransition``
-  with nothing changed;
+* every change is one atomic, conditional commit through the instance's ownership (but
+  forgetting a huge partition, see below): a fenced instance changes nothing
+  (``Fenced``), a read-only one neither (``ReadOnlyInstance``), and an illegal state
+  change raises ``IllegalStateTransition`` with nothing changed;
 * it is strongly consistent: a lookup after a change returns sees it, from this instance
   and from a read-only *follower* instance on the same store;
 * it is part of the metadata log and snapshots on tier-2, so ``slts restore`` brings it
   back with the segments it describes.
 
 Semantics follow Kafka's implementation (``RemoteLogMetadataCache``,
-``RemoteLogLeaderEpochState``), not only the early KIP text:
+``RemoteLogLeaderEpochState``, ``RemotePartitionMetadataStore``), not only the early KIP
+text; where SLTS does more, Kafka's cases still hold:
 
+* ``add_segment`` takes COPY_SEGMENT_STARTED records only and ``update_segment`` never
+  takes COPY_SEGMENT_STARTED (``InvalidArgument``, whatever the segment's state). Every
+  other change follows ``records.is_legal``; Kafka drops an illegal change silently, SLTS
+  raises ``IllegalStateTransition``; in both nothing changed.
 * ``segment_for_offset`` sees COPY_SEGMENT_FINISHED segments only; a segment mid-copy or
   mid-delete is invisible to readers.
 * Per leader epoch, an offset map from the epoch's first offset in a segment to the
   segment. When a segment finishes copying, the entries of its epochs that start at or
   after its epoch start are dropped if it reaches at least as far as the epoch's highest
-  copied offset (a new leader re-uploaded a superset after a leader change); the dropped
-  segments stay listed, so that retention deletes them.
+  copied offset (a new leader re-uploaded a superset after a leader change); otherwise it
+  only takes its own start's entry. The dropped segments stay listed, so that retention
+  deletes them. Under an epoch, the segment for an offset is the map's floor entry, if
+  the offset is within that segment's part of the epoch (else none: no other entry is
+  tried).
 * ``highest_offset_for_epoch`` is the highest offset ever copied in that epoch; deletes do
   not lower it.
-* Listings return every segment not DELETE_SEGMENT_FINISHED (STARTED and DELETE_STARTED
-  ones included, so that cleanup can find them), sorted by start offset.
+* Listings return every segment not DELETE_SEGMENT_FINISHED (STARTED, DELETE_STARTED and
+  superseded ones included, so that cleanup can find them), sorted by start offset (ties
+  by id); with a leader epoch, those that hold the epoch (Kafka lists the same, except a
+  segment whose map entry a shorter upload at the same epoch start replaced).
+* Every lookup of a partition (``segment_for_offset``, ``earliest_offset``,
+  ``log_start_offset``, ``highest_offset_for_epoch``, ``highest_offset``,
+  ``leader_epochs``, ``list_segments``, ``delete_state``) raises ``RemoteSegmentNotFound``
+  naming the partition if no segment of it was ever added or the partition was forgotten
+  (Kafka's "no resource found for partition"); ``has_partition`` asks first.
+* DELETE_PARTITION_FINISHED forgets the partition whatever remains of it: its segment
+  records, offset maps, listing entries and its own record, in one commit (in several of
+  at most ``FORGET_COMMIT_ITEMS`` for a huge partition, the partition record last: a
+  repeat after a crash carries on). Its name can be used again.
 
 Offset lookups are O(log n): one ``floor`` in the given epoch's map or, without an epoch,
 one per epoch whose copied range (lowest start to highest offset, kept in the partition
 record) spans the offset: one in a clean lineage, a few after unclean elections.
-``earliest_offset`` is the partition's remote log start offset: set by the first segment
-copied, moved forward only (``move_log_start_offset``: retention moves it before it
-deletes), never back.
+
+Two start offsets:
+
+* ``log_start_offset`` is the stored floor of the remote log: set by the first segment
+  copied, moved forward only (``move_log_start_offset``: retention moves it before it
+  deletes), never back; None before any copy.
+* ``earliest_offset`` is where the remote log can be read from: the log start offset if a
+  readable offset lies at or after it, i.e. some epoch's last map entry (a
+  COPY_SEGMENT_FINISHED segment that lookups resolve to) reaches it within that epoch;
+  else None (nothing remote to read: every segment was deleted, or all end below it).
+  One ``floor`` per epoch whose highest copied offset reaches the log start offset.
 """
 
 from __future__ import annotations
@@ -46,6 +73,7 @@ from slts.metadata.schema import REMOTE_EPOCHS, REMOTE_OFFSETS, REMOTE_PARTITION
 from slts.metadata.store import Delete, Expect, Operation, Put, ReadView, prefix_stop
 from slts.remote import keys
 from slts.remote.records import (
+    OFFSET_MAX,
     PartitionDeleteState,
     RemoteLogSegmentMetadata,
     RemotePartitionRecord,
@@ -62,6 +90,9 @@ from slts.storage.chunked import ChunkedSegmentStorage
 LIST_PAGE = 256
 #: Decoded partition records kept (see ``_partition``); the memo is cleared when full.
 DECODED_PARTITIONS_MAX = 4096
+#: The most records one commit of DELETE_PARTITION_FINISHED deletes (a partition with more
+#: is forgotten in several commits, its own record last).
+FORGET_COMMIT_ITEMS = 30_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,13 +181,20 @@ class RemoteLogMetadataManager:
         COPY_SEGMENT_FINISHED makes it visible to offset lookups (superseding, per epoch,
         the segments it covers), DELETE_SEGMENT_STARTED hides it again, and
         DELETE_SEGMENT_FINISHED forgets it. A change to the current state changes nothing
-        (retries are safe). Raises ``RemoteSegmentNotFound``, ``IllegalStateTransition``
-        (state unchanged), ``InvalidArgument``, ``Fenced``, ``ReadOnlyInstance``.
+        (retries are safe). Raises ``InvalidArgument`` (also for COPY_SEGMENT_STARTED,
+        whatever the segment's state: a segment enters it through ``add_segment`` only),
+        ``RemoteSegmentNotFound``, ``IllegalStateTransition`` (state unchanged),
+        ``Fenced``, ``ReadOnlyInstance``.
         """
         if not isinstance(segment_id, uuid.UUID):
             raise InvalidArgument(f"segment id {segment_id!r} is not a uuid.UUID")
         if not isinstance(state, SegmentState):
             raise InvalidArgument(f"state {state!r} is not a SegmentState")
+        if state == SegmentState.COPY_SEGMENT_STARTED:
+            raise InvalidArgument(
+                f"remote segment {segment_id}: no update to COPY_SEGMENT_STARTED "
+                "(add_segment records a new upload)"
+            )
         if event_timestamp_ms is not None and (
             isinstance(event_timestamp_ms, bool)
             or not isinstance(event_timestamp_ms, int)
@@ -233,37 +271,42 @@ class RemoteLogMetadataManager:
 
     def mark_partition(self, tp: TopicPartition, state: PartitionDeleteState) -> None:
         """Move ``tp``'s deletion marker to ``state`` (MARKED -> STARTED -> FINISHED; a
-        repeat changes nothing). While marked, no segment may be added. FINISHED needs
-        every segment of the partition DELETE_SEGMENT_FINISHED and then forgets the
-        partition (its name may be used again). Raises ``IllegalStateTransition``,
-        ``RemoteSegmentNotFound`` (unknown partition), ``InvalidArgument``, ``Fenced``,
-        ``ReadOnlyInstance``."""
+        repeat of MARKED or STARTED changes nothing). While marked, no segment may be
+        added. FINISHED forgets the partition whatever remains of it (Kafka's rule: the
+        caller deletes the segments' data first): every segment record, offset-map and
+        listing entry of it, and its own record, so that every lookup of it raises
+        ``RemoteSegmentNotFound`` and its name may be used again. One commit, or for a
+        partition of more than ``FORGET_COMMIT_ITEMS`` records several (offset maps
+        first, then segments with their listing entries, the partition record last); a
+        repeat after a crash between them carries on. Raises ``IllegalStateTransition``,
+        ``RemoteSegmentNotFound`` (unknown or forgotten partition), ``InvalidArgument``,
+        ``Fenced``, ``ReadOnlyInstance``."""
         _check_partition(tp)
         if not isinstance(state, PartitionDeleteState):
             raise InvalidArgument(f"state {state!r} is not a PartitionDeleteState")
+        key = keys.partition_key(tp)
+        finish = state == PartitionDeleteState.DELETE_PARTITION_FINISHED
 
         def attempt() -> None:
-            with self._store.snapshot() as view:
-                partition = self._partition(view, tp)
-                record = self._known(tp, partition)
-                current = None if record.delete_state is None else PartitionDeleteState(record.delete_state)
-                check_partition_transition(current, state, what=f"remote partition {tp}")
-                prefix = keys.partition_key(tp)
-                remaining = view.scan(REMOTE_OFFSETS, prefix, prefix_stop(prefix), limit=1)
-            self._check_writer()
-            if current == state:
-                return
-            key = keys.partition_key(tp)
-            if state == PartitionDeleteState.DELETE_PARTITION_FINISHED:
-                if remaining:
-                    raise IllegalStateTransition(
-                        f"remote partition {tp}: segments remain; delete them before it is FINISHED",
-                        partition=str(tp),
+            while True:
+                with self._store.snapshot() as view:
+                    partition = self._partition(view, tp)
+                    record = self._known(tp, partition)
+                    current = (
+                        None if record.delete_state is None else PartitionDeleteState(record.delete_state)
                     )
-                op: Operation = Delete(REMOTE_PARTITIONS, key)
-            else:
-                op = Put(REMOTE_PARTITIONS, key, record.replace(delete_state=int(state)).encode())
-            self._ctx.ownership.commit([op], [Expect(REMOTE_PARTITIONS, key, partition.version)])
+                    check_partition_transition(current, state, what=f"remote partition {tp}")
+                    ops, complete = _forget_ops(view, tp) if finish else ([], True)
+                self._check_writer()
+                if current == state:
+                    return
+                if not finish:
+                    ops.append(Put(REMOTE_PARTITIONS, key, record.replace(delete_state=int(state)).encode()))
+                elif complete:
+                    ops.append(Delete(REMOTE_PARTITIONS, key))
+                self._ctx.ownership.commit(ops, [Expect(REMOTE_PARTITIONS, key, partition.version)])
+                if complete:
+                    return
 
         with self._ctx.locks.exclusive(_lock_name(tp)):
             self._ctx.retry_conflicts(attempt)
@@ -280,28 +323,36 @@ class RemoteLogMetadataManager:
             raise RemoteSegmentNotFound(f"no remote segment {segment_id}", segment=str(segment_id))
         return RemoteLogSegmentMetadata.decode(stored.value)
 
+    def has_partition(self, tp: TopicPartition) -> bool:
+        """Whether ``tp`` is known: a segment of it was added and the partition was not
+        forgotten since (DELETE_PARTITION_FINISHED). Raises ``InvalidArgument``."""
+        _check_partition(tp)
+        return self._store.get(REMOTE_PARTITIONS, keys.partition_key(tp)) is not None
+
     def segment_for_offset(
         self, tp: TopicPartition, offset: int, leader_epoch: int | None = None
     ) -> RemoteLogSegmentMetadata | None:
         """The COPY_SEGMENT_FINISHED segment of ``tp`` holding ``offset``, or None.
 
-        With ``leader_epoch``: Kafka's lookup, the segment of that epoch's offset map whose
-        epoch range reaches ``offset``. Without: the newest epoch whose map has a segment
-        with ``offset`` in that epoch's range (after a leader change, the new leader's
-        upload wins), trying only the epochs whose copied range (lowest start .. highest
-        offset) spans ``offset``: O(log n) per such epoch, usually one. Does not check the log start offset
-        (``earliest_offset``): the remote log manager does. Raises ``InvalidArgument``.
+        With ``leader_epoch``: Kafka's lookup, the floor entry of that epoch's offset map,
+        if ``offset`` is within that segment's part of the epoch (else None: below the
+        map's first entry, or past the floor segment's end in that epoch). Without: the
+        newest epoch whose map has a segment with ``offset`` in that epoch's range (after
+        a leader change, the new leader's upload wins), trying only the epochs whose
+        copied range (lowest start .. highest offset) spans ``offset``: O(log n) per such
+        epoch, usually one. Does not check the log start offset (``earliest_offset``): the
+        remote log manager does. Raises ``RemoteSegmentNotFound`` (unknown partition),
+        ``InvalidArgument``.
         """
         _check_partition(tp)
         check_offset(offset, f"{tp}: offset")
         if leader_epoch is not None:
             check_epoch(leader_epoch)
         with self._store.snapshot() as view:
-            if leader_epoch is not None:
-                epochs: Sequence[int] = [leader_epoch]
-            else:
-                record = self._partition(view, tp).record
-                epochs = _epochs_spanning(record, offset) if record else []
+            record = self._known(tp, self._partition(view, tp))
+            epochs: Sequence[int] = (
+                [leader_epoch] if leader_epoch is not None else _epochs_spanning(record, offset)
+            )
             for epoch in epochs:
                 found = _floor_segment(view, tp, epoch, offset)
                 if found is not None and offset <= found.epoch_end_offset(epoch):
@@ -310,7 +361,8 @@ class RemoteLogMetadataManager:
 
     def is_referenced(self, metadata: RemoteLogSegmentMetadata) -> bool:
         """Whether a COPY_SEGMENT_FINISHED segment still serves lookups under any of its
-        epochs (False: a later upload superseded it everywhere, or it is not finished)."""
+        epochs (False: a later upload superseded it everywhere, it is not finished, or
+        its partition was forgotten). Raises ``InvalidArgument``."""
         if not isinstance(metadata, RemoteLogSegmentMetadata):
             raise InvalidArgument(f"{metadata!r} is not a RemoteLogSegmentMetadata")
         tp = metadata.topic_partition
@@ -322,39 +374,58 @@ class RemoteLogMetadataManager:
         return False
 
     def earliest_offset(self, tp: TopicPartition) -> int | None:
-        """``tp``'s remote log start offset (None: nothing copied yet). Raises ``InvalidArgument``."""
+        """Where ``tp``'s remote log can be read from: its log start offset if some
+        COPY_SEGMENT_FINISHED segment that lookups resolve to reaches it (see the module
+        doc), else None (nothing copied yet, or nothing left to read at or after it).
+        Raises ``RemoteSegmentNotFound`` (unknown partition), ``InvalidArgument``."""
         _check_partition(tp)
-        record = self._read_partition(tp).record
-        return None if record is None else record.log_start_offset
+        with self._store.snapshot() as view:
+            record = self._known(tp, self._partition(view, tp))
+            start = record.log_start_offset
+            if start is None:
+                return None
+            for epoch in sorted(record.highest_offsets, reverse=True):
+                if record.highest_offsets[epoch] < start:
+                    continue  # nothing of this epoch ever reached the start
+                last = _floor_segment(view, tp, epoch, OFFSET_MAX)
+                if last is not None and last.epoch_end_offset(epoch) >= start:
+                    return start
+        return None
+
+    def log_start_offset(self, tp: TopicPartition) -> int | None:
+        """``tp``'s stored remote log start offset: set by the first segment copied, moved
+        forward only (``move_log_start_offset``); None before any copy. Unlike
+        ``earliest_offset`` it stays when nothing is left to read. Raises
+        ``RemoteSegmentNotFound`` (unknown partition), ``InvalidArgument``."""
+        _check_partition(tp)
+        return self._known(tp, self._read_partition(tp)).log_start_offset
 
     def highest_offset_for_epoch(self, tp: TopicPartition, leader_epoch: int) -> int | None:
-        """The highest offset copied under ``leader_epoch`` (None: none). Raises ``InvalidArgument``."""
+        """The highest offset copied under ``leader_epoch`` (None: none; deletes do not
+        lower it). Raises ``RemoteSegmentNotFound`` (unknown partition), ``InvalidArgument``."""
         _check_partition(tp)
         check_epoch(leader_epoch)
-        record = self._read_partition(tp).record
-        return None if record is None else record.highest_offsets.get(leader_epoch)
+        return self._known(tp, self._read_partition(tp)).highest_offsets.get(leader_epoch)
 
     def highest_offset(self, tp: TopicPartition) -> int | None:
-        """The highest offset copied in any epoch (None: none). Raises ``InvalidArgument``."""
+        """The highest offset copied in any epoch (None: none; deletes do not lower it).
+        Raises ``RemoteSegmentNotFound`` (unknown partition), ``InvalidArgument``."""
         _check_partition(tp)
-        record = self._read_partition(tp).record
-        return max(record.highest_offsets.values()) if record and record.highest_offsets else None
+        record = self._known(tp, self._read_partition(tp))
+        return max(record.highest_offsets.values()) if record.highest_offsets else None
 
     def leader_epochs(self, tp: TopicPartition) -> dict[int, int]:
-        """Epoch -> highest offset copied in it, for every epoch of ``tp`` (ascending)."""
+        """Epoch -> highest offset copied in it, for every epoch of ``tp`` (ascending).
+        Raises ``RemoteSegmentNotFound`` (unknown partition), ``InvalidArgument``."""
         _check_partition(tp)
-        record = self._read_partition(tp).record
-        return dict(sorted(record.highest_offsets.items())) if record else {}
+        return dict(sorted(self._known(tp, self._read_partition(tp)).highest_offsets.items()))
 
     def delete_state(self, tp: TopicPartition) -> PartitionDeleteState | None:
-        """``tp``'s deletion marker (None: not marked, or unknown)."""
+        """``tp``'s deletion marker (None: not marked). Raises ``RemoteSegmentNotFound``
+        (unknown partition, or forgotten: FINISHED), ``InvalidArgument``."""
         _check_partition(tp)
-        record = self._read_partition(tp).record
-        return (
-            None
-            if record is None or record.delete_state is None
-            else PartitionDeleteState(record.delete_state)
-        )
+        record = self._known(tp, self._read_partition(tp))
+        return None if record.delete_state is None else PartitionDeleteState(record.delete_state)
 
     def list_segments(
         self, tp: TopicPartition, min_offset: int = 0, *, leader_epoch: int | None = None
@@ -362,12 +433,14 @@ class RemoteLogMetadataManager:
         """Every segment of ``tp`` not DELETE_SEGMENT_FINISHED whose end offset is at least
         ``min_offset`` (and that holds ``leader_epoch``, if given), sorted by start offset
         (ties by id), streamed in pages of ``LIST_PAGE``; each page is one consistent
-        read, so a listing running beside changes sees each page as of its own read.
-        Raises ``InvalidArgument`` (at the call, not at the first item)."""
+        read, so a listing running beside changes sees each page as of its own read (a
+        partition forgotten meanwhile ends the listing). Raises ``InvalidArgument`` and
+        ``RemoteSegmentNotFound`` (unknown partition) at the call, not at the first item."""
         _check_partition(tp)
         check_offset(min_offset, f"{tp}: minimum offset")
         if leader_epoch is not None:
             check_epoch(leader_epoch)
+        self._known(tp, self._read_partition(tp))
         return self._list(tp, min_offset, leader_epoch)
 
     def partitions(self) -> Iterator[TopicPartition]:
@@ -425,7 +498,10 @@ class RemoteLogMetadataManager:
 
     def _known(self, tp: TopicPartition, partition: _Partition) -> RemotePartitionRecord:
         if partition.record is None:
-            raise RemoteSegmentNotFound(f"no remote partition {tp}", partition=str(tp))
+            raise RemoteSegmentNotFound(
+                f"no remote partition {tp}: no segment of it was added, or it was deleted",
+                partition=str(tp),
+            )
         return partition.record
 
     def _check_not_deleted(self, tp: TopicPartition, partition: _Partition) -> None:
@@ -520,3 +596,21 @@ def _state_change_ops(
         ops.append(Delete(REMOTE_SEGMENTS, updated.segment_id))
         ops.append(Delete(REMOTE_OFFSETS, keys.offsets_key(tp, updated.start_offset, updated.segment_id)))
     return ops, partition
+
+
+def _forget_ops(view: ReadView, tp: TopicPartition) -> tuple[list[Operation], bool]:
+    """The deletes of the next part of ``tp``'s records (at most ``FORGET_COMMIT_ITEMS``)
+    and whether they are the rest of them. Offset-map entries go before any segment (an
+    entry never names a forgotten segment), a segment with its listing entry."""
+    prefix = keys.partition_key(tp)
+    stop = prefix_stop(prefix)
+    mapped = view.scan(REMOTE_EPOCHS, prefix, stop, limit=FORGET_COMMIT_ITEMS)
+    ops: list[Operation] = [Delete(REMOTE_EPOCHS, key) for key, _ in mapped]
+    if len(mapped) == FORGET_COMMIT_ITEMS:
+        return ops, False
+    room = max(1, (FORGET_COMMIT_ITEMS - len(mapped)) // 2)
+    listed = view.scan(REMOTE_OFFSETS, prefix, stop, limit=room)
+    for key, _ in listed:
+        ops.append(Delete(REMOTE_OFFSETS, key))
+        ops.append(Delete(REMOTE_SEGMENTS, keys.offsets_key_id(key)))
+    return ops, len(listed) < room
