@@ -40,9 +40,10 @@ def cmd_remote_ls(args: argparse.Namespace) -> int:
     """List a partition's remote log segments (every state but deleted), by start offset."""
     tp = TopicPartition.parse(args.partition)
     with open_storage(args, read_only=True) as storage:
-        manager = RemoteLogManager(storage)
-        segments = [_segment_fields(m) for m in manager.rlmm.list_segments(tp, args.from_offset)]
-        earliest, highest = manager.rlmm.earliest_offset(tp), manager.rlmm.highest_offset(tp)
+        rlmm = RemoteLogManager(storage).rlmm
+        known = rlmm.has_partition(tp)  # a partition never copied lists as empty
+        segments = [_segment_fields(m) for m in rlmm.list_segments(tp, args.from_offset)] if known else []
+        earliest, highest = (rlmm.earliest_offset(tp), rlmm.highest_offset(tp)) if known else (None, None)
     lines = [
         f"{s['start_offset']:>20} {s['end_offset']:>20} {s['size_bytes']:>12} {s['state']:<24} {s['id']}"
         for s in segments
