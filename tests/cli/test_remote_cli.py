@@ -89,3 +89,16 @@ def test_bad_input_is_one_line_and_a_documented_code(
     assert cli.main(["put", "x", "/dev/null", *store]) == 0  # a store to look at
     result, _, err = run(capsys, *argv, *store)
     assert result == code and says in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_folder_right_after_a_roll_copies_its_rolled_segments(
+    tmp_path: Path, partition: tuple[Path, list], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty active segment (the broker just rolled) is never copied and fails nothing:
+    the three full segments are rolled now and all of them are copied."""
+    folder, _ = partition
+    for suffix in (".log", ".index", ".timeindex"):
+        (folder / f"{450:020d}{suffix}").write_bytes(b"")
+    code, out, err = run(capsys, "remote", "copy", str(folder), "--json", "--store", str(tmp_path / "store"))
+    assert code == 0, err
+    assert [s["start_offset"] for s in json.loads(out)["copied"]] == [0, 150, 300]
