@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from slts.errors import InvalidArgument, RemoteOffsetOutOfRange
 from slts.remote import kafka_formats as kf
 from slts.remote.index_cache import OffsetIndexCache
+from slts.remote.inspection import InspectedLog, inspect_segment
 from slts.remote.records import (
     PartitionDeleteState,
     RemoteLogSegmentMetadata,
@@ -55,7 +56,7 @@ from slts.remote.records import (
     new_segment_metadata,
 )
 from slts.remote.rlmm import RemoteLogMetadataManager
-from slts.remote.rsm import IndexType, InspectedLog, LogSegmentData, RemoteStorageManager
+from slts.remote.rsm import IndexType, LogSegmentData, RemoteStorageManager
 from slts.storage.chunked import ChunkedSegmentStorage
 
 #: Default byte budget of one fetch (Kafka's max.partition.fetch.bytes default).
@@ -214,7 +215,8 @@ class RemoteLogManager:
     def _inspect_later(
         self, pool: ThreadPoolExecutor, tp: TopicPartition, segment: LocalSegment
     ) -> Future[InspectedLog]:
-        return pool.submit(self.rsm.inspect, segment.data, label=f"{tp} segment {segment.base_offset:020d}")
+        label = f"{tp} segment {segment.base_offset:020d}"
+        return pool.submit(inspect_segment, segment.data, label=label, size_bytes=None)
 
     def _copy(
         self, tp: TopicPartition, segment: LocalSegment, inspected: InspectedLog
@@ -236,7 +238,7 @@ class RemoteLogManager:
             segment.data, leader_epoch_checkpoint=kf.encode_leader_epoch_checkpoint(cut)
         )
         self.rlmm.add_segment(metadata)
-        custom = self.rsm.copy_log_segment(metadata, data, inspected=inspected)
+        custom = self.rsm.copy_log_segment(metadata, data)
         return self.rlmm.update_segment(
             metadata.id,
             SegmentState.COPY_SEGMENT_FINISHED,

@@ -28,6 +28,7 @@ from slts.errors import (
     StorageUnavailable,
 )
 from slts.metadata.schema import SEGMENTS
+from slts.remote.inspection import inspect_segment
 from slts.remote.manager import LocalSegment, RemoteLogManager, local_segments
 from slts.remote.records import SegmentState, TopicPartition, new_segment_metadata
 from slts.remote.rsm import IndexType
@@ -272,7 +273,7 @@ def test_a_superseded_upload_is_deleted_by_retention(env: Env, tmp_path: Path) -
     (old,) = list(manager.rlmm.list_segments(TP))
 
     data = long.segments()[0].data
-    inspected = manager.rsm.inspect(data)
+    inspected = inspect_segment(data, label="new leader's segment")
     summary = inspected.summary
     new = new_segment_metadata(
         TP,
@@ -284,7 +285,7 @@ def test_a_superseded_upload_is_deleted_by_retention(env: Env, tmp_path: Path) -
         broker_id=2,
     )
     manager.rlmm.add_segment(new)
-    manager.rsm.copy_log_segment(new, data, inspected=inspected)
+    manager.rsm.copy_log_segment(new, data)
     manager.rlmm.update_segment(new.id, SegmentState.COPY_SEGMENT_FINISHED)
     assert manager.rlmm.segment_for_offset(TP, 50).id == new.id
     assert not manager.rlmm.is_referenced(old)
