@@ -286,3 +286,86 @@ def write_log_dir(folder: Path | str, kafka_log: KafkaLog) -> dict[str, Path]:
         paths[kind] = folder / name
         paths[kind].write_bytes(content)
     return paths
+
+
+@dataclass(frozen=True)
+class UniformLog:
+    """A segment of ``batch_count`` equal one-record batches written by ``write_uniform_log``."""
+
+    #: The files by kind, as ``write_log_dir`` names them.
+    paths: dict[str, Path]
+    base_offset: int
+    end_offset: int
+    batch_size: int
+    batch_count: int
+    size_bytes: int
+    #: The one ``maxTimestamp`` every batch has.
+    timestamp: int
+
+
+def uniform_batch(batch_bytes: int, base_offset: int = 0, timestamp: int = _EPOCH_MS) -> bytes:
+    """A magic-2 batch of exactly ``batch_bytes`` bytes holding one record (no key; its
+    value fills the rest). ValueError below the smallest such batch (about 70 bytes)."""
+    value_bytes = max(0, batch_bytes - 80)
+    for _ in range(8):  # the record's varints grow with the value: converge on the size
+        batch = make_batch(base_offset, [(None, b"v" * value_bytes, timestamp)])
+        if len(batch) == batch_bytes:
+            return batch
+        value_bytes += batch_bytes - len(batch)
+        if value_bytes < 0:
+            break
+    raise ValueError(f"no one-record batch of exactly {batch_bytes} bytes")
+
+
+def write_uniform_log(
+    folder: Path | str,
+    *,
+    batch_bytes: int,
+    total_bytes: int,
+    base_offset: int = 0,
+    interval_bytes: int = INDEX_INTERVAL_BYTES,
+) -> UniformLog:
+    """Write a segment of ``total_bytes // batch_bytes`` copies of one ``uniform_batch``
+    with consecutive offsets from ``base_offset`` (only the base offset differs between
+    them: it lies before the CRC's range, so each copy's CRC holds), with the offset and
+    time indexes a broker writes for it (the rule of ``kafka_index_bytes``, computed for
+    equal batches without a list of them) and a one-epoch checkpoint, into ``folder`` as
+    ``write_log_dir`` does. Streams the log in blocks of about 4 MiB: any size, in bounded
+    memory (the bench's 1 GiB segments)."""
+    timestamp = _EPOCH_MS
+    batch = uniform_batch(batch_bytes, timestamp=timestamp)
+    count = total_bytes // batch_bytes
+    if count < 1:
+        raise ValueError(f"{total_bytes} bytes hold no batch of {batch_bytes}")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = segment_file_stem(base_offset)
+    per_block = max(1, (4 << 20) // batch_bytes)
+    paths = {
+        "log": folder / f"{stem}.log",
+        "index": folder / f"{stem}.index",
+        "timeindex": folder / f"{stem}.timeindex",
+        "leader-epoch-checkpoint": folder / "leader-epoch-checkpoint",
+    }
+    with open(paths["log"], "wb") as file:
+        block = bytearray(batch * per_block)
+        for first in range(0, count, per_block):
+            in_block = min(per_block, count - first)
+            for number in range(in_block):
+                struct.pack_into(
+                    ">q", block, number * batch_bytes + _BASE_OFFSET_AT, base_offset + first + number
+                )
+            file.write(memoryview(block)[: in_block * batch_bytes])
+    # Kafka's rule for equal batches: after an entry (or from the start) the counter grows
+    # by one batch at a time, and the batch that finds it above the interval gets the next
+    # entry, so every ``step``-th batch is indexed. Every batch has the same max timestamp,
+    # reached by the first batch: the time index holds that one entry.
+    step = interval_bytes // batch_bytes + 1
+    paths["index"].write_bytes(
+        b"".join(struct.pack(">ii", number, number * batch_bytes) for number in range(step, count, step))
+    )
+    paths["timeindex"].write_bytes(struct.pack(">qi", timestamp, 0))
+    paths["leader-epoch-checkpoint"].write_bytes(leader_epoch_checkpoint_bytes([(0, base_offset)]))
+    return UniformLog(
+        paths, base_offset, base_offset + count - 1, batch_bytes, count, count * batch_bytes, timestamp
+    )

@@ -87,7 +87,7 @@ INT64_MAX = (1 << 63) - 1
 NO_TIMESTAMP = -1
 #: Kafka's default ``index.interval.bytes``.
 DEFAULT_INDEX_INTERVAL_BYTES = 4096
-#: Bytes asked per read by a pass over a whole log (``scan_log``, the RSM's inspection).
+#: Bytes asked per read by a pass over a whole log (``scan_log``, ``slts.remote.inspection``).
 SCAN_BLOCK_BYTES = 1 << 20
 OFFSET_INDEX_ENTRY_SIZE = 8
 TIME_INDEX_ENTRY_SIZE = 12
@@ -347,41 +347,67 @@ def summarize(headers: Iterable[BatchHeader], *, segment: str = "") -> LogSummar
     """The ``LogSummary`` of a log whose batches, in order from position 0, have
     ``headers`` (already checked, as ``iter_batches`` yields them); consumed in one pass.
     Raises InvalidLogSegment for no batch, or an epoch below an earlier batch's."""
-    first: BatchHeader | None = None
-    last: BatchHeader | None = None
-    count = 0
-    max_timestamp = NO_TIMESTAMP
-    epochs: dict[int, int] = {}
-    latest_epoch = -1
+    summary = SummaryBuilder(segment=segment)
     for header in headers:
-        if first is None:
-            first = header
-        last = header
-        count += 1
-        max_timestamp = max(max_timestamp, header.max_timestamp)
+        summary.add(header)
+    return summary.result()
+
+
+class SummaryBuilder:
+    """A ``LogSummary`` folded batch by batch: memory O(leader epochs), whatever the
+    number of batches (a pass over a log keeps no header once it has added it).
+
+    ``add`` takes the headers in log order, each already checked (as ``iter_batches``
+    yields them); it raises InvalidLogSegment for a leader epoch below an earlier batch's
+    (negative epochs carry none and are skipped, as Kafka's recovery skips them).
+    ``result`` raises InvalidLogSegment if no batch was added."""
+
+    __slots__ = ("_base", "_count", "_end", "_epochs", "_latest_epoch", "_max_timestamp", "_segment", "_size")
+
+    def __init__(self, *, segment: str = "") -> None:
+        self._segment = segment
+        self._base: int | None = None
+        self._end = -1
+        self._size = 0
+        self._count = 0
+        self._max_timestamp = NO_TIMESTAMP
+        self._epochs: dict[int, int] = {}
+        self._latest_epoch = -1
+
+    def add(self, header: BatchHeader) -> None:
+        """Fold in the next batch of the log."""
+        if self._base is None:
+            self._base = header.base_offset
+        self._end = header.last_offset
+        self._size = header.position + header.size
+        self._count += 1
+        if header.max_timestamp > self._max_timestamp:
+            self._max_timestamp = header.max_timestamp
         epoch = header.partition_leader_epoch
-        if epoch < 0:
-            continue
-        if epoch < latest_epoch:
+        if epoch < 0 or epoch == self._latest_epoch:
+            return
+        if epoch < self._latest_epoch:
             raise _invalid(
-                f"leader epoch {epoch} at offset {header.base_offset} after epoch {latest_epoch}",
-                segment=segment,
+                f"leader epoch {epoch} at offset {header.base_offset} after epoch {self._latest_epoch}",
+                segment=self._segment,
                 position=header.position,
                 offset=header.base_offset,
             )
-        if epoch > latest_epoch:
-            epochs[epoch] = header.base_offset
-            latest_epoch = epoch
-    if first is None or last is None:
-        raise _invalid("empty log: no record batch", segment=segment, position=0, offset=None)
-    return LogSummary(
-        base_offset=first.base_offset,
-        end_offset=last.last_offset,
-        size_bytes=last.position + last.size,
-        batch_count=count,
-        max_timestamp=max_timestamp,
-        leader_epochs=epochs,
-    )
+        self._epochs[epoch] = header.base_offset
+        self._latest_epoch = epoch
+
+    def result(self) -> LogSummary:
+        """The summary of the batches added so far."""
+        if self._base is None:
+            raise _invalid("empty log: no record batch", segment=self._segment, position=0, offset=None)
+        return LogSummary(
+            base_offset=self._base,
+            end_offset=self._end,
+            size_bytes=self._size,
+            batch_count=self._count,
+            max_timestamp=self._max_timestamp,
+            leader_epochs=dict(self._epochs),
+        )
 
 
 # --- indexes: common ---------------------------------------------------------------------
@@ -521,16 +547,26 @@ def parse_offset_index(
     InvalidLogSegment for a length that is not a multiple of 8, a relative offset or
     position above 2**31-1, offsets not strictly increasing or positions decreasing.
     """
+    return list(iter_offset_index(data, base_offset, segment=segment))
+
+
+def iter_offset_index(
+    data: bytes | memoryview, base_offset: int, *, segment: str = ""
+) -> Iterator[OffsetIndexEntry]:
+    """``parse_offset_index`` one entry at a time (no list of entries is built). The
+    length is checked at the call; each entry as it is reached."""
     count = _entry_count(data, OFFSET_INDEX_ENTRY_SIZE, "offset index", segment)
-    entries: list[OffsetIndexEntry] = []
+    return _offset_entries(memoryview(data)[: count * OFFSET_INDEX_ENTRY_SIZE], base_offset, segment)
+
+
+def _offset_entries(view: memoryview, base_offset: int, segment: str) -> Iterator[OffsetIndexEntry]:
     previous: OffsetIndexEntry | None = None
-    for relative, position in _OFFSET_ENTRY.iter_unpack(memoryview(data)[: count * OFFSET_INDEX_ENTRY_SIZE]):
+    for relative, position in _OFFSET_ENTRY.iter_unpack(view):
         entry = OffsetIndexEntry(base_offset + relative, position)
         _relative(entry.offset, base_offset, segment, position)
         _check_offset_entry(entry, previous, segment)
-        entries.append(entry)
+        yield entry
         previous = entry
-    return entries
 
 
 def lookup_position(entries: Sequence[OffsetIndexEntry], offset: int) -> int:
@@ -578,42 +614,91 @@ def build_offset_index(
 
 
 def check_offset_index(
-    entries: Sequence[OffsetIndexEntry], batches: Sequence[BatchHeader], *, segment: str = ""
+    entries: Iterable[OffsetIndexEntry], batches: Iterable[BatchHeader], *, segment: str = ""
 ) -> None:
     """Raise InvalidLogSegment, naming the segment, offset and position, if the offset index
-    disagrees with the log whose batches (in order) are ``batches``.
+    disagrees with the log whose batches (in order) are ``batches`` (see
+    ``OffsetIndexCheck`` for the rule; this is it over a whole log at once)."""
+    check = OffsetIndexCheck(entries, segment=segment)
+    end_offset = -1
+    for batch in batches:
+        check.add(batch)
+        end_offset = batch.last_offset
+    check.finish(end_offset)
 
-    Each entry's position must be the start of a batch, and its offset must lie between
-    that batch's last offset and the offset before the batch at the next entry's position
-    (the log's end for the last entry). Kafka 4.x writes exactly the batch's last offset;
-    older followers wrote the last offset of a multi-batch append starting there. Either
-    way a lookup lands at or before the batch holding any offset.
-    """
-    by_position = {batch.position: batch for batch in batches}
-    indexed: list[BatchHeader] = []
-    for entry in entries:
-        batch = by_position.get(entry.position)
-        if batch is None:
-            raise _invalid(
-                f"index entry for offset {entry.offset} points at position {entry.position}, "
-                "which is not the start of a batch",
-                segment=segment,
-                position=entry.position,
-                offset=entry.offset,
-            )
-        indexed.append(batch)
-    end_offset = batches[-1].last_offset if batches else -1
-    for number, (entry, batch) in enumerate(zip(entries, indexed, strict=True)):
-        upper = indexed[number + 1].base_offset - 1 if number + 1 < len(indexed) else end_offset
+
+class OffsetIndexCheck:
+    """The offset index checked against the log as the log's batches pass by, in memory
+    O(1): the entries (sorted, as every index is) are merged with the batches by
+    position, and one entry at a time is kept until its upper bound is known.
+
+    Kafka's rule: each entry's position must be the start of a batch, and its offset must
+    lie between that batch's last offset and the offset before the batch at the next
+    entry's position (the log's end for the last entry). Kafka 4.x writes exactly the
+    batch's last offset; older followers wrote the last offset of a multi-batch append
+    starting there. Either way a lookup lands at or before the batch holding any offset.
+
+    ``entries`` are read lazily (``iter_offset_index``) and checked for order as they
+    come; ``add`` takes every batch in log order; ``finish(end_offset)`` after the last.
+    Each raises InvalidLogSegment as soon as an entry is known to be wrong."""
+
+    __slots__ = ("_entries", "_next", "_pending", "_previous", "_segment")
+
+    def __init__(self, entries: Iterable[OffsetIndexEntry], *, segment: str = "") -> None:
+        self._segment = segment
+        self._entries = iter(entries)
+        self._previous: OffsetIndexEntry | None = None
+        #: The entry waiting for its upper bound, and the batch it points at.
+        self._pending: tuple[OffsetIndexEntry, BatchHeader] | None = None
+        self._next = self._take()
+
+    def _take(self) -> OffsetIndexEntry | None:
+        entry = next(self._entries, None)
+        if entry is not None:
+            _check_offset_entry(entry, self._previous, self._segment)
+            self._previous = entry
+        return entry
+
+    def add(self, batch: BatchHeader) -> None:
+        """The log's next batch."""
+        entry = self._next
+        while entry is not None and entry.position <= batch.position:
+            if entry.position < batch.position:
+                raise self._not_a_batch_start(entry)
+            self._close(batch.base_offset - 1)
+            self._pending = (entry, batch)
+            entry = self._next = self._take()
+
+    def finish(self, end_offset: int) -> None:
+        """After the log's last batch, whose last offset is ``end_offset``."""
+        if self._next is not None:
+            raise self._not_a_batch_start(self._next)
+        self._close(end_offset)
+
+    def _close(self, upper: int) -> None:
+        """Check the pending entry, whose next indexed batch starts at ``upper + 1``."""
+        if self._pending is None:
+            return
+        entry, batch = self._pending
+        self._pending = None
         if not batch.last_offset <= entry.offset <= upper:
             raise _invalid(
                 f"index entry for offset {entry.offset} points at the batch at position {entry.position} "
                 f"(offsets {batch.base_offset}..{batch.last_offset}); its offset must lie in "
                 f"{batch.last_offset}..{upper}",
-                segment=segment,
+                segment=self._segment,
                 position=entry.position,
                 offset=entry.offset,
             )
+
+    def _not_a_batch_start(self, entry: OffsetIndexEntry) -> InvalidLogSegment:
+        return _invalid(
+            f"index entry for offset {entry.offset} points at position {entry.position}, "
+            "which is not the start of a batch",
+            segment=self._segment,
+            position=entry.position,
+            offset=entry.offset,
+        )
 
 
 # --- time index --------------------------------------------------------------------------
@@ -666,16 +751,26 @@ def parse_time_index(
     InvalidLogSegment for a length that is not a multiple of 12, a relative offset above
     2**31-1, timestamps not strictly increasing or offsets decreasing.
     """
+    return list(iter_time_index(data, base_offset, segment=segment))
+
+
+def iter_time_index(
+    data: bytes | memoryview, base_offset: int, *, segment: str = ""
+) -> Iterator[TimeIndexEntry]:
+    """``parse_time_index`` one entry at a time (no list of entries is built). The length
+    is checked at the call; each entry as it is reached."""
     count = _entry_count(data, TIME_INDEX_ENTRY_SIZE, "time index", segment)
-    entries: list[TimeIndexEntry] = []
+    return _time_entries(memoryview(data)[: count * TIME_INDEX_ENTRY_SIZE], base_offset, segment)
+
+
+def _time_entries(view: memoryview, base_offset: int, segment: str) -> Iterator[TimeIndexEntry]:
     previous: TimeIndexEntry | None = None
-    for timestamp, relative in _TIME_ENTRY.iter_unpack(memoryview(data)[: count * TIME_INDEX_ENTRY_SIZE]):
+    for timestamp, relative in _TIME_ENTRY.iter_unpack(view):
         entry = TimeIndexEntry(timestamp, base_offset + relative)
         _relative(entry.offset, base_offset, segment, None)
         _check_time_entry(entry, previous, segment)
-        entries.append(entry)
+        yield entry
         previous = entry
-    return entries
 
 
 def build_time_index(

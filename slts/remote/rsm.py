@@ -14,15 +14,24 @@ so defrag, GC, verify, scrub and the durable metadata copy apply to them as to a
 segment, and deleting one only queues its chunks for the GC (a failed chunk delete is
 retried by the GC, never forgotten). Each file is sealed once copied.
 
-``copy_log_segment`` checks its input before it writes anything (``inspect``): every
-batch of the log parses and passes its CRC, the log's first and last offsets and size
-match the metadata, the offset index points at batch starts within its segment, the
-time index stays within the segment's offsets and the leader-epoch checkpoint parses.
-Bad input raises ``InvalidLogSegment`` naming partition, segment and position/offset,
-and nothing is written. A copy that fails later (storage) deletes what it wrote. The log
-is written in pieces of ``write_bytes`` and read back as a stream (``fetch_log``): no
-whole segment is ever held in memory. Indexes are small (Kafka caps them at 10 MiB) and
-are returned whole.
+The RSM's contract is Kafka's (``RemoteStorageManager``'s javadoc and the cases of its
+``LocalTieredStorageTest``, ported in ``tests/remote/test_rsm_kafka.py``):
+
+* the files are opaque bytes: nothing is parsed, any bytes (an empty log too) are copied.
+  Checking Kafka's formats is the caller's job, before it records the upload
+  (``slts.remote.inspection``, which the remote log manager runs);
+* ``copy_log_segment`` copies exactly bytes ``[0, size_bytes)`` of the log (the metadata's
+  size: what the caller inspected; bytes appended later are not copied, a shorter file is
+  an error) and every other file whole, all streamed in pieces of ``write_bytes``. A copy
+  retried under the same id replaces what an earlier (partial or complete) copy of that
+  id wrote; a copy that fails deletes what it wrote;
+* ``fetch_log`` streams the log from a start position to an inclusive end position, or to
+  the end of the data if that comes first; ``fetch_index`` returns one file whole;
+* a segment or file that is not there (never copied, deleted, or deleted while a stream
+  is read) is ``RemoteSegmentNotFound``, Kafka's ``RemoteResourceNotFoundException``;
+* ``delete_log_segment`` deletes what there is: deleting absent files is not an error.
+
+No whole segment is ever held in memory.
 """
 
 from __future__ import annotations
@@ -32,14 +41,20 @@ import contextvars
 import enum
 import io
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from slts.errors import InvalidArgument, InvalidLogSegment, InvalidOffset, SegmentNotFound
+from slts.errors import (
+    ChunkNotFound,
+    InvalidArgument,
+    InvalidLogSegment,
+    InvalidOffset,
+    RemoteSegmentNotFound,
+    SegmentNotFound,
+)
 from slts.limiter import TrafficClass, traffic_class
-from slts.remote import kafka_formats as kf
 from slts.remote.records import RemoteLogSegmentMetadata
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.types import SegmentHandle
@@ -48,8 +63,6 @@ from slts.storage.types import SegmentHandle
 WRITE_BYTES_DEFAULT = 8 << 20
 #: Bytes read per call by a fetch stream.
 READ_BYTES_DEFAULT = 1 << 20
-#: Kafka's cap on an index file (segment.index.bytes default): indexes are read whole.
-INDEX_BYTES_MAX = 64 << 20
 
 
 class IndexType(enum.Enum):
@@ -77,15 +90,6 @@ class LogSegmentData:
     leader_epoch_checkpoint: bytes
     transaction_index: str | os.PathLike[str] | None = None
     producer_snapshot: str | os.PathLike[str] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class InspectedLog:
-    """What ``inspect`` learned from a segment's files, all checked."""
-
-    summary: kf.LogSummary
-    batches: int
-    leader_epoch_checkpoint: list[tuple[int, int]]
 
 
 class RemoteStorageManager:
@@ -126,125 +130,109 @@ class RemoteStorageManager:
 
     # -- copy -------------------------------------------------------------------------------------
 
-    def inspect(self, data: LogSegmentData, *, label: str = "") -> InspectedLog:
-        """Check every file of ``data`` (see module doc) and summarise the log; reads each
-        file once, in blocks of ``kf.SCAN_BLOCK_BYTES``. ``label`` names the segment in errors.
-        Raises ``InvalidLogSegment``, ``InvalidArgument`` (not a LogSegmentData, a file
-        missing or unreadable)."""
-        if not isinstance(data, LogSegmentData):
-            raise InvalidArgument(f"{data!r} is not a LogSegmentData")
-        label = label or os.fspath(data.log)
-        headers: list[kf.BatchHeader] = []
-        with _open(data.log, "log") as file:
-            for header, _ in kf.iter_batches(file.read, segment=label, block_bytes=kf.SCAN_BLOCK_BYTES):
-                headers.append(header)
-        summary = kf.summarize(headers, segment=label)
-        base = summary.base_offset
-        offsets = kf.parse_offset_index(_read_small(data.offset_index, "offset index"), base, segment=label)
-        kf.check_offset_index(offsets, headers, segment=label)
-        for entry in kf.parse_time_index(_read_small(data.time_index, "time index"), base, segment=label):
-            if not base <= entry.offset <= summary.end_offset:
-                raise InvalidLogSegment(
-                    f"{label}: time index entry for offset {entry.offset} is outside the log's "
-                    f"offsets {base}..{summary.end_offset}",
-                    segment=label,
-                    offset=entry.offset,
-                )
-        if not isinstance(data.leader_epoch_checkpoint, bytes):
-            raise InvalidArgument("leader_epoch_checkpoint must be the checkpoint file's bytes")
-        checkpoint = kf.parse_leader_epoch_checkpoint(data.leader_epoch_checkpoint, segment=label)
-        return InspectedLog(summary, len(headers), checkpoint)
-
-    def copy_log_segment(
-        self,
-        metadata: RemoteLogSegmentMetadata,
-        data: LogSegmentData,
-        *,
-        inspected: InspectedLog | None = None,
-    ) -> bytes | None:
+    def copy_log_segment(self, metadata: RemoteLogSegmentMetadata, data: LogSegmentData) -> bytes | None:
         """Copy ``data`` into the segments of ``metadata``; return the RSM's custom
         metadata for the segment (None: SLTS needs none, the names derive from the id).
 
-        ``inspected`` is ``inspect(data)``'s result if the caller already has it (the
-        remote log manager does); otherwise the files are inspected first. Raises
-        ``InvalidLogSegment`` (bad files, or files that disagree with ``metadata``:
-        nothing written), ``SegmentExists`` (this id was copied before), storage errors
-        (what was written is deleted again), ``Fenced``, ``ReadOnlyInstance``.
+        The log's first ``metadata.size_bytes`` bytes are copied, the other files whole,
+        as opaque bytes (see module doc). Anything an earlier copy of the same id wrote is
+        replaced. Raises ``InvalidArgument`` (not a RemoteLogSegmentMetadata or
+        LogSegmentData, a file missing or unreadable: nothing changed),
+        ``InvalidLogSegment`` (the log file is shorter than ``size_bytes``: nothing
+        changed, or, if it shrank during the copy, what was written is deleted again),
+        storage errors (what was written is deleted again), ``Fenced``,
+        ``ReadOnlyInstance``.
         """
         _check_metadata(metadata)
+        _check_data(data)
         label = f"{metadata.topic_partition} segment {metadata.id}"
-        inspected = inspected if inspected is not None else self.inspect(data, label=label)
-        summary = inspected.summary
-        if (summary.base_offset, summary.end_offset, summary.size_bytes) != (
-            metadata.start_offset,
-            metadata.end_offset,
-            metadata.size_bytes,
-        ):
-            raise InvalidLogSegment(
-                f"{label}: the log holds offsets {summary.base_offset}..{summary.end_offset} in "
-                f"{summary.size_bytes} bytes, the metadata says {metadata.start_offset}.."
-                f"{metadata.end_offset} in {metadata.size_bytes}",
-                segment=label,
-                offset=summary.base_offset,
-            )
-        written: list[str] = []
-        files = [
+        sources: list[tuple[str | IndexType, str | os.PathLike[str]]] = [
+            (LOG, data.log),
             (IndexType.OFFSET, data.offset_index),
             (IndexType.TIMESTAMP, data.time_index),
-            (IndexType.TRANSACTION, data.transaction_index),
-            (IndexType.PRODUCER_SNAPSHOT, data.producer_snapshot),
         ]
-        present = [(kind, path) for kind, path in files if path is not None]
-        try:
-            # The files are written at once: the indexes' metadata commits and fsyncs join
-            # the log's (group commit) instead of queueing behind it.
-            # Tiering is offload traffic for the chunk storage's limiter, in every copy thread.
-            with (
-                traffic_class(TrafficClass.OFFLOAD),
-                ThreadPoolExecutor(len(present) + 2, thread_name_prefix="slts-remote-copy") as pool,
-            ):
-
-                def submit(call: Callable[..., None], *args: Any) -> Future[None]:
-                    context = contextvars.copy_context()  # one per task: a context runs in one thread
-                    return pool.submit(lambda: context.run(call, *args))
-
-                copies = [submit(self._copy_log, self.segment_name(metadata, LOG), data.log, written)]
-                copies += [
-                    submit(self._copy_file, self.segment_name(metadata, kind), path, kind, written)
-                    for kind, path in present
-                ]
-                copies.append(
-                    submit(
-                        self._copy_bytes,
-                        self.segment_name(metadata, IndexType.LEADER_EPOCH),
-                        data.leader_epoch_checkpoint,
-                        written,
-                    )
+        sources += [
+            (kind, path)
+            for kind, path in (
+                (IndexType.TRANSACTION, data.transaction_index),
+                (IndexType.PRODUCER_SNAPSHOT, data.producer_snapshot),
+            )
+            if path is not None
+        ]
+        written: list[str] = []
+        with contextlib.ExitStack() as files:
+            opened = [
+                (self.segment_name(metadata, kind), files.enter_context(_open(path, _what(kind))))
+                for kind, path in sources
+            ]
+            length = os.fstat(opened[0][1].fileno()).st_size
+            if length < metadata.size_bytes:
+                raise InvalidLogSegment(
+                    f"{label}: the log file {os.fspath(data.log)!r} holds {length} bytes, the metadata "
+                    f"says {metadata.size_bytes}",
+                    segment=label,
+                    position=length,
+                    offset=None,
                 )
-            for copy in copies:  # every copy has finished; the first file's error in file order
-                copy.result()
-        except BaseException:
-            for name in written:
-                with contextlib.suppress(Exception):  # best effort: the original error matters
-                    self.storage.delete(self.storage.open_write(name))
-            raise
+            try:
+                self.delete_log_segment(metadata)  # a retry replaces what an earlier copy wrote
+                self._copy_files(metadata, opened, data.leader_epoch_checkpoint, label, written)
+            except BaseException:
+                for name in written:
+                    with contextlib.suppress(Exception):  # best effort: the original error matters
+                        self.storage.delete(self.storage.open_write(name))
+                raise
         return None
 
-    def _copy_log(self, name: str, path: str | os.PathLike[str], written: list[str]) -> None:
-        with _open(path, "log") as file:
-            self._copy_stream(name, file, written)
-
-    def _copy_file(
-        self, name: str, path: str | os.PathLike[str], kind: IndexType, written: list[str]
+    def _copy_files(
+        self,
+        metadata: RemoteLogSegmentMetadata,
+        opened: list[tuple[str, io.BufferedReader]],
+        checkpoint: bytes,
+        label: str,
+        written: list[str],
     ) -> None:
-        self._copy_bytes(name, _read_small(path, kind.value), written)
+        """Write every file at once: the indexes' metadata commits and fsyncs join the
+        log's (group commit) instead of queueing behind it. Tiering is offload traffic for
+        the chunk storage's limiter, in every copy thread."""
+        (log_name, log), *others = opened
+        with (
+            traffic_class(TrafficClass.OFFLOAD),
+            ThreadPoolExecutor(len(opened) + 1, thread_name_prefix="slts-remote-copy") as pool,
+        ):
 
-    def _copy_stream(self, name: str, file: io.BufferedIOBase, written: list[str]) -> None:
+            def submit(call: Callable[..., None], *args: Any) -> Future[None]:
+                context = contextvars.copy_context()  # one per task: a context runs in one thread
+                return pool.submit(lambda: context.run(call, *args))
+
+            copies = [submit(self._copy_stream, log_name, log, metadata.size_bytes, label, written)]
+            copies += [submit(self._copy_stream, name, file, None, label, written) for name, file in others]
+            checkpoint_name = self.segment_name(metadata, IndexType.LEADER_EPOCH)
+            copies.append(submit(self._copy_bytes, checkpoint_name, checkpoint, written))
+        for copy in copies:  # every copy has finished; the first file's error in file order
+            copy.result()
+
+    def _copy_stream(
+        self, name: str, file: io.BufferedReader, limit: int | None, label: str, written: list[str]
+    ) -> None:
+        """Copy ``file`` from its start: its first ``limit`` bytes, or all (None)."""
         self.storage.create(name)
         written.append(name)
         handle = self.storage.open_write(name)
         offset = 0
-        while piece := file.read(self.write_bytes):
+        while limit is None or offset < limit:
+            want = self.write_bytes if limit is None else min(self.write_bytes, limit - offset)
+            piece = file.read(want)
+            if not piece:
+                if limit is None:
+                    break
+                raise InvalidLogSegment(
+                    f"{label}: the log file ended at {offset} bytes during the copy, the metadata "
+                    f"says {limit}",
+                    segment=label,
+                    position=offset,
+                    offset=None,
+                )
             self.storage.write(handle, offset, piece)
             offset += len(piece)
         self.storage.seal(handle)
@@ -263,42 +251,64 @@ class RemoteStorageManager:
         self, metadata: RemoteLogSegmentMetadata, start_position: int, end_position: int | None = None
     ) -> io.BufferedReader:
         """A stream of the log's bytes from ``start_position`` to ``end_position``
-        (inclusive, as Kafka's; None: the end), read ``read_bytes`` at a time.
+        (inclusive, as Kafka's) or to the end of the data if that comes first (None: the
+        end), read ``read_bytes`` at a time. A start at the end gives an empty stream.
 
-        Raises ``InvalidOffset`` (positions outside the log or end before start),
-        ``SegmentNotFound`` (not copied, or deleted)."""
-        handle = self.storage.open_read(self.segment_name(metadata, LOG))
-        size = self.storage.info(handle.name).length
+        Raises ``InvalidArgument``; ``InvalidOffset`` (a position that is not an integer,
+        a negative start, an end before the start: checked first, as Kafka does; a start
+        past the end of the data); ``RemoteSegmentNotFound`` (never copied or deleted; a
+        read of the stream raises it too if the segment is deleted meanwhile)."""
+        _check_metadata(metadata)
         for value, what in ((start_position, "start position"), (end_position, "end position")):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise InvalidOffset(f"{what} {value!r} is not an integer", segment=handle.name)
-        end = size - 1 if end_position is None else end_position
-        if not 0 <= start_position < size or not start_position <= end < size:
+                raise InvalidOffset(f"remote segment {metadata.id}: {what} {value!r} is not an integer")
+        if start_position < 0 or (end_position is not None and end_position < start_position):
             raise InvalidOffset(
-                f"remote segment {metadata.id}: positions {start_position}..{end} are outside its "
-                f"log of {size} bytes",
-                segment=handle.name,
+                f"remote segment {metadata.id}: positions {start_position}..{end_position} are not a "
+                "range (the start must be >= 0 and the end, inclusive, at or after it)",
                 offset=start_position,
             )
-        raw = _SegmentStream(self.storage, handle, start_position, end + 1)
+        name = self.segment_name(metadata, LOG)
+        with _not_found_as_remote(self.storage, metadata, name):
+            handle = self.storage.open_read(name)
+            size = self.storage.info(name).length
+        if start_position > size:
+            raise InvalidOffset(
+                f"remote segment {metadata.id}: start position {start_position} is past the end of its "
+                f"log of {size} bytes",
+                segment=name,
+                offset=start_position,
+            )
+        stop = size if end_position is None else min(end_position + 1, size)
+        raw = _SegmentStream(self.storage, metadata, handle, start_position, stop, self.read_bytes)
         return io.BufferedReader(raw, buffer_size=self.read_bytes)
 
     def fetch_index(self, metadata: RemoteLogSegmentMetadata, index_type: IndexType) -> bytes:
-        """The whole index ``index_type`` of ``metadata``. Raises ``InvalidArgument``,
-        ``SegmentNotFound`` (never copied: a segment without a transaction index has
-        none, or the segment was deleted)."""
+        """The whole file ``index_type`` of ``metadata``, read ``read_bytes`` at a time.
+
+        Raises ``InvalidArgument``; ``RemoteSegmentNotFound`` (the segment was never
+        copied or was deleted, or was copied without that file: a segment without a
+        transaction index or producer snapshot has none, as in Kafka)."""
+        _check_metadata(metadata)
         if not isinstance(index_type, IndexType):
             raise InvalidArgument(f"{index_type!r} is not an IndexType")
-        handle = self.storage.open_read(self.segment_name(metadata, index_type))
-        length = self.storage.info(handle.name).length
-        return self.storage.read(handle, 0, length) if length else b""
+        name = self.segment_name(metadata, index_type)
+        with _not_found_as_remote(self.storage, metadata, name):
+            handle = self.storage.open_read(name)
+            length = self.storage.info(name).length
+            pieces = [
+                self.storage.read(handle, offset, min(self.read_bytes, length - offset))
+                for offset in range(0, length, self.read_bytes)
+            ]
+        return b"".join(pieces)
 
     # -- delete -----------------------------------------------------------------------------------
 
     def delete_log_segment(self, metadata: RemoteLogSegmentMetadata) -> int:
-        """Delete every segment of ``metadata`` there is; return how many. Idempotent: a
-        retry after a partial delete deletes the rest. The chunks go to the GC queue.
-        Raises ``Fenced``, ``ReadOnlyInstance``, storage errors (retry)."""
+        """Delete every segment of ``metadata`` there is; return how many. Idempotent, as
+        Kafka's contract says: files already gone (a retry after a partial delete, a
+        segment never copied) are not an error. The chunks go to the GC queue.
+        Raises ``InvalidArgument``, ``Fenced``, ``ReadOnlyInstance``, storage errors (retry)."""
         deleted = 0
         for kind in (LOG, *IndexType):
             name = self.segment_name(metadata, kind)
@@ -311,31 +321,68 @@ class RemoteStorageManager:
 
     def copied_names(self, metadata: RemoteLogSegmentMetadata) -> list[str]:
         """The segments of ``metadata`` that exist now."""
+        _check_metadata(metadata)
         return list(self.storage.list(self.folder(metadata) + "/"))
 
 
 class _SegmentStream(io.RawIOBase):
-    """Bytes ``[position, stop)`` of a segment, read on demand."""
+    """Bytes ``[position, stop)`` of a segment, read on demand, at most ``piece`` per read."""
 
     def __init__(
-        self, storage: ChunkedSegmentStorage, handle: SegmentHandle, position: int, stop: int
+        self,
+        storage: ChunkedSegmentStorage,
+        metadata: RemoteLogSegmentMetadata,
+        handle: SegmentHandle,
+        position: int,
+        stop: int,
+        piece: int,
     ) -> None:
         super().__init__()
-        self._storage, self._handle = storage, handle
-        self._position, self._stop = position, stop
+        self._storage, self._metadata, self._handle = storage, metadata, handle
+        self._position, self._stop, self._piece = position, stop, piece
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
-        count = min(len(buffer), self._stop - self._position)
+        count = min(len(buffer), self._stop - self._position, self._piece)
         if count <= 0:
             return 0
-        data = self._storage.read(self._handle, self._position, count)
+        with _not_found_as_remote(self._storage, self._metadata, self._handle.name):
+            data = self._storage.read(self._handle, self._position, count)
         assert len(data) == count, (len(data), count)
         buffer[:count] = data
         self._position += count
         return count
+
+
+@contextlib.contextmanager
+def _not_found_as_remote(
+    storage: ChunkedSegmentStorage, metadata: RemoteLogSegmentMetadata, name: str
+) -> Iterator[None]:
+    """Storage's "no such segment" inside as ``RemoteSegmentNotFound``: the segment is not
+    there, or was deleted under a read (its chunks collected: ``ChunkNotFound`` while the
+    segment is gone). A chunk missing under a segment that still exists is data loss and
+    stays ``ChunkNotFound``."""
+    try:
+        yield
+    except SegmentNotFound as exc:
+        raise _not_found(metadata, name) from exc
+    except ChunkNotFound as exc:
+        if storage.exists(name):
+            raise
+        raise _not_found(metadata, name) from exc
+
+
+def _not_found(metadata: RemoteLogSegmentMetadata, name: str) -> RemoteSegmentNotFound:
+    part = name.rsplit("/", 1)[-1]
+    return RemoteSegmentNotFound(
+        f"remote segment {metadata.id} of {metadata.topic_partition}: no {part!r} in the store "
+        "(never copied, copied without it, or deleted)",
+        segment=str(metadata.id),
+        partition=str(metadata.topic_partition),
+        name=name,
+    )
 
 
 def _check_metadata(metadata: object) -> None:
@@ -343,16 +390,31 @@ def _check_metadata(metadata: object) -> None:
         raise InvalidArgument(f"{metadata!r} is not a RemoteLogSegmentMetadata")
 
 
+def _check_data(data: object) -> None:
+    if not isinstance(data, LogSegmentData):
+        raise InvalidArgument(f"{data!r} is not a LogSegmentData")
+    for path, what in (
+        (data.log, "log"),
+        (data.offset_index, "offset_index"),
+        (data.time_index, "time_index"),
+        (data.transaction_index, "transaction_index"),
+        (data.producer_snapshot, "producer_snapshot"),
+    ):
+        if not isinstance(path, str | os.PathLike) and not (path is None and what in _OPTIONAL):
+            raise InvalidArgument(f"LogSegmentData.{what} {path!r} is not a path")
+    if not isinstance(data.leader_epoch_checkpoint, bytes):
+        raise InvalidArgument("LogSegmentData.leader_epoch_checkpoint must be the checkpoint file's bytes")
+
+
+_OPTIONAL = ("transaction_index", "producer_snapshot")
+
+
+def _what(kind: str | IndexType) -> str:
+    return kind.value if isinstance(kind, IndexType) else kind
+
+
 def _open(path: str | os.PathLike[str], what: str) -> io.BufferedReader:
     try:
         return open(path, "rb")
     except OSError as exc:
         raise InvalidArgument(f"cannot read the {what} file {os.fspath(path)!r}: {exc.strerror}") from exc
-
-
-def _read_small(path: str | os.PathLike[str], what: str) -> bytes:
-    with _open(path, what) as file:
-        data = file.read(INDEX_BYTES_MAX + 1)
-    if len(data) > INDEX_BYTES_MAX:
-        raise InvalidArgument(f"the {what} file {os.fspath(path)!r} is over {INDEX_BYTES_MAX} bytes")
-    return data
