@@ -3,6 +3,7 @@
 * ``records``: remote log segment metadata, its states and legal transitions;
 * ``rlmm``: the remote log metadata manager, on the container's metadata store;
 * ``rsm``: the remote storage manager, log segments and indexes as SLTS segments;
+* ``inspection``: the check of a rolled segment's files before it is tiered;
 * ``manager``: the remote log manager's copy, fetch and retention tasks;
 * ``kafka_formats``: Kafka's on-disk formats (v2 record batches, offset and time
   indexes, the leader-epoch checkpoint), read and written exactly.
