@@ -17,6 +17,8 @@ the library's indexes with these bytes.
   indexes and the leader-epoch checkpoint;
 * ``decode_records``: the records of concatenated batches, as kafka-python reads them;
 * ``write_log_dir``: the segment's files as Kafka names them in a partition folder.
+* ``write_uniform_log``: a segment of any size of equal one-record batches, streamed to
+  its files with its indexes (the bench's 1 GiB segments of 100-byte batches).
 """
 
 from __future__ import annotations

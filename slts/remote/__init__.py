@@ -3,6 +3,7 @@
 * ``records``: remote log segment metadata, its states and legal transitions;
 * ``rlmm``: the remote log metadata manager, on the container's metadata store;
 * ``rsm``: the remote storage manager, log segments and indexes as SLTS segments;
+* ``inspection``: the check of a rolled segment's files before it is tiered;
 * ``manager``: the remote log manager's copy, fetch and retention tasks;
 * ``local_log``: what those tasks know of the engine's local log;
 * ``lineage``: the leader-epoch cache and which remote segments belong to its lineage;

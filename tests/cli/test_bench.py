@@ -58,6 +58,16 @@ def test_bench_remote_suite_runs_quick(tmp_path, capsys) -> None:
     assert list(tmp_path.iterdir()) == [], "scratch folders are removed"
 
 
+def test_bench_inspect_rss_runs_quick(tmp_path, capsys) -> None:
+    """The inspection's memory figure: two child processes' peak RSS, scratch removed."""
+    code = cli.main(["bench", "--quick", "--only", "remote_inspect_rss", "--dir", str(tmp_path), "--json"])
+    assert code == 0
+    (figure,) = json.loads(capsys.readouterr().out)["figures"]
+    assert figure["name"] == "remote_inspect_rss" and figure["unit"] == "MB (lower)"
+    assert figure["subject_median"] > 0 and figure["baseline_median"] > 0
+    assert list(tmp_path.iterdir()) == [], "scratch folders are removed"
+
+
 def test_bench_offload_suite_runs_quick(tmp_path, capsys) -> None:
     """The offload benchmarks offload, stream and read back ledgers, and clean up."""
     only = ["offload_write_64k", "offload_read_64k", "offload_stream_1k"]

@@ -1,5 +1,6 @@
-"""Tiered Kafka logs (``slts.remote``): copy of rolled segments, fetch by offset and the
-offset lookup at scale, each against the raw work it adds to.
+"""Tiered Kafka logs (``slts.remote``): copy of rolled segments, fetch by offset, the
+offset lookup at scale, each against the raw work it adds to, and the memory a copy's
+inspection takes whatever the batch size.
 
 The logs are genuine v2 record batches built with kafka-python (the ``kafka`` extra);
 building them is setup, never measured.
@@ -10,6 +11,9 @@ from __future__ import annotations
 import bisect
 import os
 import random
+import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -230,12 +234,92 @@ def lookup(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, 
         folder.close()
 
 
+#: The child process of ``inspect_rss``: inspect one segment, copy it into a fresh store,
+#: print the peak resident set of its own address space in MB (``VmHWM``: ``ru_maxrss``
+#: would report at least the parent's RSS at the spawn, which Linux carries over exec).
+_INSPECT_COPY_PROBE = """
+import sys
+import slts
+from slts.remote.inspection import inspect_segment
+from slts.remote.records import TopicPartition, new_segment_metadata
+from slts.remote.rsm import LogSegmentData, RemoteStorageManager
+log, index, timeindex, checkpoint, store = sys.argv[1:6]
+with open(checkpoint, "rb") as file:
+    data = LogSegmentData(log, index, timeindex, file.read())
+storage = slts.open("file://" + store + "/chunks", metadata=store + "/metadata", gc_interval_s=0.0)
+summary = inspect_segment(data, label=log).summary
+metadata = new_segment_metadata(
+    TopicPartition("bench", 0),
+    start_offset=summary.base_offset,
+    end_offset=summary.end_offset,
+    leader_epochs=summary.leader_epochs,
+    max_timestamp_ms=summary.max_timestamp,
+    size_bytes=summary.size_bytes,
+)
+RemoteStorageManager(storage).copy_log_segment(metadata, data)
+storage.close()
+status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+print(int(status["VmHWM"].split()[0]) / 1024)
+"""
+
+
+def inspect_rss(
+    parent: str, quick: bool, segment_bytes: int
+) -> Iterator[tuple[str, Workload, Workload, float, str]]:
+    """Subject: the peak RSS (MB, the child's own high-water mark) of a fresh process that
+    inspects one segment of ``segment_bytes`` in 100-byte batches
+    (``slts.remote.inspection``: every batch parsed and its CRC32C checked, the offset
+    index merged with them) and copies it with the RSM into a fresh store (filesystem
+    binding, LMDB). Baseline: the same process on a segment of the same size in 1 MiB
+    batches (about 10,000 times fewer batches). Equal figures: memory does not grow with
+    the number of batches."""
+    folder = Folder(parent)
+    small = kafka_logs.write_uniform_log(folder.sub("small"), batch_bytes=100, total_bytes=segment_bytes)
+    large = kafka_logs.write_uniform_log(folder.sub("large"), batch_bytes=1 << 20, total_bytes=segment_bytes)
+    os.sync()
+    runs = 0
+
+    def probe(log: kafka_logs.UniformLog) -> float:
+        nonlocal runs
+        runs += 1
+        store = folder.sub(f"store-{runs}")
+        paths = [str(log.paths[kind]) for kind in ("log", "index", "timeindex", "leader-epoch-checkpoint")]
+        try:
+            out = subprocess.run(
+                [sys.executable, "-c", _INSPECT_COPY_PROBE, *paths, store],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+        finally:
+            shutil.rmtree(store, ignore_errors=True)
+        return float(out.stdout.split()[-1])
+
+    try:
+        yield (
+            f"peak RSS inspecting + copying a {segment_bytes / 2**20:.0f} MiB segment of"
+            f" {small.batch_count} 100-byte batches vs. of {large.batch_count} 1 MiB batches",
+            lambda: probe(small),
+            lambda: probe(large),
+            1.0,
+            "MB (lower)",
+        )
+    finally:
+        folder.close()
+
+
 BENCHMARKS = {
     "remote_copy": Benchmark(
         "remote_copy", "copy of rolled Kafka log segments vs. a raw binding copy of the files", copy
     ),
     "remote_fetch_first": Benchmark(
         "remote_fetch_first", "fetch of the batch holding a random offset vs. a raw ranged read", fetch_first
+    ),
+    "remote_inspect_rss": Benchmark(
+        "remote_inspect_rss",
+        "peak RSS inspecting + copying a 1 GiB segment (64 MiB with --quick) of 100-byte vs. 1 MiB batches",
+        lambda parent, quick: inspect_rss(parent, quick, (64 << 20) if quick else (1 << 30)),
+        measures="value",
     ),
     "remote_lookup_100k": Benchmark(
         "remote_lookup_100k",
