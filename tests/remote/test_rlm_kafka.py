@@ -347,6 +347,99 @@ def test_segments_of_epochs_before_the_lineage_are_deleted(env: Env) -> None:
     assert [m.id for m in manager.rlmm.list_segments(TP)] == [kept.id]
 
 
+def kafkas_fifty_segments(
+    manager: RemoteLogManager, old: int = 0, now_ms: int = 0
+) -> list[RemoteLogSegmentMetadata]:
+    """Kafka's ``listRemoteLogSegmentMetadata``: 50 segments of 100 offsets and 1024 bytes
+    under the epochs (0, 0), (1, 20), (3, 50), (4, 100); the first ``old`` of them older
+    than ``now_ms`` - 1."""
+    cache = LeaderEpochCache.of(KAFKAS_EPOCHS)
+    return [
+        finished(
+            manager,
+            100 * n,
+            100 * n + 99,
+            dict(cache.entries_in_range(100 * n, 100 * n + 100)),
+            max_timestamp_ms=now_ms - 2 if n < old else now_ms,
+        )
+        for n in range(50)
+    ]
+
+
+KAFKAS_EPOCHS = [(0, 0), (1, 20), (3, 50), (4, 100)]
+
+
+def kafkas_local_log() -> LocalLog:
+    """Kafka's mocked log for these cases: local log from 5000 holding 512 bytes, log end 5001."""
+    data = LogSegmentData("log", "index", "timeindex", b"")
+    return LocalLog.of(
+        [LocalSegment(5000, data, 512)],
+        KAFKAS_EPOCHS,
+        log_start_offset=0,
+        log_end_offset=5001,
+        last_stable_offset=5001,
+    )
+
+
+@pytest.mark.parametrize("deletable", [0, 1, 23, 50])
+def test_size_retention_deletes_the_oldest_segments_of_the_lineage(env: Env, deletable: int) -> None:
+    """Kafka's testDeleteLogSegmentDueToRetentionSizeBreach."""
+    manager = RemoteLogManager(env.open())
+    segments = kafkas_fifty_segments(manager)
+    report = manager.enforce_retention(TP, kafkas_local_log(), retention_bytes=(50 - deletable) * 1024 + 512)
+    assert [m.id for m in report.deleted] == [m.id for m in segments[:deletable]]
+    if deletable:
+        assert report.log_start_offset == segments[deletable - 1].end_offset + 1
+
+
+@pytest.mark.parametrize("deletable", [0, 1, 23, 50])
+def test_time_retention_deletes_the_oldest_segments_of_the_lineage(env: Env, deletable: int) -> None:
+    """Kafka's testDeleteLogSegmentDueToRetentionTimeBreach."""
+    manager = RemoteLogManager(env.open())
+    now = 10_000_000
+    segments = kafkas_fifty_segments(manager, old=deletable, now_ms=now)
+    report = manager.enforce_retention(TP, kafkas_local_log(), retention_ms=1, now_ms=now)
+    assert [m.id for m in report.deleted] == [m.id for m in segments[:deletable]]
+    if deletable:
+        assert report.log_start_offset == segments[deletable - 1].end_offset + 1
+
+
+@pytest.mark.parametrize("limit", ["bytes", "time"])
+def test_overlapping_breached_segments_are_both_deleted(env: Env, limit: str) -> None:
+    """Kafka's testDeletionOnOverlappingRetentionBreachedSegments: a second leader's upload
+    of 0..104 supersedes the first one's 0..99; both go, the start moves past the wider."""
+    manager = RemoteLogManager(env.open())
+    first = finished(manager, 0, 99, {0: 0})
+    second = finished(manager, 0, 104, {0: 0}, size_bytes=1024 + 128)
+    log = dataclasses.replace(fake_log([200], 200, 200), segments=(), log_start_offset=0)
+    kw = {"retention_bytes": 0} if limit == "bytes" else {"retention_ms": 0, "now_ms": 0}
+    report = manager.enforce_retention(TP, log, **kw)  # type: ignore[arg-type]
+    assert {m.id for m in report.deleted} == {first.id, second.id}
+    assert report.log_start_offset == 105
+
+
+def test_a_failed_delete_is_retried_by_the_next_run(env: Env) -> None:
+    """Kafka's testFailedDeleteExpiredSegments: the RSM's delete fails; the start has moved
+    already; the next run deletes the segment."""
+    manager = RemoteLogManager(env.open())
+    segment = finished(manager, 0, 99, {0: 0})
+    log = dataclasses.replace(fake_log([200], 200, 200), segments=(), log_start_offset=0)
+    delete = manager.rsm.delete_log_segment
+
+    def failing(metadata: RemoteLogSegmentMetadata) -> int:
+        raise StorageUnavailable("tier-2 refused the delete")
+
+    manager.rsm.delete_log_segment = failing  # type: ignore[method-assign]
+    with pytest.raises(StorageUnavailable):
+        manager.enforce_retention(TP, log, retention_bytes=0)
+    assert manager.rlmm.log_start_offset(TP) == 100
+    assert manager.rlmm.segment(segment.id).segment_state == SegmentState.DELETE_SEGMENT_STARTED
+    manager.rsm.delete_log_segment = delete  # type: ignore[method-assign]
+    report = manager.enforce_retention(TP, log)
+    assert [m.id for m in report.deleted] == [segment.id]
+    assert list(manager.rlmm.list_segments(TP)) == []
+
+
 def test_a_delete_repeated_after_it_finished_changes_nothing(env: Env) -> None:
     manager = RemoteLogManager(env.open())
     metadata = finished(manager, 0, 99, {0: 0})
@@ -425,26 +518,36 @@ def test_after_an_unclean_election_only_the_new_lineage_is_served_and_copied(
 # -- one task at a time per partition, fetches beside them ------------------------------------------
 
 
-def test_cleanup_waits_for_a_copy_in_progress(env: Env, tmp_path: Path) -> None:
-    """A cleanup started while a copy writes the segment must not delete that upload
-    (Kafka skips segments being copied): it waits for the copy, which finishes."""
+@pytest.mark.parametrize("task", ["cleanup", "retention"])
+def test_a_task_started_during_a_copy_waits_for_it(env: Env, tmp_path: Path, task: str) -> None:
+    """Kafka's testDeletionSkippedForSegmentsBeingCopied: a cleanup or an expiration run
+    started while a copy writes the segment must not delete that upload (Kafka skips the
+    segments being copied; SLTS's task lock makes it wait): the copy finishes, then the
+    task runs on what it left (retention.bytes 0 deletes the segment then)."""
     folder = partition_folder(tmp_path / "orders-0", [(0, 20), (60, 2)], [(0, 0)])
     manager = RemoteLogManager(env.open())
+    log = folder.local()
     copy = manager.rsm.copy_log_segment
-    cleaned: list[list[uuid.UUID]] = []
+    results: list[list[uuid.UUID]] = []
     others: list[threading.Thread] = []
 
-    def copy_beside_a_cleanup(metadata: RemoteLogSegmentMetadata, data: LogSegmentData) -> bytes | None:
-        others.append(threading.Thread(target=lambda: cleaned.append(manager.cleanup(TP))))
+    def run_task() -> None:
+        if task == "cleanup":
+            results.append(manager.cleanup(TP))
+        else:
+            results.append([m.id for m in manager.enforce_retention(TP, log, retention_bytes=0).deleted])
+
+    def copy_beside_the_task(metadata: RemoteLogSegmentMetadata, data: LogSegmentData) -> bytes | None:
+        others.append(threading.Thread(target=run_task))
         others[0].start()
-        others[0].join(timeout=1.0)  # on code without the task lock, the cleanup finishes here
+        others[0].join(timeout=1.0)  # on code without the task lock, the task finishes here
         return copy(metadata, data)
 
-    manager.rsm.copy_log_segment = copy_beside_a_cleanup  # type: ignore[method-assign]
-    report = manager.copy_rolled_segments(TP, folder.local())
+    manager.rsm.copy_log_segment = copy_beside_the_task  # type: ignore[method-assign]
+    report = manager.copy_rolled_segments(TP, log)
     assert [m.segment_state for m in report.copied] == [SegmentState.COPY_SEGMENT_FINISHED]
     others[0].join()
-    assert cleaned == [[]], "the cleanup ran after the copy and found nothing to clean"
+    assert results == [[] if task == "cleanup" else [report.copied[0].id]]
 
 
 def test_fetches_beside_retention_return_whole_batches_or_out_of_range(env: Env, tmp_path: Path) -> None:
