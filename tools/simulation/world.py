@@ -42,6 +42,7 @@ from . import checks
 from .checks import Violation
 from .model import Model, Segment, State, summary
 from .observer import Interleaver, Layouts
+from .remote_room import RemoteRoom
 from .seam import Seam
 
 NAMES = tuple(f"p{p}/s{i}" for p in range(2) for i in range(6))
@@ -121,6 +122,8 @@ class World:
         #: The read-only observer of ``observe`` steps, made on first use and again when
         #: ``store`` is replaced (a restore).
         self.observer: Process | None = None
+        #: The remote room (``remote_room``): local Kafka logs tiered into this container.
+        self.remote = RemoteRoom(self, profile)
 
     # -- processes ------------------------------------------------------------------------------
 
@@ -157,6 +160,7 @@ class World:
         return self.owner.storage
 
     def close(self) -> None:
+        self.remote.close()
         self._end(self.owner, close=not self.owner.store.dead)
         self._end_observer()
 
@@ -647,6 +651,23 @@ class World:
         checks.check_content(self.observe(), self.model.state())
         return f"restore from tier-2 (sequence {report.sequence}) into a fresh store, epoch {self.s.epoch}"
 
+    # -- the remote room (``remote_room``) --------------------------------------------------
+
+    def do_remote_produce(self, rng: random.Random) -> str:
+        return self.remote.produce(rng)
+
+    def do_remote_copy(self, rng: random.Random) -> str:
+        return self.remote.copy(rng)
+
+    def do_remote_fetch(self, rng: random.Random) -> str:
+        return self.remote.fetch(rng)
+
+    def do_remote_retention(self, rng: random.Random) -> str:
+        return self.remote.retention(rng)
+
+    def do_remote_delete_partition(self, rng: random.Random) -> str:
+        return self.remote.delete_partition(rng)
+
     # -- crash, takeover, batch defrag --------------------------------------------------------
 
     _CRASHABLE = (
@@ -661,6 +682,8 @@ class World:
         "chain",
         "snapshot",
         "flush",
+        "remote_copy",
+        "remote_retention",
     )
 
     def do_crash(self, rng: random.Random) -> str:
