@@ -260,7 +260,6 @@ class RemoteRoom:
         self.gone: set[uuid.UUID] = set()  # ids that left the listing, forever
         self._manager: RemoteLogManager | None = None
         self._manager_of: Any = None
-        self.fetch_ignores_lineage = False  # a planted bug (tests): fetch without the cache
 
     def _fresh(self, tp: TopicPartition) -> LocalPartition:
         folder = self.folder / f"{tp.topic}-{tp.partition}-{self.epochs}"
@@ -333,7 +332,7 @@ class RemoteRoom:
         else:
             offset = rng.randint(0, partition.end() + 1)
         max_bytes = rng.choice([1, 100, 400, 2000, 1 << 20])
-        cache = None if self.fetch_ignores_lineage else LeaderEpochCache.of(partition.cache)
+        cache = LeaderEpochCache.of(partition.cache)
         returned, result, injected = self.world.run_op(
             self.world.owner, rng, lambda: self.rlm.fetch(tp, offset, max_bytes, leader_epochs=cache)
         )
