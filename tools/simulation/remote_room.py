@@ -23,6 +23,10 @@ invariants:
   the partition is deleted);
 * ``remote_acknowledged_unreadable``: the first offset of an acknowledged segment still
   in the lineage and at or above the remote log start offset is readable.
+
+A zombie (the owner before a takeover) may run a remote copy or retention: it changes
+neither the remote tables nor the remote segments (``zombie_changed_state``), and may
+return only if it had nothing to change.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from slts.tools.kafka_logs import BatchInfo, kafka_index_bytes, make_batch
 
 from slts.errors import RemoteOffsetOutOfRange, SltsError
+from slts.metadata.schema import REMOTE_TABLES
 from slts.remote import manager as manager_module
 from slts.remote import rsm as rsm_module
 from slts.remote.lineage import LeaderEpochCache
@@ -50,7 +55,7 @@ from slts.remote.manager import RemoteLogManager
 from slts.remote.records import SegmentState, TopicPartition
 from slts.remote.rsm import LogSegmentData
 
-from .checks import Violation
+from .checks import REMOTE_PREFIX, Violation
 
 if TYPE_CHECKING:
     from .world import World
@@ -398,6 +403,24 @@ class RemoteRoom:
         self.epochs += 1
         self.partitions[tp] = self._fresh(tp)
         return f"{what}: {how}; the partition starts over at epoch {self.epochs}"
+
+    def zombie_task(self, storage: Any, task: str, rng: random.Random) -> bool:
+        """A remote task of a fenced instance (``storage``, after a takeover): it must
+        change nothing. True if it had something to change (a copy or a delete to do)."""
+        rlm = RemoteLogManager(storage, clock=self.world.seam.clock)
+        tp = rng.choice(self.tps)
+        log = self.partitions[tp].local_log()
+        if task == "copy":
+            with inline_pools():
+                return bool(rlm.copy_rolled_segments(tp, log).copied)
+        report = rlm.enforce_retention(tp, log, retention_bytes=0, now_ms=self.now_ms())
+        return bool(report.deleted)
+
+    def snapshot(self) -> tuple[Any, ...]:
+        """The remote tables and the remote segments' names, to compare."""
+        dump = self.world.store.dump()
+        tables = tuple(sorted((k, v.value) for t in REMOTE_TABLES for k, v in dump[t].items()))
+        return tables, tuple(n for n in self.world.s.list() if n.startswith(REMOTE_PREFIX))
 
     # -- the oracle --------------------------------------------------------------------------------
 

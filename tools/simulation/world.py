@@ -735,6 +735,8 @@ class World:
         "create",
         "flush",
         "read",
+        "remote_copy",
+        "remote_retention",
     )
 
     def do_zombie(self, rng: random.Random) -> str:
@@ -766,14 +768,19 @@ class World:
             "create": lambda: z.create(self.free_name(rng) or name),
             "flush": lambda: z.durable.flush() if z.durable else None,
             "read": lambda: z.read(z.open_read(name), segment.start, len(segment.data) - segment.start),
+            "remote_copy": lambda: self.remote.zombie_task(z, "copy", rng),
+            "remote_retention": lambda: self.remote.zombie_task(z, "retention", rng),
         }
+        remote_before = self.remote.snapshot()
         self.seam.clock.advance(rng.choice([0.0, GC_DELAY_S + 1]))
         returned, result, _ = self.run_op(zombie, None, calls[kind])
-        what = f"{kind} {name}"
+        what = kind if kind.startswith("remote") else f"{kind} {name}"
         observed = self.observe()
-        if observed != self.model.state():
+        if observed != self.model.state() or self.remote.snapshot() != remote_before:
             how = "returned" if returned else repr(result)
             raise Violation("zombie_changed_state", f"the zombie's {what} changed the store ({how})")
+        if kind.startswith("remote") and returned and not result:
+            return f"{what}: nothing to change"  # nothing to copy or delete: no commit tried
         if kind == "read":
             if returned and result != bytes(segment.data[segment.start :]):
                 raise Violation(
