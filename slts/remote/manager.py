@@ -23,8 +23,9 @@ offsets):
   one of the epoch the cache gives for ``offset`` (Kafka's lookup: a diverged lineage is
   never served); without it, the newest epoch whose map holds the offset. Whole record
   batches from the batch holding ``offset``, continuing into later segments while
-  ``max_bytes`` allows; an offset that compaction removed continues into the next
-  segment; the first batch is returned even if it exceeds ``max_bytes`` unless
+  ``max_bytes`` allows, up to the first batch the cache's lineage does not hold (another
+  leader's, past an unclean election's truncation); an offset that compaction removed
+  continues into the next segment; the first batch is returned even if it exceeds ``max_bytes`` unless
   ``min_one_message=False``, which returns nothing then. A segment deleted under a
   fetch is resolved again: a fetch returns whole batches or ``RemoteOffsetOutOfRange``.
 * ``enforce_retention(tp, log, retention_ms=..., retention_bytes=...)``: Kafka's
@@ -46,6 +47,7 @@ A read-only instance (a follower) answers ``fetch`` from the same store.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import itertools
@@ -443,9 +445,12 @@ class RemoteLogManager:
         records = bytearray()
         segments: list[uuid.UUID] = []
         position = offset
+        in_lineage = _lineage_holds(cache)
         while metadata is not None and len(records) < max_bytes:
             try:
-                after, full = self._read_batches(metadata, position, max_bytes, records, min_one_message)
+                after, full = self._read_batches(
+                    metadata, position, max_bytes, records, min_one_message, in_lineage
+                )
             except RemoteSegmentNotFound:
                 if not segments and not records:
                     raise
@@ -482,11 +487,15 @@ class RemoteLogManager:
         max_bytes: int,
         records: bytearray,
         min_one_message: bool,
+        in_lineage: Callable[[int, int], bool] | None = None,
     ) -> tuple[int, bool]:
         """Append to ``records`` the batches of ``metadata`` from the one holding ``offset``
         while the budget allows (the first of the fetch even over it, if
         ``min_one_message``); return the offset after the last batch appended (``offset``
-        if none) and whether the budget stopped it."""
+        if none) and whether the budget stopped it. With ``in_lineage`` (the fetch's
+        leader-epoch cache), a batch another leader wrote (its epoch is not the lineage's
+        at its offset: an unclean election truncated it) ends the fetch, and raises
+        ``RemoteOffsetOutOfRange`` if it would have been the fetch's first."""
         label = f"{metadata.topic_partition} segment {metadata.id}"
         index = self.offset_indexes.get(
             metadata.id,
@@ -505,6 +514,16 @@ class RemoteLogManager:
             for header, batch in batches:
                 if header.last_offset < offset:
                     continue
+                epoch = header.partition_leader_epoch
+                if in_lineage is not None and not in_lineage(epoch, header.base_offset):
+                    if records:
+                        return offset, True
+                    raise RemoteOffsetOutOfRange(
+                        f"{metadata.topic_partition}: offset {offset} is held remotely only by "
+                        f"leader epoch {epoch}, not in the lineage",
+                        partition=str(metadata.topic_partition),
+                        offset=offset,
+                    )
                 if len(records) + len(batch) > max_bytes and (records or not min_one_message):
                     return offset, True
                 records += batch
@@ -701,6 +720,29 @@ def _below_log_start(
         return False
     first = min(lineage)
     return all(epoch <= first for epoch in metadata.leader_epochs) and metadata.end_offset < log_start_offset
+
+
+def _lineage_holds(cache: LeaderEpochCache | None) -> Callable[[int, int], bool] | None:
+    """Whether a batch of epoch ``e`` at offset ``o`` is in the lineage of ``cache``
+    (None without a cache): ``e`` is one of its epochs that holds records, ``o`` lies
+    before the next one's start and not before its own (the earliest epoch excepted: the
+    cache may be cut at the log start offset)."""
+    if cache is None:
+        return None
+    ordered = sorted(filtered_epochs(cache.as_dict()).items())
+    epochs = [epoch for epoch, _ in ordered]
+
+    def holds(epoch: int, offset: int) -> bool:
+        if epoch < 0:  # a batch without an epoch (written before epochs existed) cannot diverge
+            return True
+        at = bisect.bisect_left(epochs, epoch)
+        if at == len(epochs) or epochs[at] != epoch:
+            return False
+        if at > 0 and offset < ordered[at][1]:
+            return False
+        return at + 1 == len(epochs) or offset < ordered[at + 1][1]
+
+    return holds
 
 
 def _check_tp(tp: object) -> None:

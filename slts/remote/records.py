@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar
 
+from slts.chunk_names import unique_hex
 from slts.errors import IllegalStateTransition, InvalidArgument
 from slts.metadata.records import Record
 
@@ -267,7 +268,7 @@ def new_segment_metadata(
     if segment_id is not None and not isinstance(segment_id, uuid.UUID):
         raise InvalidArgument(f"{where}: segment id {segment_id!r} is not a uuid.UUID")
     return RemoteLogSegmentMetadata(
-        segment_id=(segment_id or uuid.uuid4()).bytes,
+        segment_id=(segment_id or uuid.UUID(hex=unique_hex(), version=4)).bytes,
         topic=topic_partition.topic,
         partition=topic_partition.partition,
         start_offset=start_offset,

@@ -15,6 +15,7 @@ from slts.tools.simulation.runner import run_seed, shrink, soak
 
 from slts.errors import InvalidArgument
 from slts.metadata.records import ChunkRecord
+from slts.remote.manager import RemoteLogManager
 from slts.storage.chunked import ChunkedSegmentStorage
 
 SEEDS = range(30)
@@ -196,3 +197,50 @@ def test_an_observer_seeing_a_mix_of_layouts_is_caught(monkeypatch: pytest.Monke
     summary = soak([13, 18], OPS)
     kinds = set(summary.violations)
     assert kinds & {"observer_mixed_layout", "observer_error:MetadataCorrupted"}, summary.line()
+
+
+#: Seeds of the remote room (``remote_room``) at ``REMOTE_OPS`` steps: 19 found the fetch
+#: that returned another leader's batches past an unclean election (fixed since: see
+#: tests/remote/test_fetch_lineage.py); 37 meets a fetch ignoring the lineage as well.
+REMOTE_SEEDS = (19, 37)
+REMOTE_OPS = 300
+
+
+def test_the_remote_room_runs_clean_and_covers_its_steps() -> None:
+    """The remote room's steps run among the others on fixed seeds, without violation:
+    copies that copy, fetches that return batches, retention that deletes, unclean
+    elections, partition deletions and crashes inside a remote task."""
+    lines = []
+    for seed in REMOTE_SEEDS:
+        result = run_seed(seed, REMOTE_OPS)
+        assert result.violation is None, f"seed {seed}: {result.violation}"
+        lines += result.lines
+    covered = {
+        "copy": any(line.startswith("remote_copy") and "copied [(" in line for line in lines),
+        "fetch": any(line.startswith("remote_fetch") and "bytes to" in line for line in lines),
+        "retention": any(line.startswith("remote_retention") and "deleted [(" in line for line in lines),
+        "unclean election": any("truncated to" in line for line in lines),
+        "partition deletion": any("starts over" in line for line in lines),
+        "crash in a remote task": any(line.startswith("crash") and "remote " in line for line in lines),
+        "failure under faults": any(line.startswith("remote") and "failed (" in line for line in lines),
+    }
+    assert all(covered.values()), covered
+
+
+def fetch_ignoring_the_lineage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A remote log bug: the fetch drops the leader-epoch cache it was given (so it may
+    serve a diverged leader's segment)."""
+    fetch_once = RemoteLogManager._fetch_once
+
+    def ignoring(self, tp, offset, max_bytes, cache, min_one_message):  # type: ignore[no-untyped-def]
+        return fetch_once(self, tp, offset, max_bytes, None, min_one_message)
+
+    monkeypatch.setattr(RemoteLogManager, "_fetch_once", ignoring)
+
+
+def test_a_fetch_ignoring_the_lineage_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The remote oracle bites: a fetch that ignores the lineage returns another leader's
+    batch after an unclean election, a ``remote_fetch_content`` violation."""
+    fetch_ignoring_the_lineage(monkeypatch)
+    result = run_seed(37, REMOTE_OPS)
+    assert result.violation is not None and result.violation.kind == "remote_fetch_content", result.violation

@@ -29,6 +29,9 @@ from slts.storage.chunked import ChunkedSegmentStorage
 
 from .model import State
 
+#: The names of the remote room's segments (``slts.remote.rsm``), left out of ``observe``.
+REMOTE_PREFIX = "remote/"
+
 
 class Violation(Exception):
     """An invariant failed: ``kind`` names which (the soak counts by it)."""
@@ -54,6 +57,8 @@ def observe(storage: ChunkedSegmentStorage) -> State:
     result: State = {}
     try:
         for name in storage.list():
+            if name.startswith(REMOTE_PREFIX):
+                continue  # the remote room's segments: its own oracle (``remote_room``)
             info = storage.info(name)
             data = storage.read(storage.open_read(name), info.start_offset, info.length - info.start_offset)
             result[name] = (info.start_offset, info.length, info.sealed, data)
@@ -86,6 +91,7 @@ def check_verify(storage: ChunkedSegmentStorage, segments: int) -> None:
         raise Violation(
             "verify_system_chunk_leak" if system_only else "verify", "; ".join(report.problems[:3])
         )
+    segments += sum(1 for name in storage.list() if name.startswith(REMOTE_PREFIX))
     if report.segments != segments:
         raise Violation("verify", f"verify saw {report.segments} segments, the model has {segments}")
 

@@ -34,6 +34,12 @@ WEIGHTS: dict[str, int] = {
     "restore": 1,
     "crash": 3,
     "zombie": 2,
+    # the remote room (``remote_room``): a tiered Kafka log of one or two partitions
+    "remote_produce": 6,
+    "remote_copy": 3,
+    "remote_fetch": 3,
+    "remote_retention": 2,
+    "remote_delete_partition": 1,  # mostly a cleanup run; now and then a deletion
 }
 KINDS = tuple(WEIGHTS)
 

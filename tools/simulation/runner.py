@@ -60,6 +60,7 @@ def _check(world: World) -> None:
     checks.check_content(world.observe(), world.model.state())
     checks.check_verify(world.s, len(world.model.segments))
     checks.check_leaks(world.s)
+    world.remote.check()
 
 
 def _check_count(what: str, value: object, minimum: int = 0) -> None:

@@ -42,6 +42,7 @@ from . import checks
 from .checks import Violation
 from .model import Model, Segment, State, summary
 from .observer import Interleaver, Layouts
+from .remote_room import RemoteRoom
 from .seam import Seam
 
 NAMES = tuple(f"p{p}/s{i}" for p in range(2) for i in range(6))
@@ -121,6 +122,8 @@ class World:
         #: The read-only observer of ``observe`` steps, made on first use and again when
         #: ``store`` is replaced (a restore).
         self.observer: Process | None = None
+        #: The remote room (``remote_room``): local Kafka logs tiered into this container.
+        self.remote = RemoteRoom(self, profile)
 
     # -- processes ------------------------------------------------------------------------------
 
@@ -157,6 +160,7 @@ class World:
         return self.owner.storage
 
     def close(self) -> None:
+        self.remote.close()
         self._end(self.owner, close=not self.owner.store.dead)
         self._end_observer()
 
@@ -647,6 +651,23 @@ class World:
         checks.check_content(self.observe(), self.model.state())
         return f"restore from tier-2 (sequence {report.sequence}) into a fresh store, epoch {self.s.epoch}"
 
+    # -- the remote room (``remote_room``) --------------------------------------------------
+
+    def do_remote_produce(self, rng: random.Random) -> str:
+        return self.remote.produce(rng)
+
+    def do_remote_copy(self, rng: random.Random) -> str:
+        return self.remote.copy(rng)
+
+    def do_remote_fetch(self, rng: random.Random) -> str:
+        return self.remote.fetch(rng)
+
+    def do_remote_retention(self, rng: random.Random) -> str:
+        return self.remote.retention(rng)
+
+    def do_remote_delete_partition(self, rng: random.Random) -> str:
+        return self.remote.delete_partition(rng)
+
     # -- crash, takeover, batch defrag --------------------------------------------------------
 
     _CRASHABLE = (
@@ -661,6 +682,8 @@ class World:
         "chain",
         "snapshot",
         "flush",
+        "remote_copy",
+        "remote_retention",
     )
 
     def do_crash(self, rng: random.Random) -> str:
@@ -712,6 +735,8 @@ class World:
         "create",
         "flush",
         "read",
+        "remote_copy",
+        "remote_retention",
     )
 
     def do_zombie(self, rng: random.Random) -> str:
@@ -743,14 +768,19 @@ class World:
             "create": lambda: z.create(self.free_name(rng) or name),
             "flush": lambda: z.durable.flush() if z.durable else None,
             "read": lambda: z.read(z.open_read(name), segment.start, len(segment.data) - segment.start),
+            "remote_copy": lambda: self.remote.zombie_task(z, "copy", rng),
+            "remote_retention": lambda: self.remote.zombie_task(z, "retention", rng),
         }
+        remote_before = self.remote.snapshot()
         self.seam.clock.advance(rng.choice([0.0, GC_DELAY_S + 1]))
         returned, result, _ = self.run_op(zombie, None, calls[kind])
-        what = f"{kind} {name}"
+        what = kind if kind.startswith("remote") else f"{kind} {name}"
         observed = self.observe()
-        if observed != self.model.state():
+        if observed != self.model.state() or self.remote.snapshot() != remote_before:
             how = "returned" if returned else repr(result)
             raise Violation("zombie_changed_state", f"the zombie's {what} changed the store ({how})")
+        if kind.startswith("remote") and returned and not result:
+            return f"{what}: nothing to change"  # nothing to copy or delete: no commit tried
         if kind == "read":
             if returned and result != bytes(segment.data[segment.start :]):
                 raise Violation(
