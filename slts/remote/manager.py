@@ -55,7 +55,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 
 from slts.errors import InvalidArgument, InvalidLogSegment, RemoteOffsetOutOfRange, RemoteSegmentNotFound
@@ -75,6 +75,7 @@ from slts.remote.records import (
 )
 from slts.remote.rlmm import RemoteLogMetadataManager
 from slts.remote.rsm import IndexType, LogSegmentData, RemoteStorageManager
+from slts.remote.workers import executor
 from slts.storage.chunked import ChunkedSegmentStorage
 
 logger = logging.getLogger(__name__)
@@ -132,8 +133,9 @@ class RemoteLogManager:
     """KIP-405's RLM on one SLTS container (the owner; a read-only instance can fetch).
 
     ``validate`` (default on) checks every segment's batches and indexes before the RSM
-    is called (see module doc); ``inspection_ahead`` inspects the next segment in a
-    background thread while one is written."""
+    is called (see module doc), the next segment's in a background thread while one is
+    written; ``threads=False`` runs that work, and the default RSM's, in the calling
+    thread (``slts.remote.workers``: a seeded simulation replays exactly)."""
 
     def __init__(
         self,
@@ -144,6 +146,7 @@ class RemoteLogManager:
         rsm: RemoteStorageManager | None = None,
         offset_indexes: OffsetIndexCache | None = None,
         validate: bool = True,
+        threads: bool = True,
     ) -> None:
         if not isinstance(storage, ChunkedSegmentStorage):
             raise InvalidArgument(f"{storage!r} is not a ChunkedSegmentStorage")
@@ -151,13 +154,16 @@ class RemoteLogManager:
             raise InvalidArgument(f"broker id {broker_id!r} is not a non-negative integer")
         if not isinstance(validate, bool):
             raise InvalidArgument(f"validate must be True or False, got {validate!r}")
+        if not isinstance(threads, bool):
+            raise InvalidArgument(f"threads must be True or False, got {threads!r}")
         if rsm is not None and not isinstance(rsm, RemoteStorageManager):
             raise InvalidArgument(f"{rsm!r} is not a RemoteStorageManager")
         self.rlmm = RemoteLogMetadataManager(storage)
-        self.rsm = rsm if rsm is not None else RemoteStorageManager(storage)
+        self.rsm = rsm if rsm is not None else RemoteStorageManager(storage, threads=threads)
         self.offset_indexes = offset_indexes if offset_indexes is not None else OffsetIndexCache()
         self.broker_id = broker_id
         self.validate = validate
+        self.threads = threads
         self._locks = storage.context.locks
         self._clock = clock
 
@@ -278,7 +284,7 @@ class RemoteLogManager:
                 for segment, following in candidates
                 if segment.size_bytes > 0
             ]
-            with ThreadPoolExecutor(1, thread_name_prefix="slts-remote-inspect") as ahead:
+            with executor(1, "slts-remote-inspect", threads=self.threads) as ahead:
                 inspections = [self._inspect_later(ahead, tp, *pending[0])] if pending else []
                 for number, (segment, following, data) in enumerate(pending):
                     inspected = inspections[number].result()
@@ -290,7 +296,7 @@ class RemoteLogManager:
 
     def _inspect_later(
         self,
-        pool: ThreadPoolExecutor,
+        pool: Executor,
         tp: TopicPartition,
         segment: LocalSegment,
         following: int,

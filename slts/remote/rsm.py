@@ -42,7 +42,7 @@ import enum
 import io
 import os
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +56,7 @@ from slts.errors import (
 )
 from slts.limiter import TrafficClass, traffic_class
 from slts.remote.records import RemoteLogSegmentMetadata
+from slts.remote.workers import executor
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.types import SegmentHandle
 
@@ -102,15 +103,19 @@ class RemoteStorageManager:
         *,
         write_bytes: int = WRITE_BYTES_DEFAULT,
         read_bytes: int = READ_BYTES_DEFAULT,
+        threads: bool = True,
     ) -> None:
         if not isinstance(storage, ChunkedSegmentStorage):
             raise InvalidArgument(f"{storage!r} is not a ChunkedSegmentStorage")
+        if not isinstance(threads, bool):
+            raise InvalidArgument(f"threads must be True or False, got {threads!r}")
         for value, what in ((write_bytes, "write_bytes"), (read_bytes, "read_bytes")):
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 30:
                 raise InvalidArgument(f"{what} must be an integer in 1..2**30, got {value!r}")
         self.storage = storage
         self.write_bytes = write_bytes
         self.read_bytes = read_bytes
+        self.threads = threads
 
     # -- names -----------------------------------------------------------------------------------
 
@@ -198,7 +203,7 @@ class RemoteStorageManager:
         (log_name, log), *others = opened
         with (
             traffic_class(TrafficClass.OFFLOAD),
-            ThreadPoolExecutor(len(opened) + 1, thread_name_prefix="slts-remote-copy") as pool,
+            executor(len(opened) + 1, "slts-remote-copy", threads=self.threads) as pool,
         ):
 
             def submit(call: Callable[..., None], *args: Any) -> Future[None]:

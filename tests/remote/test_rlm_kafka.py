@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from slts.tools.kafka_logs import build_log, decode_records, leader_epoch_checkpoint_bytes, write_log_dir
 
-from slts.errors import RemoteOffsetOutOfRange, StorageUnavailable
+from slts.errors import InvalidArgument, RemoteOffsetOutOfRange, StorageUnavailable
 from slts.remote import kafka_formats as kf
 from slts.remote.lineage import LeaderEpochCache, filtered_epochs, segment_within_lineage
 from slts.remote.local_log import LocalLog, LocalSegment, local_log
@@ -586,3 +586,24 @@ def test_fetches_beside_retention_return_whole_batches_or_out_of_range(env: Env,
             thread.join()
     assert list(manager.rlmm.list_segments(TP)) == []
     assert "batches" in outcomes
+
+
+def test_without_threads_every_copy_step_runs_in_the_calling_thread(env: Env, tmp_path: Path) -> None:
+    """``threads=False`` (a seeded simulation's replay): the inspection ahead and the
+    RSM's side-by-side writes run in the caller's thread; a bad flag is refused."""
+    folder = partition_folder(tmp_path / "orders-0", [(0, 20), (60, 20), (120, 2)], [(0, 0)])
+    storage = env.open()
+    manager = RemoteLogManager(storage, threads=False)
+    seen: set[str] = set()
+    write = storage.write
+
+    def recording_write(*args: object, **kwargs: object) -> object:
+        seen.add(threading.current_thread().name)
+        return write(*args, **kwargs)  # type: ignore[arg-type]
+
+    storage.write = recording_write  # type: ignore[method-assign]
+    assert len(manager.copy_rolled_segments(TP, folder.local()).copied) == 2
+    assert seen == {threading.current_thread().name}
+    for bad in ("yes", 1, None):
+        with pytest.raises(InvalidArgument):
+            RemoteLogManager(storage, threads=bad)  # type: ignore[arg-type]

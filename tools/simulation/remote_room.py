@@ -31,14 +31,11 @@ return only if it had nothing to change.
 
 from __future__ import annotations
 
-import contextlib
 import random
 import shutil
 import struct
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,8 +44,6 @@ from slts.tools.kafka_logs import BatchInfo, kafka_index_bytes, make_batch
 
 from slts.errors import RemoteOffsetOutOfRange, SltsError
 from slts.metadata.schema import REMOTE_TABLES
-from slts.remote import manager as manager_module
-from slts.remote import rsm as rsm_module
 from slts.remote.lineage import LeaderEpochCache
 from slts.remote.local_log import LocalLog, LocalSegment
 from slts.remote.manager import RemoteLogManager
@@ -64,43 +59,6 @@ if TYPE_CHECKING:
 PARTITIONS = (TopicPartition("sim", 0), TopicPartition("sim", 1))
 #: Small index interval, so that the offset index has entries in small segments.
 INDEX_INTERVAL_BYTES = 300
-
-
-class InlineExecutor:
-    """A thread pool that runs each task at once, in the caller's thread, in submission
-    order: the remote copy's writes (and the inspection ahead) without a thread schedule."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        del args, kwargs
-
-    def __enter__(self) -> InlineExecutor:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
-        future: Future[Any] = Future()
-        try:
-            future.set_result(fn(*args, **kwargs))
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
-            future.set_exception(exc)
-        return future
-
-    def shutdown(self, *args: Any, **kwargs: Any) -> None:
-        del args, kwargs
-
-
-@contextlib.contextmanager
-def inline_pools() -> Iterator[None]:
-    """Inside the block, ``slts.remote``'s thread pools run their tasks inline (the thread
-    schedule is no input of a simulated run; ``gc_delete_threads=1`` does the same for GC)."""
-    saved = manager_module.ThreadPoolExecutor, rsm_module.ThreadPoolExecutor
-    manager_module.ThreadPoolExecutor = rsm_module.ThreadPoolExecutor = InlineExecutor  # type: ignore[assignment,misc]
-    try:
-        yield
-    finally:
-        manager_module.ThreadPoolExecutor, rsm_module.ThreadPoolExecutor = saved  # type: ignore[misc]
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +235,7 @@ class RemoteRoom:
     def manager(self, storage: Any) -> RemoteLogManager:
         """The remote log manager of an instance (one per instance)."""
         if self._manager is None or self._manager_of is not storage:
-            self._manager = RemoteLogManager(storage, clock=self.world.seam.clock)
+            self._manager = RemoteLogManager(storage, clock=self.world.seam.clock, threads=False)
             self._manager_of = storage
         return self._manager
 
@@ -310,10 +268,9 @@ class RemoteRoom:
     def copy(self, rng: random.Random) -> str:
         tp = rng.choice(self.tps)
         log = self.partitions[tp].local_log(rng)
-        with inline_pools():
-            returned, result, injected = self.world.run_op(
-                self.world.owner, rng, lambda: self.rlm.copy_rolled_segments(tp, log)
-            )
+        returned, result, injected = self.world.run_op(
+            self.world.owner, rng, lambda: self.rlm.copy_rolled_segments(tp, log)
+        )
         what = f"remote copy {tp} (lso {log.last_stable_offset})"
         self._unexpected(what, returned, result, injected)
         if not returned:
@@ -407,12 +364,11 @@ class RemoteRoom:
     def zombie_task(self, storage: Any, task: str, rng: random.Random) -> bool:
         """A remote task of a fenced instance (``storage``, after a takeover): it must
         change nothing. True if it had something to change (a copy or a delete to do)."""
-        rlm = RemoteLogManager(storage, clock=self.world.seam.clock)
+        rlm = RemoteLogManager(storage, clock=self.world.seam.clock, threads=False)
         tp = rng.choice(self.tps)
         log = self.partitions[tp].local_log()
         if task == "copy":
-            with inline_pools():
-                return bool(rlm.copy_rolled_segments(tp, log).copied)
+            return bool(rlm.copy_rolled_segments(tp, log).copied)
         report = rlm.enforce_retention(tp, log, retention_bytes=0, now_ms=self.now_ms())
         return bool(report.deleted)
 
