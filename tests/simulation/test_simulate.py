@@ -192,9 +192,10 @@ def test_an_observer_seeing_a_mix_of_layouts_is_caught(monkeypatch: pytest.Monke
     """The observer's oracle: a walk across commits is a violation (a mixed layout, or
     damage reported on an undamaged store), found within the CI slice's seeds."""
     walk_across_commits(monkeypatch)
-    # Seeds of the CI slice that meet it (2 of its 30); a change to how steps draw their
-    # choices may need others: ``soak(SEEDS, OPS)`` with the defect planted finds them.
-    summary = soak([13, 18], OPS)
+    # Seeds that meet it (2 of the first 60 since the remote room joined the programs); a
+    # change to how steps draw their choices may need others: ``soak(range(60), OPS)``
+    # with the defect planted finds them.
+    summary = soak([42, 59], OPS)
     kinds = set(summary.violations)
     assert kinds & {"observer_mixed_layout", "observer_error:MetadataCorrupted"}, summary.line()
 
