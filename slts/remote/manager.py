@@ -411,13 +411,7 @@ class RemoteLogManager:
             except RemoteSegmentNotFound:
                 continue  # retention deleted the segment it resolved: resolve again
         earliest, highest = self._remote_range(tp)
-        raise RemoteOffsetOutOfRange(
-            f"{tp}: offset {offset} was deleted while it was read ({_span(earliest, highest)})",
-            partition=str(tp),
-            offset=offset,
-            earliest=earliest,
-            highest=highest,
-        )
+        raise _out_of_range(tp, offset, "was deleted while it was read", earliest, highest)
 
     def _fetch_once(
         self,
@@ -430,24 +424,12 @@ class RemoteLogManager:
         """One attempt; raises ``RemoteSegmentNotFound`` if the first segment vanished."""
         earliest, highest = self._remote_range(tp)
         if earliest is None or highest is None or not earliest <= offset <= highest:
-            raise RemoteOffsetOutOfRange(
-                f"{tp}: offset {offset} is outside the remote log ({_span(earliest, highest)})",
-                partition=str(tp),
-                offset=offset,
-                earliest=earliest,
-                highest=highest,
-            )
+            raise _out_of_range(tp, offset, "is outside the remote log", earliest, highest)
         metadata = self._segment_for(tp, offset, cache)
         if metadata is None:
             epoch = None if cache is None else cache.epoch_for_offset(offset)
-            raise RemoteOffsetOutOfRange(
-                f"{tp}: no remote segment holds offset {offset}"
-                + (f" in leader epoch {epoch}" if cache is not None else ""),
-                partition=str(tp),
-                offset=offset,
-                earliest=earliest,
-                highest=highest,
-            )
+            where = f" of leader epoch {epoch}" if cache is not None else ""
+            raise _out_of_range(tp, offset, f"is in no remote segment{where}", earliest, highest)
         records = bytearray()
         segments: list[uuid.UUID] = []
         position = offset
@@ -826,5 +808,14 @@ def _largest_timestamp(segment: LocalSegment) -> int:
     return entries[-1].timestamp if entries else kf.NO_TIMESTAMP
 
 
-def _span(earliest: int | None, highest: int | None) -> str:
-    return "empty" if earliest is None or highest is None else f"offsets {earliest}..{highest}"
+def _out_of_range(
+    tp: TopicPartition, offset: int, why: str, earliest: int | None, highest: int | None
+) -> RemoteOffsetOutOfRange:
+    span = "empty" if earliest is None or highest is None else f"offsets {earliest}..{highest}"
+    return RemoteOffsetOutOfRange(
+        f"{tp}: offset {offset} {why} (remote log: {span})",
+        partition=str(tp),
+        offset=offset,
+        earliest=earliest,
+        highest=highest,
+    )
