@@ -285,11 +285,11 @@ class RemoteLogManager:
                 if segment.size_bytes > 0
             ]
             with executor(1, "slts-remote-inspect", threads=self.threads) as ahead:
-                inspections = [self._inspect_later(ahead, tp, *pending[0])] if pending else []
+                inspections = [self._inspect_later(ahead, tp, *pending[0][::2])] if pending else []
                 for number, (segment, following, data) in enumerate(pending):
                     inspected = inspections[number].result()
                     if number + 1 < len(pending):  # the next file is checked while this one is written
-                        inspections.append(self._inspect_later(ahead, tp, *pending[number + 1]))
+                        inspections.append(self._inspect_later(ahead, tp, *pending[number + 1][::2]))
                     report.copied.append(self._copy(tp, log, segment, following, data, inspected))
             report.skipped = rolled - len(report.copied)
             return report
@@ -299,10 +299,9 @@ class RemoteLogManager:
         pool: Executor,
         tp: TopicPartition,
         segment: LocalSegment,
-        following: int,
         data: LogSegmentData,
     ) -> Future[InspectedLog | None]:
-        del following
+        """``segment``'s inspection (None without validation), run on ``pool``."""
         if not self.validate:
             done: Future[InspectedLog | None] = Future()
             done.set_result(None)
