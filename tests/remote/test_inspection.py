@@ -6,9 +6,9 @@ are exactly the first ``size_bytes``; memory does not grow with the number of ba
 from __future__ import annotations
 
 import dataclasses
-import gc
 import struct
-import tracemalloc
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -274,33 +274,47 @@ def test_a_uniform_logs_indexes_are_kafkas(tmp_path: Path) -> None:
 
 def peak_bytes_inspecting(folder: Path, batches: int) -> int:
     """tracemalloc's peak while inspecting a log of ``batches`` 100-byte batches whose
-    offset index has about 50 entries whatever the count."""
+    offset index has about 50 entries whatever the count. Measured in a child process
+    with nothing else running: tracemalloc counts every thread's allocations, and a test
+    process has the threads earlier tests left (a store's flusher, an S3 client's pool)."""
     log = write_uniform_log(folder, batch_bytes=100, total_bytes=batches * 100, interval_bytes=batches * 2)
-    data = LogSegmentData(
-        log.paths["log"],
-        log.paths["index"],
-        log.paths["timeindex"],
-        log.paths["leader-epoch-checkpoint"].read_bytes(),
+    paths = [str(log.paths[kind]) for kind in ("log", "index", "timeindex", "leader-epoch-checkpoint")]
+    child = subprocess.run(
+        [sys.executable, "-c", _MEASURE, str(batches), *paths],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
     )
-    gc.collect()
-    tracemalloc.start()
-    try:
-        inspected = inspect_segment(data, label=LABEL)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert inspected.batches == batches
-    return peak
+    assert child.returncode == 0, child.stderr
+    return int(child.stdout)
 
 
-def test_memory_does_not_grow_with_the_number_of_batches(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+#: The child's work: inspect the log in blocks of 64 KiB (so that both logs span many
+#: blocks; at the default 1 MiB the small one would be read in one) and print the peak.
+_MEASURE = """
+import gc, sys, tracemalloc
+from pathlib import Path
+from slts.remote import kafka_formats as kf
+from slts.remote.inspection import inspect_segment
+from slts.remote.rsm import LogSegmentData
+kf.SCAN_BLOCK_BYTES = 64 << 10
+batches, log, index, time_index, checkpoint = int(sys.argv[1]), *sys.argv[2:]
+data = LogSegmentData(log, index, time_index, Path(checkpoint).read_bytes())
+gc.collect()
+tracemalloc.start()
+inspected = inspect_segment(data, label="measured")
+peak = tracemalloc.get_traced_memory()[1]
+tracemalloc.stop()
+assert inspected.batches == batches, inspected
+print(peak)
+"""
+
+
+def test_memory_does_not_grow_with_the_number_of_batches(tmp_path: Path) -> None:
     """Ten times the batches (and the same number of index entries): the peak of Python
     allocations stays the same within a few KB. Keeping every batch's header (about 380
-    bytes each) would add some 30 MB here. Blocks of 64 KiB, so that both logs span
-    many blocks (at the default 1 MiB the small log would be read in one)."""
-    monkeypatch.setattr(kf, "SCAN_BLOCK_BYTES", 64 << 10)
+    bytes each) would add some 30 MB here."""
     small = peak_bytes_inspecting(tmp_path / "small", 10_000)
     large = peak_bytes_inspecting(tmp_path / "large", 100_000)
     assert large - small < 16 << 10, (small, large)
