@@ -420,12 +420,16 @@ class RemoteLogManager:
         cache: LeaderEpochCache | None,
         min_one_message: bool,
     ) -> FetchResult:
-        """One attempt; raises ``RemoteSegmentNotFound`` if the first segment vanished."""
-        earliest, highest = self._remote_range(tp)
-        if earliest is None or highest is None or not earliest <= offset <= highest:
-            raise _out_of_range(tp, offset, "is outside the remote log", earliest, highest)
-        metadata = self._segment_for(tp, offset, cache)
+        """One attempt; raises ``RemoteSegmentNotFound`` if the first segment vanished.
+        The log start offset (one read) guards the segments retention is deleting; the
+        lookup finds nothing above the highest offset; the remote range is read for the
+        error only."""
+        start = self._log_start_offset(tp)
+        metadata = None if start is None or offset < start else self._segment_for(tp, offset, cache)
         if metadata is None:
+            earliest, highest = self._remote_range(tp)
+            if earliest is None or highest is None or not earliest <= offset <= highest:
+                raise _out_of_range(tp, offset, "is outside the remote log", earliest, highest)
             epoch = None if cache is None else cache.epoch_for_offset(offset)
             where = f" of leader epoch {epoch}" if cache is not None else ""
             raise _out_of_range(tp, offset, f"is in no remote segment{where}", earliest, highest)
