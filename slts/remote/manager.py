@@ -285,11 +285,16 @@ class RemoteLogManager:
                 if segment.size_bytes > 0
             ]
             with executor(1, "slts-remote-inspect", threads=self.threads) as ahead:
-                inspections = [self._inspect_later(ahead, tp, *pending[0][::2])] if pending else []
+
+                def inspect(number: int) -> Future[InspectedLog | None]:
+                    segment, _, data = pending[number]
+                    return self._inspect_later(ahead, tp, segment, data)
+
+                inspections = [inspect(0)] if pending else []
                 for number, (segment, following, data) in enumerate(pending):
                     inspected = inspections[number].result()
                     if number + 1 < len(pending):  # the next file is checked while this one is written
-                        inspections.append(self._inspect_later(ahead, tp, *pending[number + 1][::2]))
+                        inspections.append(inspect(number + 1))
                     report.copied.append(self._copy(tp, log, segment, following, data, inspected))
             report.skipped = rolled - len(report.copied)
             return report
@@ -564,14 +569,14 @@ class RemoteLogManager:
         lineage = filtered_epochs(log.leader_epochs.as_dict())
         breached = _Breach(
             cleanup_until_ms=None if retention_ms is None else now - retention_ms,
-            remaining_bytes=self._breached_bytes(tp, log, lineage, retention_bytes),
+            remaining_bytes=self._breached_bytes(tp, log, listed, lineage, retention_bytes),
         )
         chosen: dict[bytes, RemoteLogSegmentMetadata] = {}
         going = True
         for epoch in lineage:
             if not going:
                 break
-            for metadata in self._listing(tp, epoch):
+            for metadata in _holding(listed, epoch):
                 if not going:
                     break
                 state = metadata.segment_state
@@ -595,7 +600,7 @@ class RemoteLogManager:
         if earliest is not None:  # epochs older than the lineage: after an unclean election
             seen = set(chosen)
             for epoch in (e for e in remote_epochs if e < earliest[0]):
-                for metadata in self._listing(tp, epoch):
+                for metadata in _holding(listed, epoch):
                     if metadata.segment_id not in seen and all(
                         e < earliest[0] for e in metadata.leader_epochs
                     ):
@@ -608,24 +613,24 @@ class RemoteLogManager:
         return report
 
     def _breached_bytes(
-        self, tp: TopicPartition, log: LocalLog, lineage: dict[int, int], retention_bytes: int | None
+        self,
+        tp: TopicPartition,
+        log: LocalLog,
+        listed: list[RemoteLogSegmentMetadata],
+        lineage: dict[int, int],
+        retention_bytes: int | None,
     ) -> int | None:
         """Bytes over ``retention_bytes`` of the whole log (Kafka's ``RetentionSizeData``):
-        the local segments not yet remote and the finished remote segments of the lineage;
-        None if no limit or within it."""
+        the local segments not yet remote and the finished remote segments of the lineage
+        (of ``listed``, the partition's listing); None if no limit or within it."""
         if retention_bytes is None:
             return None
-        counted: set[bytes] = set()
-        remote = 0
-        for epoch in lineage:
-            for metadata in self._listing(tp, epoch):
-                if (
-                    metadata.segment_state == SegmentState.COPY_SEGMENT_FINISHED
-                    and metadata.segment_id not in counted
-                    and segment_within_lineage(metadata, log.log_end_offset, lineage)
-                ):
-                    counted.add(metadata.segment_id)
-                    remote += metadata.size_bytes
+        remote = sum(
+            metadata.size_bytes
+            for metadata in listed
+            if metadata.segment_state == SegmentState.COPY_SEGMENT_FINISHED
+            and segment_within_lineage(metadata, log.log_end_offset, lineage)
+        )
         highest, _ = self.find_highest_remote_offset(tp, log)
         total = log.only_local_bytes(highest) + remote
         return total - retention_bytes if total > retention_bytes else None
@@ -700,6 +705,12 @@ class _Breach:
         self.remaining_bytes -= metadata.size_bytes
         self._moved_past(metadata)
         return True
+
+
+def _holding(listed: list[RemoteLogSegmentMetadata], epoch: int) -> Iterator[RemoteLogSegmentMetadata]:
+    """The segments of ``listed`` (a listing, by start offset) that hold ``epoch``: the
+    RLMM's listing under that epoch, taken from the one listing a retention run reads."""
+    return (metadata for metadata in listed if epoch in metadata.leader_epochs)
 
 
 def _below_log_start(
