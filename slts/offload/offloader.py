@@ -28,7 +28,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 from slts.errors import (
     EntryTooLarge,
@@ -41,8 +41,10 @@ from slts.limiter import TrafficClass, traffic_class
 from slts.metadata.schema import OFFLOAD_LEDGERS
 from slts.metadata.store import Delete, Expect, Put, prefix_stop
 from slts.offload import formats
-from slts.offload.ledger_metadata import LedgerMetadata, decode_ledger_metadata, encode_ledger_metadata
-from slts.offload.ledgers import LedgerReadHandle, check_entry_range, check_ledger_id
+from slts.offload.ledger_metadata import decode_ledger_metadata, encode_ledger_metadata
+from slts.offload.ledgers import LedgerReadHandle, check_ledger_id
+from slts.offload.names import data_name, index_name
+from slts.offload.reading import OffloadedLedger
 from slts.offload.records import OffloadRecord, OffloadState, ledger_prefix, record_key
 from slts.offload.throttle import FlowPermits, ThrottledReadHandle, process_flow_permits
 from slts.storage.chunked import ChunkedSegmentStorage
@@ -54,18 +56,6 @@ ENTRIES_PER_READ = 100
 WRITE_BYTES_DEFAULT = 8 << 20
 #: Bytes per ranged read of a reader (Pulsar's ``managedLedgerOffloadReadBufferSizeInBytes``).
 READ_AHEAD_BYTES_DEFAULT = 1 << 20
-#: The folder of the offloaded objects.
-FOLDER = "offload"
-
-
-def data_name(ledger_id: int, uid: uuid.UUID) -> str:
-    """The SLTS segment of the data object (Pulsar's object key under ``offload/``)."""
-    return f"{FOLDER}/{uid}-ledger-{ledger_id}"
-
-
-def index_name(ledger_id: int, uid: uuid.UUID) -> str:
-    """The SLTS segment of the index object."""
-    return f"{data_name(ledger_id, uid)}-index"
 
 
 class LedgerOffloader:
@@ -262,7 +252,13 @@ class LedgerOffloader:
                 object=name,
                 offset=0,
             )
-        return OffloadedLedger(self, record, index, decode_ledger_metadata(index.ledger_metadata, name=name))
+        return OffloadedLedger(
+            self.storage,
+            record,
+            index,
+            decode_ledger_metadata(index.ledger_metadata, name=name),
+            read_ahead_bytes=self.read_ahead_bytes,
+        )
 
     def delete_offloaded(self, ledger_id: int, uid: uuid.UUID) -> None:
         """Delete attempt ``uid`` of ``ledger_id``: DELETING, both objects, the record.
@@ -300,149 +296,6 @@ class LedgerOffloader:
                 uid=str(uid),
             )
         return record
-
-
-class OffloadedLedger:
-    """A read handle of an offloaded ledger (the source's shape: ``ledger_id``,
-    ``last_entry_id``, ``length``, ``closed``, ``metadata``, ``read``)."""
-
-    def __init__(
-        self,
-        offloader: LedgerOffloader,
-        record: OffloadRecord,
-        index: formats.OffloadIndex,
-        metadata: LedgerMetadata,
-    ) -> None:
-        self._storage = offloader.storage
-        self._read_ahead = offloader.read_ahead_bytes
-        self._align = self._storage.config.checksum_block_bytes
-        self._record = record
-        self._index = index
-        self._metadata = metadata
-        self.name = data_name(record.ledger_id, record.id)
-        self._segment = self._storage.open_read(self.name)
-        self._buffer_start = 0
-        self._buffer = memoryview(b"")
-        #: (entry id, byte position) where the last read stopped: a sequential reader goes on there.
-        self._resume: tuple[int, int] | None = None
-
-    @property
-    def ledger_id(self) -> int:
-        return self._record.ledger_id
-
-    @property
-    def last_entry_id(self) -> int:
-        return self._record.entries - 1
-
-    @property
-    def length(self) -> int:
-        return self._record.length
-
-    @property
-    def closed(self) -> bool:
-        return True
-
-    @property
-    def metadata(self) -> LedgerMetadata:
-        return self._metadata
-
-    def read(self, first: int, last: int) -> list[bytes]:
-        """Entries ``first..last`` inclusive. Raises ``EntryOutOfRange``,
-        ``InvalidArgument``, ``InvalidOffloadObject`` (a block header or entry framing that
-        does not parse: the data object is damaged), storage errors."""
-        first, last = check_entry_range(self, first, last)
-        entries: list[bytes] = []
-        for entry_id, payload in self._walk(first):
-            entries.append(payload)
-            if entry_id == last:
-                break
-        assert len(entries) == last - first + 1, (first, last, len(entries))
-        return entries
-
-    def _walk(self, first: int) -> Iterator[tuple[int, bytes]]:
-        """(entry id, payload) from ``first`` on, across blocks, ids without a gap."""
-        blocks = self._index.entries
-        number = self._index.block_for(first)
-        start, block_end = self._bounds(number)
-        if self._resume is not None and self._resume[0] == first and start < self._resume[1] < block_end:
-            expected, position = self._resume  # a sequential reader: on where the last read stopped
-        else:
-            expected, position = self._enter_block(number, blocks[number].entry_id)
-        while True:
-            if position + formats.ENTRY_HEADER_SIZE <= block_end:
-                length, entry_id = formats.parse_entry_header(self._view(position, formats.ENTRY_HEADER_SIZE))
-            else:
-                length, entry_id = -1, -1  # the block is full to its end
-            if length < 0:  # padding: the next block, which must go on with the next entry
-                number += 1
-                if number == len(blocks):
-                    return
-                _, block_end = self._bounds(number)
-                expected, position = self._enter_block(number, expected)
-                continue
-            end = position + formats.ENTRY_HEADER_SIZE + length
-            if entry_id != expected or end > block_end:
-                raise InvalidOffloadObject(
-                    f"offload object {self.name!r} at byte {position}: entry {entry_id} of {length} bytes"
-                    f" where entry {expected} was expected within the block ending at {block_end}",
-                    object=self.name,
-                    offset=position,
-                )
-            if entry_id >= first:
-                payload = bytes(self._view(position + formats.ENTRY_HEADER_SIZE, length))
-                self._resume = (entry_id + 1, end)
-                yield entry_id, payload
-            expected, position = entry_id + 1, end
-
-    def _bounds(self, number: int) -> tuple[int, int]:
-        """Where block ``number`` starts and ends in the data object (from the index)."""
-        blocks = self._index.entries
-        end = blocks[number + 1].offset if number + 1 < len(blocks) else self._index.data_object_length
-        return blocks[number].offset, end
-
-    def _enter_block(self, number: int, expected: int) -> tuple[int, int]:
-        """Check block ``number``'s header against the index and ``expected`` (the entry id
-        it must begin with); return (that id, the position of its first entry)."""
-        entry = self._index.entries[number]
-        start, end = self._bounds(number)
-        header = formats.parse_block_header(
-            self._view(start, formats.HEADER_SIZE), name=self.name, offset=start
-        )
-        if (
-            header.first_entry_id != entry.entry_id
-            or entry.entry_id != expected
-            or start + header.block_length != end
-        ):
-            raise InvalidOffloadObject(
-                f"offload object {self.name!r} at byte {start}: the block header says first entry"
-                f" {header.first_entry_id} and {header.block_length} bytes, the index {entry.entry_id}"
-                f" and {end - start}, the entries before it lead to {expected}",
-                object=self.name,
-                offset=start,
-            )
-        return entry.entry_id, start + formats.HEADER_SIZE
-
-    def _view(self, position: int, length: int) -> memoryview:
-        """``length`` bytes of the data object at ``position`` (valid until the next call),
-        from the read-ahead buffer or a ranged read of at least ``read_ahead_bytes``."""
-        offset = position - self._buffer_start
-        if offset >= 0 and offset + length <= len(self._buffer):
-            return self._buffer[offset : offset + length]
-        data_end = self._index.data_object_length
-        if position + length > data_end:
-            raise InvalidOffloadObject(
-                f"offload object {self.name!r} at byte {position}: {length} bytes asked past its end",
-                object=self.name,
-                offset=position,
-            )
-        # On the SLTS checksum blocks' grid (the offloader's writes keep chunks on it), so
-        # the storage verifies whole blocks and hands them over without cutting a copy.
-        align = self._align
-        start = position - position % align
-        end = min(data_end, -(-max(position + length, start + self._read_ahead) // align) * align)
-        self._buffer = memoryview(self._storage.read(self._segment, start, end - start))
-        self._buffer_start = start
-        return self._buffer[position - start : position - start + length]
 
 
 class _EntrySource:

@@ -46,9 +46,7 @@ from dataclasses import dataclass
 
 from slts.errors import (
     EntryOutOfOrder,
-    EntryOutOfRange,
     InvalidArgument,
-    InvalidOffloadObject,
     OffloadNotFound,
     SegmentNotFound,
 )
@@ -56,9 +54,10 @@ from slts.limiter import TrafficClass, traffic_class
 from slts.metadata.schema import OFFLOAD_STREAM_LEDGERS, OFFLOAD_STREAM_SEGMENTS
 from slts.metadata.store import Delete, Expect, Operation, Put, prefix_stop
 from slts.offload import formats
-from slts.offload.ledger_metadata import LedgerInfo, LedgerMetadata, encode_ledger_info
-from slts.offload.ledgers import check_entry_range, check_ledger_id
-from slts.offload.offloader import FOLDER
+from slts.offload.ledger_metadata import LedgerInfo, encode_ledger_info
+from slts.offload.ledgers import check_ledger_id
+from slts.offload.names import segment_index_name, segment_name
+from slts.offload.reading import StreamingLedgerHandle, block_entries
 from slts.offload.records import (
     StreamLedgerRecord,
     StreamSegmentRecord,
@@ -97,16 +96,6 @@ class OffloadResult:
     begin_entry: int
     end_ledger: int
     end_entry: int
-
-
-def segment_name(managed_ledger: str, uid: uuid.UUID) -> str:
-    """The SLTS segment of a streaming segment's data object."""
-    return f"{FOLDER}/{managed_ledger}/{uid}"
-
-
-def segment_index_name(managed_ledger: str, uid: uuid.UUID) -> str:
-    """The SLTS segment of a streaming segment's index object."""
-    return f"{segment_name(managed_ledger, uid)}-index"
 
 
 class StreamingOffloader:
@@ -265,7 +254,7 @@ class StreamingOffloader:
                 self.storage.read(handle, position, formats.HEADER_SIZE), name=name, offset=position
             )
             block = self.storage.read(handle, position, header.block_length)
-            entries = _block_entries(block, header, name=name, offset=position)
+            entries = block_entries(block, header, name=name, offset=position)
             record = self._commit_block(record, header, entries)
         return record
 
@@ -392,7 +381,7 @@ class StreamingOffloader:
             for row in by_sequence[sequence].blocks
             if row[0] == ledger_id
         ]
-        return StreamingLedgerHandle(self, ledger_id, blocks)
+        return StreamingLedgerHandle(self.storage, self.managed_ledger, ledger_id, blocks)
 
     def delete_ledger(self, ledger_id: int) -> list[uuid.UUID]:
         """Mark ``ledger_id`` deleted and delete the complete segments whose ledgers are
@@ -651,128 +640,3 @@ class OffloadHandle:
         self._buffered -= sum(len(data) for _, _, data in block)
         self._cond.notify_all()
         return block, flushing
-
-
-class StreamingLedgerHandle:
-    """A read handle of one ledger across streaming segments (the source's shape)."""
-
-    def __init__(
-        self,
-        offloader: StreamingOffloader,
-        ledger_id: int,
-        blocks: list[tuple[StreamSegmentRecord, list[int]]],
-    ) -> None:
-        self._offloader = offloader
-        self._ledger_id = ledger_id
-        self._blocks = blocks
-        self._first = blocks[0][1][1] if blocks else 0
-        self._last = blocks[-1][1][5] if blocks else -1
-        self._length = sum(
-            segment.ledgers[ledger_id][1] for segment in {s.sequence: s for s, _ in blocks}.values()
-        )
-
-    @property
-    def ledger_id(self) -> int:
-        return self._ledger_id
-
-    @property
-    def first_entry_id(self) -> int:
-        """The first entry offloaded (a ledger offloaded from its middle starts later)."""
-        return self._first
-
-    @property
-    def last_entry_id(self) -> int:
-        return self._last
-
-    @property
-    def length(self) -> int:
-        return self._length
-
-    @property
-    def closed(self) -> bool:
-        return all(segment.state == StreamState.COMPLETE for segment, _ in self._blocks)
-
-    @property
-    def metadata(self) -> LedgerMetadata:
-        return LedgerMetadata(last_entry_id=self._last, length=self._length, closed=self.closed)
-
-    def read(self, first: int, last: int) -> list[bytes]:
-        """Entries ``first..last`` in order, across segments. Raises ``EntryOutOfRange``
-        (outside what was offloaded), ``InvalidOffloadObject`` (damaged blocks)."""
-        first, last = check_entry_range(self, first, last)
-        if first < self._first:
-            raise EntryOutOfRange(
-                f"ledger {self._ledger_id}: entries before {self._first} were not offloaded",
-                ledger=self._ledger_id,
-                first=first,
-                last=last,
-            )
-        storage = self._offloader.storage
-        entries: list[bytes] = []
-        expected = first
-        for segment, (_, block_first, _, offset, length, block_last) in self._blocks:
-            if block_last < first or block_first > last:
-                continue
-            name = segment_name(self._offloader.managed_ledger, segment.id)
-            block = storage.read(storage.open_read(name), offset, length)
-            header = formats.parse_streaming_block_header(block, name=name, offset=offset)
-            if (header.ledger_id, header.first_entry_id, header.block_length) != (
-                self._ledger_id,
-                block_first,
-                length,
-            ):
-                raise InvalidOffloadObject(
-                    f"offload object {name!r} at byte {offset}: the block header says ledger"
-                    f" {header.ledger_id} from entry {header.first_entry_id} in {header.block_length} bytes,"
-                    f" the segment's record ledger {self._ledger_id} from {block_first} in {length}",
-                    object=name,
-                    offset=offset,
-                )
-            for entry_id, payload in _block_entries(block, header, name=name, offset=offset):
-                if first <= entry_id <= last:
-                    if entry_id != expected:
-                        raise InvalidOffloadObject(
-                            f"offload object {name!r}: entry {entry_id} where {expected} was expected",
-                            object=name,
-                            offset=offset,
-                        )
-                    entries.append(payload)
-                    expected += 1
-        assert len(entries) == last - first + 1, (first, last, len(entries))
-        return entries
-
-
-def _block_entries(
-    block: bytes, header: formats.StreamingBlockHeader, *, name: str, offset: int
-) -> list[tuple[int, bytes]]:
-    """The (entry id, payload) pairs of one whole streaming block, in order, ids following
-    one another from the header's; ``InvalidOffloadObject`` for a block cut short, an entry
-    past the block's end, or a gap."""
-    if len(block) < header.block_length:
-        raise InvalidOffloadObject(
-            f"offload object {name!r} at byte {offset}: a block of {header.block_length} bytes"
-            f" holds {len(block)}",
-            object=name,
-            offset=offset,
-        )
-    view = memoryview(block)
-    entries: list[tuple[int, bytes]] = []
-    position = formats.HEADER_SIZE
-    while position + formats.ENTRY_HEADER_SIZE <= header.block_length:
-        length, entry_id = formats.parse_entry_header(view[position:])
-        if length < 0:
-            break
-        end = position + formats.ENTRY_HEADER_SIZE + length
-        if end > header.block_length or entry_id != header.first_entry_id + len(entries):
-            raise InvalidOffloadObject(
-                f"offload object {name!r} at byte {offset + position}: entry {entry_id} of {length} bytes",
-                object=name,
-                offset=offset + position,
-            )
-        entries.append((entry_id, bytes(view[position + formats.ENTRY_HEADER_SIZE : end])))
-        position = end
-    if not entries:
-        raise InvalidOffloadObject(
-            f"offload object {name!r} at byte {offset}: a block without entries", object=name, offset=offset
-        )
-    return entries

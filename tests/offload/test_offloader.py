@@ -26,7 +26,8 @@ from slts.metadata.store import Put
 from slts.offload import formats
 from slts.offload.ledger_metadata import LedgerMetadata
 from slts.offload.ledgers import FileLedger, MemoryLedger, write_ledger_file
-from slts.offload.offloader import LedgerOffloader, data_name, index_name
+from slts.offload.names import data_name, index_name
+from slts.offload.offloader import LedgerOffloader
 from slts.offload.records import OffloadRecord, OffloadState
 from slts.storage.chunked import ChunkedSegmentStorage
 from tests.support.engine import Env, env_fixture

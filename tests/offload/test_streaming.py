@@ -26,14 +26,12 @@ from slts.metadata.schema import OFFLOAD_STREAM_SEGMENTS
 from slts.metadata.store import Put
 from slts.offload import formats
 from slts.offload.ledger_metadata import LedgerInfo, decode_ledger_info, encode_ledger_info
-from slts.offload.offloader import FOLDER
+from slts.offload.names import FOLDER, segment_index_name, segment_name
 from slts.offload.records import StreamState
 from slts.offload.streaming import (
     OfferResult,
     OffloadHandle,
     StreamingOffloader,
-    segment_index_name,
-    segment_name,
 )
 from tests.support.engine import Env, env_fixture
 from tests.support.faults import die, faulty_owner

@@ -13,11 +13,11 @@ from collections.abc import Iterator
 from slts.tools.benchmarks.base import Benchmark, Folder, Workload, timed_raw_chunk_write
 
 from slts.offload.ledgers import MemoryLedger
+from slts.offload.names import data_name
 from slts.offload.offloader import (
     READ_AHEAD_BYTES_DEFAULT,
     WRITE_BYTES_DEFAULT,
     LedgerOffloader,
-    data_name,
 )
 from slts.offload.streaming import BLOCK_BYTES_DEFAULT, OfferResult, StreamingOffloader
 
