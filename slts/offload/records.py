@@ -86,11 +86,14 @@ class OffloadRecord(Record):
 
 
 class StreamState(enum.IntEnum):
-    """Where a streaming segment stands."""
+    """Where a streaming segment stands. FAILED: a write of it failed; its objects are
+    removed and its entries are offloaded again, from its begin, by the next segment (the
+    redo), which drops its record."""
 
     OPEN = 1
     COMPLETE = 2
     DELETING = 3
+    FAILED = 4
 
 
 def stream_key(managed_ledger: str, number: int) -> bytes:

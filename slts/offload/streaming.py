@@ -41,7 +41,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from slts.errors import (
@@ -74,6 +74,9 @@ BLOCK_BYTES_DEFAULT = 5 << 20
 BUFFER_BYTES_DEFAULT = 10 << 20
 MAX_SEGMENT_BYTES_DEFAULT = 1 << 30
 MAX_SEGMENT_AGE_S_DEFAULT = 600.0
+#: Pulsar's ``minOffloadSegmentRolloverTimeInSeconds``: a segment younger than this does not
+#: roll over by size.
+MIN_SEGMENT_AGE_S_DEFAULT = 0.0
 #: How often (real seconds) the writer looks at the segment's age when nothing arrives.
 AGE_CHECK_INTERVAL_S = 1.0
 _B = 4  # position of a block's length in its record row: [ledger, first, part, offset, length, last]
@@ -99,7 +102,12 @@ class OffloadResult:
 
 
 class StreamingOffloader:
-    """PIP-76's streaming offload of one managed ledger on the container of ``storage``."""
+    """PIP-76's streaming offload of one managed ledger on the container of ``storage``.
+
+    ``threads=False`` runs each handle's writer in the caller's thread instead of its own:
+    whole blocks are written during ``offer_entry`` once a block's worth is buffered, and
+    ``flush``, ``close`` and ``check_age`` do their writing before they return
+    (deterministic: the simulator's mode)."""
 
     def __init__(
         self,
@@ -110,7 +118,9 @@ class StreamingOffloader:
         buffer_bytes: int = BUFFER_BYTES_DEFAULT,
         max_segment_bytes: int = MAX_SEGMENT_BYTES_DEFAULT,
         max_segment_age_s: float = MAX_SEGMENT_AGE_S_DEFAULT,
+        min_segment_age_s: float = MIN_SEGMENT_AGE_S_DEFAULT,
         clock: Callable[[], float] = time.time,
+        threads: bool = True,
     ) -> None:
         if not isinstance(storage, ChunkedSegmentStorage):
             raise InvalidArgument(f"{storage!r} is not a ChunkedSegmentStorage")
@@ -124,23 +134,30 @@ class StreamingOffloader:
         ):
             if isinstance(value, bool) or not isinstance(value, int) or not 256 <= value <= 1 << 40:
                 raise InvalidArgument(f"{what} must be an integer in 256..2**40, got {value!r}")
-        if (
-            isinstance(max_segment_age_s, bool)
-            or not isinstance(max_segment_age_s, int | float)
-            or max_segment_age_s <= 0
+        for seconds, what, low in (
+            (max_segment_age_s, "max_segment_age_s", 1e-9),
+            (min_segment_age_s, "min_segment_age_s", 0.0),
         ):
-            raise InvalidArgument(f"max_segment_age_s must be positive, got {max_segment_age_s!r}")
+            if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= low:
+                raise InvalidArgument(f"{what} must be a number >= {low:g}, got {seconds!r}")
+        if not isinstance(threads, bool):
+            raise InvalidArgument(f"threads must be a bool, got {threads!r}")
         self.storage = storage
         self.managed_ledger = managed_ledger
         self.block_bytes = block_bytes
+        #: As Pulsar: the buffer holds at least one block's worth.
         self.buffer_bytes = max(buffer_bytes, block_bytes)
         self.max_segment_bytes = max_segment_bytes
         self.max_segment_age_s = float(max_segment_age_s)
+        self.min_segment_age_s = float(min_segment_age_s)
         self.clock = clock
+        self.threads = threads
         self._ctx = storage.context
         self._store = storage.context.store
         self._live: OffloadHandle | None = None
         self._lock = threading.Lock()
+        #: Held by every read-modify-commit of the ledger contexts (the writer and deletes race on them).
+        self._records_lock = threading.RLock()
 
     # -- segments ---------------------------------------------------------------------------------
 
@@ -152,6 +169,14 @@ class StreamingOffloader:
                 StreamSegmentRecord.decode(s.value)
                 for _, s in view.scan(OFFLOAD_STREAM_SEGMENTS, prefix, prefix_stop(prefix))
             ]
+
+    def open_segment(self) -> StreamSegmentRecord | None:
+        """The managed ledger's OPEN segment (being offloaded, or left by a crash), if any."""
+        return next((s for s in self.segments() if s.state == StreamState.OPEN), None)
+
+    def failed_segment(self) -> StreamSegmentRecord | None:
+        """The FAILED segment awaiting its redo, if any (see ``streaming_offload``)."""
+        return next((s for s in self.segments() if s.state == StreamState.FAILED), None)
 
     def ledger(self, ledger_id: int) -> StreamLedgerRecord:
         """The offload context of ``ledger_id``; ``OffloadNotFound`` if it has none."""
@@ -169,11 +194,24 @@ class StreamingOffloader:
         begin_ledger: int = 0,
         begin_entry: int = 0,
     ) -> OffloadHandle:
-        """Open segment ``uid`` starting at (``begin_ledger``, ``begin_entry``), or resume
-        it if it is the managed ledger's open segment (the begin arguments are then its
-        own). Raises ``InvalidArgument`` (another segment is open or its handle still
-        live, ``uid`` used before, a begin not after the last segment's end, bad
-        arguments), ``Fenced``, ``ReadOnlyInstance``."""
+        """Open segment ``uid`` starting at (``begin_ledger``, ``begin_entry``); return its
+        handle. One segment is written at a time, and the one before decides:
+
+        * none, or a closed one: a new segment, beginning after the last one's end;
+        * an OPEN one with this ``uid``: it is resumed (the begin arguments are then its
+          own). Blocks a crash left written but unrecorded are recorded, and the handle
+          goes on after the last durable entry (``last_offered``). If the crash came
+          during the close (its data object is sealed), the close is finished: the handle
+          is closed already (offers return ``FAIL_SEGMENT_CLOSED``, ``result`` has it);
+        * a FAILED one, or an OPEN one of another ``uid`` (whose writer is gone): this is
+          its redo (PIP-76: a failed segment must be offloaded again before any other),
+          which must begin at its begin. Its objects are removed, and one commit drops
+          its record and its ledgers' references to it and records the new segment.
+
+        Raises ``InvalidArgument`` (a handle of this offloader is still writing, ``uid``
+        used before, a begin that is not the one expected, bad arguments), ``Fenced``,
+        ``ReadOnlyInstance``, storage errors (nothing recorded changed then, except that
+        a failed segment being redone may have lost some of its objects already)."""
         if not isinstance(uid, uuid.UUID):
             raise InvalidArgument(f"uid {uid!r} is not a uuid.UUID")
         driver = dict(driver_metadata or {})
@@ -185,38 +223,51 @@ class StreamingOffloader:
             if self._live is not None and self._live.alive:
                 raise InvalidArgument(f"{self.managed_ledger}: segment {self._live.uid} is being offloaded")
             segments = self.segments()
-            open_ones = [s for s in segments if s.state == StreamState.OPEN]
-            if open_ones and open_ones[0].id != uid:
-                raise InvalidArgument(
-                    f"{self.managed_ledger}: segment {open_ones[0].id} is still open:"
-                    " resume or close it first"
-                )
-            if open_ones:
-                record = self._roll_forward(open_ones[0])
+            if any(s.uid == uid.bytes for s in segments if s.state != StreamState.OPEN):
+                raise InvalidArgument(f"{self.managed_ledger}: uid {uid} was used before")
+            last = segments[-1] if segments else None
+            if last is not None and last.state == StreamState.OPEN and last.id == uid:
+                record, result = self._resume(last)
+            elif last is not None and last.state in (StreamState.OPEN, StreamState.FAILED):
+                if (begin_ledger, begin_entry) != (last.begin_ledger, last.begin_entry):
+                    raise InvalidArgument(
+                        f"{self.managed_ledger}: segment {last.id} is {StreamState(last.state).name}:"
+                        f" resume it, or redo it from its begin ({last.begin_ledger}, {last.begin_entry}),"
+                        f" not from ({begin_ledger}, {begin_entry})"
+                    )
+                record, result = self._open(last, uid, driver, begin_ledger, begin_entry), None
             else:
-                record = self._open(segments, uid, driver, begin_ledger, begin_entry)
-            self._live = OffloadHandle(self, record, self._write_block, self._close_segment)
+                record, result = self._open(last, uid, driver, begin_ledger, begin_entry), None
+            self._live = OffloadHandle(
+                self,
+                record,
+                result,
+                write_block=self._write_block,
+                close_segment=self._close_segment,
+                abandon=self._abandon,
+            )
             return self._live
 
     def _open(
         self,
-        segments: list[StreamSegmentRecord],
+        last: StreamSegmentRecord | None,
         uid: uuid.UUID,
         driver: dict[str, str],
         begin_ledger: int,
         begin_entry: int,
     ) -> StreamSegmentRecord:
-        if any(s.uid == uid.bytes for s in segments):
-            raise InvalidArgument(f"{self.managed_ledger}: uid {uid} was used before")
-        if segments and (begin_ledger, begin_entry) <= (segments[-1].end_ledger, segments[-1].end_entry):
-            last = segments[-1]
+        """Record a new OPEN segment after ``last`` (replacing it if it is to be redone)
+        and create its data object."""
+        redo = last is not None and last.state in (StreamState.OPEN, StreamState.FAILED)
+        closed = [s for s in self.segments() if s.state in (StreamState.COMPLETE, StreamState.DELETING)]
+        if closed and (begin_ledger, begin_entry) <= (closed[-1].end_ledger, closed[-1].end_entry):
             raise InvalidArgument(
                 f"{self.managed_ledger}: a segment must begin after the last one's end"
-                f" ({last.end_ledger}, {last.end_entry}), not at ({begin_ledger}, {begin_entry})"
+                f" ({closed[-1].end_ledger}, {closed[-1].end_entry}), not at ({begin_ledger}, {begin_entry})"
             )
         record = StreamSegmentRecord(
             self.managed_ledger,
-            segments[-1].sequence + 1 if segments else 0,
+            last.sequence + 1 if last is not None else 0,
             uid.bytes,
             StreamState.OPEN,
             self.storage.epoch,
@@ -232,23 +283,31 @@ class StreamingOffloader:
             self.block_bytes,
             driver,
         )
-        self._ctx.ownership.commit(
-            [Put(OFFLOAD_STREAM_SEGMENTS, record.key, record.encode())],
-            [Expect(OFFLOAD_STREAM_SEGMENTS, record.key, 0)],
-        )
+        ops: list[Operation] = [Put(OFFLOAD_STREAM_SEGMENTS, record.key, record.encode())]
+        expects = [Expect(OFFLOAD_STREAM_SEGMENTS, record.key, 0)]
+        if redo:
+            assert last is not None
+            failed = self._fail(last)
+            self._remove_objects(failed)
+            more_ops, more_expects = self._forget_segment(failed)
+            ops += more_ops
+            expects += more_expects
+        self._ctx.ownership.commit(ops, expects)
         self.storage.create(segment_name(self.managed_ledger, uid))
         return record
 
-    def _roll_forward(self, record: StreamSegmentRecord) -> StreamSegmentRecord:
-        """Record the blocks a crash left written but unrecorded (see module doc)."""
+    def _resume(self, record: StreamSegmentRecord) -> tuple[StreamSegmentRecord, OffloadResult | None]:
+        """Record the blocks a crash left written but unrecorded (see module doc); finish
+        the close if the crash came during it. Returns the record and, if closed, the
+        segment's result."""
         name = segment_name(self.managed_ledger, record.id)
         try:
-            length = self.storage.info(name).length
+            info = self.storage.info(name)
         except SegmentNotFound:  # the crash came between the record and the segment's creation
             self.storage.create(name)
-            return record
+            return record, None
         handle = self.storage.open_read(name)
-        while record.data_length < length:
+        while record.data_length < info.length:
             position = record.data_length
             header = formats.parse_streaming_block_header(
                 self.storage.read(handle, position, formats.HEADER_SIZE), name=name, offset=position
@@ -256,13 +315,16 @@ class StreamingOffloader:
             block = self.storage.read(handle, position, header.block_length)
             entries = block_entries(block, header, name=name, offset=position)
             record = self._commit_block(record, header, entries)
-        return record
+        if not info.sealed:
+            return record, None
+        complete = self._close_segment(record)  # sealed only by a close: finish it
+        return complete, _result_of(complete)
 
     def _commit_block(
         self,
         record: StreamSegmentRecord,
         header: formats.StreamingBlockHeader,
-        entries: list[tuple[int, bytes]],
+        entries: Sequence[tuple[int, bytes | memoryview]],
     ) -> StreamSegmentRecord:
         """Record one durable block of ``record``'s segment; return the record after it."""
         ledger_id = header.ledger_id
@@ -305,6 +367,13 @@ class StreamingOffloader:
         self._ctx.ownership.commit(ops, expects)
         return updated
 
+    def _replace(self, table: str, record: StreamSegmentRecord | StreamLedgerRecord) -> None:
+        """Commit ``record`` over the stored one of its key, expecting its version as read now."""
+        self._ctx.ownership.commit(
+            [Put(table, record.key, record.encode())],
+            [Expect(table, record.key, self._version(table, record.key))],
+        )
+
     def _version(self, table: str, key: bytes) -> int:
         with self._store.snapshot() as view:
             stored = view.get(table, key)
@@ -329,7 +398,9 @@ class StreamingOffloader:
         return self._commit_block(record, header, [(e, d) for _, e, d in entries])
 
     def _close_segment(self, record: StreamSegmentRecord) -> StreamSegmentRecord:
-        """Write the index object, seal both objects, record the segment COMPLETE."""
+        """Write the index object, seal both objects, record the segment COMPLETE (each
+        step may be repeated: a crash in between leaves a close that ``_resume``
+        finishes). If every ledger in it was deleted while it was open, delete it."""
         data = segment_name(self.managed_ledger, record.id)
         index = segment_index_name(self.managed_ledger, record.id)
         groups: dict[int, list[formats.IndexEntry]] = {}
@@ -353,127 +424,215 @@ class StreamingOffloader:
         self.storage.seal(handle)
         self.storage.seal(self.storage.open_write(data))
         complete = record.replace(state=StreamState.COMPLETE, offloaded_ms=int(self.clock() * 1000))
-        self._ctx.ownership.commit(
-            [Put(OFFLOAD_STREAM_SEGMENTS, complete.key, complete.encode())],
-            [Expect(OFFLOAD_STREAM_SEGMENTS, record.key, self._version(OFFLOAD_STREAM_SEGMENTS, record.key))],
-        )
+        self._replace(OFFLOAD_STREAM_SEGMENTS, complete)
+        if complete.ledgers and self._all_deleted(complete):
+            self._delete_segment(complete)
         return complete
 
-    # -- read and delete --------------------------------------------------------------------------
+    # -- failure ----------------------------------------------------------------------------------
+
+    def _fail(self, record: StreamSegmentRecord) -> StreamSegmentRecord:
+        """Record the segment of ``record`` FAILED (before any of its objects goes, so a
+        crash leaves either a resumable OPEN segment or a FAILED one); return its record."""
+        stored = self._stored_segment(record.key)
+        if stored is None or stored.uid != record.uid:
+            raise InvalidArgument(f"{self.managed_ledger}: segment {record.id} is gone")
+        if stored.state == StreamState.FAILED:
+            return stored
+        assert stored.state == StreamState.OPEN, stored
+        failed = stored.replace(state=StreamState.FAILED, epoch=self.storage.epoch)
+        self._replace(OFFLOAD_STREAM_SEGMENTS, failed)
+        return failed
+
+    def _abandon(self, record: StreamSegmentRecord) -> None:
+        """After a writer failed: record its segment FAILED and remove its objects, each
+        step best effort (what is left is the redo's or ``cleanup``'s)."""
+        with contextlib.suppress(Exception):
+            self._remove_objects(self._fail(record))
+
+    def _remove_objects(self, record: StreamSegmentRecord) -> None:
+        """Delete both objects of a FAILED or DELETING segment (those that exist)."""
+        assert record.state in (StreamState.FAILED, StreamState.DELETING), record
+        for name in (
+            segment_name(self.managed_ledger, record.id),
+            segment_index_name(self.managed_ledger, record.id),
+        ):
+            with contextlib.suppress(SegmentNotFound):
+                self.storage.delete(self.storage.open_write(name))
+
+    def _stored_segment(self, key: bytes) -> StreamSegmentRecord | None:
+        with self._store.snapshot() as view:
+            stored = view.get(OFFLOAD_STREAM_SEGMENTS, key)
+        return None if stored is None else StreamSegmentRecord.decode(stored.value)
+
+    # -- read, delete and clean-up ----------------------------------------------------------------
 
     def read_ledger(self, ledger_id: int) -> StreamingLedgerHandle:
         """A read handle of ``ledger_id`` across every segment holding its entries (durable
-        blocks of the open segment included). Raises ``OffloadNotFound`` (no entries, or
-        deleted), ``InvalidOffloadObject`` (a segment in a format version this reader does
-        not know)."""
+        blocks of the open segment included, a FAILED segment's left out: its entries are
+        the redo's). Raises ``OffloadNotFound`` (no readable entries, or deleted),
+        ``InvalidOffloadObject`` (a segment in a format version this reader does not know)."""
         ledger = self.ledger(ledger_id)
         if ledger.deleted:
             raise OffloadNotFound(f"{self.managed_ledger}: ledger {ledger_id} was deleted")
         by_sequence = {s.sequence: s for s in self.segments()}
-        for sequence in ledger.segments:
-            segment = by_sequence[sequence]
+        readable = [
+            by_sequence[sequence]
+            for sequence in ledger.segments
+            if by_sequence[sequence].state in (StreamState.OPEN, StreamState.COMPLETE)
+        ]
+        for segment in readable:
             formats.check_format_version(
                 segment.format_version, segment_name(self.managed_ledger, segment.id)
             )
-        blocks = [
-            (by_sequence[sequence], row)
-            for sequence in ledger.segments
-            for row in by_sequence[sequence].blocks
-            if row[0] == ledger_id
-        ]
+        blocks = [(segment, row) for segment in readable for row in segment.blocks if row[0] == ledger_id]
+        if not blocks:
+            raise OffloadNotFound(f"{self.managed_ledger}: ledger {ledger_id} has no offloaded entries")
         return StreamingLedgerHandle(self.storage, self.managed_ledger, ledger_id, blocks)
 
     def delete_ledger(self, ledger_id: int) -> list[uuid.UUID]:
         """Mark ``ledger_id`` deleted and delete the complete segments whose ledgers are
-        all deleted now; return their uids. Raises ``OffloadNotFound``, ``Fenced``,
+        all deleted now; return their uids. A segment still open is deleted when it
+        closes, a failed one is its redo's. Raises ``OffloadNotFound``, ``Fenced``,
         ``ReadOnlyInstance``."""
-        ledger = self.ledger(ledger_id)
-        if not ledger.deleted:
-            self._ctx.ownership.commit(
-                [Put(OFFLOAD_STREAM_LEDGERS, ledger.key, ledger.replace(deleted=True).encode())],
-                [
-                    Expect(
-                        OFFLOAD_STREAM_LEDGERS, ledger.key, self._version(OFFLOAD_STREAM_LEDGERS, ledger.key)
-                    )
-                ],
-            )
+        with self._records_lock:
+            ledger = self.ledger(ledger_id)
+            if not ledger.deleted:
+                self._replace(OFFLOAD_STREAM_LEDGERS, ledger.replace(deleted=True))
+            removed = []
+            for segment in self.segments():
+                if (
+                    segment.sequence in ledger.segments
+                    and segment.state in (StreamState.COMPLETE, StreamState.DELETING)
+                    and self._all_deleted(segment)
+                ):
+                    self._delete_segment(segment)
+                    removed.append(segment.id)
+            return removed
+
+    def cleanup(self) -> list[uuid.UUID]:
+        """Free what deletes and failures left behind: finish the deletes a crash
+        interrupted (DELETING), delete the complete segments whose ledgers are all deleted,
+        remove the objects of a FAILED segment (its record stays until its redo). Returns
+        the uids of the segments whose objects were removed. A read-only instance does
+        nothing. Raises ``Fenced``, storage errors (what is left stays for the next run)."""
+        if self._ctx.ownership.read_only:
+            return []
         removed = []
-        for segment in self.segments():
-            if (
-                segment.sequence in ledger.segments
-                and segment.state != StreamState.OPEN
-                and all(self.ledger(other).deleted for other in segment.ledgers)
-            ):
-                self._delete_segment(segment)
-                removed.append(segment.id)
+        with self._records_lock:
+            for segment in self.segments():
+                if segment.state == StreamState.DELETING or (
+                    segment.state == StreamState.COMPLETE and self._all_deleted(segment)
+                ):
+                    self._delete_segment(segment)
+                    removed.append(segment.id)
+                elif segment.state == StreamState.FAILED:
+                    self._remove_objects(segment)
+                    removed.append(segment.id)
         return removed
 
+    def _all_deleted(self, segment: StreamSegmentRecord) -> bool:
+        """Whether every ledger with entries in ``segment`` was deleted (a ledger without
+        a context counts as deleted: its context went with its last segment)."""
+        with self._store.snapshot() as view:
+            for ledger_id in segment.ledgers:
+                stored = view.get(OFFLOAD_STREAM_LEDGERS, stream_key(self.managed_ledger, ledger_id))
+                if stored is not None and not StreamLedgerRecord.decode(stored.value).deleted:
+                    return False
+        return True
+
     def _delete_segment(self, segment: StreamSegmentRecord) -> None:
-        if segment.state != StreamState.DELETING:
-            deleting = segment.replace(state=StreamState.DELETING)
-            self._ctx.ownership.commit(
-                [Put(OFFLOAD_STREAM_SEGMENTS, deleting.key, deleting.encode())],
-                [
-                    Expect(
-                        OFFLOAD_STREAM_SEGMENTS,
-                        segment.key,
-                        self._version(OFFLOAD_STREAM_SEGMENTS, segment.key),
-                    )
-                ],
-            )
-        for name in (
-            segment_name(self.managed_ledger, segment.id),
-            segment_index_name(self.managed_ledger, segment.id),
-        ):
-            with contextlib.suppress(SegmentNotFound):
-                self.storage.delete(self.storage.open_write(name))
+        """DELETING, both objects, then the record and its ledgers' references to it."""
+        with self._records_lock:
+            if segment.state != StreamState.DELETING:
+                deleting = segment.replace(state=StreamState.DELETING)
+                self._replace(OFFLOAD_STREAM_SEGMENTS, deleting)
+                segment = deleting
+            self._remove_objects(segment)
+            self._ctx.ownership.commit(*self._forget_segment(segment))
+
+    def _forget_segment(self, segment: StreamSegmentRecord) -> tuple[list[Operation], list[Expect]]:
+        """The operations (and their expectations) that drop ``segment``'s record and its
+        ledgers' references to it (a context left without segments goes too)."""
         ops: list[Operation] = [Delete(OFFLOAD_STREAM_SEGMENTS, segment.key)]
-        for ledger_id in segment.ledgers:
-            ledger = self.ledger(ledger_id)
-            rest = [s for s in ledger.segments if s != segment.sequence]
-            if rest:
-                ops.append(Put(OFFLOAD_STREAM_LEDGERS, ledger.key, ledger.replace(segments=rest).encode()))
-            else:
-                ops.append(Delete(OFFLOAD_STREAM_LEDGERS, ledger.key))
-        self._ctx.ownership.commit(ops, [])
+        expects = [
+            Expect(OFFLOAD_STREAM_SEGMENTS, segment.key, self._version(OFFLOAD_STREAM_SEGMENTS, segment.key))
+        ]
+        with self._store.snapshot() as view:
+            for ledger_id in segment.ledgers:
+                key = stream_key(self.managed_ledger, ledger_id)
+                stored = view.get(OFFLOAD_STREAM_LEDGERS, key)
+                if stored is None:
+                    continue
+                ledger = StreamLedgerRecord.decode(stored.value)
+                rest = [s for s in ledger.segments if s != segment.sequence]
+                ops.append(
+                    Put(OFFLOAD_STREAM_LEDGERS, key, ledger.replace(segments=rest).encode())
+                    if rest
+                    else Delete(OFFLOAD_STREAM_LEDGERS, key)
+                )
+                expects.append(Expect(OFFLOAD_STREAM_LEDGERS, key, stored.version))
+        return ops, expects
+
+
+def _result_of(record: StreamSegmentRecord) -> OffloadResult:
+    return OffloadResult(
+        record.id, record.begin_ledger, record.begin_entry, record.end_ledger, record.end_entry
+    )
 
 
 class OffloadHandle:
-    """One open streaming segment (Pulsar's ``OffloadHandle``); a writer thread turns the
-    offered entries into blocks. Thread-safe."""
+    """One streaming segment being written (Pulsar's ``OffloadHandle``). A writer (its own
+    thread, or the caller's with ``threads=False``) turns the offered entries into blocks.
+    Thread-safe.
+
+    Sizes, as Pulsar counts them: the segment's size is the payload of the entries offered
+    to it (framing, headers and padding are not counted); the buffer holds payload, and an
+    offer is refused only once the buffer already holds ``buffer_bytes`` (so it may overfill
+    by one entry, and an entry larger than the buffer is taken when the buffer is empty).
+    """
 
     def __init__(
         self,
         offloader: StreamingOffloader,
         record: StreamSegmentRecord,
+        result: OffloadResult | None,
+        *,
         write_block: Callable[[StreamSegmentRecord, list[tuple[int, int, bytes]]], StreamSegmentRecord],
         close_segment: Callable[[StreamSegmentRecord], StreamSegmentRecord],
+        abandon: Callable[[StreamSegmentRecord], None],
     ) -> None:
         self._offloader = offloader
         self._write_block = write_block
         self._close_segment = close_segment
+        self._abandon = abandon
         self._record = record
         self.uid = record.id
         self._cond = threading.Condition()
         self._buffer: deque[tuple[int, int, bytes]] = deque()
         self._buffered = 0
-        #: The segment's bytes once everything offered is written (framed entries of full
-        #: blocks; headers and padding come on top): the size rollover counts these.
-        self._offered_bytes = record.data_length
-        self._closing = False
+        #: The payload of the entries offered to the segment (the size rollover counts these).
+        self._segment_bytes = sum(payload for _, payload in record.ledgers.values())
+        self._closing = result is not None
+        self._finished = result is not None
         self._flushes = 0
         self._done_flushes = 0
         self._error: BaseException | None = None
-        self._result: OffloadResult | None = None
+        self._result = result
         last = (record.end_ledger, record.end_entry)
         self._last_offered: tuple[int, int] | None = None if last == (-1, -1) else last
-        self._writer = threading.Thread(target=self._run, name=f"slts-offload-{self.uid}", daemon=True)
-        self._writer.start()
+        self._writer: threading.Thread | None = None
+        if offloader.threads and result is None:
+            self._writer = threading.Thread(target=self._run, name=f"slts-offload-{self.uid}", daemon=True)
+            self._writer.start()
 
     @property
     def alive(self) -> bool:
-        """Whether the writer still runs (the segment is neither closed nor failed)."""
-        return self._writer.is_alive()
+        """Whether the segment is still being written (neither closed nor failed)."""
+        if self._writer is not None:
+            return self._writer.is_alive()
+        with self._cond:
+            return not self._finished
 
     def last_offered(self) -> tuple[int, int] | None:
         """The (ledger, entry) last taken (after a resume: the last durable one)."""
@@ -481,13 +640,15 @@ class OffloadHandle:
             return self._last_offered
 
     def can_offer(self, size: int) -> bool:
-        """Whether an entry of ``size`` bytes would be taken now."""
+        """Whether an entry (of any ``size``) would be taken now."""
         with self._cond:
-            return not self._closing and self._buffered + size <= self._offloader.buffer_bytes
+            return not self._closing and self._buffered < self._offloader.buffer_bytes
 
     def offer_entry(self, ledger_id: int, entry_id: int, data: bytes) -> OfferResult:
         """Take an entry. It must follow the last one offered: the next entry of the same
-        ledger, or entry 0 of a later ledger (the first one: the segment's begin).
+        ledger, or entry 0 of a later ledger (the first one: the segment's begin). The offer
+        that brings the segment's payload to ``max_segment_bytes`` (once the segment is
+        ``min_segment_age_s`` old) closes it, as does its age.
         Raises ``EntryOutOfOrder`` (nothing taken), ``InvalidArgument``, and the writer's
         error once it failed."""
         check_ledger_id(ledger_id)
@@ -497,34 +658,43 @@ class OffloadHandle:
         with self._cond:
             if self._error is not None:
                 raise self._error
-            if self._closing or self._age_due():
+            if self._closing or self._age() >= self._offloader.max_segment_age_s:
                 self._start_closing()
-                return OfferResult.FAIL_SEGMENT_CLOSED
-            expected = self._last_offered
-            follows = (
-                (ledger_id, entry_id) == (self._record.begin_ledger, self._record.begin_entry)
-                if expected is None
-                else (ledger_id == expected[0] and entry_id == expected[1] + 1)
-                or (ledger_id > expected[0] and entry_id == 0)
+                outcome = OfferResult.FAIL_SEGMENT_CLOSED
+            else:
+                self._check_follows(ledger_id, entry_id)
+                if self._buffered >= self._offloader.buffer_bytes:
+                    return OfferResult.FAIL_BUFFER_FULL
+                self._buffer.append((ledger_id, entry_id, data))
+                self._buffered += len(data)
+                self._segment_bytes += len(data)
+                self._last_offered = (ledger_id, entry_id)
+                if (
+                    self._segment_bytes >= self._offloader.max_segment_bytes
+                    and self._age() >= self._offloader.min_segment_age_s
+                ):
+                    self._start_closing()
+                self._cond.notify_all()
+                outcome = OfferResult.OK
+        self._drive()
+        return outcome
+
+    def _check_follows(self, ledger_id: int, entry_id: int) -> None:
+        expected = self._last_offered
+        follows = (
+            (ledger_id, entry_id) == (self._record.begin_ledger, self._record.begin_entry)
+            if expected is None
+            else (ledger_id == expected[0] and entry_id == expected[1] + 1)
+            or (ledger_id > expected[0] and entry_id == 0)
+        )
+        if not follows:
+            raise EntryOutOfOrder(
+                f"{self._offloader.managed_ledger}: entry ({ledger_id}, {entry_id}) does not follow"
+                f" {expected if expected is not None else 'the segment begin'}"
+                f" ({self._record.begin_ledger}, {self._record.begin_entry})",
+                ledger=ledger_id,
+                entry=entry_id,
             )
-            if not follows:
-                raise EntryOutOfOrder(
-                    f"{self._offloader.managed_ledger}: entry ({ledger_id}, {entry_id}) does not follow"
-                    f" {expected if expected is not None else 'the segment begin'}"
-                    f" ({self._record.begin_ledger}, {self._record.begin_entry})",
-                    ledger=ledger_id,
-                    entry=entry_id,
-                )
-            if self._buffered + len(data) > self._offloader.buffer_bytes and self._buffer:
-                return OfferResult.FAIL_BUFFER_FULL
-            self._buffer.append((ledger_id, entry_id, data))
-            self._buffered += len(data)
-            self._offered_bytes += formats.ENTRY_HEADER_SIZE + len(data)
-            self._last_offered = (ledger_id, entry_id)
-            if self._offered_bytes >= self._offloader.max_segment_bytes:
-                self._start_closing()  # as Pulsar: the offer that reaches the size closes the segment
-            self._cond.notify_all()
-            return OfferResult.OK
 
     def flush(self, timeout: float | None = None) -> None:
         """Write every entry offered so far (the last block may be short of
@@ -534,6 +704,8 @@ class OffloadHandle:
             self._flushes += 1
             target = self._flushes
             self._cond.notify_all()
+        self._drive()
+        with self._cond:
             if not self._cond.wait_for(
                 lambda: self._done_flushes >= target or self._error is not None or not self.alive, timeout
             ):
@@ -545,73 +717,89 @@ class OffloadHandle:
         """Write what is buffered and close the segment; return its result."""
         with self._cond:
             self._start_closing()
+        self._drive()
         return self.result(timeout)
 
     def result(self, timeout: float | None = None) -> OffloadResult:
         """Wait until the segment is closed (by size, age or ``close``); its result.
-        Raises the writer's error, ``TimeoutError``."""
-        self._writer.join(timeout)
-        if self._writer.is_alive():
-            raise TimeoutError(f"segment {self.uid} is still open after {timeout} s")
-        if self._error is not None:
-            raise self._error
-        assert self._result is not None
-        return self._result
+        Raises the writer's error, ``TimeoutError``, and ``InvalidArgument`` for a segment
+        still open without a writer thread (``threads=False``: close it first)."""
+        if self._writer is not None:
+            self._writer.join(timeout)
+            if self._writer.is_alive():
+                raise TimeoutError(f"segment {self.uid} is still open after {timeout} s")
+        with self._cond:
+            if self._error is not None:
+                raise self._error
+            if self._result is None:
+                raise InvalidArgument(f"segment {self.uid} is still open")
+            return self._result
 
     def check_age(self) -> None:
-        """Close the segment if it is older than ``max_segment_age_s`` (the writer does
-        this on its own about every second)."""
+        """Close the segment if it is older than ``max_segment_age_s`` (the writer thread
+        does this on its own about every second)."""
         with self._cond:
-            if self._age_due():
+            if self._age() >= self._offloader.max_segment_age_s:
                 self._start_closing()
+        self._drive()
 
-    def _age_due(self) -> bool:
-        age_ms = self._offloader.clock() * 1000 - self._record.assigned_ms
-        return age_ms >= self._offloader.max_segment_age_s * 1000
+    def _age(self) -> float:
+        return self._offloader.clock() - self._record.assigned_ms / 1000
 
     def _start_closing(self) -> None:
         self._closing = True
         self._cond.notify_all()
 
-    # -- the writer thread ------------------------------------------------------------------------
+    # -- the writer -------------------------------------------------------------------------------
+
+    def _drive(self) -> None:
+        """Without a writer thread: do the writer's work that is due, in this thread."""
+        if self._writer is not None:
+            return
+        while self._step(wait=False):
+            pass
 
     def _run(self) -> None:
-        with traffic_class(TrafficClass.OFFLOAD):  # the writer's blocks are offload traffic
-            self._write_until_closed()
+        while self._step(wait=True):
+            pass
 
-    def _write_until_closed(self) -> None:
+    def _step(self, *, wait: bool) -> bool:
+        """One piece of the writer's work: a block, a flush's completion or the close.
+        Returns whether to go on: False once finished or failed, or when idle and not
+        ``wait``ing (the caller's thread then returns; a writer thread waits for work)."""
+        with self._cond:
+            if self._finished:
+                return False
+            while not self._ready():
+                if not wait:
+                    return False
+                self._cond.wait(AGE_CHECK_INTERVAL_S)
+                if self._age() >= self._offloader.max_segment_age_s:
+                    self._closing = True
+            block, flushing = self._take_block()
         try:
-            while True:
-                with self._cond:
-                    while not self._ready():
-                        self._cond.wait(AGE_CHECK_INTERVAL_S)
-                        if self._age_due():
-                            self._closing = True
-                    block, flushing = self._take_block()
+            with traffic_class(TrafficClass.OFFLOAD):  # the writer's blocks are offload traffic
                 if block:
                     self._record = self._write_block(self._record, block)
-                    if self._record.data_length >= self._offloader.max_segment_bytes:
-                        with self._cond:
-                            self._closing = True
-                    continue
+                    return True
                 with self._cond:
                     self._done_flushes = max(self._done_flushes, flushing)
                     self._cond.notify_all()
-                    if not (self._closing and not self._buffer):
-                        continue
+                    if not self._closing or self._buffer:
+                        return wait  # idle: a thread waits for more, the caller's thread returns
                 self._record = self._close_segment(self._record)
-                record = self._record
-                self._result = OffloadResult(
-                    self.uid, record.begin_ledger, record.begin_entry, record.end_ledger, record.end_entry
-                )
-                return
+                with self._cond:
+                    self._result = _result_of(self._record)
+                    self._finished = True
+                    self._cond.notify_all()
+                return False
         except BaseException as exc:  # noqa: BLE001 - kept for the caller: result(), flush(), offers raise it
+            self._abandon(self._record)
             with self._cond:
                 self._error = exc
+                self._finished = True
                 self._cond.notify_all()
-        finally:
-            with self._cond:
-                self._cond.notify_all()
+            return False
 
     def _ready(self) -> bool:
         return (
