@@ -1,0 +1,343 @@
+"""Streaming offload (PIP-76) held to Pulsar's behaviour, on the filesystem binding and S3.
+
+The facts come from Pulsar's ``BlobStoreManagedLedgerOffloaderStreamingTest`` and
+``BlobStoreManagedLedgerOffloader.offerEntry``/``streamingOffload`` (segment size counted
+in payload bytes, the buffer refusing once it holds ``buffer_bytes``, the minimum segment
+age before a size rollover) and from PIP-76's failure handling (a failed segment is
+abandoned and offloaded again from its begin before anything else). The crash cases are
+SLTS's own: a close interrupted by a crash is finished by the resume, and deletes leave
+nothing behind once ``cleanup`` ran.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import uuid
+from collections.abc import Callable
+
+import pytest
+from slts.bindings.faulty import FaultyChunkStorage
+from slts.tools.simulation.seam import FakeClock
+
+from slts.errors import (
+    EntryOutOfRange,
+    InvalidArgument,
+    MetadataError,
+    OffloadNotFound,
+    SegmentNotFound,
+    SltsError,
+    StorageUnavailable,
+)
+from slts.metadata.schema import OFFLOAD_STREAM_SEGMENTS, SEGMENTS
+from slts.offload.names import FOLDER, segment_index_name, segment_name
+from slts.offload.records import StreamState
+from slts.offload.streaming import OfferResult, OffloadHandle, StreamingOffloader
+from slts.storage.chunked import ChunkedSegmentStorage
+from tests.support.engine import Env, env_fixture
+from tests.support.faults import faulty_owner
+
+env = env_fixture([("filesystem", "lmdb"), ("s3", "lmdb")])
+ML = "public/default/persistent/orders"
+#: Pulsar's tests: 5 MiB blocks, 100-byte entries, segments of 1,000 or 2,000 bytes.
+PULSAR_BLOCK = 5 << 20
+
+
+def entries(count: int, seed: int, size: int = 100) -> list[bytes]:
+    rng = random.Random(seed)
+    return [rng.randbytes(size) for _ in range(count)]
+
+
+def _nothing() -> None:
+    pass
+
+
+def exists(storage: ChunkedSegmentStorage, name: str) -> bool:
+    try:
+        storage.info(name)
+    except SegmentNotFound:
+        return False
+    return True
+
+
+def objects_of(storage: ChunkedSegmentStorage, uid: uuid.UUID) -> list[str]:
+    return [name for name in (segment_name(ML, uid), segment_index_name(ML, uid)) if exists(storage, name)]
+
+
+def fail_nth_write(
+    binding: FaultyChunkStorage, nth: int, prefix: str, then: Callable[[], None] = _nothing
+) -> None:
+    """The ``nth`` next data write (an append, or a new chunk: object stores write new
+    chunks) to a chunk whose name starts with ``prefix`` raises ``StorageUnavailable``,
+    after ``then()``."""
+
+    def fail() -> None:
+        then()
+        raise StorageUnavailable("injected write failure", injected=True)
+
+    binding.before(("create", "write"), fail, nth=nth, prefix=prefix)
+
+
+def offer_all(handle: OffloadHandle, ledger: int, first: int, payloads: list[bytes]) -> list[OfferResult]:
+    return [handle.offer_entry(ledger, first + i, data) for i, data in enumerate(payloads)]
+
+
+# -- point 1: a segment's size is its entries' payload ---------------------------------------------
+
+
+def test_ten_100_byte_entries_fill_a_1000_byte_segment_to_its_tenth_entry(env: Env) -> None:
+    """testHappyCase/testReadAndWrite: the tenth offer brings the payload to 1,000 bytes
+    and closes the segment, which ends at entry 9 and reads back exactly."""
+    offloader = StreamingOffloader(env.open(), ML, block_bytes=PULSAR_BLOCK, max_segment_bytes=1000)
+    payloads = entries(10, seed=1)
+    handle = offloader.streaming_offload(uuid.uuid4(), {"bucket": "b"}, 0, 0)
+    assert offer_all(handle, 0, 0, payloads) == [OfferResult.OK] * 10
+    result = handle.result(timeout=30)
+    assert (result.begin_ledger, result.begin_entry, result.end_ledger, result.end_entry) == (0, 0, 0, 9)
+    assert handle.offer_entry(0, 10, b"late") == OfferResult.FAIL_SEGMENT_CLOSED
+    assert offloader.read_ledger(0).read(0, 9) == payloads
+
+
+def test_a_segment_across_two_ledgers_ends_where_the_payload_reaches_its_size(env: Env) -> None:
+    """testReadAndWriteAcrossLedger: 2,000 bytes hold ten entries of ledger 0 and ten of
+    ledger 1; each ledger reads back on its own."""
+    offloader = StreamingOffloader(env.open(), ML, block_bytes=PULSAR_BLOCK, max_segment_bytes=2000)
+    first, second = entries(10, seed=2), entries(10, seed=3)
+    handle = offloader.streaming_offload(uuid.uuid4(), {}, 0, 0)
+    assert offer_all(handle, 0, 0, first) + offer_all(handle, 1, 0, second) == [OfferResult.OK] * 20
+    result = handle.result(timeout=30)
+    assert (result.end_ledger, result.end_entry) == (1, 9)
+    assert offloader.read_ledger(0).read(0, 9) == first
+    assert offloader.read_ledger(1).read(0, 9) == second
+
+
+def test_a_ledger_reads_across_two_segments_in_any_range(env: Env) -> None:
+    """testReadAndWriteAcrossSegment/testRandomRead: the second segment begins at entry 10
+    of the same ledger; every range of the 20 entries reads back exactly; a read outside
+    them (testInvalidEntryIds) is a typed error."""
+    offloader = StreamingOffloader(env.open(), ML, block_bytes=PULSAR_BLOCK, max_segment_bytes=1000)
+    payloads = entries(20, seed=4)
+    one = offloader.streaming_offload(uuid.uuid4(), {}, 0, 0)
+    assert offer_all(one, 0, 0, payloads[:10]) == [OfferResult.OK] * 10
+    assert (one.result(timeout=30).end_entry, one.offer_entry(0, 10, payloads[10])) == (
+        9,
+        OfferResult.FAIL_SEGMENT_CLOSED,
+    )
+    two = offloader.streaming_offload(uuid.uuid4(), {}, 0, 10)
+    assert offer_all(two, 0, 10, payloads[10:]) == [OfferResult.OK] * 10
+    result = two.result(timeout=30)
+    assert (result.begin_ledger, result.begin_entry, result.end_ledger, result.end_entry) == (0, 10, 0, 19)
+    handle = offloader.read_ledger(0)
+    assert handle.read(0, 19) == payloads
+    rng = random.Random(0)
+    for _ in range(40):
+        begin, end = sorted((rng.randrange(20), rng.randrange(20)))
+        assert handle.read(begin, end) == payloads[begin : end + 1]
+    for first, last in ((-1, -1), (0, 20), (5, 4)):
+        with pytest.raises((EntryOutOfRange, InvalidArgument)):
+            handle.read(first, last)
+
+
+def test_a_segment_younger_than_the_minimum_age_does_not_roll_over_by_size(env: Env) -> None:
+    """``minOffloadSegmentRolloverTimeInSeconds``: past the size, the segment stays open
+    until it is old enough; then the next offer closes it."""
+    clock = FakeClock()
+    offloader = StreamingOffloader(
+        env.open(), ML, block_bytes=PULSAR_BLOCK, max_segment_bytes=1000, min_segment_age_s=60, clock=clock
+    )
+    payloads = entries(12, seed=5)
+    handle = offloader.streaming_offload(uuid.uuid4(), {}, 0, 0)
+    assert offer_all(handle, 0, 0, payloads[:11]) == [OfferResult.OK] * 11
+    assert handle.alive
+    clock.advance(60)
+    assert handle.offer_entry(0, 11, payloads[11]) == OfferResult.OK  # old enough: this offer closes it
+    assert handle.offer_entry(0, 12, b"x") == OfferResult.FAIL_SEGMENT_CLOSED
+    assert handle.result(timeout=30).end_entry == 11
+    assert offloader.read_ledger(0).read(0, 11) == payloads
+
+
+def test_the_buffer_refuses_only_once_it_holds_its_size(env: Env) -> None:
+    """offerEntry: ``FAIL_BUFFER_FULL`` when the buffer already holds ``buffer_bytes``;
+    an offer below that is taken even if it overfills the buffer. The writer is held in
+    its first block's write, so the buffer's contents are known."""
+    storage, binding, _ = faulty_owner(env)
+    entered, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        entered.set()
+        release.wait(30)
+
+    binding.before(("create", "write"), hold, prefix=f"0/{FOLDER}/{ML}/")
+    offloader = StreamingOffloader(storage, ML, block_bytes=1024, buffer_bytes=1024)
+    a, b, c, d = entries(4, seed=6, size=1000)
+    handle = offloader.streaming_offload(uuid.uuid4(), {}, 0, 0)
+    try:
+        assert handle.offer_entry(0, 0, a) == OfferResult.OK
+        assert handle.offer_entry(0, 1, b) == OfferResult.OK  # 1,000 buffered < 1,024: taken
+        assert entered.wait(30)  # the writer took a (a block's worth was buffered) and is held
+        assert handle.offer_entry(0, 2, c) == OfferResult.OK  # b alone is buffered: 1,000 < 1,024
+        assert not handle.can_offer(1)
+        assert handle.offer_entry(0, 3, d) == OfferResult.FAIL_BUFFER_FULL  # 2,000 >= 1,024
+    finally:
+        release.set()
+    handle.flush(timeout=30)
+    assert handle.offer_entry(0, 3, d) == OfferResult.OK
+    handle.close(timeout=30)
+    assert offloader.read_ledger(0).read(0, 3) == [a, b, c, d]
+
+
+# -- point 2: a failed segment is abandoned and redone from its begin ------------------------------
+
+
+@pytest.mark.parametrize("threads", [False, True])
+def test_a_failed_segment_is_removed_and_redone_from_its_begin_under_a_new_uid(
+    env: Env, threads: bool
+) -> None:
+    """PIP-76: a segment whose write failed is FAILED and its objects are gone; nothing
+    but its redo (a new uid, from the failed segment's begin) may open; the redo holds
+    every entry once and the failed segment leaves no record or reference."""
+    storage, binding, _ = faulty_owner(env)
+    fail_nth_write(binding, 3, f"0/{FOLDER}/{ML}/")
+    offloader = StreamingOffloader(storage, ML, block_bytes=1024, buffer_bytes=4096, threads=threads)
+    payloads = entries(40, seed=7)
+    failed_uid = uuid.uuid4()
+    handle = offloader.streaming_offload(failed_uid, {}, 3, 5)
+    with pytest.raises(StorageUnavailable):
+        for i, data in enumerate(payloads):
+            assert handle.offer_entry(3, 5 + i, data) == OfferResult.OK
+            if i % 9 == 8:
+                handle.flush(timeout=30)
+    with pytest.raises(StorageUnavailable):
+        handle.result(timeout=30)
+    failed = offloader.failed_segment()
+    assert failed is not None and failed.id == failed_uid and failed.state == StreamState.FAILED
+    assert objects_of(storage, failed_uid) == []
+    with pytest.raises(OffloadNotFound):
+        offloader.read_ledger(3)  # a failed segment's blocks are not read
+    with pytest.raises(InvalidArgument, match=r"\(3, 5\)"):
+        offloader.streaming_offload(uuid.uuid4(), {}, 3, 5 + 18)  # after its durable blocks: refused
+    with pytest.raises(InvalidArgument, match="used before"):
+        offloader.streaming_offload(failed_uid, {}, 3, 5)
+    assert offloader.failed_segment() == failed  # the refusals changed nothing
+
+    redo_uid = uuid.uuid4()
+    redo = offloader.streaming_offload(redo_uid, {}, 3, 5)
+    assert offer_all(redo, 3, 5, payloads) == [OfferResult.OK] * 40
+    result = redo.close(timeout=30)
+    assert (result.uid, result.begin_entry, result.end_entry) == (redo_uid, 5, 44)
+    segments = offloader.segments()
+    assert [(s.id, s.state) for s in segments] == [(redo_uid, StreamState.COMPLETE)]
+    assert offloader.ledger(3).segments == [segments[0].sequence]
+    assert offloader.failed_segment() is None
+    handle_3 = offloader.read_ledger(3)
+    assert (handle_3.first_entry_id, handle_3.last_entry_id) == (5, 44)
+    assert handle_3.read(5, 44) == payloads
+
+
+def test_a_failed_index_write_leaves_no_index_object(env: Env) -> None:
+    """The close's index write fails: the segment is FAILED and neither object stays."""
+    storage, binding, _ = faulty_owner(env)
+    uid = uuid.uuid4()
+    binding.fail_nth("create", 1, prefix=f"0/{segment_index_name(ML, uid)}")
+    offloader = StreamingOffloader(storage, ML, block_bytes=1024, threads=False)
+    handle = offloader.streaming_offload(uid, {}, 0, 0)
+    assert offer_all(handle, 0, 0, entries(5, seed=8)) == [OfferResult.OK] * 5
+    with pytest.raises(StorageUnavailable):
+        handle.close()
+    assert offloader.failed_segment() is not None
+    assert objects_of(storage, uid) == []
+
+
+def test_a_failed_segment_whose_objects_could_not_go_is_freed_by_cleanup(env: Env) -> None:
+    """The second block's write fails, and so does the delete of the data object that
+    follows: the FAILED record stays with its object, which ``cleanup`` removes."""
+    storage, binding, store = faulty_owner(env)
+    uid = uuid.uuid4()
+    fail_nth_write(binding, 2, f"0/{FOLDER}/{ML}/", then=lambda: store.fail_nth(1, table=SEGMENTS))
+    offloader = StreamingOffloader(storage, ML, block_bytes=1024, threads=False)
+    handle = offloader.streaming_offload(uid, {}, 0, 0)
+    with pytest.raises(StorageUnavailable):
+        for i, data in enumerate(entries(30, seed=9)):
+            handle.offer_entry(0, i, data)
+    assert offloader.failed_segment() is not None
+    assert objects_of(storage, uid) == [segment_name(ML, uid)]  # its delete failed too
+    assert offloader.cleanup() == [uid]
+    assert objects_of(storage, uid) == []
+    assert offloader.failed_segment() is not None  # the record waits for the redo
+
+
+# -- point 3: a crash during the close ------------------------------------------------------------
+
+
+def test_a_resume_after_a_crash_during_the_close_finishes_the_close(env: Env) -> None:
+    """The process dies at the COMPLETE commit, after both objects were sealed: the resume
+    finishes the close instead of taking offers its writer could never write."""
+    storage, binding, store = faulty_owner(env)
+    store.on_crash = binding.kill
+    store.crash_at(3, landed=False, table=OFFLOAD_STREAM_SEGMENTS)  # open, one block, COMPLETE
+    offloader = StreamingOffloader(storage, ML, block_bytes=1024, threads=False)
+    uid = uuid.uuid4()
+    payloads = entries(3, seed=10)
+    handle = offloader.streaming_offload(uid, {}, 0, 0)
+    assert offer_all(handle, 0, 0, payloads) == [OfferResult.OK] * 3
+    handle.flush()
+    with pytest.raises(SltsError):
+        handle.close()
+    assert store.dead
+
+    resumed_offloader = StreamingOffloader(env.reopen(), ML, block_bytes=1024, threads=False)
+    resumed = resumed_offloader.streaming_offload(uid)
+    assert not resumed.alive
+    assert resumed.offer_entry(0, 3, b"next") == OfferResult.FAIL_SEGMENT_CLOSED
+    result = resumed.result()
+    assert (result.uid, result.end_ledger, result.end_entry) == (uid, 0, 2)
+    assert [s.state for s in resumed_offloader.segments()] == [StreamState.COMPLETE]
+    assert resumed_offloader.read_ledger(0).read(0, 2) == payloads
+    following = resumed_offloader.streaming_offload(uuid.uuid4(), {}, 0, 3)
+    assert following.offer_entry(0, 3, b"next") == OfferResult.OK
+    following.close()
+    assert resumed_offloader.read_ledger(0).read(0, 3) == [*payloads, b"next"]
+
+
+# -- point 4: deletes free their objects ----------------------------------------------------------
+
+
+def test_a_segment_whose_ledgers_were_all_deleted_while_open_goes_when_it_closes(env: Env) -> None:
+    storage = env.open()
+    offloader = StreamingOffloader(storage, ML, block_bytes=1024, threads=False)
+    kept_uid, gone_uid = uuid.uuid4(), uuid.uuid4()
+    kept = offloader.streaming_offload(kept_uid, {}, 0, 0)  # ledger 0 deleted, ledger 1 kept
+    offer_all(kept, 0, 0, entries(5, seed=11))
+    offer_all(kept, 1, 0, entries(5, seed=12))
+    kept.flush()
+    assert offloader.delete_ledger(0) == []
+    kept.close()
+    gone = offloader.streaming_offload(gone_uid, {}, 2, 0)  # its only ledger deleted while open
+    offer_all(gone, 2, 0, entries(5, seed=13))
+    gone.flush()
+    assert offloader.delete_ledger(2) == []  # still open: not yet
+    assert objects_of(storage, gone_uid) == [segment_name(ML, gone_uid)]
+    gone.close()
+    assert [s.id for s in offloader.segments()] == [kept_uid]
+    assert objects_of(storage, gone_uid) == []
+    assert len(objects_of(storage, kept_uid)) == 2
+    with pytest.raises(OffloadNotFound):
+        offloader.read_ledger(2)
+
+
+def test_an_interrupted_delete_is_finished_by_cleanup(env: Env) -> None:
+    storage, _, store = faulty_owner(env)
+    offloader = StreamingOffloader(storage, ML, block_bytes=1024, threads=False)
+    uid = uuid.uuid4()
+    handle = offloader.streaming_offload(uid, {}, 0, 0)
+    offer_all(handle, 0, 0, entries(5, seed=14))
+    handle.close()
+    store.fail_nth(1, table=SEGMENTS)  # the delete of the data object
+    with pytest.raises(MetadataError):
+        offloader.delete_ledger(0)
+    assert [s.state for s in offloader.segments()] == [StreamState.DELETING]
+    assert offloader.cleanup() == [uid]
+    assert offloader.segments() == [] and objects_of(storage, uid) == []
+    with pytest.raises(OffloadNotFound):
+        offloader.ledger(0)
+    assert offloader.cleanup() == []
