@@ -29,8 +29,11 @@ from slts.storage.chunked import ChunkedSegmentStorage
 
 from .model import State
 
-#: The names of the remote room's segments (``slts.remote.rsm``), left out of ``observe``.
+#: The names of the remote room's segments (``slts.remote.rsm``) and of the offload room's
+#: (``slts.offload.names``), left out of ``observe``: each room has its own oracle.
 REMOTE_PREFIX = "remote/"
+OFFLOAD_PREFIX = "offload/"
+ROOM_PREFIXES = (REMOTE_PREFIX, OFFLOAD_PREFIX)
 
 
 class Violation(Exception):
@@ -57,8 +60,8 @@ def observe(storage: ChunkedSegmentStorage) -> State:
     result: State = {}
     try:
         for name in storage.list():
-            if name.startswith(REMOTE_PREFIX):
-                continue  # the remote room's segments: its own oracle (``remote_room``)
+            if name.startswith(ROOM_PREFIXES):
+                continue  # the remote and offload rooms' segments: their own oracles
             info = storage.info(name)
             data = storage.read(storage.open_read(name), info.start_offset, info.length - info.start_offset)
             result[name] = (info.start_offset, info.length, info.sealed, data)
@@ -91,7 +94,7 @@ def check_verify(storage: ChunkedSegmentStorage, segments: int) -> None:
         raise Violation(
             "verify_system_chunk_leak" if system_only else "verify", "; ".join(report.problems[:3])
         )
-    segments += sum(1 for name in storage.list() if name.startswith(REMOTE_PREFIX))
+    segments += sum(1 for name in storage.list() if name.startswith(ROOM_PREFIXES))
     if report.segments != segments:
         raise Violation("verify", f"verify saw {report.segments} segments, the model has {segments}")
 

@@ -40,6 +40,14 @@ WEIGHTS: dict[str, int] = {
     "remote_fetch": 3,
     "remote_retention": 2,
     "remote_delete_partition": 1,  # mostly a cleanup run; now and then a deletion
+    # the offload room (``offload_room``): Pulsar's ledger (PIP-17) and streaming (PIP-76) offload
+    "offload_ledger": 2,
+    "offload_stream_offer": 6,
+    "offload_stream_flush": 2,
+    "offload_stream_close": 2,
+    "offload_read": 2,
+    "offload_delete": 2,
+    "offload_cleanup": 2,
 }
 KINDS = tuple(WEIGHTS)
 

@@ -61,6 +61,7 @@ def _check(world: World) -> None:
     checks.check_verify(world.s, len(world.model.segments))
     checks.check_leaks(world.s)
     world.remote.check()
+    world.offload.check()
 
 
 def _check_count(what: str, value: object, minimum: int = 0) -> None:

@@ -42,6 +42,7 @@ from . import checks
 from .checks import Violation
 from .model import Model, Segment, State, summary
 from .observer import Interleaver, Layouts
+from .offload_room import OffloadRoom
 from .remote_room import RemoteRoom
 from .seam import Seam
 
@@ -124,6 +125,8 @@ class World:
         self.observer: Process | None = None
         #: The remote room (``remote_room``): local Kafka logs tiered into this container.
         self.remote = RemoteRoom(self, profile)
+        #: The offload room (``offload_room``): Pulsar's ledger and streaming offload.
+        self.offload = OffloadRoom(self, profile)
 
     # -- processes ------------------------------------------------------------------------------
 
@@ -668,6 +671,29 @@ class World:
     def do_remote_delete_partition(self, rng: random.Random) -> str:
         return self.remote.delete_partition(rng)
 
+    # -- the offload room (``offload_room``) ------------------------------------------------
+
+    def do_offload_ledger(self, rng: random.Random) -> str:
+        return self.offload.offload_ledger(rng)
+
+    def do_offload_stream_offer(self, rng: random.Random) -> str:
+        return self.offload.offer(rng)
+
+    def do_offload_stream_flush(self, rng: random.Random) -> str:
+        return self.offload.flush(rng)
+
+    def do_offload_stream_close(self, rng: random.Random) -> str:
+        return self.offload.close(rng)
+
+    def do_offload_read(self, rng: random.Random) -> str:
+        return self.offload.read(rng)
+
+    def do_offload_delete(self, rng: random.Random) -> str:
+        return self.offload.delete(rng)
+
+    def do_offload_cleanup(self, rng: random.Random) -> str:
+        return self.offload.cleanup(rng)
+
     # -- crash, takeover, batch defrag --------------------------------------------------------
 
     _CRASHABLE = (
@@ -684,6 +710,12 @@ class World:
         "flush",
         "remote_copy",
         "remote_retention",
+        "offload_ledger",
+        "offload_stream_offer",
+        "offload_stream_flush",
+        "offload_stream_close",
+        "offload_delete",
+        "offload_cleanup",
     )
 
     def do_crash(self, rng: random.Random) -> str:
@@ -737,6 +769,10 @@ class World:
         "read",
         "remote_copy",
         "remote_retention",
+        "offload_stream",
+        "offload_ledger",
+        "offload_delete",
+        "offload_cleanup",
     )
 
     def do_zombie(self, rng: random.Random) -> str:
@@ -770,16 +806,26 @@ class World:
             "read": lambda: z.read(z.open_read(name), segment.start, len(segment.data) - segment.start),
             "remote_copy": lambda: self.remote.zombie_task(z, "copy", rng),
             "remote_retention": lambda: self.remote.zombie_task(z, "retention", rng),
+            "offload_stream": lambda: self.offload.zombie_task(z, "stream", rng),
+            "offload_ledger": lambda: self.offload.zombie_task(z, "ledger", rng),
+            "offload_delete": lambda: self.offload.zombie_task(z, "delete", rng),
+            "offload_cleanup": lambda: self.offload.zombie_task(z, "cleanup", rng),
         }
         remote_before = self.remote.snapshot()
+        offload_before = self.offload.snapshot()
         self.seam.clock.advance(rng.choice([0.0, GC_DELAY_S + 1]))
         returned, result, _ = self.run_op(zombie, None, calls[kind])
-        what = kind if kind.startswith("remote") else f"{kind} {name}"
+        room = kind.startswith(("remote", "offload"))
+        what = kind if room else f"{kind} {name}"
         observed = self.observe()
-        if observed != self.model.state() or self.remote.snapshot() != remote_before:
+        if (
+            observed != self.model.state()
+            or self.remote.snapshot() != remote_before
+            or self.offload.snapshot() != offload_before
+        ):
             how = "returned" if returned else repr(result)
             raise Violation("zombie_changed_state", f"the zombie's {what} changed the store ({how})")
-        if kind.startswith("remote") and returned and not result:
+        if room and returned and not result:
             return f"{what}: nothing to change"  # nothing to copy or delete: no commit tried
         if kind == "read":
             if returned and result != bytes(segment.data[segment.start :]):
