@@ -145,8 +145,8 @@ class LedgerOffloader:
 
     def _write_data(self, handle: LedgerReadHandle, name: str, written: list[str]) -> formats.OffloadIndex:
         """Write the ledger's blocks into segment ``name``; return the index of them."""
+        written.append(name)  # before: a creation whose answer is lost may have landed
         self.storage.create(name)
-        written.append(name)
         segment = self.storage.open_write(name)
         out = _Appender(self.storage, segment, self.write_bytes)
         permits = self.flow_permits if self.flow_permits is not None else process_flow_permits()
@@ -182,8 +182,8 @@ class LedgerOffloader:
         return formats.OffloadIndex(encode_ledger_metadata(handle.metadata), index, out.position)
 
     def _write_whole(self, name: str, data: bytes, written: list[str]) -> None:
-        self.storage.create(name)
         written.append(name)
+        self.storage.create(name)
         segment = self.storage.open_write(name)
         self.storage.write(segment, 0, data)
         self.storage.seal(segment)
@@ -198,11 +198,13 @@ class LedgerOffloader:
         )
 
     def _forget(self, record: OffloadRecord, written: list[str]) -> None:
-        """Best effort, after a failed attempt: delete what it wrote, then its record (what
-        is left is ``cleanup``'s)."""
+        """Best effort, after a failed attempt: delete what it wrote (or may have: a
+        creation that raised may have landed), then its record (what is left is
+        ``cleanup``'s)."""
         with contextlib.suppress(Exception):
             for name in written:
-                self.storage.delete(self.storage.open_write(name))
+                with contextlib.suppress(SegmentNotFound):
+                    self.storage.delete(self.storage.open_write(name))
             self._ctx.ownership.commit([Delete(OFFLOAD_LEDGERS, record.key)], [])
 
     # -- listing and clean-up ---------------------------------------------------------------------

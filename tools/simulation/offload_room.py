@@ -178,7 +178,8 @@ class OffloadRoom:
         returned, result, injected = self.world.run_op(self.world.owner, rng, fn)
         if not returned and not injected and not self.world.owner.store.dead:
             raise Violation(
-                f"unexpected_error:{type(result).__name__}", f"{what} raised {result!r} with no fault injected"
+                f"unexpected_error:{type(result).__name__}",
+                f"{what} raised {result!r} with no fault injected",
             )
         return returned, result
 
@@ -442,7 +443,9 @@ class OffloadRoom:
         first = rng.randrange(len(acked)) if rng is not None else 0
         last = rng.randint(first, len(acked) - 1) if rng is not None else len(acked) - 1
         what += f" {first}..{last}"
-        returned, result = self._run(rng, what, lambda: self.streaming.read_ledger(ledger_id).read(first, last))
+        returned, result = self._run(
+            rng, what, lambda: self.streaming.read_ledger(ledger_id).read(first, last)
+        )
         if not returned:
             if rng is None:
                 raise Violation("offload_acknowledged_unreadable", f"{what}: {result!r}")
@@ -456,7 +459,7 @@ class OffloadRoom:
         written), or an acknowledged PIP-17 offload. A delete that fails is repeated
         without faults (the engine retries until it is done)."""
         self._sync()
-        stream, log = self.stream, self.log
+        stream = self.stream
         candidates = sorted(self._finished_ledgers() - stream.deleted)
         if candidates and (not self.offloaded or rng.random() < 0.6):
             ledger_id = rng.choice(candidates)
@@ -485,14 +488,16 @@ class OffloadRoom:
         return f"{what}: {how}"
 
     def _finished_ledgers(self) -> set[int]:
-        """The streamed ledgers a later ledger follows among the acknowledged entries:
-        closed, every entry acknowledged (only such ledgers are deleted, as a managed
-        ledger trims only closed ledgers)."""
-        acked = self.log.entries[: self.stream.acked]
-        if not acked:
+        """The streamed ledgers that may be deleted: a later ledger follows them (closed,
+        as a managed ledger trims only closed ledgers) and all their entries are in
+        segments whose close returned. (A ledger deleted while its segment is open comes
+        back if that segment fails and its redo offers the ledger's entries again: the
+        redo drops the ledger's context, deleted flag and all, and writes a fresh one.)"""
+        closed = self.log.entries[: min(self.stream.acked, self.stream.next_begin)]
+        if not closed:
             return set()
-        newest = acked[-1][0]
-        return {lid for lid, _, _ in acked if lid < newest}
+        newest = closed[-1][0]
+        return {lid for lid, _, _ in closed if lid < newest}
 
     def _repeat_deletes(self) -> None:
         """Deletes a crash interrupted, repeated by the restarted engine (no faults)."""
@@ -541,7 +546,8 @@ class OffloadRoom:
                     raise Violation("offload_garbage_left", f"{name} ({state}, {why}) after cleanup")
                 if record.state == StreamState.COMPLETE and set(record.ledgers) <= self.stream.deleted:
                     raise Violation(
-                        "offload_deleted_left", f"{name}: its ledgers {sorted(record.ledgers)} are all deleted"
+                        "offload_deleted_left",
+                        f"{name}: its ledgers {sorted(record.ledgers)} are all deleted",
                     )
                 continue
             stem = name[len(OFFLOAD_PREFIX) :].removesuffix("-index")
@@ -621,12 +627,14 @@ class OffloadRoom:
                 held.setdefault(ledger_id, []).append((first, last, segment.id))
         for ledger_id, ranges in held.items():
             ranges.sort()
-            for (_, last, one), (first, _, other) in zip(ranges, ranges[1:], strict=False):
-                if first <= last:
+            end, holder = -1, None
+            for first, last, uid in ranges:
+                if first <= end:
                     raise Violation(
                         "offload_duplicated",
-                        f"ledger {ledger_id}: entry {first} is in segments {one} and {other}",
+                        f"ledger {ledger_id}: entry {first} is in segments {holder} and {uid}",
                     )
+                end, holder = last, uid
         acked: dict[int, int] = {}
         for ledger_id, entry, _ in self.log.entries[: self.stream.acked]:
             acked[ledger_id] = entry
