@@ -8,6 +8,8 @@ command that replays it. A seed that found a defect stays a fixed case after the
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from slts.tools.cli import main
 from slts.tools.simulation.program import Step
@@ -15,6 +17,8 @@ from slts.tools.simulation.runner import run_seed, shrink, soak
 
 from slts.errors import InvalidArgument
 from slts.metadata.records import ChunkRecord
+from slts.offload.records import StreamSegmentRecord, StreamState
+from slts.offload.streaming import StreamingOffloader
 from slts.remote.manager import RemoteLogManager
 from slts.storage.chunked import ChunkedSegmentStorage
 
@@ -245,3 +249,115 @@ def test_a_fetch_ignoring_the_lineage_is_caught(monkeypatch: pytest.MonkeyPatch)
     fetch_ignoring_the_lineage(monkeypatch)
     result = run_seed(37, REMOTE_OPS)
     assert result.violation is not None and result.violation.kind == "remote_fetch_content", result.violation
+
+
+#: Seeds of the offload room (``offload_room``) at ``OFFLOAD_OPS`` steps, chosen so that
+#: together they cover every path of the room (``test_the_offload_room_runs_clean_...``).
+OFFLOAD_SEEDS = (0, 1)
+OFFLOAD_OPS = 500
+
+
+def offload_coverage(lines: list[str]) -> dict[str, bool]:
+    """Which of the offload room's paths a run's log lines show."""
+    return {
+        "ledger offload": any(line.startswith("offload_ledger") and ": ok" in line for line in lines),
+        "ledger read": any(
+            line.startswith("offload_read: read offload") and ": ok" in line for line in lines
+        ),
+        "streamed read": any(
+            line.startswith("offload_read: read streamed") and ": ok" in line for line in lines
+        ),
+        "rollover by size": any(
+            line.startswith("offload_stream_offer") and "segment closed" in line for line in lines
+        ),
+        "rollover by age": any("age check: segment closed" in line for line in lines),
+        "failure": any(line.startswith("offload_stream") and "failed (" in line for line in lines),
+        "redo": any(line.startswith("offload_stream") and "open redo" in line for line in lines),
+        "wrong redo refused": any("refused)" in line for line in lines),
+        "crash inside the room": any(line.startswith("crash") and "offload" in line for line in lines),
+        "crash resume": any("(crash resume" in line for line in lines),
+        "delete": any(line.startswith("offload_delete: delete streamed") for line in lines),
+        "cleanup without faults": any("nothing left behind" in line for line in lines),
+        "zombie": any(line.startswith("zombie") and "offload_" in line for line in lines),
+    }
+
+
+def test_the_offload_room_runs_clean_and_covers_its_steps() -> None:
+    """The offload room's steps run among the others on fixed seeds, without violation:
+    ledger offloads and reads, streaming rollover by size and by age, failed segments and
+    their redo (a wrong begin refused), crashes inside a streaming step and the resume,
+    deletes and a cleanup after which nothing deleted or failed is left, zombies."""
+    lines = []
+    for seed in OFFLOAD_SEEDS:
+        result = run_seed(seed, OFFLOAD_OPS)
+        assert result.violation is None, f"seed {seed}: {result.violation}"
+        lines += result.lines
+    covered = offload_coverage(lines)
+    assert all(covered.values()), covered
+
+
+def redo_from_anywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A streaming offload bug: the redo of a failed (or writerless open) segment accepts
+    any begin, not only the failed segment's own (the entries between are lost)."""
+    offload = StreamingOffloader.streaming_offload
+    segments = StreamingOffloader.segments
+    asked: dict[str, tuple[uuid.UUID, int, int]] = {}
+
+    def seen(self: StreamingOffloader) -> list[StreamSegmentRecord]:
+        found = segments(self)
+        pending = found[-1] if found else None
+        if (
+            "redo" in asked
+            and pending is not None
+            and pending.state in (StreamState.OPEN, StreamState.FAILED)
+        ):
+            uid, ledger, entry = asked["redo"]
+            if pending.id != uid:
+                found[-1] = pending.replace(begin_ledger=ledger, begin_entry=entry)
+        return found
+
+    def any_begin(self, uid, driver_metadata=None, begin_ledger=0, begin_entry=0):  # type: ignore[no-untyped-def]
+        asked["redo"] = (uid, begin_ledger, begin_entry)
+        try:
+            return offload(self, uid, driver_metadata, begin_ledger, begin_entry)
+        finally:
+            asked.clear()
+
+    monkeypatch.setattr(StreamingOffloader, "segments", seen)
+    monkeypatch.setattr(StreamingOffloader, "streaming_offload", any_begin)
+
+
+def cleanup_keeping_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A streaming offload bug: ``cleanup`` passes over FAILED segments (their objects stay)."""
+    cleanup = StreamingOffloader.cleanup
+    segments = StreamingOffloader.segments
+
+    def keeping(self: StreamingOffloader) -> list[uuid.UUID]:
+        self.segments = lambda: [s for s in segments(self) if s.state != StreamState.FAILED]  # type: ignore[method-assign]
+        try:
+            return cleanup(self)
+        finally:
+            del self.segments
+
+    monkeypatch.setattr(StreamingOffloader, "cleanup", keeping)
+
+
+#: Seeds that meet each planted bug at ``OFFLOAD_OPS`` steps (``soak(range(40), 500)``
+#: with the bug planted finds others if the programs change).
+REDO_SEEDS = (0,)
+CLEANUP_SEEDS = (0,)
+
+
+def test_a_redo_from_a_wrong_begin_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The offload oracle bites: a redo that accepts the engine's wrong begin loses the
+    entries between the failed segment's begin and it (``offload_acknowledged_lost``)."""
+    redo_from_anywhere(monkeypatch)
+    summary = soak(REDO_SEEDS, OFFLOAD_OPS)
+    assert "offload_acknowledged_lost" in summary.violations, summary.line()
+
+
+def test_a_cleanup_keeping_failed_segments_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cleanup that leaves a FAILED segment's objects is an ``offload_garbage_left``."""
+    cleanup_keeping_failed(monkeypatch)
+    summary = soak(CLEANUP_SEEDS, OFFLOAD_OPS)
+    assert "offload_garbage_left" in summary.violations, summary.line()
