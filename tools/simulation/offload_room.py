@@ -254,6 +254,8 @@ class OffloadRoom:
                 stream.handle, stream.begin, stream.offered = result, probe, probe
                 return f"redo from {entry[:2]}, not its begin: accepted"
         entry = log.at(begin, rng)
+        if how.startswith("redo"):  # asking for it gives the segment up, whether it then lands or not
+            self._unacknowledge(begin)
         returned, result = self._run(
             rng, "open", lambda: self.streaming.streaming_offload(uid, {}, entry[0], entry[1])
         )
@@ -262,7 +264,6 @@ class OffloadRoom:
         if how.startswith("redo"):
             assert last is not None
             stream.abandoned.add(last.id)
-            self._unacknowledge(begin)
         stream.handle, stream.begin, stream.offered = result, begin, begin
         return f"open {how} {uid} at {entry[:2]}"
 
