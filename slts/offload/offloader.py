@@ -39,7 +39,7 @@ from slts.errors import (
 )
 from slts.limiter import TrafficClass, traffic_class
 from slts.metadata.schema import OFFLOAD_LEDGERS
-from slts.metadata.store import Delete, Expect, Put, prefix_stop
+from slts.metadata.store import Delete, Expect, Put, prefix_stop, scan_all
 from slts.offload import formats
 from slts.offload.ledger_metadata import decode_ledger_metadata, encode_ledger_metadata
 from slts.offload.ledgers import LedgerReadHandle, check_ledger_id
@@ -213,7 +213,8 @@ class LedgerOffloader:
         stop = None if ledger_id is None else prefix_stop(start)
         with self._store.snapshot() as view:
             return [
-                OffloadRecord.decode(stored.value) for _, stored in view.scan(OFFLOAD_LEDGERS, start, stop)
+                OffloadRecord.decode(stored.value)
+                for _, stored in scan_all(view, OFFLOAD_LEDGERS, start, stop)
             ]
 
     def cleanup(self) -> list[OffloadRecord]:

@@ -52,7 +52,7 @@ from slts.errors import (
 )
 from slts.limiter import TrafficClass, traffic_class
 from slts.metadata.schema import OFFLOAD_STREAM_LEDGERS, OFFLOAD_STREAM_SEGMENTS
-from slts.metadata.store import Delete, Expect, Operation, Put, prefix_stop
+from slts.metadata.store import Delete, Expect, Operation, Put, prefix_stop, scan_all
 from slts.offload import formats
 from slts.offload.ledger_metadata import LedgerInfo, encode_ledger_info
 from slts.offload.ledgers import check_ledger_id
@@ -167,7 +167,7 @@ class StreamingOffloader:
         with self._store.snapshot() as view:
             return [
                 StreamSegmentRecord.decode(s.value)
-                for _, s in view.scan(OFFLOAD_STREAM_SEGMENTS, prefix, prefix_stop(prefix))
+                for _, s in scan_all(view, OFFLOAD_STREAM_SEGMENTS, prefix, prefix_stop(prefix))
             ]
 
     def open_segment(self) -> StreamSegmentRecord | None:
@@ -573,6 +573,23 @@ class StreamingOffloader:
                 )
                 expects.append(Expect(OFFLOAD_STREAM_LEDGERS, key, stored.version))
         return ops, expects
+
+
+def managed_ledgers(storage: ChunkedSegmentStorage) -> list[str]:
+    """The managed ledgers with streaming segments on the container of ``storage``, sorted."""
+    names: list[str] = []
+    with storage.context.store.snapshot() as view:
+        start = b""
+        while True:
+            found = next(iter(view.scan(OFFLOAD_STREAM_SEGMENTS, start, None, limit=1)), None)
+            if found is None:
+                return names
+            name = found[0][: found[0].index(b"\x00")]
+            names.append(name.decode())
+            after = prefix_stop(name + b"\x00")
+            if after is None:
+                return names
+            start = after
 
 
 def _result_of(record: StreamSegmentRecord) -> OffloadResult:

@@ -30,8 +30,9 @@ from slts.errors import (
     StorageUnavailable,
 )
 from slts.metadata.schema import OFFLOAD_STREAM_SEGMENTS, SEGMENTS
+from slts.metadata.store import SCAN_LIMIT_DEFAULT, Put
 from slts.offload.names import FOLDER, segment_index_name, segment_name
-from slts.offload.records import StreamState
+from slts.offload.records import StreamSegmentRecord, StreamState
 from slts.offload.streaming import OfferResult, OffloadHandle, StreamingOffloader
 from slts.storage.chunked import ChunkedSegmentStorage
 from tests.support.engine import Env, env_fixture
@@ -341,3 +342,26 @@ def test_an_interrupted_delete_is_finished_by_cleanup(env: Env) -> None:
     with pytest.raises(OffloadNotFound):
         offloader.ledger(0)
     assert offloader.cleanup() == []
+
+
+def test_a_managed_ledger_of_more_segments_than_one_metadata_scan_opens_its_next_one(env: Env) -> None:
+    """The segments are listed past the metadata scan's page: the next segment takes the
+    sequence after the last, not one a truncated listing would give (a conflict)."""
+    storage = env.open()
+    count = SCAN_LIMIT_DEFAULT + 1
+    records = [
+        StreamSegmentRecord(
+            ML, n, uuid.uuid4().bytes, StreamState.COMPLETE, 0, 0, n, 0, n, 0, [], {}, 0, 0, 1024, {}
+        )
+        for n in range(count)
+    ]
+    storage.context.ownership.commit([Put(OFFLOAD_STREAM_SEGMENTS, r.key, r.encode()) for r in records], [])
+    offloader = StreamingOffloader(storage, ML, block_bytes=1024, threads=False)
+    assert len(offloader.segments()) == count
+    with pytest.raises(InvalidArgument, match=rf"\(0, {count - 1}\)"):
+        offloader.streaming_offload(uuid.uuid4(), {}, 0, count - 1)
+    handle = offloader.streaming_offload(uuid.uuid4(), {}, 0, count)
+    handle.offer_entry(0, count, b"last")
+    assert handle.close().end_entry == count
+    assert offloader.segments()[-1].sequence == count
+    assert offloader.read_ledger(0).read(count, count) == [b"last"]
