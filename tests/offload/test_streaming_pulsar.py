@@ -11,6 +11,7 @@ nothing behind once ``cleanup`` ran.
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import uuid
@@ -39,6 +40,8 @@ from tests.support.engine import Env, env_fixture
 from tests.support.faults import faulty_owner
 
 env = env_fixture([("filesystem", "lmdb"), ("s3", "lmdb")])
+#: The crash matrix is about the records (the same on every binding): the filesystem's.
+fs_env = env_fixture([("filesystem", "lmdb")])
 ML = "public/default/persistent/orders"
 #: Pulsar's tests: 5 MiB blocks, 100-byte entries, segments of 1,000 or 2,000 bytes.
 PULSAR_BLOCK = 5 << 20
@@ -365,3 +368,97 @@ def test_a_managed_ledger_of_more_segments_than_one_metadata_scan_opens_its_next
     assert handle.close().end_entry == count
     assert offloader.segments()[-1].sequence == count
     assert offloader.read_ledger(0).read(count, count) == [b"last"]
+
+
+# -- a crash at every commit ----------------------------------------------------------------------
+
+
+def _crash_payloads() -> list[tuple[int, int, bytes]]:
+    rng = random.Random(15)
+    return [
+        (ledger, entry, rng.randbytes(rng.randrange(40, 200)))
+        for ledger, count in ((0, 14), (1, 12))
+        for entry in range(count)
+    ]
+
+
+def _stream_from_where_it_stands(
+    offloader: StreamingOffloader, payloads: list[tuple[int, int, bytes]]
+) -> None:
+    """Drive ``offloader`` over ``payloads`` as a managed ledger does after a restart:
+    redo a failed segment, resume an open one, else continue after the last closed one;
+    offer every entry from there, opening the next segment when one closes, and close."""
+    keys = [(ledger, entry) for ledger, entry, _ in payloads]
+    failed, open_one = offloader.failed_segment(), offloader.open_segment()
+    if failed is not None:
+        start = keys.index((failed.begin_ledger, failed.begin_entry))
+        handle = offloader.streaming_offload(uuid.uuid4(), {}, *keys[start])
+    elif open_one is not None:
+        handle = offloader.streaming_offload(open_one.id)
+        done = handle.last_offered()
+        start = (
+            keys.index(done) + 1
+            if done is not None
+            else keys.index((open_one.begin_ledger, open_one.begin_entry))
+        )
+    else:
+        closed = offloader.segments()
+        start = keys.index((closed[-1].end_ledger, closed[-1].end_entry)) + 1 if closed else 0
+        if start == len(keys):
+            return
+        handle = offloader.streaming_offload(uuid.uuid4(), {}, *keys[start])
+    for ledger, entry, data in payloads[start:]:
+        while (outcome := handle.offer_entry(ledger, entry, data)) != OfferResult.OK:
+            assert outcome == OfferResult.FAIL_SEGMENT_CLOSED, outcome
+            handle.result()
+            handle = offloader.streaming_offload(uuid.uuid4(), {}, ledger, entry)
+    handle.close()
+
+
+def _crash_offloader(storage: ChunkedSegmentStorage, managed_ledger: str) -> StreamingOffloader:
+    return StreamingOffloader(
+        storage, managed_ledger, block_bytes=1024, max_segment_bytes=1500, threads=False
+    )
+
+
+@pytest.mark.parametrize("landed", [False, True], ids=["before landing", "after landing"])
+def test_a_crash_at_any_commit_is_resumed_without_loss_duplicates_or_leftovers(
+    fs_env: Env, landed: bool
+) -> None:
+    """The process dies at each commit of a streaming run in turn (the segments' and
+    ledgers' records, and the SLTS segments' own: creates, writes, seals), before or after
+    it lands; the next owner goes on from where the records stand (redo, resume or next
+    segment). Every entry reads back once, in order, exactly; the segments do not
+    overlap; no object is left but those of the recorded segments."""
+    payloads = _crash_payloads()
+    storage, _, store = faulty_owner(fs_env)
+    before = store.calls["commit"]
+    _stream_from_where_it_stands(_crash_offloader(storage, "ml/clean"), payloads)
+    total = store.calls["commit"] - before
+    assert total > 20
+    for nth in range(1, total + 1):
+        managed_ledger = f"ml/{nth:04d}"
+        storage, binding, store = faulty_owner(fs_env)
+        store.on_crash = binding.kill
+        store.crash_at(nth, landed=landed)
+        with pytest.raises(SltsError):
+            _stream_from_where_it_stands(_crash_offloader(storage, managed_ledger), payloads)
+        assert store.dead, nth
+        offloader = _crash_offloader(fs_env.reopen(), managed_ledger)
+        _stream_from_where_it_stands(offloader, payloads)
+        offloader.cleanup()
+        segments = offloader.segments()
+        assert all(s.state == StreamState.COMPLETE for s in segments), nth
+        spans = [((s.begin_ledger, s.begin_entry), (s.end_ledger, s.end_entry)) for s in segments]
+        assert all(a[1] < b[0] for a, b in itertools.pairwise(spans)), (nth, spans)
+        for ledger_id in (0, 1):
+            expected = [data for ledger, _, data in payloads if ledger == ledger_id]
+            assert offloader.read_ledger(ledger_id).read(0, len(expected) - 1) == expected, nth
+        stored = sum(count for s in segments for count, _ in s.ledgers.values())
+        assert stored == len(payloads), (nth, stored)
+        live = {
+            name
+            for s in segments
+            for name in (segment_name(managed_ledger, s.id), segment_index_name(managed_ledger, s.id))
+        }
+        assert set(fs_env.instances[-1].list(f"{FOLDER}/{managed_ledger}/")) == live, nth
