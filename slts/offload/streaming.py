@@ -348,6 +348,15 @@ class StreamingOffloader:
             end_entry=last,
             epoch=self.storage.epoch,
         )
+        with self._records_lock:
+            self._ctx.ownership.commit(*self._block_commit(record, updated, ledger_id))
+        return updated
+
+    def _block_commit(
+        self, record: StreamSegmentRecord, updated: StreamSegmentRecord, ledger_id: int
+    ) -> tuple[list[Operation], list[Expect]]:
+        """The commit recording a block: ``updated`` over ``record``, and, for the block's
+        ledger new to the segment, the segment in its context."""
         ops: list[Operation] = [Put(OFFLOAD_STREAM_SEGMENTS, updated.key, updated.encode())]
         expects = [
             Expect(OFFLOAD_STREAM_SEGMENTS, record.key, self._version(OFFLOAD_STREAM_SEGMENTS, record.key))
@@ -364,8 +373,7 @@ class StreamingOffloader:
                 ledger = ledger.replace(segments=[*ledger.segments, record.sequence])
                 ops.append(Put(OFFLOAD_STREAM_LEDGERS, key, ledger.encode()))
                 expects.append(Expect(OFFLOAD_STREAM_LEDGERS, key, version))
-        self._ctx.ownership.commit(ops, expects)
-        return updated
+        return ops, expects
 
     def _replace(self, table: str, record: StreamSegmentRecord | StreamLedgerRecord) -> None:
         """Commit ``record`` over the stored one of its key, expecting its version as read now."""
@@ -424,9 +432,10 @@ class StreamingOffloader:
         self.storage.seal(handle)
         self.storage.seal(self.storage.open_write(data))
         complete = record.replace(state=StreamState.COMPLETE, offloaded_ms=int(self.clock() * 1000))
-        self._replace(OFFLOAD_STREAM_SEGMENTS, complete)
-        if complete.ledgers and self._all_deleted(complete):
-            self._delete_segment(complete)
+        with self._records_lock:  # so that a ledger deleted meanwhile is seen here or sees this
+            self._replace(OFFLOAD_STREAM_SEGMENTS, complete)
+            if complete.ledgers and self._all_deleted(complete):
+                self._delete_segment(complete)
         return complete
 
     # -- failure ----------------------------------------------------------------------------------
