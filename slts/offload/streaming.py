@@ -459,15 +459,19 @@ class StreamingOffloader:
         with contextlib.suppress(Exception):
             self._remove_objects(self._fail(record))
 
-    def _remove_objects(self, record: StreamSegmentRecord) -> None:
-        """Delete both objects of a FAILED or DELETING segment (those that exist)."""
+    def _remove_objects(self, record: StreamSegmentRecord) -> bool:
+        """Delete both objects of a FAILED or DELETING segment (those that exist); return
+        whether there were any."""
         assert record.state in (StreamState.FAILED, StreamState.DELETING), record
+        removed = False
         for name in (
             segment_name(self.managed_ledger, record.id),
             segment_index_name(self.managed_ledger, record.id),
         ):
             with contextlib.suppress(SegmentNotFound):
                 self.storage.delete(self.storage.open_write(name))
+                removed = True
+        return removed
 
     def _stored_segment(self, key: bytes) -> StreamSegmentRecord | None:
         with self._store.snapshot() as view:
@@ -522,8 +526,8 @@ class StreamingOffloader:
     def cleanup(self) -> list[uuid.UUID]:
         """Free what deletes and failures left behind: finish the deletes a crash
         interrupted (DELETING), delete the complete segments whose ledgers are all deleted,
-        remove the objects of a FAILED segment (its record stays until its redo). Returns
-        the uids of the segments whose objects were removed. A read-only instance does
+        remove the objects a FAILED segment still has (its record stays until its redo).
+        Returns the uids of the segments deleted or whose objects were removed. A read-only instance does
         nothing. Raises ``Fenced``, storage errors (what is left stays for the next run)."""
         if self._ctx.ownership.read_only:
             return []
@@ -535,8 +539,7 @@ class StreamingOffloader:
                 ):
                     self._delete_segment(segment)
                     removed.append(segment.id)
-                elif segment.state == StreamState.FAILED:
-                    self._remove_objects(segment)
+                elif segment.state == StreamState.FAILED and self._remove_objects(segment):
                     removed.append(segment.id)
         return removed
 
