@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import struct
 import threading
 import uuid
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from slts.errors import (
 )
 from slts.metadata.schema import OFFLOAD_STREAM_SEGMENTS, SEGMENTS
 from slts.metadata.store import SCAN_LIMIT_DEFAULT, Put
+from slts.offload import formats
 from slts.offload.names import FOLDER, segment_index_name, segment_name
 from slts.offload.records import StreamSegmentRecord, StreamState
 from slts.offload.streaming import OfferResult, OffloadHandle, StreamingOffloader
@@ -462,3 +464,23 @@ def test_a_crash_at_any_commit_is_resumed_without_loss_duplicates_or_leftovers(
             for name in (segment_name(managed_ledger, s.id), segment_index_name(managed_ledger, s.id))
         }
         assert set(fs_env.instances[-1].list(f"{FOLDER}/{managed_ledger}/")) == live, nth
+
+
+@pytest.mark.parametrize("padding", [10, 0], ids=["testHavePadding", "testNoPadding"])
+def test_a_streaming_block_is_its_header_the_framed_entries_and_the_fill(env: Env, padding: int) -> None:
+    """BufferedOffloadStreamTest: ten entries of ledger 0 in one block of exactly their
+    framed size plus ``padding`` bytes: the header (block length, first entry 0, ledger
+    0), each entry's length, id and bytes, then the fill pattern to the block's end."""
+    payloads = [bytes([i]) * i for i in range(10)]
+    block = formats.HEADER_SIZE + sum(formats.ENTRY_HEADER_SIZE + len(p) for p in payloads) + padding
+    storage = env.open()
+    offloader = StreamingOffloader(storage, ML, block_bytes=block, threads=False)
+    uid = uuid.uuid4()
+    handle = offloader.streaming_offload(uid, {}, 0, 0)
+    assert offer_all(handle, 0, 0, payloads) == [OfferResult.OK] * 10
+    handle.close()
+    name = segment_name(ML, uid)
+    data = storage.read(storage.open_read(name), 0, storage.info(name).length)
+    framed = b"".join(struct.pack(">iq", len(p), i) + p for i, p in enumerate(payloads))
+    fill = bytes.fromhex("fedcdead fedcdead fedc")[:padding]
+    assert data == formats.StreamingBlockHeader(block, 0, 0).encode() + framed + fill
