@@ -259,11 +259,14 @@ class StreamingOffloader:
         """Record a new OPEN segment after ``last`` (replacing it if it is to be redone)
         and create its data object."""
         redo = last is not None and last.state in (StreamState.OPEN, StreamState.FAILED)
-        closed = [s for s in self.segments() if s.state in (StreamState.COMPLETE, StreamState.DELETING)]
-        if closed and (begin_ledger, begin_entry) <= (closed[-1].end_ledger, closed[-1].end_entry):
+        reached = max(
+            (_reached(s) for s in self.segments() if s.state in (StreamState.COMPLETE, StreamState.DELETING)),
+            default=(-1, -1),
+        )
+        if (begin_ledger, begin_entry) <= reached:
             raise InvalidArgument(
                 f"{self.managed_ledger}: a segment must begin after the last one's end"
-                f" ({closed[-1].end_ledger}, {closed[-1].end_entry}), not at ({begin_ledger}, {begin_entry})"
+                f" {reached}, not at ({begin_ledger}, {begin_entry})"
             )
         record = StreamSegmentRecord(
             self.managed_ledger,
@@ -602,6 +605,14 @@ def managed_ledgers(storage: ChunkedSegmentStorage) -> list[str]:
             if after is None:
                 return names
             start = after
+
+
+def _reached(segment: StreamSegmentRecord) -> tuple[int, int]:
+    """The (ledger, entry) a closed segment reaches: its end, or just before its begin if
+    it closed empty (its successors must not begin before it)."""
+    if (segment.end_ledger, segment.end_entry) != (-1, -1):
+        return segment.end_ledger, segment.end_entry
+    return segment.begin_ledger, segment.begin_entry - 1
 
 
 def _result_of(record: StreamSegmentRecord) -> OffloadResult:

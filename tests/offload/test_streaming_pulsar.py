@@ -484,3 +484,22 @@ def test_a_streaming_block_is_its_header_the_framed_entries_and_the_fill(env: En
     framed = b"".join(struct.pack(">iq", len(p), i) + p for i, p in enumerate(payloads))
     fill = bytes.fromhex("fedcdead fedcdead fedc")[:padding]
     assert data == formats.StreamingBlockHeader(block, 0, 0).encode() + framed + fill
+
+
+def test_a_segment_closed_empty_keeps_its_successors_after_it(env: Env) -> None:
+    """A segment that closes without entries (by age, or closed at once) ends at (-1, -1)
+    as Pulsar's result says; the next segment must still begin after everything before."""
+    offloader = StreamingOffloader(env.open(), ML, block_bytes=1024, threads=False)
+    first = offloader.streaming_offload(uuid.uuid4(), {}, 0, 0)
+    offer_all(first, 0, 0, entries(10, seed=16))
+    first.close()
+    empty = offloader.streaming_offload(uuid.uuid4(), {}, 0, 10)
+    result = empty.close()
+    assert (result.begin_ledger, result.begin_entry, result.end_ledger, result.end_entry) == (0, 10, -1, -1)
+    for begin in (5, 9):
+        with pytest.raises(InvalidArgument, match=r"after the last one's end \(0, 9\)"):
+            offloader.streaming_offload(uuid.uuid4(), {}, 0, begin)
+    following = offloader.streaming_offload(uuid.uuid4(), {}, 0, 10)
+    assert following.offer_entry(0, 10, b"ten") == OfferResult.OK
+    following.close()
+    assert offloader.read_ledger(0).read(9, 10)[1] == b"ten"
