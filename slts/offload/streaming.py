@@ -55,7 +55,7 @@ from slts.metadata.schema import OFFLOAD_STREAM_LEDGERS, OFFLOAD_STREAM_SEGMENTS
 from slts.metadata.store import Delete, Expect, Operation, Put, prefix_stop, scan_all
 from slts.offload import formats
 from slts.offload.ledger_metadata import LedgerInfo, encode_ledger_info
-from slts.offload.ledgers import check_ledger_id
+from slts.offload.ledgers import ID_MAX, check_ledger_id
 from slts.offload.names import segment_index_name, segment_name
 from slts.offload.reading import StreamingLedgerHandle, block_entries
 from slts.offload.records import (
@@ -691,8 +691,13 @@ class OffloadHandle:
         ``min_segment_age_s`` old) closes it, as does its age.
         Raises ``EntryOutOfOrder`` (nothing taken), ``InvalidArgument``, and the writer's
         error once it failed."""
-        check_ledger_id(ledger_id)
-        check_ledger_id(entry_id)
+        if (
+            type(ledger_id) is not int
+            or type(entry_id) is not int
+            or not (0 <= ledger_id <= ID_MAX and 0 <= entry_id <= ID_MAX)
+        ):  # one test in the common case (this runs per entry); the checks say what is wrong
+            check_ledger_id(ledger_id)
+            check_ledger_id(entry_id)
         if not isinstance(data, bytes) or len(data) > formats.INT32_MAX:
             raise InvalidArgument("an entry is a bytes object of at most 2**31-1 bytes")
         with self._cond:
@@ -714,7 +719,8 @@ class OffloadHandle:
                     and self._age() >= self._offloader.min_segment_age_s
                 ):
                     self._start_closing()
-                self._cond.notify_all()
+                elif self._buffered >= self._offloader.block_bytes:
+                    self._cond.notify_all()  # a block's worth: the writer has work (not before)
                 outcome = OfferResult.OK
         self._drive()
         return outcome
