@@ -24,6 +24,7 @@ from slts.tools.simulation.seam import FakeClock
 
 from slts.errors import (
     EntryOutOfRange,
+    Fenced,
     InvalidArgument,
     MetadataError,
     OffloadNotFound,
@@ -503,3 +504,45 @@ def test_a_segment_closed_empty_keeps_its_successors_after_it(env: Env) -> None:
     assert following.offer_entry(0, 10, b"ten") == OfferResult.OK
     following.close()
     assert offloader.read_ledger(0).read(9, 10)[1] == b"ten"
+
+
+def test_an_owner_taken_over_changes_nothing_and_the_new_owner_resumes_its_segment(env: Env) -> None:
+    """A's writer thread meets the takeover at its next block: its commit is fenced, and
+    so is its attempt to record the segment FAILED, so nothing of the open segment goes.
+    A's redo and delete are fenced too; no record changes. B resumes the segment
+    with its uid and every entry reads back once."""
+    a = env.open()
+    offloader_a = StreamingOffloader(a, ML, block_bytes=1024)
+    uid = uuid.uuid4()
+    payloads = entries(30, seed=17)
+    handle = offloader_a.streaming_offload(uid, {}, 0, 0)
+    offer_all(handle, 0, 0, payloads[:10])
+    handle.flush(timeout=30)
+    b = env.open()  # the takeover
+    before = env.snapshot()
+    with pytest.raises(Fenced):
+        offer_all(handle, 0, 10, payloads[10:20])
+        handle.flush(timeout=30)
+    with pytest.raises(Fenced):
+        handle.result(timeout=30)
+    for change in (
+        lambda: offloader_a.streaming_offload(uuid.uuid4(), {}, 0, 0),
+        lambda: offloader_a.delete_ledger(0),
+    ):
+        with pytest.raises(Fenced):
+            change()
+    assert offloader_a.cleanup() == []  # nothing to clean: nothing tried
+    metadata, chunks = env.snapshot()
+    assert metadata == before[0]
+    # A's last write may have landed past its chunk's recorded end before its commit was
+    # fenced: bytes no reader sees (the metadata is unchanged) and that B never extends.
+    now = dict(chunks)
+    assert all(now[name].startswith(data) for name, data in before[1])
+
+    offloader_b = StreamingOffloader(b, ML, block_bytes=1024)
+    resumed = offloader_b.streaming_offload(uid)
+    done = resumed.last_offered()
+    assert done is not None and done[1] >= 9
+    assert offer_all(resumed, 0, done[1] + 1, payloads[done[1] + 1 :]) == [OfferResult.OK] * (29 - done[1])
+    resumed.close(timeout=30)
+    assert offloader_b.read_ledger(0).read(0, 29) == payloads
