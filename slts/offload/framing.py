@@ -1,0 +1,180 @@
+"""Entry framing of offloaded blocks, parsed fast: ``[length i32][entry id i64][payload]``
+after a block's 128-byte header, up to the fill pattern (a negative length) or the
+block's end (the layouts are in ``slts.offload.formats``).
+
+``parse_frames`` walks the frames of one block inside one buffer and hands the payloads
+out as ``memoryview`` slices of that buffer (no copy). Every frame is checked: its entry
+id is the one expected (no gap, no repeat) and it ends within the block. A run of frames
+of one length (the common case: a producer's entries of one size) is checked without a
+Python step per entry: the run's headers are gathered with strided slices of the buffer
+and compared, in C, with the headers the run must have (its length, and the ids counting
+up); the first that differs ends the run and is parsed one by one. Frames of varying
+sizes fall back to one ``struct`` call per frame, and runs are then probed only now and
+then, so a block of mixed sizes costs no more than the plain walk.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from array import array
+from typing import NamedTuple
+
+from slts.errors import InvalidOffloadObject
+
+_HEADER = struct.Struct(">iq")
+HEADER_BYTES = _HEADER.size
+#: Fewest frames checked as a run (below it the plain walk is cheaper).
+RUN_MIN = 8
+#: Frames walked one by one after a run probe found fewer than ``RUN_MIN`` frames alike.
+WALK_AFTER_MISS = 64
+
+
+class Frames(NamedTuple):
+    """What ``parse_frames`` found: the payloads (ids ``first, first + 1, ...``), the
+    buffer position after the last whole frame, and whether the block's entries end
+    there (the count reached, the fill pattern, or the block's end) rather than at the
+    end of the bytes at hand. ``error``: the frame at ``position`` is damaged (the
+    payloads before it are sound); ``checked()`` raises it."""
+
+    payloads: list[memoryview]
+    position: int
+    done: bool
+    error: InvalidOffloadObject | None = None
+
+    def checked(self) -> Frames:
+        """These frames, or ``InvalidOffloadObject`` if the walk found damage."""
+        if self.error is not None:
+            raise self.error
+        return self
+
+
+def parse_frames(
+    view: memoryview,
+    position: int,
+    limit: int,
+    block_end: int,
+    first: int,
+    count: int | None,
+    *,
+    name: str,
+    base: int,
+) -> Frames:
+    """The frames from buffer position ``position`` on, ids from ``first``: at most
+    ``count`` of them (``None``: up to the fill pattern or the block's end), reading bytes
+    below ``limit`` only (the end of what ``view`` holds of the block; a frame that goes
+    past it stops the walk, ``done`` false). ``block_end`` is the block's end in buffer
+    positions (it may lie past ``limit``); ``base`` is the object offset of buffer
+    position 0 (for errors). Damage stops the walk with ``error`` set (an
+    ``InvalidOffloadObject``): a frame with another id than expected, a frame past the
+    block's end, fewer frames than ``count`` before the block ends, or a frame where the
+    block should have ended after ``count``."""
+    assert 0 <= position <= limit <= len(view), (position, limit, len(view))
+    limit = min(limit, block_end)
+    payloads: list[memoryview] = []
+    expected = first
+    remaining = count if count is not None else -1
+    walk = 0  # frames to walk one by one before the next run probe
+    probe = RUN_MIN * 8
+    while remaining:
+        if position + HEADER_BYTES > limit:
+            if limit < block_end and position + HEADER_BYTES <= block_end:
+                return Frames(payloads, position, False)  # the header is in the next bytes
+            break  # the block ends here
+        length, entry_id = _HEADER.unpack_from(view, position)
+        if length < 0:  # the fill pattern
+            break
+        end = position + HEADER_BYTES + length
+        if entry_id != expected or end > block_end:
+            return _damaged(
+                payloads,
+                position,
+                InvalidOffloadObject(
+                    f"offload object {name!r} at byte {base + position}: entry {entry_id} of {length}"
+                    f" bytes where entry {expected} was expected within the block ending at byte"
+                    f" {base + block_end}",
+                    object=name,
+                    offset=base + position,
+                ),
+            )
+        if end > limit:
+            return Frames(payloads, position, False)
+        stride = HEADER_BYTES + length
+        fits = (limit - position) // stride
+        candidates = fits if remaining < 0 else min(fits, remaining)
+        taken = 1
+        if walk:
+            walk -= 1
+        elif candidates >= RUN_MIN:
+            taken = _alike(view, position, stride, length, expected, min(candidates, probe))
+            if taken < RUN_MIN:
+                walk, probe = WALK_AFTER_MISS, RUN_MIN * 8
+            elif taken == min(candidates, probe):
+                probe *= 4
+        if taken == 1:
+            payloads.append(view[position + HEADER_BYTES : end])
+        else:
+            start = position + HEADER_BYTES
+            payloads += [view[at : at + length] for at in range(start, start + taken * stride, stride)]
+        position += taken * stride
+        expected += taken
+        remaining -= taken
+    if count is not None and remaining:
+        return _damaged(
+            payloads,
+            position,
+            InvalidOffloadObject(
+                f"offload object {name!r} at byte {base + position}: the block ends after entry"
+                f" {expected - 1}, its index or record says it holds entries up to {first + count - 1}",
+                object=name,
+                offset=base + position,
+            ),
+        )
+    if count is not None and position + HEADER_BYTES <= limit and _HEADER.unpack_from(view, position)[0] >= 0:
+        return _damaged(
+            payloads,
+            position,
+            InvalidOffloadObject(
+                f"offload object {name!r} at byte {base + position}: a frame after entry {expected - 1},"
+                " the last its index or record gives the block",
+                object=name,
+                offset=base + position,
+            ),
+        )
+    return Frames(payloads, position, True)
+
+
+def _damaged(payloads: list[memoryview], position: int, error: InvalidOffloadObject) -> Frames:
+    return Frames(payloads, position, False, error)
+
+
+def _alike(view: memoryview, position: int, stride: int, length: int, first: int, count: int) -> int:
+    """How many of the ``count`` frames every ``stride`` bytes from ``position`` have the
+    header (``length``, ``first + i``), counted from the first (which has it). The
+    headers are gathered with strided slices (4-byte words when the stride allows it),
+    compared with the expected ones, and the first difference found from the big-endian
+    XOR of the two byte strings."""
+    unit = 4 if stride % 4 == 0 else 1
+    span = view[position : position + (count - 1) * stride + HEADER_BYTES]
+    words = span.cast("I") if unit == 4 else span
+    step = stride // unit
+    ids = array("q", range(first, first + count))
+    if sys.byteorder == "little":
+        ids.byteswap()
+    id_words = memoryview(ids).cast("B")
+    if unit == 4:
+        id_words = id_words.cast("I")
+    per_id = 8 // unit
+    taken = count
+    for field in range(HEADER_BYTES // unit):
+        got = words[field::step].tobytes()
+        if field < 4 // unit:
+            want = length.to_bytes(4, "big")[field * unit : (field + 1) * unit] * count
+        else:
+            want = id_words[field - 4 // unit :: per_id].tobytes()
+        if got != want:
+            differ = int.from_bytes(got, "big") ^ int.from_bytes(want, "big")
+            first_differing_byte = len(got) - 1 - (differ.bit_length() - 1) // 8
+            taken = min(taken, first_differing_byte // unit)
+    assert taken >= 1, (position, stride, first)
+    return taken
