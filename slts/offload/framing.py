@@ -2,8 +2,11 @@
 after a block's 128-byte header, up to the fill pattern (a negative length) or the
 block's end (the layouts are in ``slts.offload.formats``).
 
-``parse_frames`` walks the frames of one block inside one buffer and hands the payloads
-out as ``memoryview`` slices of that buffer (no copy). Every frame is checked: its entry
+``parse_frames`` walks the frames of one block inside one buffer and records where the
+payloads are in a ``Runs`` table (a few ``array`` columns, no object per entry, so a
+cache of parsed buffers costs the garbage collector nothing); ``Runs.views`` hands the
+payloads of a range of ids out as ``memoryview`` slices of the buffer (no copy), made
+when asked for. Every frame is checked: its entry
 id is the one expected (no gap, no repeat) and it ends within the block. A run of frames
 of one length (the common case: a producer's entries of one size) is checked without a
 Python step per entry: the run's headers are gathered with strided slices of the buffer
@@ -15,6 +18,7 @@ then, so a block of mixed sizes costs no more than the plain walk.
 
 from __future__ import annotations
 
+import bisect
 import struct
 import sys
 from array import array
@@ -30,14 +34,77 @@ RUN_MIN = 8
 WALK_AFTER_MISS = 64
 
 
+class Runs:
+    """Where the payloads of consecutive entries lie in one buffer, as runs: run ``k``
+    holds ``counts[k]`` entries from id ``ids[k]``, entry ``i`` of it ``lengths[k]``
+    bytes at ``starts[k] + i * strides[k]``. A run of length -1 is an entry whose payload
+    is not in the buffer (``extra``: one cut by a range's end, completed from the next)."""
+
+    __slots__ = ("counts", "extra", "ids", "lengths", "starts", "strides")
+
+    def __init__(self) -> None:
+        self.ids = array("q")
+        self.counts = array("q")
+        self.starts = array("q")
+        self.strides = array("q")
+        self.lengths = array("q")
+        self.extra: dict[int, bytes | memoryview] = {}
+
+    def __len__(self) -> int:
+        return self.counts[-1] + self.ids[-1] - self.ids[0] if self.ids else 0
+
+    @property
+    def first(self) -> int:
+        """The first entry id (the table is not empty)."""
+        return self.ids[0]
+
+    def add(self, first: int, count: int, start: int, stride: int, length: int) -> None:
+        """Entries ``first..first+count-1`` (following the last ones), ``length`` bytes
+        each at ``start``, ``start + stride``..."""
+        assert not self.ids or first == self.ids[-1] + self.counts[-1], (first, self.ids[-1:])
+        self.ids.append(first)
+        self.counts.append(count)
+        self.starts.append(start)
+        self.strides.append(stride)
+        self.lengths.append(length)
+
+    def add_extra(self, entry: int, payload: bytes | memoryview) -> None:
+        """Entry ``entry`` (following the last ones), whose payload is ``payload``."""
+        self.add(entry, 1, 0, 0, -1)
+        self.extra[entry] = payload
+
+    def views(self, view: memoryview, first: int, last: int, out: list[bytes | memoryview]) -> int:
+        """Append the payloads of entries ``first..last`` held here (up to the table's last
+        one) to ``out``, as slices of ``view``; return the id after the last appended."""
+        ids, counts, starts, strides, lengths = self.ids, self.counts, self.starts, self.strides, self.lengths
+        run = bisect.bisect_right(ids, first) - 1
+        assert run >= 0, (first, ids[:1])
+        entry = first
+        while entry <= last and run < len(ids):
+            run_first, length = ids[run], lengths[run]
+            until = min(last, run_first + counts[run] - 1)
+            if length < 0:
+                out.append(self.extra[entry])
+            elif until == entry:
+                at = starts[run] + (entry - run_first) * strides[run]
+                out.append(view[at : at + length])
+            else:
+                stride = strides[run]
+                at = starts[run] + (entry - run_first) * stride
+                out += [view[a : a + length] for a in range(at, at + (until - entry + 1) * stride, stride)]
+            entry = until + 1
+            run += 1
+        return entry
+
+
 class Frames(NamedTuple):
-    """What ``parse_frames`` found: the payloads (ids ``first, first + 1, ...``), the
+    """What ``parse_frames`` found: how many frames (``found``, added to the ``Runs`` given), the
     buffer position after the last whole frame, and whether the block's entries end
     there (the count reached, the fill pattern, or the block's end) rather than at the
     end of the bytes at hand. ``error``: the frame at ``position`` is damaged (the
-    payloads before it are sound); ``checked()`` raises it."""
+    frames before it are sound); ``checked()`` raises it."""
 
-    payloads: list[memoryview]
+    found: int
     position: int
     done: bool
     error: InvalidOffloadObject | None = None
@@ -56,11 +123,12 @@ def parse_frames(
     block_end: int,
     first: int,
     count: int | None,
+    runs: Runs,
     *,
     name: str,
     base: int,
 ) -> Frames:
-    """The frames from buffer position ``position`` on, ids from ``first``: at most
+    """Add to ``runs`` the frames from buffer position ``position`` on, ids from ``first``: at most
     ``count`` of them (``None``: up to the fill pattern or the block's end), reading bytes
     below ``limit`` only (the end of what ``view`` holds of the block; a frame that goes
     past it stops the walk, ``done`` false). ``block_end`` is the block's end in buffer
@@ -71,7 +139,6 @@ def parse_frames(
     block should have ended after ``count``."""
     assert 0 <= position <= limit <= len(view), (position, limit, len(view))
     limit = min(limit, block_end)
-    payloads: list[memoryview] = []
     expected = first
     remaining = count if count is not None else -1
     walk = 0  # frames to walk one by one before the next run probe
@@ -79,7 +146,7 @@ def parse_frames(
     while remaining:
         if position + HEADER_BYTES > limit:
             if limit < block_end and position + HEADER_BYTES <= block_end:
-                return Frames(payloads, position, False)  # the header is in the next bytes
+                return Frames(expected - first, position, False)  # the header is in the next bytes
             break  # the block ends here
         length, entry_id = _HEADER.unpack_from(view, position)
         if length < 0:  # the fill pattern
@@ -87,7 +154,7 @@ def parse_frames(
         end = position + HEADER_BYTES + length
         if entry_id != expected or end > block_end:
             return _damaged(
-                payloads,
+                expected - first,
                 position,
                 InvalidOffloadObject(
                     f"offload object {name!r} at byte {base + position}: entry {entry_id} of {length}"
@@ -98,7 +165,7 @@ def parse_frames(
                 ),
             )
         if end > limit:
-            return Frames(payloads, position, False)
+            return Frames(expected - first, position, False)
         stride = HEADER_BYTES + length
         fits = (limit - position) // stride
         candidates = fits if remaining < 0 else min(fits, remaining)
@@ -111,17 +178,13 @@ def parse_frames(
                 walk, probe = WALK_AFTER_MISS, RUN_MIN * 8
             elif taken == min(candidates, probe):
                 probe *= 4
-        if taken == 1:
-            payloads.append(view[position + HEADER_BYTES : end])
-        else:
-            start = position + HEADER_BYTES
-            payloads += [view[at : at + length] for at in range(start, start + taken * stride, stride)]
+        runs.add(expected, taken, position + HEADER_BYTES, stride, length)
         position += taken * stride
         expected += taken
         remaining -= taken
     if count is not None and remaining:
         return _damaged(
-            payloads,
+            expected - first,
             position,
             InvalidOffloadObject(
                 f"offload object {name!r} at byte {base + position}: the block ends after entry"
@@ -132,7 +195,7 @@ def parse_frames(
         )
     if count is not None and position + HEADER_BYTES <= limit and _HEADER.unpack_from(view, position)[0] >= 0:
         return _damaged(
-            payloads,
+            expected - first,
             position,
             InvalidOffloadObject(
                 f"offload object {name!r} at byte {base + position}: a frame after entry {expected - 1},"
@@ -141,11 +204,11 @@ def parse_frames(
                 offset=base + position,
             ),
         )
-    return Frames(payloads, position, True)
+    return Frames(expected - first, position, True)
 
 
-def _damaged(payloads: list[memoryview], position: int, error: InvalidOffloadObject) -> Frames:
-    return Frames(payloads, position, False, error)
+def _damaged(count: int, position: int, error: InvalidOffloadObject) -> Frames:
+    return Frames(count, position, False, error)
 
 
 def _alike(view: memoryview, position: int, stride: int, length: int, first: int, count: int) -> int:

@@ -54,9 +54,9 @@ from slts.errors import (
     SegmentNotFound,
 )
 from slts.offload import formats
-from slts.offload.framing import HEADER_BYTES, parse_frames
+from slts.offload.framing import HEADER_BYTES, Runs, parse_frames
 from slts.offload.ledger_metadata import LedgerMetadata
-from slts.offload.ledgers import check_entry_range
+from slts.offload.ledgers import Entry, check_entry_range
 from slts.offload.names import data_name, segment_name
 from slts.offload.records import OffloadRecord, StreamSegmentRecord, StreamState
 from slts.storage.chunked import ChunkedSegmentStorage
@@ -67,9 +67,7 @@ CACHE_RANGES_DEFAULT = 4
 #: Whole blocks (PIP-76) a handle keeps parsed.
 CACHE_BLOCKS_DEFAULT = 4
 #: The largest range a sequential PIP-17 reader's read-ahead grows to.
-READ_AHEAD_MAX_BYTES_DEFAULT = 4 << 20
-
-Entry = bytes | memoryview
+READ_AHEAD_MAX_BYTES_DEFAULT = 2 << 20
 
 
 class _Closable:
@@ -125,11 +123,14 @@ class _Cursor:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Range:
-    """A range read of a PIP-17 data object, parsed: the payloads of entries ``first..``,
-    the cursor after them and the bytes read past it (``tail``, for the next range)."""
+    """A range read of a PIP-17 data object, parsed: its bytes, where the payloads of
+    entries ``first..`` lie in them, the cursor after them and the bytes read past it
+    (``tail``, for the next range)."""
 
     first: int
-    payloads: list[Entry]
+    count: int
+    buffer: memoryview
+    runs: Runs
     after: _Cursor
     tail: memoryview
     end: int  # the object position where the bytes read end
@@ -202,13 +203,11 @@ class OffloadedLedger(_Closable):
             entry = first
             while entry <= last:
                 span = self._range_holding(entry)
-                start = entry - span.first
-                taken = span.payloads[start : start + last - entry + 1]
-                entries += taken
-                entry += len(taken)
+                entry = span.runs.views(span.buffer, entry, last, entries)
             if len(entries) != last - first + 1:  # not an assert: wrong entries must not leave
                 raise InvalidOffloadObject(
-                    f"offload object {self.name!r}: a read of {first}..{last} gathered {len(entries)} entries",
+                    f"offload object {self.name!r}: a read of {first}..{last} gathered"
+                    f" {len(entries)} entries",
                     object=self.name,
                 )
             return entries
@@ -222,15 +221,17 @@ class OffloadedLedger(_Closable):
         """The parsed range holding ``entry``: from the cache, else read (and cached)
         from the nearest known cursor before it."""
         for span in reversed(self._ranges.values()):
-            if span.first <= entry < span.first + len(span.payloads):
+            if span.first <= entry < span.first + span.count:
                 self._ranges.move_to_end(span.first)
                 return span
         number = self._index.block_for(entry)
         start: _Range | None = None
         for span in self._ranges.values():
             after = span.after
-            if after.number == number and after.expected <= entry and (
-                start is None or after.expected > start.after.expected
+            if (
+                after.number == number
+                and after.expected <= entry
+                and (start is None or after.expected > start.after.expected)
             ):
                 start = span
         if start is None:
@@ -248,20 +249,32 @@ class OffloadedLedger(_Closable):
             while len(self._ranges) > self._capacity:
                 self._ranges.popitem(last=False)
             self._last_loaded = span
-            if entry < span.first + len(span.payloads):
+            if entry < span.first + span.count:
                 return span
             cursor, tail, tail_end = span.after, span.tail, span.end
+
+    def _range_start(self, cursor: _Cursor, tail: memoryview, tail_end: int) -> int:
+        """Where the range read after ``cursor`` begins: after ``tail`` (the bytes from the
+        cursor on, already read, ending at ``tail_end``), else on the grid before it."""
+        if len(tail) and tail_end == cursor.position + len(tail):
+            return tail_end
+        return cursor.position - cursor.position % self._align
+
+    def _range_end(self, start: int, position: int, ahead: int) -> int:
+        """Where a range read from ``start`` for the cursor at ``position`` ends: ``ahead``
+        bytes on, and past the next block and frame headers, on the grid (or the end)."""
+        want = max(ahead, position + formats.HEADER_SIZE + HEADER_BYTES - start)
+        return min(self._index.data_object_length, -(-(start + want) // self._align) * self._align)
 
     def _load(self, cursor: _Cursor, tail: memoryview, tail_end: int) -> _Range:
         """Read the range after ``cursor`` (``tail``: the bytes from the cursor's position
         to ``tail_end`` already read) and parse what it completes; at least one entry."""
         data_end = self._index.data_object_length
-        payloads: list[Entry] = []
+        runs = Runs()
         while True:
-            if len(tail) and tail_end == cursor.position + len(tail):
-                start = tail_end
-            else:
-                tail, start = memoryview(b""), cursor.position - cursor.position % self._align
+            start = self._range_start(cursor, tail, tail_end)
+            if not (len(tail) and tail_end == cursor.position + len(tail)):
+                tail = memoryview(b"")
             if start >= data_end and not len(tail):
                 raise InvalidOffloadObject(
                     f"offload object {self.name!r} at byte {cursor.position}: entry {cursor.expected}"
@@ -269,12 +282,11 @@ class OffloadedLedger(_Closable):
                     object=self.name,
                     offset=cursor.position,
                 )
-            want = max(self._ahead, cursor.position + formats.HEADER_SIZE + HEADER_BYTES - start)
-            end = min(data_end, -(-(start + want) // self._align) * self._align)
+            end = self._range_end(start, cursor.position, self._ahead)
             buffer = memoryview(self._fetch(start, end - start) if end > start else b"")
-            cursor, payloads, rest = self._parse(cursor, tail, buffer, start, payloads)
-            if payloads:
-                return _Range(cursor.expected - len(payloads), payloads, cursor, rest, end)
+            cursor, rest = self._parse(cursor, tail, buffer, start, runs)
+            if len(runs):
+                return _Range(runs.first, len(runs), buffer, runs, cursor, rest, end)
             if end >= data_end:  # not an assert: a damaged object must not loop
                 raise InvalidOffloadObject(
                     f"offload object {self.name!r} at byte {cursor.position}: entry {cursor.expected}"
@@ -287,15 +299,16 @@ class OffloadedLedger(_Closable):
             self._ahead = max(self._ahead, end - cursor.position)
 
     def _parse(
-        self, cursor: _Cursor, head: memoryview, buffer: memoryview, start: int, payloads: list[Entry]
-    ) -> tuple[_Cursor, list[Entry], memoryview]:
+        self, cursor: _Cursor, head: memoryview, buffer: memoryview, start: int, runs: Runs
+    ) -> tuple[_Cursor, memoryview]:
         """Walk the frames of ``head`` (the bytes before object position ``start``) and
         ``buffer`` (from ``start``) from ``cursor``; return the cursor after the last whole
-        frame, the payloads (appended to ``payloads``) and the bytes from the cursor on."""
+        frame (the frames added to ``runs``) and the bytes from the cursor on."""
         blocks = self._index.entries
         head_start = start - len(head)
         end = start + len(buffer)
-        number, position, expected, at_header = cursor.number, cursor.position, cursor.expected, cursor.at_header
+        number, position = cursor.number, cursor.position
+        expected, at_header = cursor.expected, cursor.at_header
         assert head_start == position or not len(head), (head_start, position)
 
         def piece(at: int, size: int) -> Entry:
@@ -306,7 +319,7 @@ class OffloadedLedger(_Closable):
             return head[at - head_start :].tobytes() + buffer[: at + size - start].tobytes()
 
         while True:
-            block_start, block_end = self._bounds(number)
+            block_end = self._bounds(number)[1]
             block_last = blocks[number + 1].entry_id - 1 if number + 1 < len(blocks) else self.last_entry_id
             if at_header:
                 if position + formats.HEADER_SIZE > end:
@@ -314,7 +327,7 @@ class OffloadedLedger(_Closable):
                 try:
                     self._check_header(number, piece(position, formats.HEADER_SIZE), expected)
                 except InvalidOffloadObject:
-                    if not payloads:
+                    if not len(runs):
                         raise
                     break  # the entries before the damage are sound; a read past them raises
                 position, at_header = position + formats.HEADER_SIZE, False
@@ -332,7 +345,7 @@ class OffloadedLedger(_Closable):
                     )
                 if position + HEADER_BYTES + length > end:
                     break
-                payloads.append(piece(position + HEADER_BYTES, length))
+                runs.add_extra(expected, piece(position + HEADER_BYTES, length))
                 position, expected = position + HEADER_BYTES + length, expected + 1
                 continue
             if position >= start:
@@ -343,12 +356,12 @@ class OffloadedLedger(_Closable):
                     block_end - start,
                     expected,
                     block_last - expected + 1,
+                    runs,
                     name=self.name,
                     base=start,
                 )
-                payloads += frames.payloads
-                position, expected = start + frames.position, expected + len(frames.payloads)
-                if frames.error is not None and not payloads:
+                position, expected = start + frames.position, expected + frames.found
+                if frames.error is not None and not len(runs):
                     raise frames.error
                 if not frames.done:
                     break  # the bytes end, or damage: a read past the entries before it raises
@@ -363,7 +376,7 @@ class OffloadedLedger(_Closable):
             rest = buffer[position - start :]
         else:
             rest = memoryview(head[position - head_start :].tobytes() + buffer.tobytes())
-        return after, payloads, rest
+        return after, rest
 
     def _check_header(self, number: int, data: Entry, expected: int) -> None:
         """Check block ``number``'s header against the index and ``expected`` (the entry
@@ -428,7 +441,7 @@ class StreamingLedgerHandle(_Closable):
         self._closed = False
         self._capacity = cache_blocks
         #: Parsed blocks by position in ``blocks``, least recently used first.
-        self._cache: collections.OrderedDict[int, list[Entry]] = collections.OrderedDict()
+        self._cache: collections.OrderedDict[int, tuple[memoryview, Runs]] = collections.OrderedDict()
         self._handles: dict[int, SegmentHandle] = {}
 
     @property
@@ -486,14 +499,13 @@ class StreamingLedgerHandle(_Closable):
                         object=name,
                         offset=row[3],
                     )
-                payloads = self._block(number)
-                taken = payloads[entry - block_first : last - block_first + 1]
-                entries += taken
-                entry += len(taken)
+                buffer, runs = self._block(number)
+                entry = runs.views(buffer, entry, last, entries)
                 number += 1
             if len(entries) != last - first + 1:  # not an assert: wrong entries must not leave
                 raise InvalidOffloadObject(
-                    f"{self.name}: a read of {first}..{last} gathered {len(entries)} entries", object=self.name
+                    f"{self.name}: a read of {first}..{last} gathered {len(entries)} entries",
+                    object=self.name,
                 )
             return entries
 
@@ -501,20 +513,16 @@ class StreamingLedgerHandle(_Closable):
         self._cache.clear()
         self._handles.clear()
 
-    def _block(self, number: int) -> list[Entry]:
-        """The payloads of block ``number`` (from the cache, else read whole and checked)."""
-        payloads = self._cache.get(number)
-        if payloads is not None:
+    def _block(self, number: int) -> tuple[memoryview, Runs]:
+        """The bytes of block ``number`` and where its payloads lie in them (from the
+        cache, else read whole and checked)."""
+        cached = self._cache.get(number)
+        if cached is not None:
             self._cache.move_to_end(number)
-            return payloads
+            return cached
         segment, (_, block_first, _, offset, length, block_last) = self._blocks[number]
         name = segment_name(self._managed_ledger, segment.id)
-        try:
-            handle = self._handles.get(segment.sequence) or self._storage.open_read(name)
-            self._handles[segment.sequence] = handle
-            block = self._storage.read(handle, offset, length)
-        except (SegmentNotFound, ChunkNotFound) as error:
-            raise _gone(self._storage, name, error) from error
+        block = self._read_block(number)
         header = formats.parse_streaming_block_header(block, name=name, offset=offset)
         if (header.ledger_id, header.first_entry_id, header.block_length) != (
             self._ledger_id,
@@ -528,22 +536,44 @@ class StreamingLedgerHandle(_Closable):
                 object=name,
                 offset=offset,
             )
+        view, runs = memoryview(block), Runs()
         frames = parse_frames(
-            memoryview(block),
+            view,
             formats.HEADER_SIZE,
             length,
             length,
             block_first,
             block_last - block_first + 1,
+            runs,
             name=name,
             base=offset,
         ).checked()
         assert frames.done, (name, offset)
-        payloads: list[Entry] = list(frames.payloads)
-        self._cache[number] = payloads
+        self._cache[number] = view, runs
         while len(self._cache) > self._capacity:
             self._cache.popitem(last=False)
-        return payloads
+        return view, runs
+
+    def _segment_handle(self, number: int) -> tuple[str, SegmentHandle]:
+        """The name and a read handle of the segment holding block ``number``."""
+        segment = self._blocks[number][0]
+        name = segment_name(self._managed_ledger, segment.id)
+        handle = self._handles.get(segment.sequence)
+        if handle is None:
+            try:
+                handle = self._handles[segment.sequence] = self._storage.open_read(name)
+            except SegmentNotFound as error:
+                raise _gone(self._storage, name, error) from error
+        return name, handle
+
+    def _read_block(self, number: int) -> bytes:
+        """Block ``number``'s bytes (``OffloadNotFound`` if its segment was deleted)."""
+        name, handle = self._segment_handle(number)
+        _, _, _, offset, length, _ = self._blocks[number][1]
+        try:
+            return self._storage.read(handle, offset, length)
+        except (SegmentNotFound, ChunkNotFound) as error:
+            raise _gone(self._storage, name, error) from error
 
 
 def block_entries(
@@ -559,18 +589,22 @@ def block_entries(
             object=name,
             offset=offset,
         )
-    frames = parse_frames(
-        memoryview(block),
+    view, runs = memoryview(block), Runs()
+    parse_frames(
+        view,
         formats.HEADER_SIZE,
         header.block_length,
         header.block_length,
         header.first_entry_id,
         None,
+        runs,
         name=name,
         base=offset,
     ).checked()
-    if not frames.payloads:
+    if not len(runs):
         raise InvalidOffloadObject(
             f"offload object {name!r} at byte {offset}: a block without entries", object=name, offset=offset
         )
-    return [(header.first_entry_id + i, bytes(payload)) for i, payload in enumerate(frames.payloads)]
+    payloads: list[Entry] = []
+    runs.views(view, runs.first, runs.first + len(runs) - 1, payloads)
+    return [(header.first_entry_id + i, bytes(payload)) for i, payload in enumerate(payloads)]
