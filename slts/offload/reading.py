@@ -190,6 +190,12 @@ class OffloadedLedger(_Closable):
     def metadata(self) -> LedgerMetadata:
         return self._metadata
 
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes of the data object the handle holds in its cache (0 once closed)."""
+        with self._lock:
+            return sum(len(span.buffer) for span in self._ranges.values())
+
     def read(self, first: int, last: int) -> list[Entry]:
         """Entries ``first..last`` inclusive, as views (module doc). Raises
         ``EntryOutOfRange``, ``InvalidArgument``, ``OffloadHandleClosed``,
@@ -469,6 +475,12 @@ class StreamingLedgerHandle(_Closable):
     @property
     def metadata(self) -> LedgerMetadata:
         return LedgerMetadata(last_entry_id=self._last, length=self._length, closed=self.closed)
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes of blocks the handle holds in its cache (0 once closed)."""
+        with self._lock:
+            return sum(len(view) for view, _ in self._cache.values())
 
     def read(self, first: int, last: int) -> list[Entry]:
         """Entries ``first..last`` in order, across segments, as views (module doc).
