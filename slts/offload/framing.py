@@ -22,6 +22,7 @@ import bisect
 import struct
 import sys
 from array import array
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from slts.errors import InvalidOffloadObject
@@ -217,27 +218,53 @@ def _alike(view: memoryview, position: int, stride: int, length: int, first: int
     headers are gathered with strided slices (4-byte words when the stride allows it),
     compared with the expected ones, and the first difference found from the big-endian
     XOR of the two byte strings."""
-    unit = 4 if stride % 4 == 0 else 1
+    if stride % 4:
+        return _alike_bytes(view, position, stride, length, first, count)
+    low = first & 0xFFFFFFFF
+    count = min(count, (1 << 32) - low)  # the ids' high word is the same all along the run
     span = view[position : position + (count - 1) * stride + HEADER_BYTES]
-    words = span.cast("I") if unit == 4 else span
-    step = stride // unit
+    words = span.cast("I")
+    step = stride // 4
+    wants = (
+        length.to_bytes(4, "big") * count,
+        (first >> 32).to_bytes(4, "big") * count,
+        _counting_words(low, count),
+    )
+    return _first_difference([words[field::step].tobytes() for field in range(3)], wants, 4, count)
+
+
+def _alike_bytes(view: memoryview, position: int, stride: int, length: int, first: int, count: int) -> int:
+    """``_alike`` for a stride that is not a whole number of words: byte by byte."""
+    span = view[position : position + (count - 1) * stride + HEADER_BYTES]
     ids = array("q", range(first, first + count))
     if sys.byteorder == "little":
         ids.byteswap()
-    id_words = memoryview(ids).cast("B")
-    if unit == 4:
-        id_words = id_words.cast("I")
-    per_id = 8 // unit
+    id_bytes = memoryview(ids).cast("B")
+    header = length.to_bytes(4, "big")
+    wants = [header[field : field + 1] * count for field in range(4)]
+    wants += [id_bytes[field::8].tobytes() for field in range(8)]
+    return _first_difference([span[field::stride].tobytes() for field in range(12)], wants, 1, count)
+
+
+def _first_difference(gots: list[bytes], wants: Sequence[bytes], unit: int, count: int) -> int:
+    """The index of the first frame where a gathered field (``unit`` bytes per frame)
+    differs from the expected one; ``count`` if none does."""
     taken = count
-    for field in range(HEADER_BYTES // unit):
-        got = words[field::step].tobytes()
-        if field < 4 // unit:
-            want = length.to_bytes(4, "big")[field * unit : (field + 1) * unit] * count
-        else:
-            want = id_words[field - 4 // unit :: per_id].tobytes()
+    for got, want in zip(gots, wants, strict=True):
         if got != want:
             differ = int.from_bytes(got, "big") ^ int.from_bytes(want, "big")
-            first_differing_byte = len(got) - 1 - (differ.bit_length() - 1) // 8
-            taken = min(taken, first_differing_byte // unit)
-    assert taken >= 1, (position, stride, first)
+            taken = min(taken, (len(got) - 1 - (differ.bit_length() - 1) // 8) // unit)
+    assert taken >= 1, (unit, count)
     return taken
+
+
+_WORD_ONE = (1).to_bytes(4, "big")
+
+
+def _counting_words(start: int, count: int) -> bytes:
+    """The big-endian 32-bit words ``start, start + 1, ...`` (``count`` of them, all below
+    2**32), built with big-integer arithmetic in C rather than a Python step per word:
+    with ``ones`` the words 1, 1, ..., 1, the words 0, 1, ..., count - 1 are
+    ``(ones - count) / (2**32 - 1)``."""
+    ones = int.from_bytes(_WORD_ONE * count, "big")
+    return (start * ones + (ones - count) // 0xFFFFFFFF).to_bytes(4 * count, "big")

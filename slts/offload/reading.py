@@ -44,6 +44,7 @@ import collections
 import dataclasses
 import threading
 from types import TracebackType
+from typing import Self
 
 from slts.errors import (
     ChunkNotFound,
@@ -93,7 +94,7 @@ class _Closable:
         if self._closed:
             raise OffloadHandleClosed(f"the read handle of {self.name!r} is closed", object=self.name)
 
-    def __enter__(self) -> _Closable:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
