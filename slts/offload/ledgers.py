@@ -3,9 +3,10 @@ shape), and two sources that have it: a ledger in memory and a ledger in a local
 
 A handle has ``ledger_id``, ``last_entry_id`` (-1: empty), ``length`` (payload bytes),
 ``closed``, ``metadata`` and ``read(first, last)``, which returns the payloads of entries
-``first..last`` inclusive and raises ``EntryOutOfRange`` outside ``[0, last_entry_id]``.
-The offloaded ledger's own handle (``slts.offload.offloader.OffloadedLedger``) has the
-same shape, so a reader cannot tell the two apart.
+``first..last`` inclusive (``Entry``: ``bytes``, or ``memoryview`` for the offloaded
+ledgers' handles) and raises ``EntryOutOfRange`` outside ``[0, last_entry_id]``. The
+offloaded ledger's own handles (``slts.offload.reading``) have the same shape, so a
+reader cannot tell them apart.
 """
 
 from __future__ import annotations
