@@ -16,14 +16,14 @@ import contextlib
 import itertools
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO
 
 # ``slts.tools.cli`` imports this module inside ``build_parser``, after it has loaded.
 from slts.tools.command_line import EXIT_OK, emit, non_negative, open_storage, positive
 
 from slts.errors import InvalidArgument, InvalidOffloadObject
-from slts.offload.ledgers import FileLedger, LedgerReadHandle, check_entry_range, write_ledger_entries
+from slts.offload.ledgers import Entry, FileLedger, LedgerReadHandle, check_entry_range, write_ledger_entries
 from slts.offload.offloader import LedgerOffloader
 from slts.offload.records import OffloadRecord, OffloadState, StreamSegmentRecord, StreamState
 from slts.offload.streaming import OfferResult, OffloadHandle, StreamingOffloader, managed_ledgers
@@ -192,7 +192,7 @@ def _stream(offloader: StreamingOffloader, ledgers: list[FileLedger]) -> tuple[i
             while True:
                 if handle is None:
                     handle = offloader.streaming_offload(uuid.uuid4(), {}, ledger.ledger_id, entry_id)
-                outcome = handle.offer_entry(ledger.ledger_id, entry_id, data)
+                outcome = handle.offer_entry(ledger.ledger_id, entry_id, bytes(data))
                 if outcome == OfferResult.OK:
                     offered += 1
                     break
@@ -246,7 +246,7 @@ def cmd_offload_read(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _batches(ledger: LedgerReadHandle, first: int, last: int, size: int = 256) -> Iterator[list[bytes]]:
+def _batches(ledger: LedgerReadHandle, first: int, last: int, size: int = 256) -> Iterator[Sequence[Entry]]:
     for start in range(first, last + 1, size):
         yield ledger.read(start, min(start + size - 1, last))
 
