@@ -39,7 +39,8 @@
     │   ├── EntryTooLarge (InvalidArgument)   an entry larger than a block's payload
     │   ├── EntryOutOfOrder (InvalidArgument) an offered entry that does not follow the last one
     │   ├── OffloadNotFound (LookupError)     no offloaded ledger with that id and uid
-    │   └── EntryOutOfRange (IndexError)      a read outside [0, the ledger's last entry]
+    │   ├── EntryOutOfRange (IndexError)      a read outside [0, the ledger's last entry]
+    │   └── OffloadHandleClosed (StorageClosed)   a read of an offloaded ledger's handle after its close
     ├── Fenced                                a newer epoch owns the container
     ├── ReadOnlyInstance (PermissionError)    the instance was opened read-only
     ├── StorageClosed                         the instance (or store, binding) was closed
@@ -268,6 +269,11 @@ class ReadOnlyInstance(SltsError, PermissionError):
 
 class StorageClosed(SltsError):
     """The object was closed; no further operation is accepted."""
+
+
+class OffloadHandleClosed(OffloadError, StorageClosed):
+    """A read through an offloaded ledger's read handle after the handle was closed
+    (Pulsar's handles refuse such reads too); open a new handle to read again."""
 
 
 class InvariantViolated(SltsError, AssertionError):

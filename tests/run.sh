@@ -17,8 +17,10 @@ checks=0
 .venv/bin/ruff format --check --quiet . || checks=1
 bash .ci/typecheck || checks=1
 
+# Two workers (the machine CI runs on has two cores; each worker starts its own servers);
+# `-n 0` after it runs everything in one process.
 status=0
-.venv/bin/python -m pytest "$@" || status=$?
+.venv/bin/python -m pytest -n 2 "$@" || status=$?
 if [ "$status" -eq 5 ]; then
     echo "tests/run.sh: pytest collected no tests; that is a failure" >&2
     exit 1

@@ -16,17 +16,17 @@ import contextlib
 import itertools
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO
 
 # ``slts.tools.cli`` imports this module inside ``build_parser``, after it has loaded.
 from slts.tools.command_line import EXIT_OK, emit, non_negative, open_storage, positive
 
 from slts.errors import InvalidArgument, InvalidOffloadObject
-from slts.offload.ledgers import FileLedger, LedgerReadHandle, check_entry_range, write_ledger_entries
+from slts.offload.ledgers import Entry, FileLedger, LedgerReadHandle, check_entry_range, write_ledger_entries
 from slts.offload.offloader import LedgerOffloader
 from slts.offload.records import OffloadRecord, OffloadState, StreamSegmentRecord, StreamState
-from slts.offload.streaming import OfferResult, StreamingOffloader
+from slts.offload.streaming import OfferResult, OffloadHandle, StreamingOffloader, managed_ledgers
 from slts.offload.throttle import FlowPermits
 
 
@@ -173,9 +173,14 @@ def cmd_offload_stream(args: argparse.Namespace) -> int:
 def _stream(offloader: StreamingOffloader, ledgers: list[FileLedger]) -> tuple[int, list[Any]]:
     """Drive ``offloader`` over ``ledgers``' entries as a managed ledger would; return the
     number of entries offered and the results of the segments closed."""
-    open_ones = [s for s in offloader.segments() if s.state == StreamState.OPEN]
-    handle = offloader.streaming_offload(open_ones[0].id) if open_ones else None
-    done = handle.last_offered() if handle is not None else None
+    open_one, failed = offloader.open_segment(), offloader.failed_segment()
+    handle: OffloadHandle | None
+    if failed is not None:  # its redo, from its begin, before anything else
+        handle = offloader.streaming_offload(uuid.uuid4(), {}, failed.begin_ledger, failed.begin_entry)
+        done: tuple[int, int] | None = (failed.begin_ledger, failed.begin_entry - 1)
+    else:
+        handle = offloader.streaming_offload(open_one.id) if open_one is not None else None
+        done = handle.last_offered() if handle is not None else None
     offered, results = 0, []
     for ledger in ledgers:
         # After a resume, read on from the entry after the last durable one (not from 0).
@@ -187,7 +192,7 @@ def _stream(offloader: StreamingOffloader, ledgers: list[FileLedger]) -> tuple[i
             while True:
                 if handle is None:
                     handle = offloader.streaming_offload(uuid.uuid4(), {}, ledger.ledger_id, entry_id)
-                outcome = handle.offer_entry(ledger.ledger_id, entry_id, data)
+                outcome = handle.offer_entry(ledger.ledger_id, entry_id, bytes(data))
                 if outcome == OfferResult.OK:
                     offered += 1
                     break
@@ -241,7 +246,7 @@ def cmd_offload_read(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _batches(ledger: LedgerReadHandle, first: int, last: int, size: int = 256) -> Iterator[list[bytes]]:
+def _batches(ledger: LedgerReadHandle, first: int, last: int, size: int = 256) -> Iterator[Sequence[Entry]]:
     for start in range(first, last + 1, size):
         yield ledger.read(start, min(start + size - 1, last))
 
@@ -277,10 +282,21 @@ def cmd_offload_delete(args: argparse.Namespace) -> int:
 
 def cmd_offload_cleanup(args: argparse.Namespace) -> int:
     """Remove the objects and records of offload attempts a crash left (started by an
-    earlier owner, or being deleted)."""
+    earlier owner, or being deleted), and of every managed ledger's streaming segments
+    being deleted, whose ledgers are all deleted, or failed (a failed segment's record
+    stays for its redo)."""
     with open_storage(args) as storage:
         cleaned = [_attempt_fields(r) for r in LedgerOffloader(storage).cleanup()]
-    emit(args, {"cleaned": cleaned}, f"cleaned {len(cleaned)} attempt(s)")
+        segments = [
+            {"managed_ledger": managed_ledger, "uid": str(uid)}
+            for managed_ledger in managed_ledgers(storage)
+            for uid in StreamingOffloader(storage, managed_ledger).cleanup()
+        ]
+    emit(
+        args,
+        {"cleaned": cleaned, "segments": segments},
+        f"cleaned {len(cleaned)} attempt(s) and {len(segments)} streaming segment(s)",
+    )
     return EXIT_OK
 
 

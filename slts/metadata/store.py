@@ -348,3 +348,17 @@ def prefix_stop(prefix: bytes) -> bytes | None:
     if not stripped:
         return None
     return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+def scan_all(
+    view: ReadView, table: str, start: bytes = b"", stop: bytes | None = None, page: int = SCAN_LIMIT_DEFAULT
+) -> Iterator[tuple[bytes, Versioned]]:
+    """Every entry with ``start <= key < stop`` of one consistent ``view``, in key order,
+    read ``page`` entries at a time (``scan`` alone stops at its limit)."""
+    assert page >= 1, page
+    while True:
+        entries = view.scan(table, start, stop, limit=page)
+        yield from entries
+        if len(entries) < page:
+            return
+        start = entries[-1][0] + b"\x00"

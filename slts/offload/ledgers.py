@@ -3,9 +3,10 @@ shape), and two sources that have it: a ledger in memory and a ledger in a local
 
 A handle has ``ledger_id``, ``last_entry_id`` (-1: empty), ``length`` (payload bytes),
 ``closed``, ``metadata`` and ``read(first, last)``, which returns the payloads of entries
-``first..last`` inclusive and raises ``EntryOutOfRange`` outside ``[0, last_entry_id]``.
-The offloaded ledger's own handle (``slts.offload.offloader.OffloadedLedger``) has the
-same shape, so a reader cannot tell the two apart.
+``first..last`` inclusive (``Entry``: ``bytes``, or ``memoryview`` for the offloaded
+ledgers' handles) and raises ``EntryOutOfRange`` outside ``[0, last_entry_id]``. The
+offloaded ledger's own handles (``slts.offload.reading``) have the same shape, so a
+reader cannot tell them apart.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from typing import BinaryIO, Protocol, runtime_checkable
 
 from slts.errors import EntryOutOfRange, InvalidArgument, InvalidOffloadObject
 from slts.offload.ledger_metadata import LedgerMetadata
+
+#: An entry's payload as a read handle returns it: ``bytes``, or a ``memoryview`` of a
+#: buffer the handle read (the offloaded ledgers' handles, ``slts.offload.reading``).
+Entry = bytes | memoryview
 
 #: Largest ledger id and entry id (Java longs).
 ID_MAX = (1 << 63) - 1
@@ -42,7 +47,7 @@ class LedgerReadHandle(Protocol):
     @property
     def metadata(self) -> LedgerMetadata: ...
 
-    def read(self, first: int, last: int) -> list[bytes]: ...
+    def read(self, first: int, last: int) -> Sequence[Entry]: ...
 
 
 def check_entry_range(handle: LedgerReadHandle, first: object, last: object) -> tuple[int, int]:
@@ -129,7 +134,7 @@ def write_ledger_file(path: str | os.PathLike[str], entries: Sequence[bytes]) ->
         os.fsync(file.fileno())
 
 
-def write_ledger_entries(out: BinaryIO, entries: Sequence[bytes], *, first_entry_id: int = 0) -> None:
+def write_ledger_entries(out: BinaryIO, entries: Sequence[Entry], *, first_entry_id: int = 0) -> None:
     """Write ``entries`` to ``out`` in the ledger file's framing, ids from
     ``first_entry_id`` (a whole ledger from 0 is a ledger file ``FileLedger`` opens)."""
     assert first_entry_id >= 0, first_entry_id

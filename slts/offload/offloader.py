@@ -39,10 +39,10 @@ from slts.errors import (
 )
 from slts.limiter import TrafficClass, traffic_class
 from slts.metadata.schema import OFFLOAD_LEDGERS
-from slts.metadata.store import Delete, Expect, Put, prefix_stop
+from slts.metadata.store import Delete, Expect, Put, prefix_stop, scan_all
 from slts.offload import formats
 from slts.offload.ledger_metadata import decode_ledger_metadata, encode_ledger_metadata
-from slts.offload.ledgers import LedgerReadHandle, check_ledger_id
+from slts.offload.ledgers import Entry, LedgerReadHandle, check_ledger_id
 from slts.offload.names import data_name, index_name
 from slts.offload.reading import OffloadedLedger
 from slts.offload.records import OffloadRecord, OffloadState, ledger_prefix, record_key
@@ -215,7 +215,8 @@ class LedgerOffloader:
         stop = None if ledger_id is None else prefix_stop(start)
         with self._store.snapshot() as view:
             return [
-                OffloadRecord.decode(stored.value) for _, stored in view.scan(OFFLOAD_LEDGERS, start, stop)
+                OffloadRecord.decode(stored.value)
+                for _, stored in scan_all(view, OFFLOAD_LEDGERS, start, stop)
             ]
 
     def cleanup(self) -> list[OffloadRecord]:
@@ -305,14 +306,15 @@ class _EntrySource:
 
     def __init__(self, handle: LedgerReadHandle) -> None:
         self._handle = handle
-        self._pending: collections.deque[bytes] = collections.deque()
+        self._pending: collections.deque[Entry] = collections.deque()
         self.next_id = 0
 
-    def peek(self) -> bytes:
+    def peek(self) -> Entry:
         if not self._pending:
             last = min(self.next_id + ENTRIES_PER_READ - 1, self._handle.last_entry_id)
             read = self._handle.read(self.next_id, last)
-            if len(read) != last - self.next_id + 1 or not all(isinstance(e, bytes) for e in read):
+            wrong = [e for e in read if not isinstance(e, (bytes, memoryview))]
+            if len(read) != last - self.next_id + 1 or wrong:
                 raise InvalidArgument(
                     f"ledger {self._handle.ledger_id}: read({self.next_id}, {last}) returned"
                     f" {len(read)} entries, not {last - self.next_id + 1} byte strings"
@@ -320,7 +322,7 @@ class _EntrySource:
             self._pending.extend(read)
         return self._pending[0]
 
-    def take_fitting(self, room: int) -> list[bytes]:
+    def take_fitting(self, room: int) -> list[Entry]:
         """Take the entries from the next one on that fit in ``room`` bytes framed, at
         most those of one read of the source (none if the next one does not fit)."""
         self.peek()
@@ -341,7 +343,7 @@ class _Appender:
         self._storage = storage
         self._segment = segment
         self._write_bytes = write_bytes
-        self._pending: list[bytes] = []
+        self._pending: list[Entry] = []
         self._pending_bytes = 0
         self._written = 0
 
@@ -356,7 +358,7 @@ class _Appender:
         if self._pending_bytes >= self._write_bytes:
             self.flush()
 
-    def append_entries(self, first_entry_id: int, payloads: list[bytes]) -> int:
+    def append_entries(self, first_entry_id: int, payloads: list[Entry]) -> int:
         """Append ``payloads`` framed, ids from ``first_entry_id`` (the framing and each
         payload as separate pieces: the write joins them once); return the bytes appended."""
         pieces = self._pending  # the same list across flushes (flush clears it)

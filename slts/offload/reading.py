@@ -1,33 +1,145 @@
 """Read handles of offloaded objects: the shape of the source ledger's read handle
-(``ledger_id``, ``last_entry_id``, ``length``, ``closed``, ``metadata``, ``read``).
+(``ledger_id``, ``last_entry_id``, ``length``, ``closed``, ``metadata``, ``read``), plus
+``close`` (and use as a context manager).
 
-``OffloadedLedger`` reads a ledger offloaded whole (PIP-17): the index is read once; a
-read finds the block of its first entry by binary search in the index, checks the
-block's header, and walks the framed entries with ranged reads of at least
-``read_ahead_bytes``, continuing where the previous read stopped (sequential readers read
-each byte once).
+``OffloadedLedger`` reads a ledger offloaded whole (PIP-17); ``StreamingLedgerHandle``
+reads one ledger across the streaming segments (PIP-76) that hold its entries.
 
-``StreamingLedgerHandle`` reads one ledger across the streaming segments (PIP-76) that
-hold its entries, checking each block's header against the segment's record and each
-entry id.
+What both hand out, and how:
+
+- **Entries are views.** ``read`` returns a list of ``memoryview`` slices of an immutable
+  ``bytes`` buffer the handle read (no copy per entry); a view compares equal to the
+  ``bytes`` of the same payload and works wherever a bytes-like object does. A view keeps
+  its whole buffer alive: ``bytes(entry)`` keeps the payload alone. The one exception is
+  an entry of a PIP-17 ledger that straddles two ranges read: it is one ``bytes`` copy.
+- **A bounded cache per handle.** The entries of a range read are parsed once (frames
+  checked, ``slts.offload.framing``) and kept, with their views, in a least-recently-used
+  cache of ``cache_ranges`` ranges (PIP-17) or ``cache_blocks`` whole blocks (PIP-76). A
+  read served from the cache reads nothing; a streaming block is never read again while
+  the handle holds it.
+- **Read-ahead.** PIP-17: a range starts on the SLTS checksum grid and holds at least
+  ``read_ahead_bytes`` (Pulsar's ``readBufferSize``); each range that goes on where the
+  last one stopped is twice as large, up to ``read_ahead_max_bytes``; a read elsewhere
+  starts over at ``read_ahead_bytes``. A range goes on exactly after the last one (the
+  frame cut by a range's end is completed from the next), so a sequential reader reads
+  every stored byte once. PIP-76: a block (at least 5 MiB) is the unit read.
+- **Checks.** Every block header against the index (PIP-17) or the segment's record
+  (PIP-76), every entry id against the one expected, every frame within its block, the
+  block's entry count against the index or record: damaged objects raise
+  ``InvalidOffloadObject``; no read returns wrong bytes.
+- **Threads.** A handle may be shared: ``read`` and ``close`` hold the handle's lock, so
+  reads of one handle run one at a time (as Pulsar's run on one executor thread per
+  ledger) and always see a consistent cache.
+- **Close.** ``close()`` drops the cache and the handle's buffers (views already handed
+  out stay valid: they hold their own buffer); a later ``read`` raises
+  ``OffloadHandleClosed``. Closing again does nothing.
+- **Objects deleted under an open handle.** A read that finds its object gone raises
+  ``OffloadNotFound`` (Pulsar: ``NoSuchLedgerExistsException``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import bisect
+import collections
+import dataclasses
+import threading
+from types import TracebackType
+from typing import Self
 
-from slts.errors import EntryOutOfRange, InvalidOffloadObject
+from slts.errors import (
+    ChunkNotFound,
+    EntryOutOfRange,
+    InvalidOffloadObject,
+    OffloadHandleClosed,
+    OffloadNotFound,
+    SegmentNotFound,
+)
 from slts.offload import formats
+from slts.offload.framing import HEADER_BYTES, Runs, parse_frames
 from slts.offload.ledger_metadata import LedgerMetadata
-from slts.offload.ledgers import check_entry_range
+from slts.offload.ledgers import Entry, check_entry_range
 from slts.offload.names import data_name, segment_name
 from slts.offload.records import OffloadRecord, StreamSegmentRecord, StreamState
 from slts.storage.chunked import ChunkedSegmentStorage
+from slts.storage.types import SegmentHandle
+
+#: Ranges (PIP-17) a handle keeps parsed.
+CACHE_RANGES_DEFAULT = 4
+#: Whole blocks (PIP-76) a handle keeps parsed.
+CACHE_BLOCKS_DEFAULT = 4
+#: The largest range a sequential PIP-17 reader's read-ahead grows to.
+READ_AHEAD_MAX_BYTES_DEFAULT = 2 << 20
 
 
-class OffloadedLedger:
-    """A read handle of an offloaded ledger (the source's shape: ``ledger_id``,
-    ``last_entry_id``, ``length``, ``closed``, ``metadata``, ``read``)."""
+class _Closable:
+    """``close`` and the context-manager protocol over ``_lock``, ``_closed`` and
+    ``_release``."""
+
+    _lock: threading.Lock
+    _closed: bool
+    name: str
+
+    def _release(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the handle holds (cache, buffers); later reads raise
+        ``OffloadHandleClosed``. Idempotent; entries already read stay valid."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._release()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise OffloadHandleClosed(f"the read handle of {self.name!r} is closed", object=self.name)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _gone(storage: ChunkedSegmentStorage, name: str, error: Exception) -> Exception:
+    """The error for a read of object ``name`` that raised ``error`` (a segment or chunk
+    not found): ``OffloadNotFound`` if the object is deleted, else ``error`` itself."""
+    if isinstance(error, SegmentNotFound) or not storage.exists(name):
+        return OffloadNotFound(f"offload object {name!r} was deleted under the read handle", object=name)
+    return error
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Cursor:
+    """Where the walk of a PIP-17 data object goes on: block ``number``, object position,
+    the entry id expected there, and whether the position is the block's header."""
+
+    number: int
+    position: int
+    expected: int
+    at_header: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Range:
+    """A range read of a PIP-17 data object, parsed: its bytes, where the payloads of
+    entries ``first..`` lie in them, the cursor after them and the bytes read past it
+    (``tail``, for the next range)."""
+
+    first: int
+    count: int
+    buffer: memoryview
+    runs: Runs
+    after: _Cursor
+    tail: memoryview
+    end: int  # the object position where the bytes read end
+
+
+class OffloadedLedger(_Closable):
+    """A read handle of an offloaded ledger (the source's shape, plus ``close``); see the
+    module doc for views, cache, read-ahead, threads and close."""
 
     def __init__(
         self,
@@ -37,19 +149,26 @@ class OffloadedLedger:
         metadata: LedgerMetadata,
         *,
         read_ahead_bytes: int,
+        read_ahead_max_bytes: int = READ_AHEAD_MAX_BYTES_DEFAULT,
+        cache_ranges: int = CACHE_RANGES_DEFAULT,
     ) -> None:
+        assert read_ahead_bytes > 0 and cache_ranges > 0, (read_ahead_bytes, cache_ranges)
         self._storage = storage
         self._read_ahead = read_ahead_bytes
-        self._align = self._storage.config.checksum_block_bytes
+        self._read_ahead_max = max(read_ahead_bytes, read_ahead_max_bytes)
+        self._ahead = read_ahead_bytes
+        self._align = storage.config.checksum_block_bytes
         self._record = record
         self._index = index
         self._metadata = metadata
         self.name = data_name(record.ledger_id, record.id)
-        self._segment = self._storage.open_read(self.name)
-        self._buffer_start = 0
-        self._buffer = memoryview(b"")
-        #: (entry id, byte position) where the last read stopped: a sequential reader goes on there.
-        self._resume: tuple[int, int] | None = None
+        self._segment: SegmentHandle | None = storage.open_read(self.name)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._capacity = cache_ranges
+        #: Parsed ranges by first entry id, least recently used first.
+        self._ranges: collections.OrderedDict[int, _Range] = collections.OrderedDict()
+        self._last_loaded: _Range | None = None
 
     @property
     def ledger_id(self) -> int:
@@ -65,74 +184,213 @@ class OffloadedLedger:
 
     @property
     def closed(self) -> bool:
+        """The ledger is closed (always: only closed ledgers are offloaded); not the handle."""
         return True
 
     @property
     def metadata(self) -> LedgerMetadata:
         return self._metadata
 
-    def read(self, first: int, last: int) -> list[bytes]:
-        """Entries ``first..last`` inclusive. Raises ``EntryOutOfRange``,
-        ``InvalidArgument``, ``InvalidOffloadObject`` (a block header or entry framing that
-        does not parse: the data object is damaged), storage errors."""
-        first, last = check_entry_range(self, first, last)
-        entries: list[bytes] = []
-        for entry_id, payload in self._walk(first):
-            entries.append(payload)
-            if entry_id == last:
-                break
-        assert len(entries) == last - first + 1, (first, last, len(entries))
-        return entries
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes of the data object the handle holds in its cache (0 once closed)."""
+        with self._lock:
+            return sum(len(span.buffer) for span in self._ranges.values())
 
-    def _walk(self, first: int) -> Iterator[tuple[int, bytes]]:
-        """(entry id, payload) from ``first`` on, across blocks, ids without a gap."""
-        blocks = self._index.entries
-        number = self._index.block_for(first)
-        start, block_end = self._bounds(number)
-        if self._resume is not None and self._resume[0] == first and start < self._resume[1] < block_end:
-            expected, position = self._resume  # a sequential reader: on where the last read stopped
-        else:
-            expected, position = self._enter_block(number, blocks[number].entry_id)
-        while True:
-            if position + formats.ENTRY_HEADER_SIZE <= block_end:
-                length, entry_id = formats.parse_entry_header(self._view(position, formats.ENTRY_HEADER_SIZE))
-            else:
-                length, entry_id = -1, -1  # the block is full to its end
-            if length < 0:  # padding: the next block, which must go on with the next entry
-                number += 1
-                if number == len(blocks):
-                    return
-                _, block_end = self._bounds(number)
-                expected, position = self._enter_block(number, expected)
-                continue
-            end = position + formats.ENTRY_HEADER_SIZE + length
-            if entry_id != expected or end > block_end:
+    def read(self, first: int, last: int) -> list[Entry]:
+        """Entries ``first..last`` inclusive, as views (module doc). Raises
+        ``EntryOutOfRange``, ``InvalidArgument``, ``OffloadHandleClosed``,
+        ``OffloadNotFound`` (the data object was deleted), ``InvalidOffloadObject`` (a
+        block header or entry framing that does not parse or agree: the data object is
+        damaged), storage errors."""
+        with self._lock:
+            self._check_open()
+            first, last = check_entry_range(self, first, last)
+            entries: list[Entry] = []
+            entry = first
+            while entry <= last:
+                span = self._range_holding(entry)
+                entry = span.runs.views(span.buffer, entry, last, entries)
+            if len(entries) != last - first + 1:  # not an assert: wrong entries must not leave
                 raise InvalidOffloadObject(
-                    f"offload object {self.name!r} at byte {position}: entry {entry_id} of {length} bytes"
-                    f" where entry {expected} was expected within the block ending at {block_end}",
+                    f"offload object {self.name!r}: a read of {first}..{last} gathered"
+                    f" {len(entries)} entries",
                     object=self.name,
-                    offset=position,
                 )
-            if entry_id >= first:
-                payload = bytes(self._view(position + formats.ENTRY_HEADER_SIZE, length))
-                self._resume = (entry_id + 1, end)
-                yield entry_id, payload
-            expected, position = entry_id + 1, end
+            return entries
 
-    def _bounds(self, number: int) -> tuple[int, int]:
-        """Where block ``number`` starts and ends in the data object (from the index)."""
+    def _release(self) -> None:
+        self._ranges.clear()
+        self._last_loaded = None
+        self._segment = None
+
+    def _range_holding(self, entry: int) -> _Range:
+        """The parsed range holding ``entry``: from the cache, else read (and cached)
+        from the nearest known cursor before it."""
+        for span in reversed(self._ranges.values()):
+            if span.first <= entry < span.first + span.count:
+                self._ranges.move_to_end(span.first)
+                return span
+        number = self._index.block_for(entry)
+        start: _Range | None = None
+        for span in self._ranges.values():
+            after = span.after
+            if (
+                after.number == number
+                and after.expected <= entry
+                and (start is None or after.expected > start.after.expected)
+            ):
+                start = span
+        if start is None:
+            block = self._index.entries[number]
+            cursor, tail, tail_end = _Cursor(number, block.offset, block.entry_id, True), memoryview(b""), 0
+            self._ahead = self._read_ahead
+        else:
+            cursor, tail, tail_end = start.after, start.tail, start.end
+            if start is self._last_loaded:  # a sequential reader: read further ahead
+                self._ahead = min(self._ahead * 2, self._read_ahead_max)
+        while True:
+            span = self._load(cursor, tail, tail_end)
+            self._ranges[span.first] = span
+            self._ranges.move_to_end(span.first)
+            while len(self._ranges) > self._capacity:
+                self._ranges.popitem(last=False)
+            self._last_loaded = span
+            if entry < span.first + span.count:
+                return span
+            cursor, tail, tail_end = span.after, span.tail, span.end
+
+    def _range_start(self, cursor: _Cursor, tail: memoryview, tail_end: int) -> int:
+        """Where the range read after ``cursor`` begins: after ``tail`` (the bytes from the
+        cursor on, already read, ending at ``tail_end``), else on the grid before it."""
+        if len(tail) and tail_end == cursor.position + len(tail):
+            return tail_end
+        return cursor.position - cursor.position % self._align
+
+    def _range_end(self, start: int, position: int, ahead: int) -> int:
+        """Where a range read from ``start`` for the cursor at ``position`` ends: ``ahead``
+        bytes on, and past the next block and frame headers, on the grid (or the end)."""
+        want = max(ahead, position + formats.HEADER_SIZE + HEADER_BYTES - start)
+        return min(self._index.data_object_length, -(-(start + want) // self._align) * self._align)
+
+    def _load(self, cursor: _Cursor, tail: memoryview, tail_end: int) -> _Range:
+        """Read the range after ``cursor`` (``tail``: the bytes from the cursor's position
+        to ``tail_end`` already read) and parse what it completes; at least one entry."""
+        data_end = self._index.data_object_length
+        runs = Runs()
+        while True:
+            start = self._range_start(cursor, tail, tail_end)
+            if not (len(tail) and tail_end == cursor.position + len(tail)):
+                tail = memoryview(b"")
+            if start >= data_end and not len(tail):
+                raise InvalidOffloadObject(
+                    f"offload object {self.name!r} at byte {cursor.position}: entry {cursor.expected}"
+                    f" lies past the object's end {data_end}",
+                    object=self.name,
+                    offset=cursor.position,
+                )
+            end = self._range_end(start, cursor.position, self._ahead)
+            buffer = memoryview(self._fetch(start, end - start) if end > start else b"")
+            cursor, rest = self._parse(cursor, tail, buffer, start, runs)
+            if len(runs):
+                return _Range(runs.first, len(runs), buffer, runs, cursor, rest, end)
+            if end >= data_end:  # not an assert: a damaged object must not loop
+                raise InvalidOffloadObject(
+                    f"offload object {self.name!r} at byte {cursor.position}: entry {cursor.expected}"
+                    f" is cut by the object's end {data_end}",
+                    object=self.name,
+                    offset=cursor.position,
+                )
+            # Nothing completed (a frame larger than the range): go on with all of it as the tail.
+            tail, tail_end = memoryview(rest.tobytes()), end
+            self._ahead = max(self._ahead, end - cursor.position)
+
+    def _parse(
+        self, cursor: _Cursor, head: memoryview, buffer: memoryview, start: int, runs: Runs
+    ) -> tuple[_Cursor, memoryview]:
+        """Walk the frames of ``head`` (the bytes before object position ``start``) and
+        ``buffer`` (from ``start``) from ``cursor``; return the cursor after the last whole
+        frame (the frames added to ``runs``) and the bytes from the cursor on."""
         blocks = self._index.entries
-        end = blocks[number + 1].offset if number + 1 < len(blocks) else self._index.data_object_length
-        return blocks[number].offset, end
+        head_start = start - len(head)
+        end = start + len(buffer)
+        number, position = cursor.number, cursor.position
+        expected, at_header = cursor.expected, cursor.at_header
+        assert head_start == position or not len(head), (head_start, position)
 
-    def _enter_block(self, number: int, expected: int) -> tuple[int, int]:
-        """Check block ``number``'s header against the index and ``expected`` (the entry id
-        it must begin with); return (that id, the position of its first entry)."""
+        def piece(at: int, size: int) -> Entry:
+            if at >= start:
+                return buffer[at - start : at - start + size]
+            if at + size <= start:
+                return head[at - head_start : at - head_start + size]
+            return head[at - head_start :].tobytes() + buffer[: at + size - start].tobytes()
+
+        while True:
+            block_end = self._bounds(number)[1]
+            block_last = blocks[number + 1].entry_id - 1 if number + 1 < len(blocks) else self.last_entry_id
+            if at_header:
+                if position + formats.HEADER_SIZE > end:
+                    break
+                try:
+                    self._check_header(number, piece(position, formats.HEADER_SIZE), expected)
+                except InvalidOffloadObject:
+                    if not len(runs):
+                        raise
+                    break  # the entries before the damage are sound; a read past them raises
+                position, at_header = position + formats.HEADER_SIZE, False
+            if expected <= block_last and position < start:  # a frame begun in the head
+                if position + HEADER_BYTES > end:
+                    break
+                length, entry_id = formats.parse_entry_header(piece(position, HEADER_BYTES))
+                if entry_id != expected or length < 0 or position + HEADER_BYTES + length > block_end:
+                    raise InvalidOffloadObject(
+                        f"offload object {self.name!r} at byte {position}: entry {entry_id} of"
+                        f" {length} bytes where entry {expected} was expected within the block"
+                        f" ending at byte {block_end}",
+                        object=self.name,
+                        offset=position,
+                    )
+                if position + HEADER_BYTES + length > end:
+                    break
+                runs.add_extra(expected, piece(position + HEADER_BYTES, length))
+                position, expected = position + HEADER_BYTES + length, expected + 1
+                continue
+            if position >= start:
+                frames = parse_frames(
+                    buffer,
+                    position - start,
+                    len(buffer),
+                    block_end - start,
+                    expected,
+                    block_last - expected + 1,
+                    runs,
+                    name=self.name,
+                    base=start,
+                )
+                position, expected = start + frames.position, expected + frames.found
+                if frames.error is not None and not len(runs):
+                    raise frames.error
+                if not frames.done:
+                    break  # the bytes end, or damage: a read past the entries before it raises
+            if number + 1 == len(blocks):
+                break
+            number, position, at_header = number + 1, block_end, True
+            assert blocks[number].offset == block_end, (number, block_end)
+        after = _Cursor(number, position, expected, at_header)
+        if position >= end:
+            rest = memoryview(b"")
+        elif position >= start:
+            rest = buffer[position - start :]
+        else:
+            rest = memoryview(head[position - head_start :].tobytes() + buffer.tobytes())
+        return after, rest
+
+    def _check_header(self, number: int, data: Entry, expected: int) -> None:
+        """Check block ``number``'s header against the index and ``expected`` (the entry
+        id the block must begin with)."""
         entry = self._index.entries[number]
         start, end = self._bounds(number)
-        header = formats.parse_block_header(
-            self._view(start, formats.HEADER_SIZE), name=self.name, offset=start
-        )
+        header = formats.parse_block_header(data, name=self.name, offset=start)
         if (
             header.first_entry_id != entry.entry_id
             or entry.entry_id != expected
@@ -145,33 +403,25 @@ class OffloadedLedger:
                 object=self.name,
                 offset=start,
             )
-        return entry.entry_id, start + formats.HEADER_SIZE
 
-    def _view(self, position: int, length: int) -> memoryview:
-        """``length`` bytes of the data object at ``position`` (valid until the next call),
-        from the read-ahead buffer or a ranged read of at least ``read_ahead_bytes``."""
-        offset = position - self._buffer_start
-        if offset >= 0 and offset + length <= len(self._buffer):
-            return self._buffer[offset : offset + length]
-        data_end = self._index.data_object_length
-        if position + length > data_end:
-            raise InvalidOffloadObject(
-                f"offload object {self.name!r} at byte {position}: {length} bytes asked past its end",
-                object=self.name,
-                offset=position,
-            )
-        # On the SLTS checksum blocks' grid (the offloader's writes keep chunks on it), so
-        # the storage verifies whole blocks and hands them over without cutting a copy.
-        align = self._align
-        start = position - position % align
-        end = min(data_end, -(-max(position + length, start + self._read_ahead) // align) * align)
-        self._buffer = memoryview(self._storage.read(self._segment, start, end - start))
-        self._buffer_start = start
-        return self._buffer[position - start : position - start + length]
+    def _bounds(self, number: int) -> tuple[int, int]:
+        """Where block ``number`` starts and ends in the data object (from the index)."""
+        blocks = self._index.entries
+        end = blocks[number + 1].offset if number + 1 < len(blocks) else self._index.data_object_length
+        return blocks[number].offset, end
+
+    def _fetch(self, start: int, size: int) -> bytes:
+        """Bytes ``[start, start+size)`` of the data object (``OffloadNotFound`` if deleted)."""
+        assert self._segment is not None
+        try:
+            return self._storage.read(self._segment, start, size)
+        except (SegmentNotFound, ChunkNotFound) as error:
+            raise _gone(self._storage, self.name, error) from error
 
 
-class StreamingLedgerHandle:
-    """A read handle of one ledger across streaming segments (the source's shape)."""
+class StreamingLedgerHandle(_Closable):
+    """A read handle of one ledger across streaming segments (the source's shape, plus
+    ``close``); see the module doc for views, cache, threads and close."""
 
     def __init__(
         self,
@@ -179,16 +429,27 @@ class StreamingLedgerHandle:
         managed_ledger: str,
         ledger_id: int,
         blocks: list[tuple[StreamSegmentRecord, list[int]]],
+        *,
+        cache_blocks: int = CACHE_BLOCKS_DEFAULT,
     ) -> None:
+        assert cache_blocks > 0, cache_blocks
         self._storage = storage
         self._managed_ledger = managed_ledger
         self._ledger_id = ledger_id
         self._blocks = blocks
+        self._firsts = [row[1] for _, row in blocks]
         self._first = blocks[0][1][1] if blocks else 0
         self._last = blocks[-1][1][5] if blocks else -1
         self._length = sum(
             segment.ledgers[ledger_id][1] for segment in {s.sequence: s for s, _ in blocks}.values()
         )
+        self.name = f"{managed_ledger}: ledger {ledger_id}"
+        self._lock = threading.Lock()
+        self._closed = False
+        self._capacity = cache_blocks
+        #: Parsed blocks by position in ``blocks``, least recently used first.
+        self._cache: collections.OrderedDict[int, tuple[memoryview, Runs]] = collections.OrderedDict()
+        self._handles: dict[int, SegmentHandle] = {}
 
     @property
     def ledger_id(self) -> int:
@@ -209,56 +470,123 @@ class StreamingLedgerHandle:
 
     @property
     def closed(self) -> bool:
+        """Every segment holding the ledger is complete (the ledger's state, not the handle's)."""
         return all(segment.state == StreamState.COMPLETE for segment, _ in self._blocks)
 
     @property
     def metadata(self) -> LedgerMetadata:
         return LedgerMetadata(last_entry_id=self._last, length=self._length, closed=self.closed)
 
-    def read(self, first: int, last: int) -> list[bytes]:
-        """Entries ``first..last`` in order, across segments. Raises ``EntryOutOfRange``
-        (outside what was offloaded), ``InvalidOffloadObject`` (damaged blocks)."""
-        first, last = check_entry_range(self, first, last)
-        if first < self._first:
-            raise EntryOutOfRange(
-                f"ledger {self._ledger_id}: entries before {self._first} were not offloaded",
-                ledger=self._ledger_id,
-                first=first,
-                last=last,
-            )
-        storage = self._storage
-        entries: list[bytes] = []
-        expected = first
-        for segment, (_, block_first, _, offset, length, block_last) in self._blocks:
-            if block_last < first or block_first > last:
-                continue
-            name = segment_name(self._managed_ledger, segment.id)
-            block = storage.read(storage.open_read(name), offset, length)
-            header = formats.parse_streaming_block_header(block, name=name, offset=offset)
-            if (header.ledger_id, header.first_entry_id, header.block_length) != (
-                self._ledger_id,
-                block_first,
-                length,
-            ):
-                raise InvalidOffloadObject(
-                    f"offload object {name!r} at byte {offset}: the block header says ledger"
-                    f" {header.ledger_id} from entry {header.first_entry_id} in {header.block_length} bytes,"
-                    f" the segment's record ledger {self._ledger_id} from {block_first} in {length}",
-                    object=name,
-                    offset=offset,
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes of blocks the handle holds in its cache (0 once closed)."""
+        with self._lock:
+            return sum(len(view) for view, _ in self._cache.values())
+
+    def read(self, first: int, last: int) -> list[Entry]:
+        """Entries ``first..last`` in order, across segments, as views (module doc).
+        Raises ``EntryOutOfRange`` (outside what was offloaded), ``InvalidArgument``,
+        ``OffloadHandleClosed``, ``OffloadNotFound`` (a segment was deleted),
+        ``InvalidOffloadObject`` (damaged blocks)."""
+        with self._lock:
+            self._check_open()
+            first, last = check_entry_range(self, first, last)
+            if first < self._first:
+                raise EntryOutOfRange(
+                    f"ledger {self._ledger_id}: entries before {self._first} were not offloaded",
+                    ledger=self._ledger_id,
+                    first=first,
+                    last=last,
                 )
-            for entry_id, payload in block_entries(block, header, name=name, offset=offset):
-                if first <= entry_id <= last:
-                    if entry_id != expected:
-                        raise InvalidOffloadObject(
-                            f"offload object {name!r}: entry {entry_id} where {expected} was expected",
-                            object=name,
-                            offset=offset,
-                        )
-                    entries.append(payload)
-                    expected += 1
-        assert len(entries) == last - first + 1, (first, last, len(entries))
-        return entries
+            entries: list[Entry] = []
+            entry = first
+            number = bisect.bisect_right(self._firsts, first) - 1
+            while entry <= last:
+                block_first = self._firsts[number]
+                if block_first > entry:
+                    segment, row = self._blocks[number]
+                    name = segment_name(self._managed_ledger, segment.id)
+                    raise InvalidOffloadObject(
+                        f"offload object {name!r} at byte {row[3]}: its block begins with entry"
+                        f" {block_first} where {entry} was expected",
+                        object=name,
+                        offset=row[3],
+                    )
+                buffer, runs = self._block(number)
+                entry = runs.views(buffer, entry, last, entries)
+                number += 1
+            if len(entries) != last - first + 1:  # not an assert: wrong entries must not leave
+                raise InvalidOffloadObject(
+                    f"{self.name}: a read of {first}..{last} gathered {len(entries)} entries",
+                    object=self.name,
+                )
+            return entries
+
+    def _release(self) -> None:
+        self._cache.clear()
+        self._handles.clear()
+
+    def _block(self, number: int) -> tuple[memoryview, Runs]:
+        """The bytes of block ``number`` and where its payloads lie in them (from the
+        cache, else read whole and checked)."""
+        cached = self._cache.get(number)
+        if cached is not None:
+            self._cache.move_to_end(number)
+            return cached
+        segment, (_, block_first, _, offset, length, block_last) = self._blocks[number]
+        name = segment_name(self._managed_ledger, segment.id)
+        block = self._read_block(number)
+        header = formats.parse_streaming_block_header(block, name=name, offset=offset)
+        if (header.ledger_id, header.first_entry_id, header.block_length) != (
+            self._ledger_id,
+            block_first,
+            length,
+        ):
+            raise InvalidOffloadObject(
+                f"offload object {name!r} at byte {offset}: the block header says ledger"
+                f" {header.ledger_id} from entry {header.first_entry_id} in {header.block_length} bytes,"
+                f" the segment's record ledger {self._ledger_id} from {block_first} in {length}",
+                object=name,
+                offset=offset,
+            )
+        view, runs = memoryview(block), Runs()
+        frames = parse_frames(
+            view,
+            formats.HEADER_SIZE,
+            length,
+            length,
+            block_first,
+            block_last - block_first + 1,
+            runs,
+            name=name,
+            base=offset,
+        ).checked()
+        assert frames.done, (name, offset)
+        self._cache[number] = view, runs
+        while len(self._cache) > self._capacity:
+            self._cache.popitem(last=False)
+        return view, runs
+
+    def _segment_handle(self, number: int) -> tuple[str, SegmentHandle]:
+        """The name and a read handle of the segment holding block ``number``."""
+        segment = self._blocks[number][0]
+        name = segment_name(self._managed_ledger, segment.id)
+        handle = self._handles.get(segment.sequence)
+        if handle is None:
+            try:
+                handle = self._handles[segment.sequence] = self._storage.open_read(name)
+            except SegmentNotFound as error:
+                raise _gone(self._storage, name, error) from error
+        return name, handle
+
+    def _read_block(self, number: int) -> bytes:
+        """Block ``number``'s bytes (``OffloadNotFound`` if its segment was deleted)."""
+        name, handle = self._segment_handle(number)
+        _, _, _, offset, length, _ = self._blocks[number][1]
+        try:
+            return self._storage.read(handle, offset, length)
+        except (SegmentNotFound, ChunkNotFound) as error:
+            raise _gone(self._storage, name, error) from error
 
 
 def block_entries(
@@ -274,24 +602,22 @@ def block_entries(
             object=name,
             offset=offset,
         )
-    view = memoryview(block)
-    entries: list[tuple[int, bytes]] = []
-    position = formats.HEADER_SIZE
-    while position + formats.ENTRY_HEADER_SIZE <= header.block_length:
-        length, entry_id = formats.parse_entry_header(view[position:])
-        if length < 0:
-            break
-        end = position + formats.ENTRY_HEADER_SIZE + length
-        if end > header.block_length or entry_id != header.first_entry_id + len(entries):
-            raise InvalidOffloadObject(
-                f"offload object {name!r} at byte {offset + position}: entry {entry_id} of {length} bytes",
-                object=name,
-                offset=offset + position,
-            )
-        entries.append((entry_id, bytes(view[position + formats.ENTRY_HEADER_SIZE : end])))
-        position = end
-    if not entries:
+    view, runs = memoryview(block), Runs()
+    parse_frames(
+        view,
+        formats.HEADER_SIZE,
+        header.block_length,
+        header.block_length,
+        header.first_entry_id,
+        None,
+        runs,
+        name=name,
+        base=offset,
+    ).checked()
+    if not len(runs):
         raise InvalidOffloadObject(
             f"offload object {name!r} at byte {offset}: a block without entries", object=name, offset=offset
         )
-    return entries
+    payloads: list[Entry] = []
+    runs.views(view, runs.first, runs.first + len(runs) - 1, payloads)
+    return [(header.first_entry_id + i, bytes(payload)) for i, payload in enumerate(payloads)]

@@ -52,10 +52,10 @@ from slts.errors import (
 )
 from slts.limiter import TrafficClass, traffic_class
 from slts.metadata.schema import OFFLOAD_STREAM_LEDGERS, OFFLOAD_STREAM_SEGMENTS
-from slts.metadata.store import Delete, Expect, Operation, Put, prefix_stop
+from slts.metadata.store import Delete, Expect, Operation, Put, prefix_stop, scan_all
 from slts.offload import formats
 from slts.offload.ledger_metadata import LedgerInfo, encode_ledger_info
-from slts.offload.ledgers import check_ledger_id
+from slts.offload.ledgers import ID_MAX, check_ledger_id
 from slts.offload.names import segment_index_name, segment_name
 from slts.offload.reading import StreamingLedgerHandle, block_entries
 from slts.offload.records import (
@@ -167,7 +167,7 @@ class StreamingOffloader:
         with self._store.snapshot() as view:
             return [
                 StreamSegmentRecord.decode(s.value)
-                for _, s in view.scan(OFFLOAD_STREAM_SEGMENTS, prefix, prefix_stop(prefix))
+                for _, s in scan_all(view, OFFLOAD_STREAM_SEGMENTS, prefix, prefix_stop(prefix))
             ]
 
     def open_segment(self) -> StreamSegmentRecord | None:
@@ -259,11 +259,14 @@ class StreamingOffloader:
         """Record a new OPEN segment after ``last`` (replacing it if it is to be redone)
         and create its data object."""
         redo = last is not None and last.state in (StreamState.OPEN, StreamState.FAILED)
-        closed = [s for s in self.segments() if s.state in (StreamState.COMPLETE, StreamState.DELETING)]
-        if closed and (begin_ledger, begin_entry) <= (closed[-1].end_ledger, closed[-1].end_entry):
+        reached = max(
+            (_reached(s) for s in self.segments() if s.state in (StreamState.COMPLETE, StreamState.DELETING)),
+            default=(-1, -1),
+        )
+        if (begin_ledger, begin_entry) <= reached:
             raise InvalidArgument(
                 f"{self.managed_ledger}: a segment must begin after the last one's end"
-                f" ({closed[-1].end_ledger}, {closed[-1].end_entry}), not at ({begin_ledger}, {begin_entry})"
+                f" {reached}, not at ({begin_ledger}, {begin_entry})"
             )
         record = StreamSegmentRecord(
             self.managed_ledger,
@@ -348,6 +351,15 @@ class StreamingOffloader:
             end_entry=last,
             epoch=self.storage.epoch,
         )
+        with self._records_lock:
+            self._ctx.ownership.commit(*self._block_commit(record, updated, ledger_id))
+        return updated
+
+    def _block_commit(
+        self, record: StreamSegmentRecord, updated: StreamSegmentRecord, ledger_id: int
+    ) -> tuple[list[Operation], list[Expect]]:
+        """The commit recording a block: ``updated`` over ``record``, and, for the block's
+        ledger new to the segment, the segment in its context."""
         ops: list[Operation] = [Put(OFFLOAD_STREAM_SEGMENTS, updated.key, updated.encode())]
         expects = [
             Expect(OFFLOAD_STREAM_SEGMENTS, record.key, self._version(OFFLOAD_STREAM_SEGMENTS, record.key))
@@ -364,8 +376,7 @@ class StreamingOffloader:
                 ledger = ledger.replace(segments=[*ledger.segments, record.sequence])
                 ops.append(Put(OFFLOAD_STREAM_LEDGERS, key, ledger.encode()))
                 expects.append(Expect(OFFLOAD_STREAM_LEDGERS, key, version))
-        self._ctx.ownership.commit(ops, expects)
-        return updated
+        return ops, expects
 
     def _replace(self, table: str, record: StreamSegmentRecord | StreamLedgerRecord) -> None:
         """Commit ``record`` over the stored one of its key, expecting its version as read now."""
@@ -424,9 +435,10 @@ class StreamingOffloader:
         self.storage.seal(handle)
         self.storage.seal(self.storage.open_write(data))
         complete = record.replace(state=StreamState.COMPLETE, offloaded_ms=int(self.clock() * 1000))
-        self._replace(OFFLOAD_STREAM_SEGMENTS, complete)
-        if complete.ledgers and self._all_deleted(complete):
-            self._delete_segment(complete)
+        with self._records_lock:  # so that a ledger deleted meanwhile is seen here or sees this
+            self._replace(OFFLOAD_STREAM_SEGMENTS, complete)
+            if complete.ledgers and self._all_deleted(complete):
+                self._delete_segment(complete)
         return complete
 
     # -- failure ----------------------------------------------------------------------------------
@@ -450,15 +462,19 @@ class StreamingOffloader:
         with contextlib.suppress(Exception):
             self._remove_objects(self._fail(record))
 
-    def _remove_objects(self, record: StreamSegmentRecord) -> None:
-        """Delete both objects of a FAILED or DELETING segment (those that exist)."""
+    def _remove_objects(self, record: StreamSegmentRecord) -> bool:
+        """Delete both objects of a FAILED or DELETING segment (those that exist); return
+        whether there were any."""
         assert record.state in (StreamState.FAILED, StreamState.DELETING), record
+        removed = False
         for name in (
             segment_name(self.managed_ledger, record.id),
             segment_index_name(self.managed_ledger, record.id),
         ):
             with contextlib.suppress(SegmentNotFound):
                 self.storage.delete(self.storage.open_write(name))
+                removed = True
+        return removed
 
     def _stored_segment(self, key: bytes) -> StreamSegmentRecord | None:
         with self._store.snapshot() as view:
@@ -513,8 +529,8 @@ class StreamingOffloader:
     def cleanup(self) -> list[uuid.UUID]:
         """Free what deletes and failures left behind: finish the deletes a crash
         interrupted (DELETING), delete the complete segments whose ledgers are all deleted,
-        remove the objects of a FAILED segment (its record stays until its redo). Returns
-        the uids of the segments whose objects were removed. A read-only instance does
+        remove the objects a FAILED segment still has (its record stays until its redo).
+        Returns the uids of the segments deleted or whose objects were removed. A read-only instance does
         nothing. Raises ``Fenced``, storage errors (what is left stays for the next run)."""
         if self._ctx.ownership.read_only:
             return []
@@ -526,8 +542,7 @@ class StreamingOffloader:
                 ):
                     self._delete_segment(segment)
                     removed.append(segment.id)
-                elif segment.state == StreamState.FAILED:
-                    self._remove_objects(segment)
+                elif segment.state == StreamState.FAILED and self._remove_objects(segment):
                     removed.append(segment.id)
         return removed
 
@@ -573,6 +588,31 @@ class StreamingOffloader:
                 )
                 expects.append(Expect(OFFLOAD_STREAM_LEDGERS, key, stored.version))
         return ops, expects
+
+
+def managed_ledgers(storage: ChunkedSegmentStorage) -> list[str]:
+    """The managed ledgers with streaming segments on the container of ``storage``, sorted."""
+    names: list[str] = []
+    with storage.context.store.snapshot() as view:
+        start = b""
+        while True:
+            found = next(iter(view.scan(OFFLOAD_STREAM_SEGMENTS, start, None, limit=1)), None)
+            if found is None:
+                return names
+            name = found[0][: found[0].index(b"\x00")]
+            names.append(name.decode())
+            after = prefix_stop(name + b"\x00")
+            if after is None:
+                return names
+            start = after
+
+
+def _reached(segment: StreamSegmentRecord) -> tuple[int, int]:
+    """The (ledger, entry) a closed segment reaches: its end, or just before its begin if
+    it closed empty (its successors must not begin before it)."""
+    if (segment.end_ledger, segment.end_entry) != (-1, -1):
+        return segment.end_ledger, segment.end_entry
+    return segment.begin_ledger, segment.begin_entry - 1
 
 
 def _result_of(record: StreamSegmentRecord) -> OffloadResult:
@@ -651,8 +691,13 @@ class OffloadHandle:
         ``min_segment_age_s`` old) closes it, as does its age.
         Raises ``EntryOutOfOrder`` (nothing taken), ``InvalidArgument``, and the writer's
         error once it failed."""
-        check_ledger_id(ledger_id)
-        check_ledger_id(entry_id)
+        if (
+            type(ledger_id) is not int
+            or type(entry_id) is not int
+            or not (0 <= ledger_id <= ID_MAX and 0 <= entry_id <= ID_MAX)
+        ):  # one test in the common case (this runs per entry); the checks say what is wrong
+            check_ledger_id(ledger_id)
+            check_ledger_id(entry_id)
         if not isinstance(data, bytes) or len(data) > formats.INT32_MAX:
             raise InvalidArgument("an entry is a bytes object of at most 2**31-1 bytes")
         with self._cond:
@@ -674,7 +719,8 @@ class OffloadHandle:
                     and self._age() >= self._offloader.min_segment_age_s
                 ):
                     self._start_closing()
-                self._cond.notify_all()
+                elif self._buffered >= self._offloader.block_bytes:
+                    self._cond.notify_all()  # a block's worth: the writer has work (not before)
                 outcome = OfferResult.OK
         self._drive()
         return outcome

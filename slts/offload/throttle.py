@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from slts.errors import InvalidArgument
 from slts.limiter import TokenBucket
 from slts.offload.ledger_metadata import LedgerMetadata
-from slts.offload.ledgers import LedgerReadHandle
+from slts.offload.ledgers import Entry, LedgerReadHandle
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +145,7 @@ class ThrottledReadHandle:
     def metadata(self) -> LedgerMetadata:
         return self._handle.metadata
 
-    def read(self, first: int, last: int) -> list[bytes]:
+    def read(self, first: int, last: int) -> Sequence[Entry]:
         """The inner handle's ``read``, after the permits allow its estimated bytes."""
         entries_in_ledger = max(1, self._handle.last_entry_id + 1)
         average = max(1, self._handle.length // entries_in_ledger)

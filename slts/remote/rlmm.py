@@ -70,7 +70,7 @@ from dataclasses import dataclass
 
 from slts.errors import IllegalStateTransition, InvalidArgument, ReadOnlyInstance, RemoteSegmentNotFound
 from slts.metadata.schema import REMOTE_EPOCHS, REMOTE_OFFSETS, REMOTE_PARTITIONS, REMOTE_SEGMENTS
-from slts.metadata.store import Delete, Expect, Operation, Put, ReadView, prefix_stop
+from slts.metadata.store import Delete, Expect, Operation, Put, ReadView, prefix_stop, scan_all
 from slts.remote import keys
 from slts.remote.records import (
     OFFSET_MAX,
@@ -572,7 +572,9 @@ def _state_change_ops(
         for epoch, start, end in updated.epoch_ranges():
             prefix = keys.epoch_prefix(tp, epoch)
             if highest.get(epoch, -1) <= end:  # it reaches as far as all before: they are superseded
-                for key, _ in view.scan(REMOTE_EPOCHS, keys.epoch_key(tp, epoch, start), prefix_stop(prefix)):
+                for key, _ in scan_all(
+                    view, REMOTE_EPOCHS, keys.epoch_key(tp, epoch, start), prefix_stop(prefix)
+                ):
                     ops.append(Delete(REMOTE_EPOCHS, key))
             ops.append(Put(REMOTE_EPOCHS, keys.epoch_key(tp, epoch, start), updated.segment_id))
             highest[epoch] = max(highest.get(epoch, -1), end)

@@ -13,9 +13,18 @@ import uuid
 from pathlib import Path
 
 import pytest
+from slts.bindings import from_url
+from slts.bindings.faulty import FaultyChunkStorage
 from slts.tools import cli
 
-from slts.offload.ledgers import write_ledger_file
+from slts.config import StorageConfig
+from slts.errors import StorageUnavailable
+from slts.metadata.faulty_store import FaultyMetadataStore
+from slts.metadata.schema import SEGMENTS
+from slts.offload.ledgers import FileLedger, write_ledger_file
+from slts.offload.streaming import StreamingOffloader
+from slts.storage.chunked import ChunkedSegmentStorage
+from slts.storage.factory import open_metadata
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -209,3 +218,60 @@ def test_bad_input_is_a_one_line_error_that_changes_nothing(
     assert run(capsys, "offload", "segments", "ml", "--json", "--store", str(store))[1] == (
         '{"managed_ledger": "ml", "segments": []}\n'
     )
+
+
+def test_stream_redoes_a_failed_segment_from_its_begin(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A segment's second block fails to write, and so does the removal of its data
+    object: ``offload segments`` shows it FAILED, ``offload cleanup`` removes its object,
+    and ``offload stream`` redoes it from its begin under a new uid before going on."""
+    ledger_file(tmp_path / "l5", 300, seed=6, largest=500)
+    store = tmp_path / "store"
+    (store / "chunks").mkdir(parents=True)
+    binding = FaultyChunkStorage(from_url(f"file://{store / 'chunks'}"), seed=0)
+    metadata = FaultyMetadataStore(open_metadata(str(store / "metadata")), seed=0)
+    storage = ChunkedSegmentStorage(0, None, binding, metadata, StorageConfig(), owns_resources=True)
+
+    def second_block_fails() -> None:
+        metadata.fail_nth(1, table=SEGMENTS)  # the removal of the data object that follows
+        raise StorageUnavailable("injected write failure", injected=True)
+
+    binding.before(("create", "write"), second_block_fails, nth=2, prefix="0/offload/ml/")
+    offloader = StreamingOffloader(storage, "ml", block_bytes=4096, threads=False)
+    handle = offloader.streaming_offload(uuid.uuid4(), {}, 5, 0)
+    with pytest.raises(StorageUnavailable):
+        for entry_id, data in enumerate(FileLedger(5, str(tmp_path / "l5")).read(0, 99)):
+            handle.offer_entry(5, entry_id, data)
+    storage.close()
+
+    code, out, _ = run(capsys, "offload", "segments", "ml", "--json", "--store", str(store))
+    (failed,) = json.loads(out)["segments"]
+    assert failed["state"] == "FAILED" and failed["begin"] == [5, 0]
+    code, out, _ = run(capsys, "offload", "cleanup", "--json", "--store", str(store))
+    assert json.loads(out)["segments"] == [{"managed_ledger": "ml", "uid": failed["uid"]}]
+    code, out, _ = run(capsys, "offload", "cleanup", "--json", "--store", str(store))
+    assert json.loads(out)["segments"] == []
+    code, out, err = run(
+        capsys, "offload", "stream", "ml", f"5={tmp_path / 'l5'}", "--json", "--store", str(store)
+    )
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["offered"] == 300, "the redo offers every entry from the failed segment's begin"
+    (closed,) = report["closed"]
+    assert closed["uid"] != failed["uid"] and (closed["begin"], closed["end"]) == ([5, 0], [5, 299])
+    code, out, _ = run(capsys, "offload", "segments", "ml", "--json", "--store", str(store))
+    assert [s["state"] for s in json.loads(out)["segments"]] == ["COMPLETE"]
+    code, _, _ = run(
+        capsys,
+        "offload",
+        "read",
+        "5",
+        "--managed-ledger",
+        "ml",
+        "--out",
+        str(tmp_path / "b"),
+        "--store",
+        str(store),
+    )
+    assert code == 0 and (tmp_path / "b").read_bytes() == (tmp_path / "l5").read_bytes()

@@ -9,6 +9,7 @@ import pytest
 from slts.errors import InvalidArgument, MetadataError, StorageClosed, VersionConflict
 from slts.metadata import KEY_BYTES_MAX, Delete, Expect, MetadataStore, Put, Versioned, prefix_stop
 from slts.metadata.faulty_store import FaultyMetadataStore
+from slts.metadata.store import SCAN_LIMIT_DEFAULT, scan_all
 
 from .conftest import TABLES, StoreFactory
 
@@ -233,6 +234,17 @@ def test_scan_paging_past_a_longest_key(store: MetadataStore) -> None:
         b"a",
     ]
     assert [key for key, _ in store.scan(T, longest + b"\x00", None, reverse=True)] == [b"n"]
+
+
+def test_scan_all_reads_past_the_scan_limit_in_pages(store: MetadataStore) -> None:
+    keys = sorted(b"%05d" % i for i in range(SCAN_LIMIT_DEFAULT * 2 + 3))
+    for chunk in range(0, len(keys), 500):
+        put_many(store, T, keys[chunk : chunk + 500])
+    assert len(store.scan(T)) == SCAN_LIMIT_DEFAULT  # one scan stops at its limit
+    with store.snapshot() as view:
+        assert [key for key, _ in scan_all(view, T)] == keys
+        assert [key for key, _ in scan_all(view, T, b"00007", b"01500", page=7)] == keys[7:1500]
+        assert list(scan_all(view, T, b"99999")) == []
 
 
 def test_iterate_and_prefix_stop(store: MetadataStore) -> None:

@@ -11,7 +11,9 @@ nothing behind once ``cleanup`` ran.
 
 from __future__ import annotations
 
+import itertools
 import random
+import struct
 import threading
 import uuid
 from collections.abc import Callable
@@ -22,6 +24,7 @@ from slts.tools.simulation.seam import FakeClock
 
 from slts.errors import (
     EntryOutOfRange,
+    Fenced,
     InvalidArgument,
     MetadataError,
     OffloadNotFound,
@@ -30,14 +33,18 @@ from slts.errors import (
     StorageUnavailable,
 )
 from slts.metadata.schema import OFFLOAD_STREAM_SEGMENTS, SEGMENTS
+from slts.metadata.store import SCAN_LIMIT_DEFAULT, Put
+from slts.offload import formats
 from slts.offload.names import FOLDER, segment_index_name, segment_name
-from slts.offload.records import StreamState
+from slts.offload.records import StreamSegmentRecord, StreamState
 from slts.offload.streaming import OfferResult, OffloadHandle, StreamingOffloader
 from slts.storage.chunked import ChunkedSegmentStorage
 from tests.support.engine import Env, env_fixture
 from tests.support.faults import faulty_owner
 
 env = env_fixture([("filesystem", "lmdb"), ("s3", "lmdb")])
+#: The crash matrix is about the records (the same on every binding): the filesystem's.
+fs_env = env_fixture([("filesystem", "lmdb")])
 ML = "public/default/persistent/orders"
 #: Pulsar's tests: 5 MiB blocks, 100-byte entries, segments of 1,000 or 2,000 bytes.
 PULSAR_BLOCK = 5 << 20
@@ -341,3 +348,201 @@ def test_an_interrupted_delete_is_finished_by_cleanup(env: Env) -> None:
     with pytest.raises(OffloadNotFound):
         offloader.ledger(0)
     assert offloader.cleanup() == []
+
+
+def test_a_managed_ledger_of_more_segments_than_one_metadata_scan_opens_its_next_one(env: Env) -> None:
+    """The segments are listed past the metadata scan's page: the next segment takes the
+    sequence after the last, not one a truncated listing would give (a conflict)."""
+    storage = env.open()
+    count = SCAN_LIMIT_DEFAULT + 1
+    records = [
+        StreamSegmentRecord(
+            ML, n, uuid.uuid4().bytes, StreamState.COMPLETE, 0, 0, n, 0, n, 0, [], {}, 0, 0, 1024, {}
+        )
+        for n in range(count)
+    ]
+    storage.context.ownership.commit([Put(OFFLOAD_STREAM_SEGMENTS, r.key, r.encode()) for r in records], [])
+    offloader = StreamingOffloader(storage, ML, block_bytes=1024, threads=False)
+    assert len(offloader.segments()) == count
+    with pytest.raises(InvalidArgument, match=rf"\(0, {count - 1}\)"):
+        offloader.streaming_offload(uuid.uuid4(), {}, 0, count - 1)
+    handle = offloader.streaming_offload(uuid.uuid4(), {}, 0, count)
+    handle.offer_entry(0, count, b"last")
+    assert handle.close().end_entry == count
+    assert offloader.segments()[-1].sequence == count
+    assert offloader.read_ledger(0).read(count, count) == [b"last"]
+
+
+# -- a crash at every commit ----------------------------------------------------------------------
+
+
+def _crash_payloads() -> list[tuple[int, int, bytes]]:
+    rng = random.Random(15)
+    return [
+        (ledger, entry, rng.randbytes(rng.randrange(40, 200)))
+        for ledger, count in ((0, 14), (1, 12))
+        for entry in range(count)
+    ]
+
+
+def _stream_from_where_it_stands(
+    offloader: StreamingOffloader, payloads: list[tuple[int, int, bytes]]
+) -> None:
+    """Drive ``offloader`` over ``payloads`` as a managed ledger does after a restart:
+    redo a failed segment, resume an open one, else continue after the last closed one;
+    offer every entry from there, opening the next segment when one closes, and close."""
+    keys = [(ledger, entry) for ledger, entry, _ in payloads]
+    failed, open_one = offloader.failed_segment(), offloader.open_segment()
+    if failed is not None:
+        start = keys.index((failed.begin_ledger, failed.begin_entry))
+        handle = offloader.streaming_offload(uuid.uuid4(), {}, *keys[start])
+    elif open_one is not None:
+        handle = offloader.streaming_offload(open_one.id)
+        done = handle.last_offered()
+        start = (
+            keys.index(done) + 1
+            if done is not None
+            else keys.index((open_one.begin_ledger, open_one.begin_entry))
+        )
+    else:
+        closed = offloader.segments()
+        start = keys.index((closed[-1].end_ledger, closed[-1].end_entry)) + 1 if closed else 0
+        if start == len(keys):
+            return
+        handle = offloader.streaming_offload(uuid.uuid4(), {}, *keys[start])
+    for ledger, entry, data in payloads[start:]:
+        while (outcome := handle.offer_entry(ledger, entry, data)) != OfferResult.OK:
+            assert outcome == OfferResult.FAIL_SEGMENT_CLOSED, outcome
+            handle.result()
+            handle = offloader.streaming_offload(uuid.uuid4(), {}, ledger, entry)
+    handle.close()
+
+
+def _crash_offloader(storage: ChunkedSegmentStorage, managed_ledger: str) -> StreamingOffloader:
+    return StreamingOffloader(
+        storage, managed_ledger, block_bytes=1024, max_segment_bytes=1500, threads=False
+    )
+
+
+@pytest.mark.parametrize("landed", [False, True], ids=["before landing", "after landing"])
+def test_a_crash_at_any_commit_is_resumed_without_loss_duplicates_or_leftovers(
+    fs_env: Env, landed: bool
+) -> None:
+    """The process dies at each commit of a streaming run in turn (the segments' and
+    ledgers' records, and the SLTS segments' own: creates, writes, seals), before or after
+    it lands; the next owner goes on from where the records stand (redo, resume or next
+    segment). Every entry reads back once, in order, exactly; the segments do not
+    overlap; no object is left but those of the recorded segments."""
+    payloads = _crash_payloads()
+    storage, _, store = faulty_owner(fs_env)
+    before = store.calls["commit"]
+    _stream_from_where_it_stands(_crash_offloader(storage, "ml/clean"), payloads)
+    total = store.calls["commit"] - before
+    assert total > 20
+    for nth in range(1, total + 1):
+        managed_ledger = f"ml/{nth:04d}"
+        storage, binding, store = faulty_owner(fs_env)
+        store.on_crash = binding.kill
+        store.crash_at(nth, landed=landed)
+        with pytest.raises(SltsError):
+            _stream_from_where_it_stands(_crash_offloader(storage, managed_ledger), payloads)
+        assert store.dead, nth
+        offloader = _crash_offloader(fs_env.reopen(), managed_ledger)
+        _stream_from_where_it_stands(offloader, payloads)
+        offloader.cleanup()
+        segments = offloader.segments()
+        assert all(s.state == StreamState.COMPLETE for s in segments), nth
+        spans = [((s.begin_ledger, s.begin_entry), (s.end_ledger, s.end_entry)) for s in segments]
+        assert all(a[1] < b[0] for a, b in itertools.pairwise(spans)), (nth, spans)
+        for ledger_id in (0, 1):
+            expected = [data for ledger, _, data in payloads if ledger == ledger_id]
+            assert offloader.read_ledger(ledger_id).read(0, len(expected) - 1) == expected, nth
+        stored = sum(count for s in segments for count, _ in s.ledgers.values())
+        assert stored == len(payloads), (nth, stored)
+        live = {
+            name
+            for s in segments
+            for name in (segment_name(managed_ledger, s.id), segment_index_name(managed_ledger, s.id))
+        }
+        assert set(fs_env.instances[-1].list(f"{FOLDER}/{managed_ledger}/")) == live, nth
+
+
+@pytest.mark.parametrize("padding", [10, 0], ids=["testHavePadding", "testNoPadding"])
+def test_a_streaming_block_is_its_header_the_framed_entries_and_the_fill(env: Env, padding: int) -> None:
+    """BufferedOffloadStreamTest: ten entries of ledger 0 in one block of exactly their
+    framed size plus ``padding`` bytes: the header (block length, first entry 0, ledger
+    0), each entry's length, id and bytes, then the fill pattern to the block's end."""
+    payloads = [bytes([i]) * i for i in range(10)]
+    block = formats.HEADER_SIZE + sum(formats.ENTRY_HEADER_SIZE + len(p) for p in payloads) + padding
+    storage = env.open()
+    offloader = StreamingOffloader(storage, ML, block_bytes=block, threads=False)
+    uid = uuid.uuid4()
+    handle = offloader.streaming_offload(uid, {}, 0, 0)
+    assert offer_all(handle, 0, 0, payloads) == [OfferResult.OK] * 10
+    handle.close()
+    name = segment_name(ML, uid)
+    data = storage.read(storage.open_read(name), 0, storage.info(name).length)
+    framed = b"".join(struct.pack(">iq", len(p), i) + p for i, p in enumerate(payloads))
+    fill = bytes.fromhex("fedcdead fedcdead fedc")[:padding]
+    assert data == formats.StreamingBlockHeader(block, 0, 0).encode() + framed + fill
+
+
+def test_a_segment_closed_empty_keeps_its_successors_after_it(env: Env) -> None:
+    """A segment that closes without entries (by age, or closed at once) ends at (-1, -1)
+    as Pulsar's result says; the next segment must still begin after everything before."""
+    offloader = StreamingOffloader(env.open(), ML, block_bytes=1024, threads=False)
+    first = offloader.streaming_offload(uuid.uuid4(), {}, 0, 0)
+    offer_all(first, 0, 0, entries(10, seed=16))
+    first.close()
+    empty = offloader.streaming_offload(uuid.uuid4(), {}, 0, 10)
+    result = empty.close()
+    assert (result.begin_ledger, result.begin_entry, result.end_ledger, result.end_entry) == (0, 10, -1, -1)
+    for begin in (5, 9):
+        with pytest.raises(InvalidArgument, match=r"after the last one's end \(0, 9\)"):
+            offloader.streaming_offload(uuid.uuid4(), {}, 0, begin)
+    following = offloader.streaming_offload(uuid.uuid4(), {}, 0, 10)
+    assert following.offer_entry(0, 10, b"ten") == OfferResult.OK
+    following.close()
+    assert offloader.read_ledger(0).read(9, 10)[1] == b"ten"
+
+
+def test_an_owner_taken_over_changes_nothing_and_the_new_owner_resumes_its_segment(env: Env) -> None:
+    """A's writer thread meets the takeover at its next block: its commit is fenced, and
+    so is its attempt to record the segment FAILED, so nothing of the open segment goes.
+    A's redo and delete are fenced too; no record changes. B resumes the segment
+    with its uid and every entry reads back once."""
+    a = env.open()
+    offloader_a = StreamingOffloader(a, ML, block_bytes=1024)
+    uid = uuid.uuid4()
+    payloads = entries(30, seed=17)
+    handle = offloader_a.streaming_offload(uid, {}, 0, 0)
+    offer_all(handle, 0, 0, payloads[:10])
+    handle.flush(timeout=30)
+    b = env.open()  # the takeover
+    before = env.snapshot()
+    with pytest.raises(Fenced):
+        offer_all(handle, 0, 10, payloads[10:20])
+        handle.flush(timeout=30)
+    with pytest.raises(Fenced):
+        handle.result(timeout=30)
+    for change in (
+        lambda: offloader_a.streaming_offload(uuid.uuid4(), {}, 0, 0),
+        lambda: offloader_a.delete_ledger(0),
+    ):
+        with pytest.raises(Fenced):
+            change()
+    assert offloader_a.cleanup() == []  # nothing to clean: nothing tried
+    metadata, chunks = env.snapshot()
+    assert metadata == before[0]
+    # A's last write may have landed past its chunk's recorded end before its commit was
+    # fenced: bytes no reader sees (the metadata is unchanged) and that B never extends.
+    now = dict(chunks)
+    assert all(now[name].startswith(data) for name, data in before[1])
+
+    offloader_b = StreamingOffloader(b, ML, block_bytes=1024)
+    resumed = offloader_b.streaming_offload(uid)
+    done = resumed.last_offered()
+    assert done is not None and done[1] >= 9
+    assert offer_all(resumed, 0, done[1] + 1, payloads[done[1] + 1 :]) == [OfferResult.OK] * (29 - done[1])
+    resumed.close(timeout=30)
+    assert offloader_b.read_ledger(0).read(0, 29) == payloads

@@ -1,0 +1,270 @@
+"""Entry framing of offloaded blocks, parsed fast: ``[length i32][entry id i64][payload]``
+after a block's 128-byte header, up to the fill pattern (a negative length) or the
+block's end (the layouts are in ``slts.offload.formats``).
+
+``parse_frames`` walks the frames of one block inside one buffer and records where the
+payloads are in a ``Runs`` table (a few ``array`` columns, no object per entry, so a
+cache of parsed buffers costs the garbage collector nothing); ``Runs.views`` hands the
+payloads of a range of ids out as ``memoryview`` slices of the buffer (no copy), made
+when asked for. Every frame is checked: its entry
+id is the one expected (no gap, no repeat) and it ends within the block. A run of frames
+of one length (the common case: a producer's entries of one size) is checked without a
+Python step per entry: the run's headers are gathered with strided slices of the buffer
+and compared, in C, with the headers the run must have (its length, and the ids counting
+up); the first that differs ends the run and is parsed one by one. Frames of varying
+sizes fall back to one ``struct`` call per frame, and runs are then probed only now and
+then, so a block of mixed sizes costs no more than the plain walk.
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+import sys
+from array import array
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from slts.errors import InvalidOffloadObject
+
+_HEADER = struct.Struct(">iq")
+HEADER_BYTES = _HEADER.size
+#: Fewest frames checked as a run (below it the plain walk is cheaper).
+RUN_MIN = 8
+#: Frames walked one by one after a run probe found fewer than ``RUN_MIN`` frames alike.
+WALK_AFTER_MISS = 64
+
+
+class Runs:
+    """Where the payloads of consecutive entries lie in one buffer, as runs: run ``k``
+    holds ``counts[k]`` entries from id ``ids[k]``, entry ``i`` of it ``lengths[k]``
+    bytes at ``starts[k] + i * strides[k]``. A run of length -1 is an entry whose payload
+    is not in the buffer (``extra``: one cut by a range's end, completed from the next)."""
+
+    __slots__ = ("counts", "extra", "ids", "lengths", "starts", "strides")
+
+    def __init__(self) -> None:
+        self.ids = array("q")
+        self.counts = array("q")
+        self.starts = array("q")
+        self.strides = array("q")
+        self.lengths = array("q")
+        self.extra: dict[int, bytes | memoryview] = {}
+
+    def __len__(self) -> int:
+        return self.counts[-1] + self.ids[-1] - self.ids[0] if self.ids else 0
+
+    @property
+    def first(self) -> int:
+        """The first entry id (the table is not empty)."""
+        return self.ids[0]
+
+    def add(self, first: int, count: int, start: int, stride: int, length: int) -> None:
+        """Entries ``first..first+count-1`` (following the last ones), ``length`` bytes
+        each at ``start``, ``start + stride``..."""
+        assert not self.ids or first == self.ids[-1] + self.counts[-1], (first, self.ids[-1:])
+        self.ids.append(first)
+        self.counts.append(count)
+        self.starts.append(start)
+        self.strides.append(stride)
+        self.lengths.append(length)
+
+    def add_extra(self, entry: int, payload: bytes | memoryview) -> None:
+        """Entry ``entry`` (following the last ones), whose payload is ``payload``."""
+        self.add(entry, 1, 0, 0, -1)
+        self.extra[entry] = payload
+
+    def views(self, view: memoryview, first: int, last: int, out: list[bytes | memoryview]) -> int:
+        """Append the payloads of entries ``first..last`` held here (up to the table's last
+        one) to ``out``, as slices of ``view``; return the id after the last appended."""
+        ids, counts, starts, strides, lengths = self.ids, self.counts, self.starts, self.strides, self.lengths
+        run = bisect.bisect_right(ids, first) - 1
+        assert run >= 0, (first, ids[:1])
+        entry = first
+        while entry <= last and run < len(ids):
+            run_first, length = ids[run], lengths[run]
+            until = min(last, run_first + counts[run] - 1)
+            if length < 0:
+                out.append(self.extra[entry])
+            elif until == entry:
+                at = starts[run] + (entry - run_first) * strides[run]
+                out.append(view[at : at + length])
+            else:
+                stride = strides[run]
+                at = starts[run] + (entry - run_first) * stride
+                out += [view[a : a + length] for a in range(at, at + (until - entry + 1) * stride, stride)]
+            entry = until + 1
+            run += 1
+        return entry
+
+
+class Frames(NamedTuple):
+    """What ``parse_frames`` found: how many frames (``found``, added to the ``Runs`` given), the
+    buffer position after the last whole frame, and whether the block's entries end
+    there (the count reached, the fill pattern, or the block's end) rather than at the
+    end of the bytes at hand. ``error``: the frame at ``position`` is damaged (the
+    frames before it are sound); ``checked()`` raises it."""
+
+    found: int
+    position: int
+    done: bool
+    error: InvalidOffloadObject | None = None
+
+    def checked(self) -> Frames:
+        """These frames, or ``InvalidOffloadObject`` if the walk found damage."""
+        if self.error is not None:
+            raise self.error
+        return self
+
+
+def parse_frames(
+    view: memoryview,
+    position: int,
+    limit: int,
+    block_end: int,
+    first: int,
+    count: int | None,
+    runs: Runs,
+    *,
+    name: str,
+    base: int,
+) -> Frames:
+    """Add to ``runs`` the frames from buffer position ``position`` on, ids from ``first``: at most
+    ``count`` of them (``None``: up to the fill pattern or the block's end), reading bytes
+    below ``limit`` only (the end of what ``view`` holds of the block; a frame that goes
+    past it stops the walk, ``done`` false). ``block_end`` is the block's end in buffer
+    positions (it may lie past ``limit``); ``base`` is the object offset of buffer
+    position 0 (for errors). Damage stops the walk with ``error`` set (an
+    ``InvalidOffloadObject``): a frame with another id than expected, a frame past the
+    block's end, fewer frames than ``count`` before the block ends, or a frame where the
+    block should have ended after ``count``."""
+    assert 0 <= position <= limit <= len(view), (position, limit, len(view))
+    limit = min(limit, block_end)
+    expected = first
+    remaining = count if count is not None else -1
+    walk = 0  # frames to walk one by one before the next run probe
+    probe = RUN_MIN * 8
+    while remaining:
+        if position + HEADER_BYTES > limit:
+            if limit < block_end and position + HEADER_BYTES <= block_end:
+                return Frames(expected - first, position, False)  # the header is in the next bytes
+            break  # the block ends here
+        length, entry_id = _HEADER.unpack_from(view, position)
+        if length < 0:  # the fill pattern
+            break
+        end = position + HEADER_BYTES + length
+        if entry_id != expected or end > block_end:
+            return _damaged(
+                expected - first,
+                position,
+                InvalidOffloadObject(
+                    f"offload object {name!r} at byte {base + position}: entry {entry_id} of {length}"
+                    f" bytes where entry {expected} was expected within the block ending at byte"
+                    f" {base + block_end}",
+                    object=name,
+                    offset=base + position,
+                ),
+            )
+        if end > limit:
+            return Frames(expected - first, position, False)
+        stride = HEADER_BYTES + length
+        fits = (limit - position) // stride
+        candidates = fits if remaining < 0 else min(fits, remaining)
+        taken = 1
+        if walk:
+            walk -= 1
+        elif candidates >= RUN_MIN:
+            taken = _alike(view, position, stride, length, expected, min(candidates, probe))
+            if taken < RUN_MIN:
+                walk, probe = WALK_AFTER_MISS, RUN_MIN * 8
+            elif taken == min(candidates, probe):
+                probe *= 4
+        runs.add(expected, taken, position + HEADER_BYTES, stride, length)
+        position += taken * stride
+        expected += taken
+        remaining -= taken
+    if count is not None and remaining:
+        return _damaged(
+            expected - first,
+            position,
+            InvalidOffloadObject(
+                f"offload object {name!r} at byte {base + position}: the block ends after entry"
+                f" {expected - 1}, its index or record says it holds entries up to {first + count - 1}",
+                object=name,
+                offset=base + position,
+            ),
+        )
+    if count is not None and position + HEADER_BYTES <= limit and _HEADER.unpack_from(view, position)[0] >= 0:
+        return _damaged(
+            expected - first,
+            position,
+            InvalidOffloadObject(
+                f"offload object {name!r} at byte {base + position}: a frame after entry {expected - 1},"
+                " the last its index or record gives the block",
+                object=name,
+                offset=base + position,
+            ),
+        )
+    return Frames(expected - first, position, True)
+
+
+def _damaged(count: int, position: int, error: InvalidOffloadObject) -> Frames:
+    return Frames(count, position, False, error)
+
+
+def _alike(view: memoryview, position: int, stride: int, length: int, first: int, count: int) -> int:
+    """How many of the ``count`` frames every ``stride`` bytes from ``position`` have the
+    header (``length``, ``first + i``), counted from the first (which has it). The
+    headers are gathered with strided slices (4-byte words when the stride allows it),
+    compared with the expected ones, and the first difference found from the big-endian
+    XOR of the two byte strings."""
+    if stride % 4:
+        return _alike_bytes(view, position, stride, length, first, count)
+    low = first & 0xFFFFFFFF
+    count = min(count, (1 << 32) - low)  # the ids' high word is the same all along the run
+    span = view[position : position + (count - 1) * stride + HEADER_BYTES]
+    words = span.cast("I")
+    step = stride // 4
+    wants = (
+        length.to_bytes(4, "big") * count,
+        (first >> 32).to_bytes(4, "big") * count,
+        _counting_words(low, count),
+    )
+    return _first_difference([words[field::step].tobytes() for field in range(3)], wants, 4, count)
+
+
+def _alike_bytes(view: memoryview, position: int, stride: int, length: int, first: int, count: int) -> int:
+    """``_alike`` for a stride that is not a whole number of words: byte by byte."""
+    span = view[position : position + (count - 1) * stride + HEADER_BYTES]
+    ids = array("q", range(first, first + count))
+    if sys.byteorder == "little":
+        ids.byteswap()
+    id_bytes = memoryview(ids).cast("B")
+    header = length.to_bytes(4, "big")
+    wants = [header[field : field + 1] * count for field in range(4)]
+    wants += [id_bytes[field::8].tobytes() for field in range(8)]
+    return _first_difference([span[field::stride].tobytes() for field in range(12)], wants, 1, count)
+
+
+def _first_difference(gots: list[bytes], wants: Sequence[bytes], unit: int, count: int) -> int:
+    """The index of the first frame where a gathered field (``unit`` bytes per frame)
+    differs from the expected one; ``count`` if none does."""
+    taken = count
+    for got, want in zip(gots, wants, strict=True):
+        if got != want:
+            differ = int.from_bytes(got, "big") ^ int.from_bytes(want, "big")
+            taken = min(taken, (len(got) - 1 - (differ.bit_length() - 1) // 8) // unit)
+    assert taken >= 1, (unit, count)
+    return taken
+
+
+_WORD_ONE = (1).to_bytes(4, "big")
+
+
+def _counting_words(start: int, count: int) -> bytes:
+    """The big-endian 32-bit words ``start, start + 1, ...`` (``count`` of them, all below
+    2**32), built with big-integer arithmetic in C rather than a Python step per word:
+    with ``ones`` the words 1, 1, ..., 1, the words 0, 1, ..., count - 1 are
+    ``(ones - count) / (2**32 - 1)``."""
+    ones = int.from_bytes(_WORD_ONE * count, "big")
+    return (start * ones + (ones - count) // 0xFFFFFFFF).to_bytes(4 * count, "big")
