@@ -419,7 +419,7 @@ class OffloadRoom:
         last = rng.randint(first, len(entries) - 1) if rng is not None else len(entries) - 1
         what = f"read offload {uid} of ledger {ledger_id} {first}..{last}"
         returned, result = self._run(
-            rng, what, lambda: self.ledger_offloader.read_offloaded(ledger_id, uid).read(first, last)
+            rng, what, lambda: _read(self.ledger_offloader.read_offloaded(ledger_id, uid), first, last)
         )
         if not returned:
             if rng is None:
@@ -445,7 +445,7 @@ class OffloadRoom:
         last = rng.randint(first, len(acked) - 1) if rng is not None else len(acked) - 1
         what += f" {first}..{last}"
         returned, result = self._run(
-            rng, what, lambda: self.streaming.read_ledger(ledger_id).read(first, last)
+            rng, what, lambda: _read(self.streaming.read_ledger(ledger_id), first, last)
         )
         if not returned:
             if rng is None:
@@ -663,3 +663,9 @@ class OffloadRoom:
         for key in self.offloaded:
             if attempts.get(key) != OffloadState.COMPLETE:
                 raise Violation("offload_acknowledged_lost", f"offload {key[1]} of ledger {key[0]} is gone")
+
+
+def _read(handle: Any, first: int, last: int) -> list[bytes]:
+    """Entries ``first..last`` of a read handle (as bytes), the handle closed after."""
+    with handle:
+        return [bytes(entry) for entry in handle.read(first, last)]
