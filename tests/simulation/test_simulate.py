@@ -281,7 +281,7 @@ def offload_coverage(lines: list[str]) -> dict[str, bool]:
         "redo": any(line.startswith("offload_stream") and "open redo" in line for line in lines),
         "wrong redo refused": any("refused)" in line for line in lines),
         "crash inside the room": any(line.startswith("crash") and "offload" in line for line in lines),
-        "crash resume": any("(crash resume" in line for line in lines),
+        "resume after a restart": any("(after a restart" in line for line in lines),
         "delete": any(line.startswith("offload_delete: delete streamed") for line in lines),
         "cleanup without faults": any("nothing left behind" in line for line in lines),
         "zombie": any(line.startswith("zombie") and "offload_" in line for line in lines),

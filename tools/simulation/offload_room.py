@@ -289,9 +289,10 @@ class OffloadRoom:
                 f"{log.entries[stream.acked - 1][:2]}",
             )
         stream.handle, stream.begin, stream.offered = handle, begin, after
+        why = "after a restart" if last.epoch < self.world.s.epoch else "after a failure"
         if not handle.alive:  # the crash came during its close: the resume finished it
-            return f"resume {last.id} (crash resume, closed by it): " + self._closed(handle, "resume")
-        return f"resume {last.id} (crash resume) after {durable}"
+            return f"resume {last.id} ({why}, closed by it): " + self._closed(handle, "resume")
+        return f"resume {last.id} ({why}) after {durable}"
 
     def _live(self, rng: random.Random) -> tuple[OffloadHandle | None, str]:
         self._sync()
