@@ -292,7 +292,7 @@ class StreamingOffloader:
             assert last is not None
             failed = self._fail(last)
             self._remove_objects(failed)
-            more_ops, more_expects = self._forget_segment(failed)
+            more_ops, more_expects = self._forget_segment(failed, keep_deleted=True)
             ops += more_ops
             expects += more_expects
         self._ctx.ownership.commit(ops, expects)
@@ -544,7 +544,26 @@ class StreamingOffloader:
                     removed.append(segment.id)
                 elif segment.state == StreamState.FAILED and self._remove_objects(segment):
                     removed.append(segment.id)
+            self._drop_empty_deleted_contexts()
         return removed
+
+    def _drop_empty_deleted_contexts(self) -> None:
+        """Drop the contexts of deleted ledgers a redo kept without segments, once no
+        segment is being written or awaits its redo (nothing can offer them again)."""
+        if any(s.state in (StreamState.OPEN, StreamState.FAILED) for s in self.segments()):
+            return
+        prefix = stream_prefix(self.managed_ledger)
+        with self._store.snapshot() as view:
+            empty = [
+                (key, stored.version)
+                for key, stored in scan_all(view, OFFLOAD_STREAM_LEDGERS, prefix, prefix_stop(prefix))
+                if (ledger := StreamLedgerRecord.decode(stored.value)).deleted and not ledger.segments
+            ]
+        if empty:
+            self._ctx.ownership.commit(
+                [Delete(OFFLOAD_STREAM_LEDGERS, key) for key, _ in empty],
+                [Expect(OFFLOAD_STREAM_LEDGERS, key, version) for key, version in empty],
+            )
 
     def _all_deleted(self, segment: StreamSegmentRecord) -> bool:
         """Whether every ledger with entries in ``segment`` was deleted (a ledger without
@@ -566,9 +585,14 @@ class StreamingOffloader:
             self._remove_objects(segment)
             self._ctx.ownership.commit(*self._forget_segment(segment))
 
-    def _forget_segment(self, segment: StreamSegmentRecord) -> tuple[list[Operation], list[Expect]]:
+    def _forget_segment(
+        self, segment: StreamSegmentRecord, *, keep_deleted: bool = False
+    ) -> tuple[list[Operation], list[Expect]]:
         """The operations (and their expectations) that drop ``segment``'s record and its
-        ledgers' references to it (a context left without segments goes too)."""
+        ledgers' references to it (a context left without segments goes too, unless
+        ``keep_deleted`` and its ledger was deleted: a redo offers the failed segment's
+        entries again, and a deleted ledger's must land in its deleted context, not in a
+        fresh one that would make it readable again)."""
         ops: list[Operation] = [Delete(OFFLOAD_STREAM_SEGMENTS, segment.key)]
         expects = [
             Expect(OFFLOAD_STREAM_SEGMENTS, segment.key, self._version(OFFLOAD_STREAM_SEGMENTS, segment.key))
@@ -583,7 +607,7 @@ class StreamingOffloader:
                 rest = [s for s in ledger.segments if s != segment.sequence]
                 ops.append(
                     Put(OFFLOAD_STREAM_LEDGERS, key, ledger.replace(segments=rest).encode())
-                    if rest
+                    if rest or (keep_deleted and ledger.deleted)
                     else Delete(OFFLOAD_STREAM_LEDGERS, key)
                 )
                 expects.append(Expect(OFFLOAD_STREAM_LEDGERS, key, stored.version))

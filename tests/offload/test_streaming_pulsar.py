@@ -546,3 +546,36 @@ def test_an_owner_taken_over_changes_nothing_and_the_new_owner_resumes_its_segme
     assert offer_all(resumed, 0, done[1] + 1, payloads[done[1] + 1 :]) == [OfferResult.OK] * (29 - done[1])
     resumed.close(timeout=30)
     assert offloader_b.read_ledger(0).read(0, 29) == payloads
+
+
+def test_a_ledger_deleted_while_its_segment_was_open_stays_deleted_through_the_redo(env: Env) -> None:
+    """Ledger 0 is deleted while its segment is open; the segment then fails and its redo
+    offers ledger 0's entries again: they land in its deleted context (it does not read
+    again), and the redo's segment goes once ledger 1 is deleted too; cleanup then leaves
+    no record of either ledger."""
+    storage, binding, _ = faulty_owner(env)
+    offloader = StreamingOffloader(storage, ML, block_bytes=1024, threads=False)
+    zero, one = entries(12, seed=18), entries(12, seed=19)
+    failed = offloader.streaming_offload(uuid.uuid4(), {}, 0, 0)
+    offer_all(failed, 0, 0, zero)
+    failed.flush()
+    assert offloader.delete_ledger(0) == []
+    fail_nth_write(binding, 1, f"0/{FOLDER}/{ML}/")
+    with pytest.raises(StorageUnavailable):
+        offer_all(failed, 1, 0, one)
+        failed.flush()
+    redo_uid = uuid.uuid4()
+    redo = offloader.streaming_offload(redo_uid, {}, 0, 0)
+    offer_all(redo, 0, 0, zero)
+    offer_all(redo, 1, 0, one)
+    redo.close()
+    assert offloader.ledger(0).deleted
+    with pytest.raises(OffloadNotFound):
+        offloader.read_ledger(0)
+    assert offloader.read_ledger(1).read(0, 11) == one
+    assert offloader.delete_ledger(1) == [redo_uid]
+    assert offloader.segments() == [] and objects_of(storage, redo_uid) == []
+    offloader.cleanup()
+    for ledger_id in (0, 1):
+        with pytest.raises(OffloadNotFound):
+            offloader.ledger(ledger_id)

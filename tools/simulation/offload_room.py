@@ -491,15 +491,15 @@ class OffloadRoom:
 
     def _finished_ledgers(self) -> set[int]:
         """The streamed ledgers that may be deleted: a later ledger follows them (closed,
-        as a managed ledger trims only closed ledgers) and all their entries are in
-        segments whose close returned. (A ledger deleted while its segment is open comes
-        back if that segment fails and its redo offers the ledger's entries again: the
-        redo drops the ledger's context, deleted flag and all, and writes a fresh one.)"""
-        closed = self.log.entries[: min(self.stream.acked, self.stream.next_begin)]
-        if not closed:
+        as a managed ledger trims only closed ledgers) and all their entries are
+        acknowledged, in closed segments or in the open one (deleted while it is open, the
+        segment goes when it closes; if it fails, the redo's copies of the ledger's entries
+        stay deleted)."""
+        durable = self.log.entries[: self.stream.acked]
+        if not durable:
             return set()
-        newest = closed[-1][0]
-        return {lid for lid, _, _ in closed if lid < newest}
+        newest = durable[-1][0]
+        return {lid for lid, _, _ in durable if lid < newest}
 
     def _repeat_deletes(self) -> None:
         """Deletes a crash interrupted, repeated by the restarted engine (no faults)."""
