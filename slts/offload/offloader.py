@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import threading
 import uuid
+import weakref
 from collections.abc import Mapping
 
 from slts.errors import (
@@ -56,6 +58,17 @@ ENTRIES_PER_READ = 100
 WRITE_BYTES_DEFAULT = 8 << 20
 #: Bytes per ranged read of a reader (Pulsar's ``managedLedgerOffloadReadBufferSizeInBytes``).
 READ_AHEAD_BYTES_DEFAULT = 1 << 20
+
+
+#: The keys of the attempts in progress, per instance (every offloader of one instance
+#: shares them: an attempt of this epoch not among them is a failed one's leftover).
+_IN_PROGRESS: weakref.WeakKeyDictionary[ChunkedSegmentStorage, set[bytes]] = weakref.WeakKeyDictionary()
+_IN_PROGRESS_LOCK = threading.Lock()
+
+
+def _in_progress(storage: ChunkedSegmentStorage) -> set[bytes]:
+    with _IN_PROGRESS_LOCK:
+        return _IN_PROGRESS.setdefault(storage, set())
 
 
 class LedgerOffloader:
@@ -122,9 +135,21 @@ class LedgerOffloader:
         with self._store.snapshot() as view:
             if view.get(OFFLOAD_LEDGERS, started.key) is not None:
                 raise InvalidArgument(f"ledger {ledger_id}: uid {uid} was used before")
-        self._ctx.ownership.commit(
-            [Put(OFFLOAD_LEDGERS, started.key, started.encode())], [Expect(OFFLOAD_LEDGERS, started.key, 0)]
-        )
+        in_progress = _in_progress(self.storage)
+        in_progress.add(started.key)  # before the commit: cleanup never takes a live attempt
+        try:
+            self._ctx.ownership.commit(
+                [Put(OFFLOAD_LEDGERS, started.key, started.encode())],
+                [Expect(OFFLOAD_LEDGERS, started.key, 0)],
+            )
+            return self._write_attempt(handle, started)
+        finally:
+            in_progress.discard(started.key)
+
+    def _write_attempt(self, handle: LedgerReadHandle, started: OffloadRecord) -> OffloadRecord:
+        """Write the data and index objects of the attempt ``started`` records; return its
+        COMPLETE record (on any error, remove what it wrote and its record, then raise)."""
+        ledger_id, uid = started.ledger_id, started.id
         written: list[str] = []
         try:
             with traffic_class(TrafficClass.OFFLOAD):  # for the chunk storage's limiter
@@ -220,16 +245,21 @@ class LedgerOffloader:
             ]
 
     def cleanup(self) -> list[OffloadRecord]:
-        """Delete the objects and records of attempts a crash left behind: STARTED by an
-        earlier epoch, or DELETING. Returns them. Attempts of this epoch in progress are
-        left alone, so two attempts never interfere."""
+        """Delete the objects and records of attempts a crash or a failure left behind:
+        STARTED by an earlier epoch, or by this one and no longer in progress (a failed
+        attempt whose own clean-up failed too), or DELETING. Returns them. Attempts in
+        progress on this instance are left alone, so two attempts never interfere."""
         if self._ctx.ownership.read_only:
             return []
+        live = _in_progress(self.storage)
         left = [
             r
             for r in self.attempts()
             if r.state == OffloadState.DELETING
-            or (r.state == OffloadState.STARTED and r.epoch < self.storage.epoch)
+            or (
+                r.state == OffloadState.STARTED
+                and (r.epoch < self.storage.epoch or (r.epoch == self.storage.epoch and r.key not in live))
+            )
         ]
         for record in left:
             self._delete(record)

@@ -109,3 +109,19 @@ def test_random_ranges_and_a_reread_after_the_end_read_back_exactly(env: Env) ->
         assert handle.read(first, last) == payloads[first : last + 1]
     assert handle.read(0, 399) == payloads
     assert handle.read(0, 0) == payloads[:1]
+
+
+def test_a_failed_attempt_whose_record_could_not_go_is_cleaned_by_the_same_owner(env: Env) -> None:
+    """The data write fails and so does the removal of the attempt's record: the STARTED
+    record of this very epoch is no attempt in progress, and ``cleanup`` takes it now (not
+    only after a takeover)."""
+    storage, binding, store = faulty_owner(env)
+    offloader = LedgerOffloader(storage, max_block_bytes=4096, write_bytes=4096)
+    uid = uuid.uuid4()
+    fail_a_data_part(binding, store, uid)
+    store.fail_nth(2, table=OFFLOAD_LEDGERS)  # STARTED lands, its removal does not
+    with pytest.raises(StorageUnavailable):
+        offloader.offload(MemoryLedger(LEDGER, entries(200, seed=5)), uid)
+    assert [(a.id, a.state) for a in offloader.attempts()] == [(uid, OffloadState.STARTED)]
+    assert [a.id for a in offloader.cleanup()] == [uid]
+    assert offloader.attempts() == [] and list(storage.list("offload/")) == []
