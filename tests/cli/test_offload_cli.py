@@ -139,6 +139,15 @@ os._exit(0)  # a crash: the segment stays open, entries 0..99 durable
 """
 
 
+def assert_ledger_5_reads_back(capsys: pytest.CaptureFixture[str], tmp_path: Path, store: Path) -> None:
+    """``offload read`` of managed ledger ``ml``'s ledger 5 gives back the file ``l5``."""
+    out = tmp_path / "b"
+    argv = ["offload", "read", "5", "--managed-ledger", "ml", "--out", str(out), "--store", str(store)]
+    code, _, err = run(capsys, *argv)
+    assert code == 0, err
+    assert out.read_bytes() == (tmp_path / "l5").read_bytes()
+
+
 def test_stream_resumes_the_segment_a_crash_left_open(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -160,19 +169,7 @@ def test_stream_resumes_the_segment_a_crash_left_open(
     report = json.loads(out)
     assert report["offered"] == 200, "entries 0..99 were durable: skipped, not written twice"
     assert report["closed"] == [{"uid": left["uid"], "begin": [5, 0], "end": [5, 299]}]
-    code, _, _ = run(
-        capsys,
-        "offload",
-        "read",
-        "5",
-        "--managed-ledger",
-        "ml",
-        "--out",
-        str(tmp_path / "b"),
-        "--store",
-        str(store),
-    )
-    assert code == 0 and (tmp_path / "b").read_bytes() == (tmp_path / "l5").read_bytes()
+    assert_ledger_5_reads_back(capsys, tmp_path, store)
 
 
 @pytest.mark.parametrize(
@@ -262,16 +259,4 @@ def test_stream_redoes_a_failed_segment_from_its_begin(
     assert closed["uid"] != failed["uid"] and (closed["begin"], closed["end"]) == ([5, 0], [5, 299])
     code, out, _ = run(capsys, "offload", "segments", "ml", "--json", "--store", str(store))
     assert [s["state"] for s in json.loads(out)["segments"]] == ["COMPLETE"]
-    code, _, _ = run(
-        capsys,
-        "offload",
-        "read",
-        "5",
-        "--managed-ledger",
-        "ml",
-        "--out",
-        str(tmp_path / "b"),
-        "--store",
-        str(store),
-    )
-    assert code == 0 and (tmp_path / "b").read_bytes() == (tmp_path / "l5").read_bytes()
+    assert_ledger_5_reads_back(capsys, tmp_path, store)
