@@ -415,18 +415,28 @@ class OffloadRoom:
 
     def _read_ledger_offload(self, rng: random.Random | None, key: tuple[int, uuid.UUID]) -> str:
         ledger_id, uid = key
-        entries = self.offloaded[key]
-        first = rng.randrange(len(entries)) if rng is not None else 0
-        last = rng.randint(first, len(entries) - 1) if rng is not None else len(entries) - 1
-        what = f"read offload {uid} of ledger {ledger_id} {first}..{last}"
-        returned, result = self._run(
-            rng, what, lambda: _read(self.ledger_offloader.read_offloaded(ledger_id, uid), first, last)
+        return self._check_read(
+            rng,
+            f"read offload {uid} of ledger {ledger_id}",
+            self.offloaded[key],
+            lambda: self.ledger_offloader.read_offloaded(ledger_id, uid),
         )
+
+    def _check_read(
+        self, rng: random.Random | None, what: str, expected: list[bytes], open_handle: Any
+    ) -> str:
+        """Read a range of ``expected`` (random with ``rng``; all of it without) through the
+        handle ``open_handle()`` gives: exactly those entries, or a typed error while
+        faults may be armed (with ``rng``)."""
+        first = rng.randrange(len(expected)) if rng is not None else 0
+        last = rng.randint(first, len(expected) - 1) if rng is not None else len(expected) - 1
+        what += f" {first}..{last}"
+        returned, result = self._run(rng, what, lambda: _read(open_handle(), first, last))
         if not returned:
             if rng is None:
                 raise Violation("offload_acknowledged_unreadable", f"{what}: {result!r}")
             return f"{what}: {type(result).__name__}"
-        if result != entries[first : last + 1]:
+        if result != expected[first : last + 1]:
             raise Violation("offload_read_content", f"{what}: other entries than offloaded")
         return f"{what}: ok"
 
@@ -442,19 +452,7 @@ class OffloadRoom:
             return f"{what} (deleted): {type(result).__name__}"
         if not acked:
             return f"{what}: nothing acknowledged"
-        first = rng.randrange(len(acked)) if rng is not None else 0
-        last = rng.randint(first, len(acked) - 1) if rng is not None else len(acked) - 1
-        what += f" {first}..{last}"
-        returned, result = self._run(
-            rng, what, lambda: _read(self.streaming.read_ledger(ledger_id), first, last)
-        )
-        if not returned:
-            if rng is None:
-                raise Violation("offload_acknowledged_unreadable", f"{what}: {result!r}")
-            return f"{what}: {type(result).__name__}"
-        if result != acked[first : last + 1]:
-            raise Violation("offload_read_content", f"{what}: other entries than offered")
-        return f"{what}: ok"
+        return self._check_read(rng, what, acked, lambda: self.streaming.read_ledger(ledger_id))
 
     def delete(self, rng: random.Random) -> str:
         """Delete a streamed ledger whose entries are all acknowledged (not the one being
