@@ -292,7 +292,7 @@ class StreamingOffloader:
             assert last is not None
             failed = self._fail(last)
             self._remove_objects(failed)
-            more_ops, more_expects = self._forget_segment(failed, keep_deleted=True)
+            more_ops, more_expects = self._forget_segment(failed)
             ops += more_ops
             expects += more_expects
         self._ctx.ownership.commit(ops, expects)
@@ -548,21 +548,27 @@ class StreamingOffloader:
         return removed
 
     def _drop_empty_deleted_contexts(self) -> None:
-        """Drop the contexts of deleted ledgers a redo kept without segments, once no
-        segment is being written or awaits its redo (nothing can offer them again)."""
-        if any(s.state in (StreamState.OPEN, StreamState.FAILED) for s in self.segments()):
-            return
+        """Drop the tombstones (deleted ledgers' contexts without segments) of ledgers no
+        segment can take entries of again: below the ledger of the last closed segment's
+        end (later segments begin after it) and below the begin of a segment being written
+        or awaiting its redo; all of them once the managed ledger has no segment."""
+        segments = self.segments()
+        closed = [_reached(s)[0] for s in segments if s.state in (StreamState.COMPLETE, StreamState.DELETING)]
+        writing = [s.begin_ledger for s in segments if s.state in (StreamState.OPEN, StreamState.FAILED)]
         prefix = stream_prefix(self.managed_ledger)
+        # No segment left: no redo can offer a deleted ledger again, every tombstone goes.
+        below = min(closed[-1:] + writing, default=None)
+        stop = prefix_stop(prefix) if below is None else stream_key(self.managed_ledger, max(below, 0))
         with self._store.snapshot() as view:
-            empty = [
+            gone = [
                 (key, stored.version)
-                for key, stored in scan_all(view, OFFLOAD_STREAM_LEDGERS, prefix, prefix_stop(prefix))
+                for key, stored in scan_all(view, OFFLOAD_STREAM_LEDGERS, prefix, stop)
                 if (ledger := StreamLedgerRecord.decode(stored.value)).deleted and not ledger.segments
             ]
-        if empty:
+        if gone:
             self._ctx.ownership.commit(
-                [Delete(OFFLOAD_STREAM_LEDGERS, key) for key, _ in empty],
-                [Expect(OFFLOAD_STREAM_LEDGERS, key, version) for key, version in empty],
+                [Delete(OFFLOAD_STREAM_LEDGERS, key) for key, _ in gone],
+                [Expect(OFFLOAD_STREAM_LEDGERS, key, version) for key, version in gone],
             )
 
     def _all_deleted(self, segment: StreamSegmentRecord) -> bool:
@@ -585,14 +591,13 @@ class StreamingOffloader:
             self._remove_objects(segment)
             self._ctx.ownership.commit(*self._forget_segment(segment))
 
-    def _forget_segment(
-        self, segment: StreamSegmentRecord, *, keep_deleted: bool = False
-    ) -> tuple[list[Operation], list[Expect]]:
+    def _forget_segment(self, segment: StreamSegmentRecord) -> tuple[list[Operation], list[Expect]]:
         """The operations (and their expectations) that drop ``segment``'s record and its
-        ledgers' references to it (a context left without segments goes too, unless
-        ``keep_deleted`` and its ledger was deleted: a redo offers the failed segment's
-        entries again, and a deleted ledger's must land in its deleted context, not in a
-        fresh one that would make it readable again)."""
+        ledgers' references to it. A context left without segments goes too, unless its
+        ledger was deleted: that one stays as a tombstone, so that entries of the ledger
+        offered again (a redo offers a failed segment's entries again, from its begin) land
+        deleted, not in a fresh context that would make them readable; ``cleanup`` drops
+        tombstones once nothing can offer their ledger again."""
         ops: list[Operation] = [Delete(OFFLOAD_STREAM_SEGMENTS, segment.key)]
         expects = [
             Expect(OFFLOAD_STREAM_SEGMENTS, segment.key, self._version(OFFLOAD_STREAM_SEGMENTS, segment.key))
@@ -607,7 +612,7 @@ class StreamingOffloader:
                 rest = [s for s in ledger.segments if s != segment.sequence]
                 ops.append(
                     Put(OFFLOAD_STREAM_LEDGERS, key, ledger.replace(segments=rest).encode())
-                    if rest or (keep_deleted and ledger.deleted)
+                    if rest or ledger.deleted
                     else Delete(OFFLOAD_STREAM_LEDGERS, key)
                 )
                 expects.append(Expect(OFFLOAD_STREAM_LEDGERS, key, stored.version))

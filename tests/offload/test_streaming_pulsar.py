@@ -579,3 +579,39 @@ def test_a_ledger_deleted_while_its_segment_was_open_stays_deleted_through_the_r
     for ledger_id in (0, 1):
         with pytest.raises(OffloadNotFound):
             offloader.ledger(ledger_id)
+
+
+def test_a_deleted_ledger_re_offered_across_segments_stays_deleted_and_its_tombstone_goes(env: Env) -> None:
+    """The redo of a failed segment rolls over inside ledger 0, deleted meanwhile: its
+    first segment goes at close (all of it deleted), and the next one's entries of ledger
+    0 still land deleted (the ledger's context stays as a tombstone). Once ledger 1 is
+    past, cleanup drops the tombstone."""
+    storage, binding, _ = faulty_owner(env)
+    offloader = StreamingOffloader(storage, ML, block_bytes=1024, max_segment_bytes=600, threads=False)
+    zero = entries(10, seed=20)  # 1,000 bytes: the redo closes after 6 of them
+    failed = offloader.streaming_offload(uuid.uuid4(), {}, 0, 0)
+    offer_all(failed, 0, 0, zero[:5])
+    failed.flush()
+    offloader.delete_ledger(0)
+    fail_nth_write(binding, 1, f"0/{FOLDER}/{ML}/")
+    offer_all(failed, 0, 5, zero[5:6])
+    with pytest.raises(StorageUnavailable):
+        failed.flush()
+    first = offloader.streaming_offload(uuid.uuid4(), {}, 0, 0)
+    assert offer_all(first, 0, 0, zero[:6]) == [OfferResult.OK] * 6
+    assert first.result().end_entry == 5
+    assert offloader.segments() == []  # all of it deleted: gone at its close
+    second = offloader.streaming_offload(uuid.uuid4(), {}, 0, 6)
+    offer_all(second, 0, 6, zero[6:])
+    offer_all(second, 1, 0, [b"one"])
+    second.close()
+    assert offloader.ledger(0).deleted
+    with pytest.raises(OffloadNotFound):
+        offloader.read_ledger(0)
+    offloader.cleanup()  # ledger 0's context holds the second segment: it stays
+    assert offloader.ledger(0).segments == [offloader.segments()[0].sequence]
+    assert offloader.delete_ledger(1) != []
+    offloader.cleanup()
+    for ledger_id in (0, 1):
+        with pytest.raises(OffloadNotFound):
+            offloader.ledger(ledger_id)

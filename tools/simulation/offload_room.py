@@ -489,15 +489,16 @@ class OffloadRoom:
 
     def _finished_ledgers(self) -> set[int]:
         """The streamed ledgers that may be deleted: a later ledger follows them (closed,
-        as a managed ledger trims only closed ledgers) and all their entries are
-        acknowledged, in closed segments or in the open one (deleted while it is open, the
-        segment goes when it closes; if it fails, the redo's copies of the ledger's entries
-        stay deleted)."""
-        durable = self.log.entries[: self.stream.acked]
-        if not durable:
+        as a managed ledger trims only closed ledgers) and all their entries are in
+        segments whose close returned. (The library keeps a ledger deleted while its
+        segment is open deleted through a redo, tested in
+        tests/offload/test_streaming_pulsar.py; this room's engine would then offer the
+        deleted ledger's entries again in later segments, which no managed ledger does.)"""
+        closed = self.log.entries[: min(self.stream.acked, self.stream.next_begin)]
+        if not closed:
             return set()
-        newest = durable[-1][0]
-        return {lid for lid, _, _ in durable if lid < newest}
+        newest = closed[-1][0]
+        return {lid for lid, _, _ in closed if lid < newest}
 
     def _repeat_deletes(self) -> None:
         """Deletes a crash interrupted, repeated by the restarted engine (no faults)."""
