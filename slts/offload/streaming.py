@@ -41,7 +41,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from slts.errors import (
@@ -317,7 +317,8 @@ class StreamingOffloader:
             )
             block = self.storage.read(handle, position, header.block_length)
             entries = block_entries(block, header, name=name, offset=position)
-            record = self._commit_block(record, header, entries)
+            payload = sum(len(data) for _, data in entries)
+            record = self._commit_block(record, header, entries[-1][0], len(entries), payload)
         if not info.sealed:
             return record, None
         complete = self._close_segment(record)  # sealed only by a close: finish it
@@ -327,14 +328,16 @@ class StreamingOffloader:
         self,
         record: StreamSegmentRecord,
         header: formats.StreamingBlockHeader,
-        entries: Sequence[tuple[int, bytes | memoryview]],
+        last: int,
+        count: int,
+        payload: int,
     ) -> StreamSegmentRecord:
-        """Record one durable block of ``record``'s segment; return the record after it."""
+        """Record one durable block of ``record``'s segment (``count`` entries up to
+        ``last``, ``payload`` bytes of them); return the record after it."""
         ledger_id = header.ledger_id
-        last = entries[-1][0]
         counts = dict(record.ledgers)
         seen = counts.get(ledger_id, [0, 0])
-        counts[ledger_id] = [seen[0] + len(entries), seen[1] + sum(len(p) for _, p in entries)]
+        counts[ledger_id] = [seen[0] + count, seen[1] + payload]
         row = [
             ledger_id,
             header.first_entry_id,
@@ -400,13 +403,15 @@ class StreamingOffloader:
         size = formats.streaming_block_size(record.block_bytes, len(entries), payload)
         header = formats.StreamingBlockHeader(size, first, ledger_id)
         pieces = [header.encode()]
+        frame = formats.entry_header
         for _, entry_id, data in entries:
-            pieces += (formats.entry_header(entry_id, len(data)), data)
+            pieces.append(frame(entry_id, len(data)))
+            pieces.append(data)
         used = formats.HEADER_SIZE + formats.ENTRY_HEADER_SIZE * len(entries) + payload
         pieces.append(formats.padding(size - used))
         name = segment_name(self.managed_ledger, record.id)
         self.storage.write(self.storage.open_write(name), record.data_length, b"".join(pieces))
-        return self._commit_block(record, header, [(e, d) for _, e, d in entries])
+        return self._commit_block(record, header, entries[-1][1], len(entries), payload)
 
     def _close_segment(self, record: StreamSegmentRecord) -> StreamSegmentRecord:
         """Write the index object, seal both objects, record the segment COMPLETE (each
@@ -751,7 +756,8 @@ class OffloadHandle:
                 elif self._buffered >= self._offloader.block_bytes:
                     self._cond.notify_all()  # a block's worth: the writer has work (not before)
                 outcome = OfferResult.OK
-        self._drive()
+        if self._writer is None and self._ready():  # the caller's thread writes what is due
+            self._drive()
         return outcome
 
     def _check_follows(self, ledger_id: int, entry_id: int) -> None:
@@ -892,14 +898,17 @@ class OffloadHandle:
         urgent = self._closing or self._flushes > self._done_flushes
         if not self._buffer or (self._buffered < self._offloader.block_bytes and not urgent):
             return [], flushing
-        block = [self._buffer.popleft()]
-        used = formats.HEADER_SIZE + formats.ENTRY_HEADER_SIZE + len(block[0][2])
-        while self._buffer and self._buffer[0][0] == block[0][0]:
-            following = formats.ENTRY_HEADER_SIZE + len(self._buffer[0][2])
-            if used + following > self._offloader.block_bytes:
+        buffer, popleft, limit = self._buffer, self._buffer.popleft, self._offloader.block_bytes
+        ledger_id = buffer[0][0]
+        block: list[tuple[int, int, bytes]] = []
+        used, payload = formats.HEADER_SIZE, 0
+        while buffer:  # this runs per entry, under the lock the offers take: kept lean
+            size = len(buffer[0][2])
+            if buffer[0][0] != ledger_id or (block and used + formats.ENTRY_HEADER_SIZE + size > limit):
                 break
-            block.append(self._buffer.popleft())
-            used += following
-        self._buffered -= sum(len(data) for _, _, data in block)
+            block.append(popleft())
+            used += formats.ENTRY_HEADER_SIZE + size
+            payload += size
+        self._buffered -= payload
         self._cond.notify_all()
         return block, flushing
