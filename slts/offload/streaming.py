@@ -682,7 +682,10 @@ class OffloadHandle:
         self._abandon = abandon
         self._record = record
         self.uid = record.id
-        self._cond = threading.Condition()
+        self._assigned_s = record.assigned_ms / 1000
+        #: One lock: ``with self._lock`` (taken per offer, in C) and ``self._cond`` on it.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._buffer: deque[tuple[int, int, bytes]] = deque()
         self._buffered = 0
         #: The payload of the entries offered to the segment (the size rollover counts these).
@@ -705,17 +708,17 @@ class OffloadHandle:
         """Whether the segment is still being written (neither closed nor failed)."""
         if self._writer is not None:
             return self._writer.is_alive()
-        with self._cond:
+        with self._lock:
             return not self._finished
 
     def last_offered(self) -> tuple[int, int] | None:
         """The (ledger, entry) last taken (after a resume: the last durable one)."""
-        with self._cond:
+        with self._lock:
             return self._last_offered
 
     def can_offer(self, size: int) -> bool:
         """Whether an entry (of any ``size``) would be taken now."""
-        with self._cond:
+        with self._lock:
             return not self._closing and self._buffered < self._offloader.buffer_bytes
 
     def offer_entry(self, ledger_id: int, entry_id: int, data: bytes) -> OfferResult:
@@ -734,26 +737,28 @@ class OffloadHandle:
             check_ledger_id(entry_id)
         if not isinstance(data, bytes) or len(data) > formats.INT32_MAX:
             raise InvalidArgument("an entry is a bytes object of at most 2**31-1 bytes")
-        with self._cond:
+        offloader = self._offloader
+        with self._lock:
             if self._error is not None:
                 raise self._error
-            if self._closing or self._age() >= self._offloader.max_segment_age_s:
+            age = offloader.clock() - self._assigned_s
+            if self._closing or age >= offloader.max_segment_age_s:
                 self._start_closing()
                 outcome = OfferResult.FAIL_SEGMENT_CLOSED
             else:
-                self._check_follows(ledger_id, entry_id)
-                if self._buffered >= self._offloader.buffer_bytes:
+                last = self._last_offered
+                if last is None or ledger_id != last[0] or entry_id != last[1] + 1:
+                    self._check_follows(ledger_id, entry_id)  # (the next entry of the ledger passes)
+                if self._buffered >= offloader.buffer_bytes:
                     return OfferResult.FAIL_BUFFER_FULL
+                size = len(data)
                 self._buffer.append((ledger_id, entry_id, data))
-                self._buffered += len(data)
-                self._segment_bytes += len(data)
+                self._buffered += size
+                self._segment_bytes += size
                 self._last_offered = (ledger_id, entry_id)
-                if (
-                    self._segment_bytes >= self._offloader.max_segment_bytes
-                    and self._age() >= self._offloader.min_segment_age_s
-                ):
+                if self._segment_bytes >= offloader.max_segment_bytes and age >= offloader.min_segment_age_s:
                     self._start_closing()
-                elif self._buffered >= self._offloader.block_bytes:
+                elif self._buffered >= offloader.block_bytes:
                     self._cond.notify_all()  # a block's worth: the writer has work (not before)
                 outcome = OfferResult.OK
         if self._writer is None and self._ready():  # the caller's thread writes what is due
@@ -781,12 +786,12 @@ class OffloadHandle:
         """Write every entry offered so far (the last block may be short of
         ``block_bytes``: it is padded) and wait until it is durable. Raises the writer's
         error."""
-        with self._cond:
+        with self._lock:
             self._flushes += 1
             target = self._flushes
             self._cond.notify_all()
         self._drive()
-        with self._cond:
+        with self._lock:
             if not self._cond.wait_for(
                 lambda: self._done_flushes >= target or self._error is not None or not self.alive, timeout
             ):
@@ -796,7 +801,7 @@ class OffloadHandle:
 
     def close(self, timeout: float | None = None) -> OffloadResult:
         """Write what is buffered and close the segment; return its result."""
-        with self._cond:
+        with self._lock:
             self._start_closing()
         self._drive()
         return self.result(timeout)
@@ -809,7 +814,7 @@ class OffloadHandle:
             self._writer.join(timeout)
             if self._writer.is_alive():
                 raise TimeoutError(f"segment {self.uid} is still open after {timeout} s")
-        with self._cond:
+        with self._lock:
             if self._error is not None:
                 raise self._error
             if self._result is None:
@@ -819,13 +824,13 @@ class OffloadHandle:
     def check_age(self) -> None:
         """Close the segment if it is older than ``max_segment_age_s`` (the writer thread
         does this on its own about every second)."""
-        with self._cond:
+        with self._lock:
             if self._age() >= self._offloader.max_segment_age_s:
                 self._start_closing()
         self._drive()
 
     def _age(self) -> float:
-        return self._offloader.clock() - self._record.assigned_ms / 1000
+        return self._offloader.clock() - self._assigned_s
 
     def _start_closing(self) -> None:
         self._closing = True
@@ -848,7 +853,7 @@ class OffloadHandle:
         """One piece of the writer's work: a block, a flush's completion or the close.
         Returns whether to go on: False once finished or failed, or when idle and not
         ``wait``ing (the caller's thread then returns; a writer thread waits for work)."""
-        with self._cond:
+        with self._lock:
             if self._finished:
                 return False
             while not self._ready():
@@ -863,20 +868,20 @@ class OffloadHandle:
                 if block:
                     self._record = self._write_block(self._record, block)
                     return True
-                with self._cond:
+                with self._lock:
                     self._done_flushes = max(self._done_flushes, flushing)
                     self._cond.notify_all()
                     if not self._closing or self._buffer:
                         return wait  # idle: a thread waits for more, the caller's thread returns
                 self._record = self._close_segment(self._record)
-                with self._cond:
+                with self._lock:
                     self._result = _result_of(self._record)
                     self._finished = True
                     self._cond.notify_all()
                 return False
         except BaseException as exc:  # noqa: BLE001 - kept for the caller: result(), flush(), offers raise it
             self._abandon(self._record)
-            with self._cond:
+            with self._lock:
                 self._error = exc
                 self._finished = True
                 self._cond.notify_all()
