@@ -197,7 +197,7 @@ def _stream(offloader: StreamingOffloader, ledgers: list[FileLedger]) -> tuple[i
                     offered += 1
                     break
                 if outcome == OfferResult.FAIL_BUFFER_FULL:
-                    handle.flush()
+                    handle.wait_for_room()
                 else:  # closed by size or age: its successor begins with this entry
                     results.append(handle.result())
                     handle = None

@@ -684,7 +684,7 @@ class OffloadHandle:
         self.uid = record.id
         self._assigned_s = record.assigned_ms / 1000
         #: One lock: ``with self._lock`` (taken per offer, in C) and ``self._cond`` on it.
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered: ``alive`` inside a wait's predicate
         self._cond = threading.Condition(self._lock)
         self._buffer: deque[tuple[int, int, bytes]] = deque()
         self._buffered = 0
@@ -781,6 +781,26 @@ class OffloadHandle:
                 ledger=ledger_id,
                 entry=entry_id,
             )
+
+    def wait_for_room(self, timeout: float | None = None) -> None:
+        """After ``FAIL_BUFFER_FULL``: wait until an offer would find room (the writer took
+        a block out of the buffer), the segment closed, or the writer failed (its error is
+        raised). Unlike ``flush`` it writes no short, padded block. Without a writer thread
+        the due blocks are written here. Raises ``TimeoutError``."""
+        self._drive()
+        with self._lock:
+            if not self._cond.wait_for(
+                lambda: (
+                    self._buffered < self._offloader.buffer_bytes
+                    or self._closing
+                    or self._error is not None
+                    or not self.alive
+                ),
+                timeout,
+            ):
+                raise TimeoutError(f"segment {self.uid}: no room in the buffer after {timeout} s")
+            if self._error is not None:
+                raise self._error
 
     def flush(self, timeout: float | None = None) -> None:
         """Write every entry offered so far (the last block may be short of

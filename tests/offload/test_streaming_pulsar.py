@@ -615,3 +615,46 @@ def test_a_deleted_ledger_re_offered_across_segments_stays_deleted_and_its_tombs
     for ledger_id in (0, 1):
         with pytest.raises(OffloadNotFound):
             offloader.ledger(ledger_id)
+
+
+def test_waiting_for_room_writes_no_short_block(env: Env) -> None:
+    """Back-pressure waited out with ``wait_for_room`` (Pulsar's engine retries the offer
+    later) leaves every block but the last full: 8 entries of 100 bytes in 1,024 bytes,
+    where a ``flush`` at each full buffer would have written short, padded ones. A held
+    writer makes the wait time out."""
+    storage, binding, _ = faulty_owner(env)
+    entered, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        entered.set()
+        release.wait(30)
+
+    binding.before(("create", "write"), hold, prefix=f"0/{FOLDER}/{ML}/")
+    offloader = StreamingOffloader(storage, ML, block_bytes=1024, buffer_bytes=1024)
+    payloads = entries(200, seed=21)
+    handle = offloader.streaming_offload(uuid.uuid4(), {}, 0, 0)
+    offered = 0
+
+    def offer_next() -> OfferResult:
+        nonlocal offered
+        outcome = handle.offer_entry(0, offered, payloads[offered])
+        offered += outcome == OfferResult.OK
+        return outcome
+
+    try:
+        while offer_next() == OfferResult.OK:
+            pass
+        assert entered.wait(30)  # the writer took a block and is held in its write
+        while offer_next() == OfferResult.OK:
+            pass  # full again, and the writer cannot drain it
+        with pytest.raises(TimeoutError):
+            handle.wait_for_room(timeout=0.01)
+    finally:
+        release.set()
+    while offered < len(payloads):
+        if offer_next() == OfferResult.FAIL_BUFFER_FULL:
+            handle.wait_for_room(timeout=30)
+    handle.close(timeout=30)
+    blocks = offloader.segments()[0].blocks
+    assert [row[5] - row[1] + 1 for row in blocks[:-1]] == [8] * (len(blocks) - 1)
+    assert offloader.read_ledger(0).read(0, 199) == payloads

@@ -152,7 +152,7 @@ def _pair(entry_bytes: int) -> dict[str, Benchmark]:
 
 def offload_stream(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
     """Subject: a managed ledger offering 1 KiB entries to a streaming offload (PIP-76) one
-    by one, waiting out back-pressure with ``flush``, then closing the segment: the writer
+    by one, waiting out back-pressure with ``wait_for_room``, then closing the segment: the writer
     thread builds blocks of 5 MiB (Pulsar's default), each one atomic durable SLTS write
     and one commit, then the index object. Baseline: the segment's bytes written raw into
     a new chunk of the same binding in writes of one block, each ``fdatasync``ed."""
@@ -171,7 +171,7 @@ def offload_stream(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Wo
             handle = offloader.streaming_offload(uuid.uuid4())
             for entry_id in range(count):
                 while (outcome := handle.offer_entry(0, entry_id, payload)) == OfferResult.FAIL_BUFFER_FULL:
-                    handle.flush()
+                    handle.wait_for_room()
                 assert outcome == OfferResult.OK, outcome
             handle.close()
             elapsed = time.perf_counter() - started
@@ -212,7 +212,7 @@ def offload_stream_read(parent: str, quick: bool) -> Iterator[tuple[str, Workloa
     writer = offloader.streaming_offload(uuid.uuid4())
     for entry_id in range(count):
         while (outcome := writer.offer_entry(0, entry_id, payload)) == OfferResult.FAIL_BUFFER_FULL:
-            writer.flush()
+            writer.wait_for_room()
         assert outcome == OfferResult.OK, outcome
     writer.close()
     (segment,) = offloader.segments()
