@@ -77,6 +77,10 @@ MAX_SEGMENT_AGE_S_DEFAULT = 600.0
 #: Pulsar's ``minOffloadSegmentRolloverTimeInSeconds``: a segment younger than this does not
 #: roll over by size.
 MIN_SEGMENT_AGE_S_DEFAULT = 0.0
+#: While the writer thread writes a block, every this many offers yield the interpreter: the
+#: writer's I/O calls give it up, and an offering thread that never does would make each of
+#: them wait out the interpreter's switch interval (5 ms) to get it back.
+YIELD_EVERY = 32
 #: How often (real seconds) the writer looks at the segment's age when nothing arrives.
 AGE_CHECK_INTERVAL_S = 1.0
 _B = 4  # position of a block's length in its record row: [ledger, first, part, offset, length, last]
@@ -683,6 +687,8 @@ class OffloadHandle:
         self._record = record
         self.uid = record.id
         self._assigned_s = record.assigned_ms / 1000
+        #: Whether the writer thread is writing a block (offers then yield the interpreter now and then).
+        self._writing = False
         #: One lock: ``with self._lock`` (taken per offer, in C) and ``self._cond`` on it.
         self._lock = threading.RLock()  # re-entered: ``alive`` inside a wait's predicate
         self._cond = threading.Condition(self._lock)
@@ -761,8 +767,11 @@ class OffloadHandle:
                 elif self._buffered >= offloader.block_bytes:
                     self._cond.notify_all()  # a block's worth: the writer has work (not before)
                 outcome = OfferResult.OK
-        if self._writer is None and self._ready():  # the caller's thread writes what is due
-            self._drive()
+        if self._writer is None:
+            if self._ready():  # the caller's thread writes what is due
+                self._drive()
+        elif self._writing and entry_id % YIELD_EVERY == 0:
+            time.sleep(0)  # let the writer back in after each of its I/O calls (see YIELD_EVERY)
         return outcome
 
     def _check_follows(self, ledger_id: int, entry_id: int) -> None:
@@ -886,7 +895,11 @@ class OffloadHandle:
         try:
             with traffic_class(TrafficClass.OFFLOAD):  # the writer's blocks are offload traffic
                 if block:
-                    self._record = self._write_block(self._record, block)
+                    self._writing = True
+                    try:
+                        self._record = self._write_block(self._record, block)
+                    finally:
+                        self._writing = False
                     return True
                 with self._lock:
                     self._done_flushes = max(self._done_flushes, flushing)

@@ -150,12 +150,15 @@ def _pair(entry_bytes: int) -> dict[str, Benchmark]:
     return {write.name: write, read.name: read, held.name: held}
 
 
-def offload_stream(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
+def offload_stream(
+    parent: str, quick: bool, threads: bool = True
+) -> Iterator[tuple[str, Workload, Workload, float, str]]:
     """Subject: a managed ledger offering 1 KiB entries to a streaming offload (PIP-76) one
-    by one, waiting out back-pressure with ``wait_for_room``, then closing the segment: the writer
-    thread builds blocks of 5 MiB (Pulsar's default), each one atomic durable SLTS write
-    and one commit, then the index object. Baseline: the segment's bytes written raw into
-    a new chunk of the same binding in writes of one block, each ``fdatasync``ed."""
+    by one, waiting out back-pressure with ``wait_for_room``, then closing the segment: the
+    writer (the handle's thread, or with ``threads`` off the offering thread) builds blocks
+    of 5 MiB (Pulsar's default), each one atomic durable SLTS write and one commit, then
+    the index object. Baseline: the segment's bytes written raw into a new chunk of the
+    same binding in writes of one block, each ``fdatasync``ed."""
     count = (8 if quick else 64) << 10
     payload = os.urandom(1024)
     folder = Folder(parent)
@@ -166,7 +169,7 @@ def offload_stream(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Wo
         nonlocal runs, data_bytes
         runs += 1
         with folder.store(f"subject-{runs}") as storage:
-            offloader = StreamingOffloader(storage, "bench")
+            offloader = StreamingOffloader(storage, "bench", threads=threads)
             started = time.perf_counter()
             handle = offloader.streaming_offload(uuid.uuid4())
             for entry_id in range(count):
@@ -256,6 +259,11 @@ _STREAM = Benchmark(
     "streaming offload (PIP-76), 1 KiB entries, vs. raw binding writes of its blocks",
     offload_stream,
 )
+_STREAM_INLINE = Benchmark(
+    "offload_stream_1k_inline",
+    "streaming offload (PIP-76), 1 KiB entries, the writer in the offering thread, vs. raw writes",
+    lambda parent, quick: offload_stream(parent, quick, threads=False),
+)
 _STREAM_READ = Benchmark(
     "offload_stream_read_1k",
     "streamed ledger (PIP-76) read back, 1 KiB entries, vs. raw binding reads",
@@ -265,5 +273,6 @@ BENCHMARKS = {
     **_pair(64 << 10),
     **_pair(1 << 10),
     _STREAM.name: _STREAM,
+    _STREAM_INLINE.name: _STREAM_INLINE,
     _STREAM_READ.name: _STREAM_READ,
 }
