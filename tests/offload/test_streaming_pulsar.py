@@ -85,6 +85,19 @@ def fail_nth_write(
     binding.before(("create", "write"), fail, nth=nth, prefix=prefix)
 
 
+def hold_the_first_write(binding: FaultyChunkStorage) -> tuple[threading.Event, threading.Event]:
+    """The first data write of the managed ledger's objects waits for the second event
+    (up to 30 s), after setting the first: the writer is held in it."""
+    entered, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        entered.set()
+        release.wait(30)
+
+    binding.before(("create", "write"), hold, prefix=f"0/{FOLDER}/{ML}/")
+    return entered, release
+
+
 def offer_all(handle: OffloadHandle, ledger: int, first: int, payloads: list[bytes]) -> list[OfferResult]:
     return [handle.offer_entry(ledger, first + i, data) for i, data in enumerate(payloads)]
 
@@ -168,13 +181,7 @@ def test_the_buffer_refuses_only_once_it_holds_its_size(env: Env) -> None:
     an offer below that is taken even if it overfills the buffer. The writer is held in
     its first block's write, so the buffer's contents are known."""
     storage, binding, _ = faulty_owner(env)
-    entered, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        entered.set()
-        release.wait(30)
-
-    binding.before(("create", "write"), hold, prefix=f"0/{FOLDER}/{ML}/")
+    entered, release = hold_the_first_write(binding)
     offloader = StreamingOffloader(storage, ML, block_bytes=1024, buffer_bytes=1024)
     a, b, c, d = entries(4, seed=6, size=1000)
     handle = offloader.streaming_offload(uuid.uuid4(), {}, 0, 0)
@@ -623,13 +630,7 @@ def test_waiting_for_room_writes_no_short_block(env: Env) -> None:
     where a ``flush`` at each full buffer would have written short, padded ones. A held
     writer makes the wait time out."""
     storage, binding, _ = faulty_owner(env)
-    entered, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        entered.set()
-        release.wait(30)
-
-    binding.before(("create", "write"), hold, prefix=f"0/{FOLDER}/{ML}/")
+    entered, release = hold_the_first_write(binding)
     offloader = StreamingOffloader(storage, ML, block_bytes=1024, buffer_bytes=1024)
     payloads = entries(200, seed=21)
     handle = offloader.streaming_offload(uuid.uuid4(), {}, 0, 0)
