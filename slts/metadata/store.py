@@ -324,15 +324,7 @@ class MetadataStore(abc.ABC):
         result: dict[str, dict[bytes, Versioned]] = {}
         with self.snapshot() as view:
             for table in self.tables:
-                entries: dict[bytes, Versioned] = {}
-                start = b""
-                while True:
-                    page = view.scan(table, start, None, SCAN_LIMIT_DEFAULT)
-                    entries.update(page)
-                    if len(page) < SCAN_LIMIT_DEFAULT:
-                        break
-                    start = page[-1][0] + b"\x00"
-                result[table] = entries
+                result[table] = dict(scan_all(view, table))
         return result
 
     def __enter__(self) -> MetadataStore:
