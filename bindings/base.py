@@ -22,6 +22,10 @@ each of them):
   ``CHUNK_NAME_BYTES_MAX`` UTF-8 bytes; every binding stores every such name.
 * **Reads are exact.** ``read`` returns ``min(length, chunk_length - offset)`` bytes;
   ``offset == chunk_length`` gives ``b""``; ``offset > chunk_length`` raises.
+  ``read_view`` returns the same bytes as a read-only ``memoryview``: a view of bytes
+  read (every binding), or of the chunk's stored bytes themselves (the filesystem
+  binding maps the file): bytes below a chunk's length never change while it exists,
+  so the view's bytes never change either, even after the chunk is deleted.
 * **One error vocabulary.** Backend failures leave a binding only as the typed errors
   of ``slts.errors`` (``ChunkNotFound``, ``ChunkExists``, ``ChunkInvalidOffset``,
   ``StorageUnavailable``...), translated at one place per binding.
@@ -182,6 +186,15 @@ class ChunkStorage(abc.ABC):
         check_range(check_handle(handle).name, offset, length)
         return self._do_read(handle, offset, length)
 
+    def read_view(self, handle: ChunkHandle, offset: int, length: int) -> memoryview:
+        """``read``'s bytes as a read-only ``memoryview``, without a copy where the
+        binding can (see module doc); same errors as ``read``. A view may keep resources
+        of the chunk (a mapping, its file) alive until it and its slices are released."""
+        check_range(check_handle(handle).name, offset, length)
+        view = self._do_read_view(handle, offset, length)
+        assert view.readonly, handle.name
+        return view
+
     def write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
         """Append ``data`` at ``offset`` (== current length), durably; returns ``len(data)``.
 
@@ -283,6 +296,10 @@ class ChunkStorage(abc.ABC):
     @abc.abstractmethod
     def _do_read(self, handle: ChunkHandle, offset: int, length: int) -> bytes:
         """``read`` with integers ``offset, length >= 0`` (the hook checks the chunk's end)."""
+
+    def _do_read_view(self, handle: ChunkHandle, offset: int, length: int) -> memoryview:
+        """``read_view`` with integers ``offset, length >= 0``: by default a view of ``_do_read``'s bytes."""
+        return memoryview(self._do_read(handle, offset, length))
 
     @abc.abstractmethod
     def _do_write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:

@@ -338,6 +338,12 @@ class FaultyChunkStorage(WrappedChunkStorage):
         self._after("read", handle.name)
         return data
 
+    def _do_read_view(self, handle: ChunkHandle, offset: int, length: int) -> memoryview:
+        self._check("read", handle.name)  # the same faults as ``read``: a view is a read
+        view = self.inner.read_view(handle, offset, length)
+        self._after("read", handle.name)
+        return view
+
     def _do_write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
         self._start(handle.name, offset)
         rule = self._fault("write", handle.name)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import os
 import stat
 import threading
@@ -49,6 +50,7 @@ from slts.errors import (
 from .base import ChunkHandle, ChunkInfo, ChunkStorage, ConcatSource
 from .hierarchical_paths import TMP_AGE_S_MAX as TMP_AGE_S_MAX  # re-exported: its age limit
 from .hierarchical_paths import TMP_FOLDER, Entry, PathCodec, remove_stale
+from .mapped_reads import FileMappings
 
 #: Names as paths: dots kept (file names may hold them), 255-byte file names.
 CODEC = PathCodec(
@@ -65,6 +67,7 @@ _RETRYABLE_ERRNOS = {errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT, errno.ESTALE, e
 _NO_COPY_RANGE_ERRNOS = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP}
 
 
+@functools.lru_cache(maxsize=16384)  # every call of the binding maps a name: the codec's walk once per name
 def chunk_relpath(name: str) -> str:
     """The path of chunk ``name`` relative to the root (see module doc)."""
     return CODEC.relpath(name)
@@ -173,6 +176,7 @@ class FileSystemChunkStorage(ChunkStorage):
         # Writers of one chunk in this process take the same stripe (flock alone is per
         # process on NFS); the check of the length and the append happen under it.
         self._locks = tuple(threading.Lock() for _ in range(_LOCK_STRIPES))
+        self._mappings = FileMappings()
         with _translated(self.root, self.url):
             os.makedirs(self._tmp, exist_ok=True)
             _fsync_dir(self.root)
@@ -191,7 +195,7 @@ class FileSystemChunkStorage(ChunkStorage):
 
     def _path(self, name: str) -> str:
         path = os.path.join(self.root, chunk_relpath(name))
-        assert os.path.commonpath([self.root, path]) == self.root, (name, path)
+        assert path.startswith(os.path.join(self.root, "")), (name, path)  # no part of a relpath is ".."
         return path
 
     def _lock(self, name: str) -> threading.Lock:
@@ -287,6 +291,7 @@ class FileSystemChunkStorage(ChunkStorage):
         path = self._path(handle.name)
         with _translated(handle.name, self.url):
             os.unlink(path)
+        self._mappings.forget(handle.name)  # its disk space goes with the last view of it
         # Not fsynced: an empty folder that reappears after a crash is harmless. A create
         # racing with this retries its link (``_publish``).
         CODEC.prune_folders(self.root, path, _remove_empty_folder)
@@ -336,6 +341,22 @@ class FileSystemChunkStorage(ChunkStorage):
                 return pieces[0] if len(pieces) == 1 else b"".join(pieces)
             finally:
                 os.close(fd)
+
+    def close(self) -> None:
+        """Drop the kept mappings (views handed out stay valid). Idempotent."""
+        self._mappings.clear()
+
+    def _do_read_view(self, handle: ChunkHandle, offset: int, length: int) -> memoryview:
+        """A slice of the file's shared read-only mapping (``mapped_reads``); a copy when
+        no mapping can be had."""
+        with _translated(handle.name, self.url):
+            try:
+                view = self._mappings.view(handle.name, self._path(handle.name), offset, length)
+            except ValueError as exc:
+                raise ChunkInvalidOffset(
+                    f"chunk {handle.name!r}: read at {offset} {exc}", chunk=handle.name, offset=offset
+                ) from exc
+        return view if view is not None else memoryview(self._do_read(handle, offset, length))
 
     def _do_write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
         with self._open_for_change(handle, os.O_WRONLY | os.O_APPEND) as (fd, st):

@@ -65,6 +65,12 @@ class StorageConfig:
     #: Read ahead also on bindings without high-latency reads (filesystem, memory); on a
     #: local file system the page cache reads ahead already.
     read_ahead_low_latency: bool = False
+    #: ``read_view`` hands out views of the chunk file's own pages where the binding maps
+    #: its files (filesystem: ``slts.bindings.mapped_reads``), checked like any read, with
+    #: no copy. Off: views of bytes read by copy (a disk error under a mapped page, or a
+    #: chunk file shortened behind SLTS's back, ends the process with SIGBUS instead of
+    #: raising an error, as with the metadata's own mapped LMDB file).
+    read_mapped: bool = True
     #: Entries in the write-through metadata cache.
     metadata_cache_entries: int = 100_000
     #: Before the LMDB metadata file is mapped, walk it in a child process when it may

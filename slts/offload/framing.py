@@ -4,9 +4,15 @@ block's end (the layouts are in ``slts.offload.formats``).
 
 ``parse_frames`` walks the frames of one block inside one buffer and records where the
 payloads are in a ``Runs`` table (a few ``array`` columns, no object per entry, so a
-cache of parsed buffers costs the garbage collector nothing); ``Runs.views`` hands the
-payloads of a range of ids out as ``memoryview`` slices of the buffer (no copy), made
-when asked for. Every frame is checked: its entry
+cache of parsed buffers costs the garbage collector nothing); ``Runs.payloads`` hands the
+payloads of a range of ids out, made when asked for: a payload of up to
+``COPY_BYTES_MAX`` (4 KiB) as a ``bytes`` copy, a larger one as a read-only
+``memoryview`` slice of the buffer (no copy). Why two kinds: an object per entry is the
+cost of a small payload, and a view is the dearer object (about 100 ns to make, and the
+garbage collector tracks it: a read of 1,000 views held by its caller gets them promoted
+and scanned by full collections), while a copy of a run of small payloads is made by one
+``struct`` call in C, is not tracked, and keeps no block alive; a large payload is cheap
+as a view and dear to copy. Every frame is checked: its entry
 id is the one expected (no gap, no repeat) and it ends within the block. A run of frames
 of one length (the common case: a producer's entries of one size) is checked without a
 Python step per entry: the run's headers are gathered with strided slices of the buffer
@@ -19,6 +25,7 @@ then, so a block of mixed sizes costs no more than the plain walk.
 from __future__ import annotations
 
 import bisect
+import functools
 import struct
 import sys
 from array import array
@@ -33,6 +40,20 @@ HEADER_BYTES = _HEADER.size
 RUN_MIN = 8
 #: Frames walked one by one after a run probe found fewer than ``RUN_MIN`` frames alike.
 WALK_AFTER_MISS = 64
+
+
+#: Payloads up to this size leave as ``bytes`` copies, larger ones as views (module doc).
+COPY_BYTES_MAX = 4096
+#: Most payloads copied by one ``struct`` call.
+COPY_RUN = 1024
+
+
+@functools.lru_cache(maxsize=64)
+def _copier(length: int, gap: int, count: int) -> struct.Struct:
+    """The ``struct`` layout of ``count`` payloads of ``length`` bytes, ``gap`` bytes apart
+    (a run's stride less its payload): unpacked, each payload is one ``bytes`` object."""
+    assert 0 < count <= COPY_RUN and 0 <= length <= COPY_BYTES_MAX and gap >= 0, (count, length, gap)
+    return struct.Struct(f"{length}s{gap}x" * (count - 1) + f"{length}s")
 
 
 class Runs:
@@ -74,9 +95,11 @@ class Runs:
         self.add(entry, 1, 0, 0, -1)
         self.extra[entry] = payload
 
-    def views(self, view: memoryview, first: int, last: int, out: list[bytes | memoryview]) -> int:
+    def payloads(self, view: memoryview, first: int, last: int, out: list[bytes | memoryview]) -> int:
         """Append the payloads of entries ``first..last`` held here (up to the table's last
-        one) to ``out``, as slices of ``view``; return the id after the last appended."""
+        one) to ``out``, cut from ``view``: those of at most ``COPY_BYTES_MAX`` bytes as
+        ``bytes`` copies, larger ones as slices of ``view`` (module doc); return the id
+        after the last appended."""
         ids, counts, starts, strides, lengths = self.ids, self.counts, self.starts, self.strides, self.lengths
         run = bisect.bisect_right(ids, first) - 1
         assert run >= 0, (first, ids[:1])
@@ -84,15 +107,20 @@ class Runs:
         while entry <= last and run < len(ids):
             run_first, length = ids[run], lengths[run]
             until = min(last, run_first + counts[run] - 1)
+            stride = strides[run]
+            at = starts[run] + (entry - run_first) * stride
+            count = until - entry + 1
             if length < 0:
                 out.append(self.extra[entry])
-            elif until == entry:
-                at = starts[run] + (entry - run_first) * strides[run]
-                out.append(view[at : at + length])
-            else:
-                stride = strides[run]
-                at = starts[run] + (entry - run_first) * stride
-                out += [view[a : a + length] for a in range(at, at + (until - entry + 1) * stride, stride)]
+            elif length > COPY_BYTES_MAX:
+                out += [view[a : a + length] for a in range(at, at + count * stride, stride)]
+            elif count < RUN_MIN:  # a few: one copy each (a layout per count and length would not pay)
+                out += [view[a : a + length].tobytes() for a in range(at, at + count * stride, stride)]
+            else:  # copies, in C: up to COPY_RUN payloads a call
+                while count:
+                    step = min(count, COPY_RUN)
+                    out += _copier(length, stride - length, step).unpack_from(view, at)
+                    at, count = at + step * stride, count - step
             entry = until + 1
             run += 1
         return entry

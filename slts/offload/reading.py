@@ -7,11 +7,14 @@ reads one ledger across the streaming segments (PIP-76) that hold its entries.
 
 What both hand out, and how:
 
-- **Entries are views.** ``read`` returns a list of ``memoryview`` slices of an immutable
-  ``bytes`` buffer the handle read (no copy per entry); a view compares equal to the
-  ``bytes`` of the same payload and works wherever a bytes-like object does. A view keeps
-  its whole buffer alive: ``bytes(entry)`` keeps the payload alone. The one exception is
-  an entry of a PIP-17 ledger that straddles two ranges read: it is one ``bytes`` copy.
+- **Entries.** ``read`` returns a list of bytes-like payloads cut from the bytes the
+  handle read with ``read_view`` (on the filesystem binding, the chunk file's own pages,
+  ``slts.bindings.mapped_reads``): a payload of up to 4 KiB is a ``bytes`` copy (one C
+  call copies a run of them), a larger one a read-only ``memoryview`` slice, no copy
+  (``slts.offload.framing`` says why). A view compares equal to the ``bytes`` of the
+  same payload and works wherever a bytes-like object does; it keeps what it was cut
+  from alive (the range read, or the chunk's mapping): ``bytes(entry)`` keeps the payload
+  alone. An entry of a PIP-17 ledger that straddles two ranges read is one ``bytes`` copy.
 - **A bounded cache per handle.** The entries of a range read are parsed once (frames
   checked, ``slts.offload.framing``) and kept, with their views, in a least-recently-used
   cache of ``cache_ranges`` ranges (PIP-17) or ``cache_blocks`` whole blocks (PIP-76). A
@@ -68,7 +71,7 @@ CACHE_RANGES_DEFAULT = 4
 #: Whole blocks (PIP-76) a handle keeps parsed.
 CACHE_BLOCKS_DEFAULT = 4
 #: The largest range a sequential PIP-17 reader's read-ahead grows to.
-READ_AHEAD_MAX_BYTES_DEFAULT = 2 << 20
+READ_AHEAD_MAX_BYTES_DEFAULT = 8 << 20
 
 
 class _Closable:
@@ -210,7 +213,7 @@ class OffloadedLedger(_Closable):
             entry = first
             while entry <= last:
                 span = self._range_holding(entry)
-                entry = span.runs.views(span.buffer, entry, last, entries)
+                entry = span.runs.payloads(span.buffer, entry, last, entries)
             if len(entries) != last - first + 1:  # not an assert: wrong entries must not leave
                 raise InvalidOffloadObject(
                     f"offload object {self.name!r}: a read of {first}..{last} gathered"
@@ -290,7 +293,7 @@ class OffloadedLedger(_Closable):
                     offset=cursor.position,
                 )
             end = self._range_end(start, cursor.position, self._ahead)
-            buffer = memoryview(self._fetch(start, end - start) if end > start else b"")
+            buffer = self._fetch(start, end - start) if end > start else memoryview(b"")
             cursor, rest = self._parse(cursor, tail, buffer, start, runs)
             if len(runs):
                 return _Range(runs.first, len(runs), buffer, runs, cursor, rest, end)
@@ -410,11 +413,12 @@ class OffloadedLedger(_Closable):
         end = blocks[number + 1].offset if number + 1 < len(blocks) else self._index.data_object_length
         return blocks[number].offset, end
 
-    def _fetch(self, start: int, size: int) -> bytes:
-        """Bytes ``[start, start+size)`` of the data object (``OffloadNotFound`` if deleted)."""
+    def _fetch(self, start: int, size: int) -> memoryview:
+        """Bytes ``[start, start+size)`` of the data object, a view (``read_view``: of the
+        chunk's own pages where the binding maps them); ``OffloadNotFound`` if deleted."""
         assert self._segment is not None
         try:
-            return self._storage.read(self._segment, start, size)
+            return self._storage.read_view(self._segment, start, size)
         except (SegmentNotFound, ChunkNotFound) as error:
             raise _gone(self._storage, self.name, error) from error
 
@@ -513,7 +517,7 @@ class StreamingLedgerHandle(_Closable):
                         offset=row[3],
                     )
                 buffer, runs = self._block(number)
-                entry = runs.views(buffer, entry, last, entries)
+                entry = runs.payloads(buffer, entry, last, entries)
                 number += 1
             if len(entries) != last - first + 1:  # not an assert: wrong entries must not leave
                 raise InvalidOffloadObject(
@@ -549,7 +553,7 @@ class StreamingLedgerHandle(_Closable):
                 object=name,
                 offset=offset,
             )
-        view, runs = memoryview(block), Runs()
+        view, runs = block, Runs()
         frames = parse_frames(
             view,
             formats.HEADER_SIZE,
@@ -579,12 +583,13 @@ class StreamingLedgerHandle(_Closable):
                 raise _gone(self._storage, name, error) from error
         return name, handle
 
-    def _read_block(self, number: int) -> bytes:
-        """Block ``number``'s bytes (``OffloadNotFound`` if its segment was deleted)."""
+    def _read_block(self, number: int) -> memoryview:
+        """Block ``number``'s bytes, a view as ``_fetch``'s (``OffloadNotFound`` if its
+        segment was deleted)."""
         name, handle = self._segment_handle(number)
         _, _, _, offset, length, _ = self._blocks[number][1]
         try:
-            return self._storage.read(handle, offset, length)
+            return self._storage.read_view(handle, offset, length)
         except (SegmentNotFound, ChunkNotFound) as error:
             raise _gone(self._storage, name, error) from error
 
@@ -619,5 +624,5 @@ def block_entries(
             f"offload object {name!r} at byte {offset}: a block without entries", object=name, offset=offset
         )
     payloads: list[Entry] = []
-    runs.views(view, runs.first, runs.first + len(runs) - 1, payloads)
+    runs.payloads(view, runs.first, runs.first + len(runs) - 1, payloads)
     return [(header.first_entry_id + i, bytes(payload)) for i, payload in enumerate(payloads)]

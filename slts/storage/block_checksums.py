@@ -90,16 +90,16 @@ def covering(blocks: bytes, offset: int, length: int) -> tuple[int, int, int, in
     return first, last + 1, ends[first - 1] if first else 0, ends[last]
 
 
-def verify(blocks: bytes, first: int, end: int, data: bytes, *, chunk: str, start: int) -> None:
+def verify(blocks: bytes, first: int, end: int, data: bytes | memoryview, *, chunk: str, start: int) -> None:
     """Check ``data`` (the bytes of blocks ``[first, end)``, which begin at chunk offset
     ``start``) against the list. ``ChunkCorrupted`` naming the chunk and the offset of
     the first bad block."""
     position = 0
     view = memoryview(data)
-    for index in range(first, end):
-        length, crc = _PAIR.unpack_from(blocks, index * PAIR_BYTES)
+    checksum = crc32c.crc32c
+    for length, crc in _PAIR.iter_unpack(blocks[first * PAIR_BYTES : end * PAIR_BYTES]):  # per block: lean
         piece = view[position : position + length]
-        if len(piece) != length or crc32c.crc32c(piece) != crc:
+        if checksum(piece) != crc or len(piece) != length:
             raise ChunkCorrupted(
                 f"chunk {chunk!r} fails the CRC32C of its block at offset {start + position} "
                 f"({length} bytes): its bytes are not the ones written",
@@ -107,7 +107,7 @@ def verify(blocks: bytes, first: int, end: int, data: bytes, *, chunk: str, star
                 offset=start + position,
             )
         position += length
-    assert position == len(data), (position, len(data))
+    assert position == len(view), (position, len(view))
 
 
 def joined(lists: list[bytes | None]) -> bytes | None:

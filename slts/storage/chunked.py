@@ -96,7 +96,7 @@ class _ReadPiece:
 RecordSource = MetadataStore | ReadView
 
 
-def _checksum(data: bytes, previous: int = 0) -> int:
+def _checksum(data: bytes | memoryview, previous: int = 0) -> int:
     return crc32c.crc32c(data, previous)
 
 
@@ -131,7 +131,7 @@ class _WritePlan:
     sums: _WriteSums | None
 
 
-def _exactly(data: bytes, piece: _ReadPiece, how: str) -> bytes:
+def _exactly(data: bytes | memoryview, piece: _ReadPiece, how: str) -> bytes | memoryview:
     """``data`` if it is as long as ``piece``, else ``InvariantViolated`` (a bug that
     would return wrong bytes; an ``if``, so it holds under ``python -O``)."""
     if len(data) != piece.length:
@@ -882,6 +882,24 @@ class ChunkedSegmentStorage:
         touches (``ChunkCorrupted`` names the chunk and the block's offset); chunks
         written before block checksums are checked when a read covers them whole.
         """
+        data = self._read(handle, offset, length, mapped=False)
+        assert isinstance(data, bytes), type(data)
+        return data
+
+    def read_view(self, handle: SegmentHandle, offset: int, length: int) -> memoryview:
+        """``read``'s bytes (same checks, same errors) as a read-only ``memoryview``.
+
+        With ``read_mapped`` (the default), a range that lies in one chunk of a binding
+        that maps its files (filesystem) is a view of the chunk file's pages, checked
+        like any read: no copy. Such a view keeps the chunk's mapping (and its file,
+        even once collected) alive until it and its slices are released; the bytes never
+        change (``slts.bindings.mapped_reads``). Otherwise it is a view of the bytes read.
+        """
+        data = self._read(handle, offset, length, mapped=self.config.read_mapped)
+        return data if isinstance(data, memoryview) else memoryview(data)
+
+    def _read(self, handle: SegmentHandle, offset: int, length: int, *, mapped: bool) -> bytes | memoryview:
+        """``read`` and ``read_view``: the checks, the read, one retry over a changed layout."""
         self._check_open()
         handle = self._check_handle(handle, writable=False)
         for value, what in ((offset, "offset"), (length, "length")):
@@ -893,7 +911,7 @@ class ChunkedSegmentStorage:
                 segment=handle.name,
             )
         try:
-            data = self._read_once(handle.name, offset, length)
+            data = self._read_once(handle.name, offset, length, mapped)
         except (ChunkNotFound, MetadataCorrupted):
             # The layout this instance read is gone: another instance changed it (and GC
             # collected its chunks). Fenced if a newer epoch owns the container; otherwise
@@ -901,7 +919,7 @@ class ChunkedSegmentStorage:
             # missing then is missing (ChunkNotFound).
             self._ownership.check()
             self._store.clear()
-            data = self._read_once(handle.name, offset, length)
+            data = self._read_once(handle.name, offset, length, mapped)
         if len(data) != length:  # not an assert: wrong bytes must not reach a caller under -O
             raise InvariantViolated(
                 f"segment {handle.name!r}: a read of {length} at {offset} produced {len(data)} bytes",
@@ -911,10 +929,10 @@ class ChunkedSegmentStorage:
         self.context.counters.add(reads=1, bytes_read=length)
         return data
 
-    def _read_once(self, name: str, offset: int, length: int) -> bytes:
+    def _read_once(self, name: str, offset: int, length: int, mapped: bool) -> bytes | memoryview:
         """Check the range against the segment's record, resolve the pieces (and those
         to read ahead, ``slts.storage.read_ahead``) under the segment's lock, fetch them
-        without it."""
+        without it (``mapped``: as views of the binding, ``read_view``)."""
         ahead: Plan | None = None
         ahead_pieces: builtins.list[_ReadPiece] = []
         with self.context.locks.layout(name):
@@ -934,7 +952,7 @@ class ChunkedSegmentStorage:
         if ahead is not None:
             assert self._read_ahead is not None
             self._read_ahead.prefetch(ahead, ahead_pieces, self._fetch_range)
-        return self._fetch(pieces, length)
+        return self._fetch(pieces, length, mapped)
 
     def _plan_ahead(
         self, record: SegmentRecord, offset: int, length: int, source: RecordSource
@@ -1001,11 +1019,11 @@ class ChunkedSegmentStorage:
             chunk_start, name = chunk_end, chunk.next_chunk
         return pieces
 
-    def _fetch(self, pieces: builtins.list[_ReadPiece], length: int) -> bytes:
-        """The pieces' bytes, in order. In parallel, every piece's fetch has finished
-        before this returns or raises (no chunk read outlives the call that asked for it,
-        even after ``close``), and the error raised is the first failing piece's in
-        segment order, whatever the threads' schedule."""
+    def _fetch(self, pieces: builtins.list[_ReadPiece], length: int, mapped: bool) -> bytes | memoryview:
+        """The pieces' bytes, in order (one piece ``mapped``: its view). In parallel,
+        every piece's fetch has finished before this returns or raises (no chunk read
+        outlives the call that asked for it, even after ``close``), and the error raised
+        is the first failing piece's in segment order, whatever the threads' schedule."""
         if len(pieces) > 1 and length >= self.config.read_parallel_bytes_min:
             pool = self._thread_pool("slts-read")
             # In the caller's context (its traffic class), a copy per piece: a context
@@ -1014,14 +1032,16 @@ class ChunkedSegmentStorage:
                 pool.submit(contextvars.copy_context().run, self._fetch_piece, piece) for piece in pieces
             ]
             wait(fetches)
-            parts = [fetch.result() for fetch in fetches]
+            parts: builtins.list[bytes | memoryview] = [fetch.result() for fetch in fetches]
+        elif len(pieces) == 1:
+            return self._fetch_piece(pieces[0], mapped)
         else:
             parts = [self._fetch_piece(piece) for piece in pieces]
         return b"".join(parts)
 
-    def _fetch_piece(self, piece: _ReadPiece) -> bytes:
+    def _fetch_piece(self, piece: _ReadPiece, mapped: bool = False) -> bytes | memoryview:
         """The piece's bytes, checked: from what was read ahead if it covers them, else
-        from the chunk storage (``_fetch_stored``)."""
+        from the chunk storage (``_fetch_stored``; ``mapped``: a view of the binding's)."""
         if self._read_ahead is not None:
             data = self._read_ahead.take(piece.chunk, piece.chunk_offset, piece.length)
             # Parts were checked block by block when fetched; a whole chunk kept without
@@ -1031,7 +1051,7 @@ class ChunkedSegmentStorage:
                 piece.whole_chunk_checksum is None or _checksum(data) == piece.whole_chunk_checksum
             ):
                 return _exactly(data, piece, "read ahead")
-        return _exactly(self._fetch_stored(piece), piece, "read")
+        return _exactly(self._fetch_stored(piece, mapped), piece, "read")
 
     def _fetch_range(self, piece: _ReadPiece, chunk_offset: int, length: int) -> bytes:
         """Bytes ``[chunk_offset, chunk_offset+length)`` of ``piece``'s chunk, within the
@@ -1039,23 +1059,27 @@ class ChunkedSegmentStorage:
         a read takes it, in ``_fetch_piece``)."""
         assert piece.chunk_offset <= chunk_offset, (piece, chunk_offset)
         assert chunk_offset + length <= piece.chunk_offset + piece.length, (piece, chunk_offset, length)
-        return self._fetch_stored(
+        data = self._fetch_stored(
             replace(piece, chunk_offset=chunk_offset, length=length, whole_chunk_checksum=None)
         )
+        assert isinstance(data, bytes), type(data)  # read ahead keeps copies: never views
+        return data
 
-    def _fetch_stored(self, piece: _ReadPiece) -> bytes:
-        """The piece's bytes, checked, read from the chunk storage. The handle is built
+    def _fetch_stored(self, piece: _ReadPiece, mapped: bool = False) -> bytes | memoryview:
+        """The piece's bytes, checked, read from the chunk storage (``mapped``: by
+        ``read_view``, checked in place, so a view of the binding's). The handle is built
         here, not opened: the metadata says the chunk exists and how long it is, and
         opening costs a request on some bindings (a HEAD on S3). A chunk that is gone
         after all raises ``ChunkNotFound`` from the read itself (``read`` retries it)."""
         handle = ChunkHandle(piece.chunk, readonly=True)
+        fetch = self.chunk_storage.read_view if mapped else self.chunk_storage.read
         if piece.blocks is not None:  # read the blocks it touches whole, check them, cut the piece
             first, end, start, stop = block_checksums.covering(piece.blocks, piece.chunk_offset, piece.length)
-            data = self.chunk_storage.read(handle, start, stop - start)
+            data = fetch(handle, start, stop - start)
             block_checksums.verify(piece.blocks, first, end, data, chunk=piece.chunk, start=start)
             cut = piece.chunk_offset - start
             return data[cut : cut + piece.length] if cut or len(data) != piece.length else data
-        data = self.chunk_storage.read(handle, piece.chunk_offset, piece.length)
+        data = fetch(handle, piece.chunk_offset, piece.length)
         if len(data) != piece.length:
             raise ChunkCorrupted(
                 f"chunk {piece.chunk!r} holds fewer bytes than its metadata records",

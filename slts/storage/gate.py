@@ -72,6 +72,8 @@ class GatedChunkStorage(WrappedChunkStorage):
             self.meter.call(traffic, name, time.perf_counter() - start, request=request, error=error)
             raise
         received = len(result) if isinstance(result, bytes) else 0
+        if isinstance(result, memoryview):  # ``read_view``
+            received = result.nbytes
         self.meter.call(
             traffic,
             name,
@@ -107,6 +109,9 @@ class GatedChunkStorage(WrappedChunkStorage):
 
     def _do_read(self, handle: ChunkHandle, offset: int, length: int) -> bytes:
         return self._through("read", False, lambda: self.inner.read(handle, offset, length), paid=length)
+
+    def _do_read_view(self, handle: ChunkHandle, offset: int, length: int) -> memoryview:
+        return self._through("read", False, lambda: self.inner.read_view(handle, offset, length), paid=length)
 
     def _do_write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
         return self._through(

@@ -143,6 +143,41 @@ def test_read_returns_the_range_clipped_at_the_end(storage, offset, length):
         assert result == expected
 
 
+@pytest.mark.parametrize(("offset", "length"), [(0, 0), (0, 100), (10, 20), (99, 5), (100, 7), (50, 10**12)])
+def test_read_view_returns_read_s_bytes_read_only(storage, offset, length):
+    writable = storage.create("c", DATA)
+    for handle in (writable, storage.open_read("c")):
+        view = storage.read_view(handle, offset, length)
+        assert isinstance(view, memoryview) and view.readonly
+        assert view.tobytes() == storage.read(handle, offset, length) == DATA[offset : offset + length]
+
+
+def test_read_view_at_the_end_gives_nothing_and_past_it_or_of_a_missing_chunk_raises(storage):
+    handle = storage.create("c", DATA)
+    assert storage.read_view(handle, len(DATA), 10).tobytes() == b""
+    with pytest.raises(ChunkInvalidOffset) as caught:
+        storage.read_view(handle, len(DATA) + 1, 1)
+    assert caught.value.chunk == "c"
+    storage.delete(handle)
+    with pytest.raises(ChunkNotFound):
+        storage.read_view(handle, 0, 1)
+
+
+def test_a_view_keeps_its_bytes_through_appends_delete_and_a_new_chunk_of_its_name(storage):
+    """The bytes of a view never change (module doc): not when the chunk grows, nor when
+    it is deleted, and a chunk created again under the name is read anew."""
+    handle = storage.create("c", DATA)
+    view = storage.read_view(handle, 10, 50)
+    if storage.supports_append:
+        storage.write(handle, len(DATA), b"appended")
+        assert storage.read_view(handle, 95, 20).tobytes() == DATA[95:] + b"appended"
+    storage.delete(handle)
+    assert view.tobytes() == DATA[10:60]
+    again = storage.create("c", b"other bytes " * 10)
+    assert storage.read_view(again, 0, 11).tobytes() == b"other bytes"
+    assert view.tobytes() == DATA[10:60]
+
+
 def test_read_at_the_end_gives_nothing_and_past_it_raises(storage):
     handle = storage.create("c", DATA)
     assert storage.read(handle, len(DATA), 10) == b""
@@ -326,13 +361,18 @@ def _bad_inputs() -> list[BadInput]:
         (True, 1),
         (0, False),
     ]:
-        cases.append(
+        cases += [
             BadInput(
                 f"read-range-{offset!r}-{length!r}",
                 lambda s, h, o=offset, n=length: s.read(h["rc"], o, n),
                 ChunkInvalidOffset,
-            )
-        )
+            ),
+            BadInput(
+                f"read_view-range-{offset!r}-{length!r}",
+                lambda s, h, o=offset, n=length: s.read_view(h["rc"], o, n),
+                ChunkInvalidOffset,
+            ),
+        ]
     for offset in (-1, 100.0, None, True):
         cases.append(
             BadInput(
@@ -366,6 +406,7 @@ def _bad_inputs() -> list[BadInput]:
         shown = repr(thing)
         cases += [
             BadInput(f"read-handle-{shown}", lambda s, h, x=thing: s.read(x, 0, 1), InvalidArgument),
+            BadInput(f"view-handle-{shown}", lambda s, h, x=thing: s.read_view(x, 0, 1), InvalidArgument),
             BadInput(f"write-handle-{shown}", lambda s, h, x=thing: s.write(x, 0, b"x"), InvalidArgument),
             BadInput(f"delete-handle-{shown}", lambda s, h, x=thing: s.delete(x), InvalidArgument),
             BadInput(
@@ -385,6 +426,7 @@ def _bad_inputs() -> list[BadInput]:
         shown = repr(handle.name)
         cases += [
             BadInput(f"read-named-{shown}", lambda s, h, x=handle: s.read(x, 0, 1), ChunkNameInvalid),
+            BadInput(f"view-named-{shown}", lambda s, h, x=handle: s.read_view(x, 0, 1), ChunkNameInvalid),
             BadInput(f"delete-named-{shown}", lambda s, h, x=handle: s.delete(x), ChunkNameInvalid),
         ]
     cases += [

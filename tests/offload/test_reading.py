@@ -26,7 +26,7 @@ from slts.errors import (
     StorageClosed,
 )
 from slts.offload import formats
-from slts.offload.framing import Runs, parse_frames
+from slts.offload.framing import COPY_BYTES_MAX, Runs, parse_frames
 from slts.offload.ledgers import Entry, MemoryLedger
 from slts.offload.names import data_name, segment_name
 from slts.offload.offloader import LedgerOffloader
@@ -104,12 +104,28 @@ def as_bytes(entries: list[Entry]) -> list[bytes]:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_entries_are_views_equal_to_the_payloads(env: Env, kind: str) -> None:
-    payloads = random_entries(500, seed=1)
+    payloads = [payload + bytes(COPY_BYTES_MAX) for payload in random_entries(100, seed=1)]
+    assert min(map(len, payloads)) > COPY_BYTES_MAX
     handle = open_handle(kind, env.open(), payloads)
-    entries = handle.read(0, 499)
+    entries = handle.read(0, 99)
     assert all(isinstance(entry, memoryview) and entry.readonly for entry in entries)
     assert entries == payloads, "a view compares equal to the bytes of its payload"
     assert as_bytes(entries) == payloads
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("size", [1, 1000, COPY_BYTES_MAX])
+def test_small_payloads_are_bytes_copies_in_runs_and_alone(env: Env, kind: str, size: int) -> None:
+    """Payloads up to COPY_BYTES_MAX leave as bytes (a run of one size copied in C, the
+    odd ones one by one), each equal to its payload."""
+    rng = random.Random(size)
+    payloads = [rng.randbytes(size) for _ in range(300)]
+    payloads += [rng.randbytes(rng.randint(0, size)) for _ in range(20)]
+    handle = open_handle(kind, env.open(), payloads)
+    entries = handle.read(0, len(payloads) - 1)
+    assert all(type(entry) is bytes for entry in entries), {type(entry) for entry in entries}
+    assert entries == payloads
+    assert handle.read(5, 5) == [payloads[5]] and handle.read(299, 301) == payloads[299:302]
 
 
 # -- close -----------------------------------------------------------------------------------------
@@ -363,7 +379,7 @@ def parsed(block: bytes, first: int, count: int | None, limit: int | None = None
     ).checked()
     out: list[Entry] = []
     if len(runs):
-        assert runs.views(memoryview(block), first, first + len(runs) - 1, out) == first + len(runs)
+        assert runs.payloads(memoryview(block), first, first + len(runs) - 1, out) == first + len(runs)
     return found.found, as_bytes(out)
 
 

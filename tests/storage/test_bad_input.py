@@ -84,6 +84,10 @@ def test_bad_offsets_and_lengths(populated: tuple[Env, ChunkedSegmentStorage]) -
         (InvalidOffset, lambda: storage.read(handle, 5, 6)),  # passes the end
         (InvalidOffset, lambda: storage.read(handle, 11, 0)),
         (InvalidOffset, lambda: storage.read(handle, 1.5, 1)),  # type: ignore[arg-type]
+        (InvalidOffset, lambda: storage.read_view(handle, -1, 1)),
+        (InvalidOffset, lambda: storage.read_view(handle, 5, 6)),  # passes the end
+        (InvalidOffset, lambda: storage.read_view(handle, True, 1)),
+        (InvalidArgument, lambda: storage.read_view("ok", 0, 1)),  # type: ignore[arg-type]
         (InvalidArgument, lambda: storage.write(handle, 10, "text")),  # type: ignore[arg-type]
         (InvalidArgument, lambda: storage.create("new", max_rolling_length=0)),
         (InvalidArgument, lambda: storage.create("new", max_rolling_length=-5)),
@@ -104,6 +108,7 @@ def test_too_large_write_and_read(env: Env) -> None:
     storage.write(handle, 0, b"12345678")
     storage.write(handle, 8, b"9")
     expect_unchanged(env, InvalidArgument, lambda: storage.read(handle, 0, 9))
+    expect_unchanged(env, InvalidArgument, lambda: storage.read_view(handle, 0, 9))
 
 
 def test_state_errors(populated: tuple[Env, ChunkedSegmentStorage]) -> None:
@@ -116,6 +121,7 @@ def test_state_errors(populated: tuple[Env, ChunkedSegmentStorage]) -> None:
     ghost = SegmentHandle("missing", read_only=False)
     expect_unchanged(env, SegmentNotFound, lambda: storage.write(ghost, 0, b"x"))
     expect_unchanged(env, SegmentNotFound, lambda: storage.read(ghost, 0, 0))
+    expect_unchanged(env, SegmentNotFound, lambda: storage.read_view(ghost, 0, 0))
     expect_unchanged(env, SegmentNotFound, lambda: storage.seal(ghost))
     expect_unchanged(env, SegmentNotFound, lambda: storage.delete(ghost))
 

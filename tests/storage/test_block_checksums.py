@@ -7,6 +7,7 @@ block checksums are still verified as before (whole-chunk reads)."""
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 
 import crc32c
@@ -81,6 +82,30 @@ def test_a_flipped_byte_is_caught_by_a_partial_read_of_its_block(
     assert storage.read(handle, 112, 88) == data[112:]
     with pytest.raises(ChunkCorrupted):
         storage.read(handle, 90, 10)  # a read across the block boundary
+
+
+@pytest.mark.parametrize("mapped", [True, False])
+def test_read_view_checks_every_block_it_returns_mapped_or_not(
+    binding: ChunkStorage, tmp_path: Path, mapped: bool
+) -> None:
+    """``read_view`` is verified as ``read`` is, whether its view is of the chunk file's
+    own pages (``read_mapped``, filesystem) or of bytes read; a mapping made before the
+    damage sees it (the page cache is shared), so the next view raises."""
+    storage = storage_on(binding, read_mapped=mapped)
+    storage.create("s", max_rolling_length=1000)
+    data = bytes(range(200))
+    storage.write(storage.open_write("s"), 0, data)
+    ((_, chunk),) = storage.chunks("s")
+    handle = storage.open_read("s")
+    view = storage.read_view(handle, 90, 30)
+    assert view.readonly and view == data[90:120]
+    mapping = isinstance(view.obj, mmap.mmap)
+    assert mapping == (mapped and isinstance(binding, FileSystemChunkStorage)), type(view.obj)
+    flip(binding, chunk.name, 100, tmp_path)  # block [96, 112)
+    with pytest.raises(ChunkCorrupted, match="offset 96") as caught:
+        storage.read_view(handle, 101, 3)
+    assert caught.value.chunk == chunk.name
+    assert storage.read_view(handle, 0, 96) == data[:96]
 
 
 def test_appends_continue_the_last_block(binding: ChunkStorage, tmp_path: Path) -> None:

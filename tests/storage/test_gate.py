@@ -73,6 +73,17 @@ def test_every_kind_of_work_is_counted_in_its_class(env: Env) -> None:
     assert set(read) == {TrafficClass.READ} and read[TrafficClass.READ][0] >= 8000
 
     before = counted(limiter)
+    meter = storage.chunk_storage.meter
+    received = meter.usage().get(TrafficClass.SCRUB)
+    with traffic_class(TrafficClass.SCRUB):
+        view = storage.read_view(storage.open_read("s"), 1000, 1000)  # one chunk: a view of the binding's
+    assert view == bytes([1]) * 1000
+    viewed = grew(before, counted(limiter))
+    assert set(viewed) == {TrafficClass.SCRUB} and viewed[TrafficClass.SCRUB] == (1000, 1), "paid as a read"
+    scrubbed = meter.usage()[TrafficClass.SCRUB].bytes_received - (received.bytes_received if received else 0)
+    assert scrubbed == 1000, "metered as received bytes"
+
+    before = counted(limiter)
     result = storage.defrag("s")
     assert result.runs_committed >= 1
     defrag = grew(before, counted(limiter))
@@ -106,9 +117,9 @@ def test_a_read_across_chunks_in_parallel_keeps_its_caller_s_class(env: Env) -> 
     fetched_on: set[str] = set()
     fetch_stored = storage._fetch_stored
 
-    def spying(piece):  # type: ignore[no-untyped-def]
+    def spying(piece, mapped=False):  # type: ignore[no-untyped-def]
         fetched_on.add(threading.current_thread().name)
-        return fetch_stored(piece)
+        return fetch_stored(piece, mapped)
 
     storage._fetch_stored = spying  # type: ignore[method-assign]
     before = counted(limiter)

@@ -400,15 +400,16 @@ class StorageMachine(RuleBasedStateMachine):
         offset = data.draw(st.integers(0, length + 2), label="offset")
         size = data.draw(st.integers(0, max(0, length - offset) + 2), label="size")
         handle = self.s.open_read(name)
+        read = data.draw(st.sampled_from([self.s.read, self.s.read_view]), label="read")
         errors: tuple[type[SltsError], ...] = ()
         if offset < model.start:
             errors += (SegmentTruncated,)
         if offset + size > length:
             errors += (InvalidOffset,)
         if errors:
-            self.expect_error(errors, lambda: self.s.read(handle, offset, size))
+            self.expect_error(errors, lambda: read(handle, offset, size))
             return
-        ok, got = self.may_fail(lambda: self.s.read(handle, offset, size))
+        ok, got = self.may_fail(lambda: read(handle, offset, size))
         if ok:
             assert got == bytes(model.data[offset : offset + size])
 
