@@ -70,7 +70,7 @@ FORMAT_VERSION = "1"
 INT32_MAX = (1 << 31) - 1
 
 _BLOCK_HEADER = struct.Struct(">Iqqq")
-_ENTRY_HEADER = struct.Struct(">iq")
+ENTRY_HEADER = _ENTRY_HEADER = struct.Struct(">iq")  # (payload length i32, entry id i64)
 _INDEX_HEADER = struct.Struct(">Iiqqii")
 _INDEX_ENTRY = struct.Struct(">qiq")
 _BLOCK_HEADER_ZEROS = bytes(HEADER_SIZE - _BLOCK_HEADER.size)

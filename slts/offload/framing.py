@@ -292,7 +292,16 @@ _WORD_ONE = (1).to_bytes(4, "big")
 def _counting_words(start: int, count: int) -> bytes:
     """The big-endian 32-bit words ``start, start + 1, ...`` (``count`` of them, all below
     2**32), built with big-integer arithmetic in C rather than a Python step per word:
-    with ``ones`` the words 1, 1, ..., 1, the words 0, 1, ..., count - 1 are
-    ``(ones - count) / (2**32 - 1)``."""
+    ``start * ones + ramp``, with ``ones`` the words 1, 1, ..., 1 and ``ramp`` the words
+    0, 1, ..., count - 1 (cut from the cached ramp of the next power of two: no word
+    carries into the next, as every sum is below 2**32)."""
+    ramp = int.from_bytes(_ramp(1 << (count - 1).bit_length())[: 4 * count], "big")
     ones = int.from_bytes(_WORD_ONE * count, "big")
-    return (start * ones + (ones - count) // 0xFFFFFFFF).to_bytes(4 * count, "big")
+    return (start * ones + ramp).to_bytes(4 * count, "big")
+
+
+@functools.lru_cache(maxsize=32)
+def _ramp(count: int) -> bytes:
+    """The big-endian words 0, 1, ..., count - 1: ``(ones - count) / (2**32 - 1)``."""
+    ones = int.from_bytes(_WORD_ONE * count, "big")
+    return ((ones - count) // 0xFFFFFFFF).to_bytes(4 * count, "big")

@@ -57,6 +57,7 @@ from slts.offload import formats
 from slts.offload.ledger_metadata import LedgerInfo, encode_ledger_info
 from slts.offload.ledgers import ID_MAX, check_ledger_id
 from slts.offload.names import segment_index_name, segment_name
+from slts.offload.pending import PendingBlock
 from slts.offload.reading import StreamingLedgerHandle, block_entries
 from slts.offload.records import (
     StreamLedgerRecord,
@@ -397,25 +398,13 @@ class StreamingOffloader:
             stored = view.get(table, key)
         return 0 if stored is None else stored.version
 
-    def _write_block(
-        self, record: StreamSegmentRecord, entries: list[tuple[int, int, bytes]]
-    ) -> StreamSegmentRecord:
-        """Write one block of ``entries`` (one ledger's, consecutive) as one SLTS write,
-        then record it."""
-        ledger_id, first = entries[0][0], entries[0][1]
-        payload = sum(len(data) for _, _, data in entries)
-        size = formats.streaming_block_size(record.block_bytes, len(entries), payload)
-        header = formats.StreamingBlockHeader(size, first, ledger_id)
-        pieces = [header.encode()]
-        frame = formats.entry_header
-        for _, entry_id, data in entries:
-            pieces.append(frame(entry_id, len(data)))
-            pieces.append(data)
-        used = formats.HEADER_SIZE + formats.ENTRY_HEADER_SIZE * len(entries) + payload
-        pieces.append(formats.padding(size - used))
+    def _write_block(self, record: StreamSegmentRecord, block: PendingBlock) -> StreamSegmentRecord:
+        """Write one block (one ledger's consecutive entries, framed as offered) as one SLTS
+        write, then record it."""
+        header, data = block.encode(record.block_bytes)
         name = segment_name(self.managed_ledger, record.id)
-        self.storage.write(self.storage.open_write(name), record.data_length, b"".join(pieces))
-        return self._commit_block(record, header, entries[-1][1], len(entries), payload)
+        self.storage.write(self.storage.open_write(name), record.data_length, data)
+        return self._commit_block(record, header, block.last, block.count, block.payload)
 
     def _close_segment(self, record: StreamSegmentRecord) -> StreamSegmentRecord:
         """Write the index object, seal both objects, record the segment COMPLETE (each
@@ -676,7 +665,7 @@ class OffloadHandle:
         record: StreamSegmentRecord,
         result: OffloadResult | None,
         *,
-        write_block: Callable[[StreamSegmentRecord, list[tuple[int, int, bytes]]], StreamSegmentRecord],
+        write_block: Callable[[StreamSegmentRecord, PendingBlock], StreamSegmentRecord],
         close_segment: Callable[[StreamSegmentRecord], StreamSegmentRecord],
         abandon: Callable[[StreamSegmentRecord], None],
     ) -> None:
@@ -692,7 +681,10 @@ class OffloadHandle:
         #: One lock: ``with self._lock`` (taken per offer, in C) and ``self._cond`` on it.
         self._lock = threading.RLock()  # re-entered: ``alive`` inside a wait's predicate
         self._cond = threading.Condition(self._lock)
-        self._buffer: deque[tuple[int, int, bytes]] = deque()
+        #: Blocks full (or cut by a new ledger), oldest first, and the block being filled.
+        self._full: deque[PendingBlock] = deque()
+        self._filling: PendingBlock | None = None
+        #: The payload of the entries in ``_full`` and ``_filling``.
         self._buffered = 0
         #: The payload of the entries offered to the segment (the size rollover counts these).
         self._segment_bytes = sum(payload for _, payload in record.ledgers.values())
@@ -758,14 +750,19 @@ class OffloadHandle:
                 if self._buffered >= offloader.buffer_bytes:
                     return OfferResult.FAIL_BUFFER_FULL
                 size = len(data)
-                self._buffer.append((ledger_id, entry_id, data))
+                block = self._filling
+                if block is None or not block.add(ledger_id, entry_id, data, offloader.block_bytes):
+                    if block is not None:
+                        self._full.append(block)
+                        self._cond.notify_all()  # a block's worth: the writer has work (not before)
+                    block = self._filling = PendingBlock(ledger_id, entry_id)
+                    taken = block.add(ledger_id, entry_id, data, offloader.block_bytes)
+                    assert taken, (ledger_id, entry_id)
                 self._buffered += size
                 self._segment_bytes += size
                 self._last_offered = (ledger_id, entry_id)
                 if self._segment_bytes >= offloader.max_segment_bytes and age >= offloader.min_segment_age_s:
                     self._start_closing()
-                elif self._buffered >= offloader.block_bytes:
-                    self._cond.notify_all()  # a block's worth: the writer has work (not before)
                 outcome = OfferResult.OK
         if self._writer is None:
             if self._ready():  # the caller's thread writes what is due
@@ -894,7 +891,7 @@ class OffloadHandle:
             block, flushing = self._take_block()
         try:
             with traffic_class(TrafficClass.OFFLOAD):  # the writer's blocks are offload traffic
-                if block:
+                if block is not None:
                     self._writing = True
                     try:
                         self._record = self._write_block(self._record, block)
@@ -904,7 +901,7 @@ class OffloadHandle:
                 with self._lock:
                     self._done_flushes = max(self._done_flushes, flushing)
                     self._cond.notify_all()
-                    if not self._closing or self._buffer:
+                    if not self._closing or self._full or self._filling is not None:
                         return wait  # idle: a thread waits for more, the caller's thread returns
                 self._record = self._close_segment(self._record)
                 with self._lock:
@@ -921,32 +918,19 @@ class OffloadHandle:
             return False
 
     def _ready(self) -> bool:
-        return (
-            self._buffered >= self._offloader.block_bytes
-            or self._closing
-            or self._flushes > self._done_flushes
-        )
+        return bool(self._full) or self._closing or self._flushes > self._done_flushes
 
-    def _take_block(self) -> tuple[list[tuple[int, int, bytes]], int]:
-        """Under the lock: the entries of the next block (one ledger's, up to
-        ``block_bytes`` of framed entries; at least one), or none if the buffer is empty
-        or holds less than a block and nobody asked to flush or close; with the flush
-        number they satisfy."""
+    def _take_block(self) -> tuple[PendingBlock | None, int]:
+        """Under the lock: the next block to write (a full one; with a flush or the close
+        asked for, the one being filled), or None; with the flush number it satisfies."""
         flushing = self._flushes
-        urgent = self._closing or self._flushes > self._done_flushes
-        if not self._buffer or (self._buffered < self._offloader.block_bytes and not urgent):
-            return [], flushing
-        buffer, popleft, limit = self._buffer, self._buffer.popleft, self._offloader.block_bytes
-        ledger_id = buffer[0][0]
-        block: list[tuple[int, int, bytes]] = []
-        used, payload = formats.HEADER_SIZE, 0
-        while buffer:  # this runs per entry, under the lock the offers take: kept lean
-            size = len(buffer[0][2])
-            if buffer[0][0] != ledger_id or (block and used + formats.ENTRY_HEADER_SIZE + size > limit):
-                break
-            block.append(popleft())
-            used += formats.ENTRY_HEADER_SIZE + size
-            payload += size
-        self._buffered -= payload
+        if self._full:
+            block: PendingBlock | None = self._full.popleft()
+        elif self._filling is not None and (self._closing or self._flushes > self._done_flushes):
+            block, self._filling = self._filling, None
+        else:
+            return None, flushing
+        assert block is not None and block.count
+        self._buffered -= block.payload
         self._cond.notify_all()
         return block, flushing

@@ -25,7 +25,10 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import operator
 import struct
+import sys
+from array import array
 
 import crc32c
 
@@ -93,21 +96,34 @@ def covering(blocks: bytes, offset: int, length: int) -> tuple[int, int, int, in
 def verify(blocks: bytes, first: int, end: int, data: bytes | memoryview, *, chunk: str, start: int) -> None:
     """Check ``data`` (the bytes of blocks ``[first, end)``, which begin at chunk offset
     ``start``) against the list. ``ChunkCorrupted`` naming the chunk and the offset of
-    the first bad block."""
-    position = 0
+    the first bad block. The blocks' checksums are computed and compared in C iteration
+    (``map``, ``array``): no Python step per block."""
     view = memoryview(data)
-    checksum = crc32c.crc32c
-    for length, crc in _PAIR.iter_unpack(blocks[first * PAIR_BYTES : end * PAIR_BYTES]):  # per block: lean
-        piece = view[position : position + length]
-        if checksum(piece) != crc or len(piece) != length:
-            raise ChunkCorrupted(
-                f"chunk {chunk!r} fails the CRC32C of its block at offset {start + position} "
-                f"({length} bytes): its bytes are not the ones written",
-                chunk=chunk,
-                offset=start + position,
-            )
-        position += length
-    assert position == len(view), (position, len(view))
+    ends = _ends(blocks)
+    base = ends[first - 1] if first else 0
+    stops = list(map(operator.sub, ends[first:end], itertools.repeat(base)))
+    assert stops, (first, end)
+    if stops[-1] != len(view):  # the chunk is shorter than its blocks say
+        raise ChunkCorrupted(
+            f"chunk {chunk!r} holds {len(view)} bytes from offset {start} where its blocks hold"
+            f" {stops[-1]}: its bytes are not the ones written",
+            chunk=chunk,
+            offset=start + min(len(view), stops[-1]),
+        )
+    got = array("I", map(crc32c.crc32c, map(view.__getitem__, map(slice, [0, *stops[:-1]], stops))))
+    want = array("I", blocks[first * PAIR_BYTES + 4 : end * PAIR_BYTES : 1])
+    if sys.byteorder == "little":
+        want.byteswap()
+    expected = want[::2]
+    if got != expected:
+        bad = next(index for index, (a, b) in enumerate(zip(got, expected, strict=True)) if a != b)
+        position = stops[bad - 1] if bad else 0
+        raise ChunkCorrupted(
+            f"chunk {chunk!r} fails the CRC32C of its block at offset {start + position} "
+            f"({stops[bad] - position} bytes): its bytes are not the ones written",
+            chunk=chunk,
+            offset=start + position,
+        )
 
 
 def joined(lists: list[bytes | None]) -> bytes | None:
