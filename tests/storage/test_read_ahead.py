@@ -24,6 +24,7 @@ The S3 side (no HEAD on the read path, ranged GETs within a chunk) is in
 
 from __future__ import annotations
 
+import mmap
 import random
 import subprocess
 import sys
@@ -348,15 +349,20 @@ def test_reads_stay_exact_while_the_layout_changes(env: Env, seed: int) -> None:
     assert stats is not None and stats.held_bytes_peak <= BUDGET
 
 
+@pytest.mark.parametrize("call", ["read", "read_view"])
 @pytest.mark.parametrize("seed", range(3))
-def test_concurrent_readers_get_exact_bytes_while_the_owner_changes_the_layout(env: Env, seed: int) -> None:
+def test_concurrent_readers_get_exact_bytes_while_the_owner_changes_the_layout(
+    env: Env, seed: int, call: str
+) -> None:
     """Invariant 1 with threads: two readers (one on the owner, one on a read-only
     instance) read a segment in order, jumping to another place now and then (each jump
     starts a stream whose parts overlap the older streams' parts of the same chunks),
     while the owner appends, concatenates, truncates, defragments and collects. Every
     read returns exactly the model's bytes, or ``SegmentTruncated`` below the start (it
     once returned a piece longer than asked for: an ``AssertionError``, and under ``-O``
-    wrong bytes)."""
+    wrong bytes). With ``read_view`` (views of the chunk files' mappings on the
+    filesystem), the views kept meanwhile still hold their bytes after GC deleted the
+    chunks they were cut from."""
     owner = env.open(**AHEAD, gc_delay_s=0.0)
     observer = ChunkedSegmentStorage(0, None, env.binding, env.store, StorageConfig(**AHEAD), read_only=True)
     env.instances.append(observer)
@@ -365,6 +371,7 @@ def test_concurrent_readers_get_exact_bytes_while_the_owner_changes_the_layout(e
     stop = threading.Event()
     failures: list[BaseException] = []
     reads = [0, 0]
+    kept: list[tuple[memoryview | bytes, bytes]] = []
 
     def read_along(storage: ChunkedSegmentStorage, index: int) -> None:
         rng = random.Random(seed * 10 + index)
@@ -379,12 +386,14 @@ def test_concurrent_readers_get_exact_bytes_while_the_owner_changes_the_layout(e
                 if size <= 0:
                     continue
                 try:
-                    data = storage.read(handle, position, size)
+                    data = getattr(storage, call)(handle, position, size)
                 except SegmentTruncated:
                     continue
                 # The model only grows and is extended before the owner commits: the bytes
                 # below any committed length are final.
                 assert data == model[position : position + size], (index, position, size, len(data))
+                if reads[index] % 4 == 0:
+                    kept.append((data, bytes(model[position : position + size])))
                 position += size
                 reads[index] += 1
         except BaseException as exc:
@@ -427,6 +436,11 @@ def test_concurrent_readers_get_exact_bytes_while_the_owner_changes_the_layout(e
         raise failures[0]
     assert all(count > 0 for count in reads), reads
     assert verify_segment(owner, "s", checksums=True) == []
+    env.clock.advance(1.0)
+    owner.gc.run_once()  # the chunks of the kept views' ranges go, if they left the layout
+    assert kept and all(data == expected for data, expected in kept)
+    mapped = [data for data, _ in kept if isinstance(data, memoryview) and isinstance(data.obj, mmap.mmap)]
+    assert (call == "read_view") == bool(mapped), (call, len(mapped), len(kept))
 
 
 retry_env = env_fixture([("filesystem", "lmdb"), ("s3", "lmdb")])
