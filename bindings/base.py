@@ -129,6 +129,9 @@ class ChunkStorage(abc.ABC):
     #: high first-byte latency (an object store), so the engine reads ahead for sequential
     #: readers by default (``StorageConfig.read_ahead_bytes``).
     high_latency_reads: bool = False
+    #: Another hint: ``read_view`` answers with views of the stored bytes themselves (the
+    #: filesystem maps its files): holding a large view costs the process no memory.
+    maps_reads: bool = False
 
     #: The URL this binding was built from; executors rebuild the binding from it.
     url: str = ""
@@ -343,6 +346,7 @@ class WrappedChunkStorage(ChunkStorage):
         self.supports_truncate = inner.supports_truncate
         self.supports_readonly = inner.supports_readonly
         self.high_latency_reads = inner.high_latency_reads
+        self.maps_reads = inner.maps_reads
         self.counts_own_requests = inner.counts_own_requests
 
     def observe_requests(self, observer: RequestObserver | None) -> None:

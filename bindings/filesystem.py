@@ -166,6 +166,7 @@ class FileSystemChunkStorage(ChunkStorage):
     supports_concat = True
     supports_truncate = True
     supports_readonly = True
+    maps_reads = True  # ``read_view``: slices of the files' shared mappings (``mapped_reads``)
 
     def __init__(self, root: str, url: str | None = None) -> None:
         if not root:

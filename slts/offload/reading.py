@@ -22,7 +22,9 @@ What both hand out, and how:
   the handle holds it.
 - **Read-ahead.** PIP-17: a range starts on the SLTS checksum grid and holds at least
   ``read_ahead_bytes`` (Pulsar's ``readBufferSize``); each range that goes on where the
-  last one stopped is twice as large, up to ``read_ahead_max_bytes``; a read elsewhere
+  last one stopped is twice as large, up to ``read_ahead_max_bytes`` (by default 8 MiB
+  where ranges are views of mapped chunk files, which cost no memory to hold, else 2 MiB:
+  the cache then holds at most 8 MiB of copies); a read elsewhere
   starts over at ``read_ahead_bytes``. A range goes on exactly after the last one (the
   frame cut by a range's end is completed from the next), so a sequential reader reads
   every stored byte once. PIP-76: a block (at least 5 MiB) is the unit read.
@@ -70,8 +72,11 @@ from slts.storage.types import SegmentHandle
 CACHE_RANGES_DEFAULT = 4
 #: Whole blocks (PIP-76) a handle keeps parsed.
 CACHE_BLOCKS_DEFAULT = 4
-#: The largest range a sequential PIP-17 reader's read-ahead grows to.
-READ_AHEAD_MAX_BYTES_DEFAULT = 8 << 20
+#: The largest range a sequential PIP-17 reader's read-ahead grows to: ranges read as views
+#: of the chunk files' pages (``read_views_mapped``) cost no memory to hold, so they grow
+#: further (fewer reads, each with its fixed cost) than copies, which the cache holds.
+READ_AHEAD_MAX_BYTES_MAPPED = 8 << 20
+READ_AHEAD_MAX_BYTES_COPIED = 2 << 20
 
 
 class _Closable:
@@ -152,12 +157,15 @@ class OffloadedLedger(_Closable):
         metadata: LedgerMetadata,
         *,
         read_ahead_bytes: int,
-        read_ahead_max_bytes: int = READ_AHEAD_MAX_BYTES_DEFAULT,
+        read_ahead_max_bytes: int | None = None,
         cache_ranges: int = CACHE_RANGES_DEFAULT,
     ) -> None:
         assert read_ahead_bytes > 0 and cache_ranges > 0, (read_ahead_bytes, cache_ranges)
         self._storage = storage
         self._read_ahead = read_ahead_bytes
+        if read_ahead_max_bytes is None:
+            mapped = storage.read_views_mapped
+            read_ahead_max_bytes = READ_AHEAD_MAX_BYTES_MAPPED if mapped else READ_AHEAD_MAX_BYTES_COPIED
         self._read_ahead_max = max(read_ahead_bytes, read_ahead_max_bytes)
         self._ahead = read_ahead_bytes
         self._align = storage.config.checksum_block_bytes

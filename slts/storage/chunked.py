@@ -898,6 +898,13 @@ class ChunkedSegmentStorage:
         data = self._read(handle, offset, length, mapped=self.config.read_mapped)
         return data if isinstance(data, memoryview) else memoryview(data)
 
+    @property
+    def read_views_mapped(self) -> bool:
+        """Whether ``read_view`` answers with views of the chunk files' own pages (the
+        binding maps its files and ``read_mapped`` is on): a large view then costs the
+        process no memory to hold."""
+        return self.config.read_mapped and self.chunk_storage.maps_reads
+
     def _read(self, handle: SegmentHandle, offset: int, length: int, *, mapped: bool) -> bytes | memoryview:
         """``read`` and ``read_view``: the checks, the read, one retry over a changed layout."""
         self._check_open()

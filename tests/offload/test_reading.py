@@ -128,6 +128,27 @@ def test_small_payloads_are_bytes_copies_in_runs_and_alone(env: Env, kind: str, 
     assert handle.read(5, 5) == [payloads[5]] and handle.read(299, 301) == payloads[299:302]
 
 
+@pytest.mark.parametrize("mapped", [True, False])
+def test_ranges_grow_past_2_mib_only_where_they_are_views_of_mapped_files(env: Env, mapped: bool) -> None:
+    """Ranges of mapped chunk files cost no memory to hold, so a sequential reader's grow
+    to 8 MiB; copies (S3, HDFS, ``read_mapped`` off) stop at 2 MiB: the cache of 4 ranges
+    holds at most about 8 MiB of them."""
+    storage = env.open(read_mapped=mapped)
+    expect_mapped = mapped and storage.chunk_storage.maps_reads
+    assert storage.read_views_mapped == expect_mapped
+    payloads = [bytes([i % 251]) * (64 << 10) for i in range(400)]  # 25 MiB
+    handle = offloaded(storage, payloads, max_block_bytes=64 << 20, read_ahead_bytes=1 << 20)
+    largest = 0
+    for first in range(0, 400, 16):
+        assert handle.read(first, first + 15) == payloads[first : first + 16]
+        largest = max(largest, handle.cached_bytes)
+    slack = 4 * 2 * storage.config.checksum_block_bytes  # each range ends on the checksum grid
+    if expect_mapped:
+        assert largest > 4 * (2 << 20) + slack, largest
+    else:
+        assert largest <= 4 * (2 << 20) + slack, largest
+
+
 # -- close -----------------------------------------------------------------------------------------
 
 
