@@ -70,7 +70,7 @@ FORMAT_VERSION = "1"
 INT32_MAX = (1 << 31) - 1
 
 _BLOCK_HEADER = struct.Struct(">Iqqq")
-ENTRY_HEADER = _ENTRY_HEADER = struct.Struct(">iq")  # (payload length i32, entry id i64)
+ENTRY_HEADER = struct.Struct(">iq")  # (payload length i32, entry id i64)
 _INDEX_HEADER = struct.Struct(">Iiqqii")
 _INDEX_ENTRY = struct.Struct(">qiq")
 _BLOCK_HEADER_ZEROS = bytes(HEADER_SIZE - _BLOCK_HEADER.size)
@@ -79,7 +79,7 @@ _STREAMING_HEADER_ZEROS = bytes(HEADER_SIZE - _STREAMING_HEADER.size)
 _STREAMING_INDEX_HEADER = struct.Struct(">Iiqq")
 _LEDGER_GROUP = struct.Struct(">qii")
 
-assert _ENTRY_HEADER.size == ENTRY_HEADER_SIZE and _INDEX_ENTRY.size == 20 and _BLOCK_HEADER.size == 28
+assert ENTRY_HEADER.size == ENTRY_HEADER_SIZE and _INDEX_ENTRY.size == 20 and _BLOCK_HEADER.size == 28
 
 
 class BlockHeader(NamedTuple):
@@ -120,7 +120,7 @@ def parse_block_header(data: bytes | memoryview, *, name: str = "", offset: int 
 def entry_header(entry_id: int, payload_length: int) -> bytes:
     """The 12 bytes that frame an entry in a block (its payload follows them)."""
     assert entry_id >= 0 and 0 <= payload_length <= INT32_MAX
-    return _ENTRY_HEADER.pack(payload_length, entry_id)
+    return ENTRY_HEADER.pack(payload_length, entry_id)
 
 
 def padding(length: int) -> bytes:
@@ -181,7 +181,7 @@ def streaming_block_size(min_block_bytes: int, entries: int, payload_bytes: int)
 def parse_entry_header(data: bytes | memoryview) -> tuple[int, int]:
     """(length, entry id) of the entry framing at the start of ``data`` (12 bytes). A
     negative length is the fill pattern (it begins with 0xFE), as Pulsar's readers decide."""
-    length, entry_id = _ENTRY_HEADER.unpack_from(data)
+    length, entry_id = ENTRY_HEADER.unpack_from(data)
     return length, entry_id
 
 

@@ -33,8 +33,9 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from slts.errors import InvalidOffloadObject
+from slts.offload import formats
 
-_HEADER = struct.Struct(">iq")
+_HEADER = formats.ENTRY_HEADER  # [length i32][entry id i64]
 HEADER_BYTES = _HEADER.size
 #: Fewest frames checked as a run (below it the plain walk is cheaper).
 RUN_MIN = 8

@@ -561,9 +561,9 @@ class StreamingLedgerHandle(_Closable):
                 object=name,
                 offset=offset,
             )
-        view, runs = block, Runs()
+        runs = Runs()
         frames = parse_frames(
-            view,
+            block,
             formats.HEADER_SIZE,
             length,
             length,
@@ -574,10 +574,10 @@ class StreamingLedgerHandle(_Closable):
             base=offset,
         ).checked()
         assert frames.done, (name, offset)
-        self._cache[number] = view, runs
+        self._cache[number] = block, runs
         while len(self._cache) > self._capacity:
             self._cache.popitem(last=False)
-        return view, runs
+        return block, runs
 
     def _segment_handle(self, number: int) -> tuple[str, SegmentHandle]:
         """The name and a read handle of the segment holding block ``number``."""

@@ -755,9 +755,7 @@ class OffloadHandle:
                     if block is not None:
                         self._full.append(block)
                         self._cond.notify_all()  # a block's worth: the writer has work (not before)
-                    block = self._filling = PendingBlock(ledger_id, entry_id)
-                    taken = block.add(ledger_id, entry_id, data, offloader.block_bytes)
-                    assert taken, (ledger_id, entry_id)
+                    self._filling = PendingBlock(ledger_id, entry_id, data)
                 self._buffered += size
                 self._segment_bytes += size
                 self._last_offered = (ledger_id, entry_id)
@@ -930,7 +928,7 @@ class OffloadHandle:
             block, self._filling = self._filling, None
         else:
             return None, flushing
-        assert block is not None and block.count
+        assert block is not None
         self._buffered -= block.payload
         self._cond.notify_all()
         return block, flushing
