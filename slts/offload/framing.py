@@ -20,20 +20,33 @@ and compared, in C, with the headers the run must have (its length, and the ids 
 up); the first that differs ends the run and is parsed one by one. Frames of varying
 sizes fall back to one ``struct`` call per frame, and runs are then probed only now and
 then, so a block of mixed sizes costs no more than the plain walk.
+
+The walk and the payloads have a compiled twin, ``slts.offload._framing`` (a small C
+extension, built at install where a C compiler is at hand): a step per frame in C, and
+every payload handed out as a ``Payload``, a read-only view that costs a small object (no
+copy, no garbage-collector tracking: the two costs that make the pure-Python code copy
+small payloads and view large ones). ``NATIVE`` is that module, or None where it is not
+built (or ``SLTS_PURE_PYTHON=1`` is set); the Python code is the reference, and the tests
+run every case through both and compare what they find.
 """
 
 from __future__ import annotations
 
 import bisect
 import functools
+import os
 import struct
 import sys
 from array import array
 from collections.abc import Sequence
-from typing import NamedTuple
+from types import ModuleType
+from typing import TYPE_CHECKING, NamedTuple
 
 from slts.errors import InvalidOffloadObject
 from slts.offload import formats
+
+if TYPE_CHECKING:
+    from slts.offload.ledgers import Entry
 
 _HEADER = formats.ENTRY_HEADER  # [length i32][entry id i64]
 HEADER_BYTES = _HEADER.size
@@ -42,6 +55,29 @@ RUN_MIN = 8
 #: Frames walked one by one after a run probe found fewer than ``RUN_MIN`` frames alike.
 WALK_AFTER_MISS = 64
 
+
+#: Outcomes of a walk over frames (``_walk``, and the compiled ``walk``): the entries end; the
+#: next frame lies past the bytes at hand; the frame at the position is damaged.
+WALK_DONE, WALK_MORE, WALK_DAMAGED = 0, 1, 2
+
+
+def _native() -> ModuleType | None:
+    if os.environ.get("SLTS_PURE_PYTHON") == "1":
+        return None
+    try:
+        from slts.offload import _framing  # optional: compiled at install
+    except ImportError:
+        return None
+    assert (_framing.WALK_DONE, _framing.WALK_MORE, _framing.WALK_DAMAGED) == (
+        WALK_DONE,
+        WALK_MORE,
+        WALK_DAMAGED,
+    )
+    return _framing
+
+
+#: The compiled walk and copy (module doc), or None: the Python code does the work.
+NATIVE = _native()
 
 #: Payloads up to this size leave as ``bytes`` copies, larger ones as views (module doc).
 COPY_BYTES_MAX = 4096
@@ -71,7 +107,7 @@ class Runs:
         self.starts = array("q")
         self.strides = array("q")
         self.lengths = array("q")
-        self.extra: dict[int, bytes | memoryview] = {}
+        self.extra: dict[int, Entry] = {}
 
     def __len__(self) -> int:
         return self.counts[-1] + self.ids[-1] - self.ids[0] if self.ids else 0
@@ -91,16 +127,28 @@ class Runs:
         self.strides.append(stride)
         self.lengths.append(length)
 
-    def add_extra(self, entry: int, payload: bytes | memoryview) -> None:
+    def add_packed(self, packed: bytes) -> None:
+        """The runs of the compiled walk: native int64 quintuples (first id, count, start,
+        stride, length), following the last ones."""
+        table = array("q")
+        table.frombytes(packed)
+        assert len(table) % 5 == 0 and (not self.ids or table[0] == self.ids[-1] + self.counts[-1])
+        self.ids += table[0::5]
+        self.counts += table[1::5]
+        self.starts += table[2::5]
+        self.strides += table[3::5]
+        self.lengths += table[4::5]
+
+    def add_extra(self, entry: int, payload: Entry) -> None:
         """Entry ``entry`` (following the last ones), whose payload is ``payload``."""
         self.add(entry, 1, 0, 0, -1)
         self.extra[entry] = payload
 
-    def payloads(self, view: memoryview, first: int, last: int, out: list[bytes | memoryview]) -> int:
+    def payloads(self, view: memoryview, first: int, last: int, out: list[Entry]) -> int:
         """Append the payloads of entries ``first..last`` held here (up to the table's last
-        one) to ``out``, cut from ``view``: those of at most ``COPY_BYTES_MAX`` bytes as
-        ``bytes`` copies, larger ones as slices of ``view`` (module doc); return the id
-        after the last appended."""
+        one) to ``out``, cut from ``view``: with ``NATIVE`` as ``Payload`` views, else those
+        of at most ``COPY_BYTES_MAX`` bytes as ``bytes`` copies and larger ones as slices of
+        ``view`` (module doc); return the id after the last appended."""
         ids, counts, starts, strides, lengths = self.ids, self.counts, self.starts, self.strides, self.lengths
         run = bisect.bisect_right(ids, first) - 1
         assert run >= 0, (first, ids[:1])
@@ -113,6 +161,8 @@ class Runs:
             count = until - entry + 1
             if length < 0:
                 out.append(self.extra[entry])
+            elif NATIVE is not None:  # zero-copy Payloads, every size
+                NATIVE.views(view, at, stride, length, count, out)
             elif length > COPY_BYTES_MAX:
                 out += [view[a : a + length] for a in range(at, at + count * stride, stride)]
             elif count < RUN_MIN:  # a few: one copy each (a layout per count and length would not pay)
@@ -169,6 +219,62 @@ def parse_frames(
     block should have ended after ``count``."""
     assert 0 <= position <= limit <= len(view), (position, limit, len(view))
     limit = min(limit, block_end)
+    if NATIVE is not None:
+        packed, found, position, outcome = NATIVE.walk(
+            view, position, limit, block_end, first, count if count is not None else -1
+        )
+        if packed:
+            runs.add_packed(packed)
+    else:
+        found, position, outcome = _walk(view, position, limit, block_end, first, count, runs)
+    expected = first + found
+    if outcome == WALK_MORE:
+        return Frames(found, position, False)
+    if outcome == WALK_DAMAGED:
+        length, entry_id = _HEADER.unpack_from(view, position)
+        return _damaged(
+            found,
+            position,
+            InvalidOffloadObject(
+                f"offload object {name!r} at byte {base + position}: entry {entry_id} of {length}"
+                f" bytes where entry {expected} was expected within the block ending at byte"
+                f" {base + block_end}",
+                object=name,
+                offset=base + position,
+            ),
+        )
+    if count is not None and found < count:
+        return _damaged(
+            found,
+            position,
+            InvalidOffloadObject(
+                f"offload object {name!r} at byte {base + position}: the block ends after entry"
+                f" {expected - 1}, its index or record says it holds entries up to {first + count - 1}",
+                object=name,
+                offset=base + position,
+            ),
+        )
+    if count is not None and position + HEADER_BYTES <= limit and _HEADER.unpack_from(view, position)[0] >= 0:
+        return _damaged(
+            found,
+            position,
+            InvalidOffloadObject(
+                f"offload object {name!r} at byte {base + position}: a frame after entry {expected - 1},"
+                " the last its index or record gives the block",
+                object=name,
+                offset=base + position,
+            ),
+        )
+    return Frames(found, position, True)
+
+
+def _walk(
+    view: memoryview, position: int, limit: int, block_end: int, first: int, count: int | None, runs: Runs
+) -> tuple[int, int, int]:
+    """The walk of ``parse_frames`` (``limit`` at most ``block_end``), in Python: add the
+    frames from ``position`` to ``runs``; return how many, the position after them and the
+    outcome (``WALK_DONE``, ``WALK_MORE``, or ``WALK_DAMAGED`` for the frame at the
+    position). The compiled ``walk`` answers the same."""
     expected = first
     remaining = count if count is not None else -1
     walk = 0  # frames to walk one by one before the next run probe
@@ -176,26 +282,16 @@ def parse_frames(
     while remaining:
         if position + HEADER_BYTES > limit:
             if limit < block_end and position + HEADER_BYTES <= block_end:
-                return Frames(expected - first, position, False)  # the header is in the next bytes
+                return expected - first, position, WALK_MORE  # the header is in the next bytes
             break  # the block ends here
         length, entry_id = _HEADER.unpack_from(view, position)
         if length < 0:  # the fill pattern
             break
         end = position + HEADER_BYTES + length
         if entry_id != expected or end > block_end:
-            return _damaged(
-                expected - first,
-                position,
-                InvalidOffloadObject(
-                    f"offload object {name!r} at byte {base + position}: entry {entry_id} of {length}"
-                    f" bytes where entry {expected} was expected within the block ending at byte"
-                    f" {base + block_end}",
-                    object=name,
-                    offset=base + position,
-                ),
-            )
+            return expected - first, position, WALK_DAMAGED
         if end > limit:
-            return Frames(expected - first, position, False)
+            return expected - first, position, WALK_MORE
         stride = HEADER_BYTES + length
         fits = (limit - position) // stride
         candidates = fits if remaining < 0 else min(fits, remaining)
@@ -212,29 +308,7 @@ def parse_frames(
         position += taken * stride
         expected += taken
         remaining -= taken
-    if count is not None and remaining:
-        return _damaged(
-            expected - first,
-            position,
-            InvalidOffloadObject(
-                f"offload object {name!r} at byte {base + position}: the block ends after entry"
-                f" {expected - 1}, its index or record says it holds entries up to {first + count - 1}",
-                object=name,
-                offset=base + position,
-            ),
-        )
-    if count is not None and position + HEADER_BYTES <= limit and _HEADER.unpack_from(view, position)[0] >= 0:
-        return _damaged(
-            expected - first,
-            position,
-            InvalidOffloadObject(
-                f"offload object {name!r} at byte {base + position}: a frame after entry {expected - 1},"
-                " the last its index or record gives the block",
-                object=name,
-                offset=base + position,
-            ),
-        )
-    return Frames(expected - first, position, True)
+    return expected - first, position, WALK_DONE
 
 
 def _damaged(count: int, position: int, error: InvalidOffloadObject) -> Frames:

@@ -3,10 +3,10 @@ shape), and two sources that have it: a ledger in memory and a ledger in a local
 
 A handle has ``ledger_id``, ``last_entry_id`` (-1: empty), ``length`` (payload bytes),
 ``closed``, ``metadata`` and ``read(first, last)``, which returns the payloads of entries
-``first..last`` inclusive (``Entry``: ``bytes``, or ``memoryview`` for the offloaded
-ledgers' handles) and raises ``EntryOutOfRange`` outside ``[0, last_entry_id]``. The
-offloaded ledger's own handles (``slts.offload.reading``) have the same shape, so a
-reader cannot tell them apart.
+``first..last`` inclusive (``Entry``: ``bytes``, or a read-only view for the offloaded
+ledgers' handles: a ``memoryview`` or the compiled framer's ``Payload``) and raises
+``EntryOutOfRange`` outside ``[0, last_entry_id]``. The offloaded ledger's own handles
+(``slts.offload.reading``) have the same shape, so a reader cannot tell them apart.
 """
 
 from __future__ import annotations
@@ -15,14 +15,24 @@ import dataclasses
 import os
 import struct
 from collections.abc import Sequence
-from typing import BinaryIO, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, BinaryIO, Protocol, TypeAlias, runtime_checkable
 
 from slts.errors import EntryOutOfRange, InvalidArgument, InvalidOffloadObject
+from slts.offload import framing
 from slts.offload.ledger_metadata import LedgerMetadata
 
-#: An entry's payload as a read handle returns it: ``bytes``, or a ``memoryview`` of a
-#: buffer the handle read (the offloaded ledgers' handles, ``slts.offload.reading``).
-Entry = bytes | memoryview
+if TYPE_CHECKING:
+    from slts.offload._framing import Payload
+
+#: An entry's payload as a read handle returns it: ``bytes``, or a read-only view of a
+#: buffer the handle read (the offloaded ledgers' handles, ``slts.offload.reading``): a
+#: ``memoryview``, or a ``Payload`` where the compiled framer is built.
+Entry: TypeAlias = "bytes | memoryview | Payload"
+
+#: The types an ``Entry`` may have (for checks of what a source handle returns).
+ENTRY_TYPES: tuple[type, ...] = (bytes, memoryview) + (
+    (framing.NATIVE.Payload,) if framing.NATIVE is not None else ()
+)
 
 #: Largest ledger id and entry id (Java longs).
 ID_MAX = (1 << 63) - 1

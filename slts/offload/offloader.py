@@ -44,7 +44,7 @@ from slts.metadata.schema import OFFLOAD_LEDGERS
 from slts.metadata.store import Delete, Expect, Put, prefix_stop, scan_all
 from slts.offload import formats
 from slts.offload.ledger_metadata import decode_ledger_metadata, encode_ledger_metadata
-from slts.offload.ledgers import Entry, LedgerReadHandle, check_ledger_id
+from slts.offload.ledgers import ENTRY_TYPES, Entry, LedgerReadHandle, check_ledger_id
 from slts.offload.names import data_name, index_name
 from slts.offload.reading import OffloadedLedger
 from slts.offload.records import OffloadRecord, OffloadState, ledger_prefix, record_key
@@ -343,7 +343,7 @@ class _EntrySource:
         if not self._pending:
             last = min(self.next_id + ENTRIES_PER_READ - 1, self._handle.last_entry_id)
             read = self._handle.read(self.next_id, last)
-            wrong = [e for e in read if not isinstance(e, (bytes, memoryview))]
+            wrong = [e for e in read if not isinstance(e, ENTRY_TYPES)]
             if len(read) != last - self.next_id + 1 or wrong:
                 raise InvalidArgument(
                     f"ledger {self._handle.ledger_id}: read({self.next_id}, {last}) returned"

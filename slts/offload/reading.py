@@ -9,12 +9,16 @@ What both hand out, and how:
 
 - **Entries.** ``read`` returns a list of bytes-like payloads cut from the bytes the
   handle read with ``read_view`` (on the filesystem binding, the chunk file's own pages,
-  ``slts.bindings.mapped_reads``): a payload of up to 4 KiB is a ``bytes`` copy (one C
-  call copies a run of them), a larger one a read-only ``memoryview`` slice, no copy
-  (``slts.offload.framing`` says why). A view compares equal to the ``bytes`` of the
+  ``slts.bindings.mapped_reads``). With the compiled framer (built at install, the
+  default) every payload is a ``Payload``: a read-only view, no copy, made for the cost of
+  a small object and not tracked by the garbage collector (as Pulsar hands out slices of
+  the buffer it read). Without it (``slts.offload.framing``), a payload of up to 4 KiB is
+  a ``bytes`` copy (one C call copies a run of them), a larger one a read-only
+  ``memoryview`` slice. A view compares equal to (and hashes as) the ``bytes`` of the
   same payload and works wherever a bytes-like object does; it keeps what it was cut
-  from alive (the range read, or the chunk's mapping): ``bytes(entry)`` keeps the payload
-  alone. An entry of a PIP-17 ledger that straddles two ranges read is one ``bytes`` copy.
+  from alive (the range read, or the chunk's mapping, even once the object is deleted):
+  ``bytes(entry)`` keeps the payload alone. An entry of a PIP-17 ledger that straddles
+  two ranges read is one ``bytes`` copy.
 - **A bounded cache per handle.** The entries of a range read are parsed once (frames
   checked, ``slts.offload.framing``) and kept, with their views, in a least-recently-used
   cache of ``cache_ranges`` ranges (PIP-17) or ``cache_blocks`` whole blocks (PIP-76). A
@@ -329,7 +333,7 @@ class OffloadedLedger(_Closable):
         expected, at_header = cursor.expected, cursor.at_header
         assert head_start == position or not len(head), (head_start, position)
 
-        def piece(at: int, size: int) -> Entry:
+        def piece(at: int, size: int) -> bytes | memoryview:
             if at >= start:
                 return buffer[at - start : at - start + size]
             if at + size <= start:
@@ -396,7 +400,7 @@ class OffloadedLedger(_Closable):
             rest = memoryview(head[position - head_start :].tobytes() + buffer.tobytes())
         return after, rest
 
-    def _check_header(self, number: int, data: Entry, expected: int) -> None:
+    def _check_header(self, number: int, data: bytes | memoryview, expected: int) -> None:
         """Check block ``number``'s header against the index and ``expected`` (the entry
         id the block must begin with)."""
         entry = self._index.entries[number]

@@ -25,7 +25,7 @@ from slts.errors import (
     OffloadNotFound,
     StorageClosed,
 )
-from slts.offload import formats
+from slts.offload import formats, framing
 from slts.offload.framing import COPY_BYTES_MAX, Runs, parse_frames
 from slts.offload.ledgers import Entry, MemoryLedger
 from slts.offload.names import data_name, segment_name
@@ -103,27 +103,34 @@ def as_bytes(entries: list[Entry]) -> list[bytes]:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_entries_are_views_equal_to_the_payloads(env: Env, kind: str) -> None:
+def test_entries_are_views_equal_to_the_payloads(env: Env, kind: str, framer: str) -> None:
+    """Payloads over COPY_BYTES_MAX are read-only views, no copy: Payloads of the compiled
+    framer, memoryview slices of the pure-Python one."""
     payloads = [payload + bytes(COPY_BYTES_MAX) for payload in random_entries(100, seed=1)]
     assert min(map(len, payloads)) > COPY_BYTES_MAX
     handle = open_handle(kind, env.open(), payloads)
     entries = handle.read(0, 99)
-    assert all(isinstance(entry, memoryview) and entry.readonly for entry in entries)
+    view_type = framing.NATIVE.Payload if framer == "native" else memoryview
+    assert all(type(entry) is view_type and memoryview(entry).readonly for entry in entries)
     assert entries == payloads, "a view compares equal to the bytes of its payload"
     assert as_bytes(entries) == payloads
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("size", [1, 1000, COPY_BYTES_MAX])
-def test_small_payloads_are_bytes_copies_in_runs_and_alone(env: Env, kind: str, size: int) -> None:
-    """Payloads up to COPY_BYTES_MAX leave as bytes (a run of one size copied in C, the
-    odd ones one by one), each equal to its payload."""
+def test_small_payloads_are_payload_views_or_bytes_copies(
+    env: Env, kind: str, size: int, framer: str
+) -> None:
+    """Payloads up to COPY_BYTES_MAX leave as Payload views (the compiled framer) or as bytes
+    (the pure-Python one: a run of one size copied in C, the odd ones one by one), each
+    equal to its payload."""
     rng = random.Random(size)
     payloads = [rng.randbytes(size) for _ in range(300)]
     payloads += [rng.randbytes(rng.randint(0, size)) for _ in range(20)]
     handle = open_handle(kind, env.open(), payloads)
     entries = handle.read(0, len(payloads) - 1)
-    assert all(type(entry) is bytes for entry in entries), {type(entry) for entry in entries}
+    want = framing.NATIVE.Payload if framer == "native" else bytes
+    assert all(type(entry) is want for entry in entries), {type(entry) for entry in entries}
     assert entries == payloads
     assert handle.read(5, 5) == [payloads[5]] and handle.read(299, 301) == payloads[299:302]
 
@@ -231,7 +238,7 @@ def test_random_ranges_across_two_segments_read_exact_bytes_and_each_block_once(
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_sequential_reader_reads_every_stored_byte_once(env: Env, kind: str) -> None:
+def test_a_sequential_reader_reads_every_stored_byte_once(env: Env, kind: str, framer: str) -> None:
     storage = env.open()
     payloads = random_entries(3000, seed=7)
     handle = open_handle(kind, storage, payloads)
@@ -255,7 +262,7 @@ def boundary_payloads() -> list[bytes]:
     return [rng.randbytes(size) for size in sizes]
 
 
-def test_reads_at_range_boundaries_forwards_backwards_and_jumping(env: Env) -> None:
+def test_reads_at_range_boundaries_forwards_backwards_and_jumping(env: Env, framer: str) -> None:
     """BlobStoreBackedInputStreamTest's facts for a cached ranged reader: reading exactly
     at range boundaries, seeking backwards and forwards, reading past the end."""
     storage = env.open()
@@ -336,7 +343,7 @@ def test_threads_reading_one_handle_get_their_exact_entries(
 # -- damage --------------------------------------------------------------------------------------------
 
 
-def test_a_damaged_frame_inside_a_run_of_one_size_is_refused_where_it_is(env: Env) -> None:
+def test_a_damaged_frame_inside_a_run_of_one_size_is_refused_where_it_is(env: Env, framer: str) -> None:
     """Frames of one length are checked as a run: one entry id changed in the middle of a
     run is InvalidOffloadObject naming its offset; the entries before it read fine."""
     storage = env.open(checksums=False, verify_checksums_on_read=False)  # SLTS's own check would come first
@@ -358,7 +365,7 @@ def test_a_damaged_frame_inside_a_run_of_one_size_is_refused_where_it_is(env: En
     assert caught.value.offset == position
 
 
-def test_a_streaming_block_with_a_frame_past_its_end_is_refused(env: Env) -> None:
+def test_a_streaming_block_with_a_frame_past_its_end_is_refused(env: Env, framer: str) -> None:
     storage = env.open(checksums=False, verify_checksums_on_read=False)
     payloads = [b"z" * 100] * 30
     offloader = streamed(storage, payloads, block_bytes=1 << 20)
@@ -405,7 +412,7 @@ def parsed(block: bytes, first: int, count: int | None, limit: int | None = None
 
 
 @pytest.mark.parametrize("shape", ["one size", "sizes", "runs and strays", "odd stride"])
-def test_the_frame_parser_finds_every_payload_and_refuses_damage(shape: str) -> None:
+def test_the_frame_parser_finds_every_payload_and_refuses_damage(shape: str, framer: str) -> None:
     rng = random.Random(shape)
     for _ in range(60):
         count = rng.randrange(1, 400)

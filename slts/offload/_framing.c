@@ -1,0 +1,379 @@
+/* The hot loops of slts.offload.framing, compiled: the walk over a block's entry frames
+ * ([length i32][entry id i64][payload], big-endian), and the payloads of a run handed out
+ * as `Payload` objects: read-only, zero-copy views of the bytes read, made for the cost of
+ * a small object each (a memoryview slice costs several times more and is tracked by the
+ * garbage collector, which scans it in every collection that reaches it).
+ *
+ * The pure-Python module is the reference and stays: this extension is optional (built
+ * when a C compiler is at hand, `framing.NATIVE` says whether it is in use) and must
+ * answer exactly as the Python code does; tests/offload/test_framing.py runs every case
+ * through both. Nothing here keeps a reference or a pointer past the call that got it.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define HEADER_BYTES 12
+
+/* Outcomes of walk (framing.WALK_*). */
+#define WALK_DONE 0    /* the entries end: count reached, the fill pattern or the block's end */
+#define WALK_MORE 1    /* the next frame lies (partly) past the bytes at hand */
+#define WALK_DAMAGED 2 /* the frame at the position has another id or ends past the block */
+
+static inline int64_t load_be(const unsigned char *p, int width)
+{
+    uint64_t value = 0;
+    for (int i = 0; i < width; i++) {
+        value = (value << 8) | p[i];
+    }
+    if (width == 4) {
+        return (int64_t)(int32_t)(uint32_t)value;
+    }
+    return (int64_t)value;
+}
+
+/* A growable table of int64 quintuples (first id, count, start, stride, length). */
+typedef struct {
+    int64_t *items;
+    Py_ssize_t used; /* int64 items, a multiple of 5 */
+    Py_ssize_t size;
+} RunTable;
+
+static int runs_add(RunTable *t, int64_t first, int64_t start, int64_t stride, int64_t length)
+{
+    if (t->used) { /* a frame of the last run's length right after it extends that run */
+        int64_t *last = t->items + t->used - 5;
+        if (last[4] == length && last[3] == stride && last[2] + last[1] * stride == start) {
+            last[1] += 1;
+            return 0;
+        }
+    }
+    if (t->used + 5 > t->size) {
+        Py_ssize_t size = t->size ? t->size * 2 : 80;
+        int64_t *items = PyMem_Realloc(t->items, (size_t)size * sizeof(int64_t));
+        if (items == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        t->items = items;
+        t->size = size;
+    }
+    int64_t *row = t->items + t->used;
+    row[0] = first;
+    row[1] = 1;
+    row[2] = start;
+    row[3] = stride;
+    row[4] = length;
+    t->used += 5;
+    return 0;
+}
+
+PyDoc_STRVAR(walk_doc,
+"walk(buffer, position, limit, block_end, first, remaining) -> (runs, found, position, outcome)\n\n"
+"Walk the frames of one block from `position`, ids from `first`, at most `remaining` of\n"
+"them (-1: no bound), reading below `limit` (<= block_end) only. `runs`: bytes of native\n"
+"int64 quintuples (first id, count, payload start, stride, payload length), one per run\n"
+"of frames of one length; `found`: the frames walked; `position`: after the last one;\n"
+"`outcome`: WALK_DONE, WALK_MORE or WALK_DAMAGED (the frame at `position`).");
+
+static PyObject *walk(PyObject *module, PyObject *args)
+{
+    (void)module;
+    Py_buffer view;
+    Py_ssize_t position, limit, block_end;
+    long long first, remaining;
+    if (!PyArg_ParseTuple(args, "y*nnnLL:walk", &view, &position, &limit, &block_end, &first, &remaining)) {
+        return NULL;
+    }
+    if (position < 0 || position > limit || limit > view.len || limit > block_end) {
+        PyBuffer_Release(&view);
+        return PyErr_Format(PyExc_ValueError, "walk: position %zd, limit %zd, block end %zd, buffer %zd",
+                            position, limit, block_end, view.len);
+    }
+    const unsigned char *bytes = view.buf;
+    RunTable table = {NULL, 0, 0};
+    int64_t expected = first;
+    int outcome = WALK_DONE;
+    while (remaining != 0) {
+        if (position + HEADER_BYTES > limit) {
+            if (limit < block_end && position + HEADER_BYTES <= block_end) {
+                outcome = WALK_MORE; /* the header is in the next bytes */
+            }
+            break;
+        }
+        int64_t length = load_be(bytes + position, 4);
+        int64_t entry_id = load_be(bytes + position + 4, 8);
+        if (length < 0) {
+            break; /* the fill pattern */
+        }
+        int64_t end = (int64_t)position + HEADER_BYTES + length;
+        if (entry_id != expected || end > block_end) {
+            outcome = WALK_DAMAGED;
+            break;
+        }
+        if (end > limit) {
+            outcome = WALK_MORE;
+            break;
+        }
+        if (runs_add(&table, expected, position + HEADER_BYTES, HEADER_BYTES + length, length) < 0) {
+            PyMem_Free(table.items);
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+        position = (Py_ssize_t)end;
+        expected += 1;
+        if (remaining > 0) {
+            remaining -= 1;
+        }
+    }
+    PyBuffer_Release(&view);
+    PyObject *runs = PyBytes_FromStringAndSize((const char *)table.items, table.used * (Py_ssize_t)sizeof(int64_t));
+    PyMem_Free(table.items);
+    if (runs == NULL) {
+        return NULL;
+    }
+    return Py_BuildValue("NLni", runs, (long long)(expected - first), position, outcome);
+}
+
+/* -- Payload: a read-only view of `length` bytes at `data`, inside a Span ------------------- */
+
+/* The buffer of one object that payloads are cut from, held (and so the object, and what it
+ * maps) until the last payload cut from it is gone. */
+typedef struct {
+    PyObject_HEAD
+    Py_buffer view;
+} Span;
+
+static void span_dealloc(Span *self)
+{
+    PyBuffer_Release(&self->view);
+    PyObject_Free(self);
+}
+
+static PyTypeObject SpanType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "slts.offload._framing.Span",
+    .tp_basicsize = sizeof(Span),
+    .tp_dealloc = (destructor)span_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The buffer payloads are cut from (internal).",
+};
+
+/* Not tracked by the garbage collector: a payload refers to its span only, and a span to
+ * the buffer's exporter, which never refers back to a payload: no cycle can pass through. */
+typedef struct {
+    PyObject_HEAD
+    Span *span;
+    const char *data;
+    Py_ssize_t length;
+    Py_hash_t hash; /* -1 until asked for */
+} Payload;
+
+static void payload_dealloc(Payload *self)
+{
+    Py_DECREF(self->span);
+    PyObject_Free(self);
+}
+
+static PyObject *payload_bytes(Payload *self, PyObject *unused)
+{
+    (void)unused;
+    return PyBytes_FromStringAndSize(self->data, self->length);
+}
+
+static int payload_getbuffer(Payload *self, Py_buffer *view, int flags)
+{
+    /* Fails (BufferError) for a writable request: the bytes are read-only. */
+    return PyBuffer_FillInfo(view, (PyObject *)self, (void *)self->data, self->length, 1, flags);
+}
+
+static Py_ssize_t payload_length(Payload *self)
+{
+    return self->length;
+}
+
+static PyObject *payload_subscript(Payload *self, PyObject *key)
+{
+    /* An item or a slice, as of the bytes (a slice is a bytes copy). */
+    PyObject *copy = payload_bytes(self, NULL);
+    if (copy == NULL) {
+        return NULL;
+    }
+    PyObject *result = PyObject_GetItem(copy, key);
+    Py_DECREF(copy);
+    return result;
+}
+
+static PyObject *payload_richcompare(Payload *self, PyObject *other, int op)
+{
+    /* Equal to any bytes-like object of the same bytes (as bytes and memoryview are). */
+    if ((op != Py_EQ && op != Py_NE) || !PyObject_CheckBuffer(other)) {
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    Py_buffer theirs;
+    if (PyObject_GetBuffer(other, &theirs, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    int equal = theirs.len == self->length && memcmp(theirs.buf, self->data, (size_t)self->length) == 0;
+    PyBuffer_Release(&theirs);
+    return PyBool_FromLong(op == Py_EQ ? equal : !equal);
+}
+
+static Py_hash_t payload_hash(Payload *self)
+{
+    /* The hash of the bytes it holds, so that a payload and its bytes are one dict key. */
+    if (self->hash == -1) {
+        PyObject *copy = payload_bytes(self, NULL);
+        if (copy == NULL) {
+            return -1;
+        }
+        self->hash = PyObject_Hash(copy);
+        Py_DECREF(copy);
+    }
+    return self->hash;
+}
+
+static PyObject *payload_repr(Payload *self)
+{
+    PyObject *copy = payload_bytes(self, NULL);
+    if (copy == NULL) {
+        return NULL;
+    }
+    PyObject *repr = PyUnicode_FromFormat("Payload(%R)", copy);
+    Py_DECREF(copy);
+    return repr;
+}
+
+static PyObject *payload_reduce(Payload *self, PyObject *unused)
+{
+    /* Pickled (and copied by the copy module) as the bytes it holds. */
+    (void)unused;
+    return Py_BuildValue("(O(N))", (PyObject *)&PyBytes_Type, payload_bytes(self, NULL));
+}
+
+static PyMethodDef payload_methods[] = {
+    {"tobytes", (PyCFunction)payload_bytes, METH_NOARGS, "The payload as a bytes object (a copy)."},
+    {"__bytes__", (PyCFunction)payload_bytes, METH_NOARGS, "The payload as a bytes object (a copy)."},
+    {"__reduce__", (PyCFunction)payload_reduce, METH_NOARGS, "Pickled as its bytes."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyBufferProcs payload_as_buffer = {.bf_getbuffer = (getbufferproc)payload_getbuffer};
+static PySequenceMethods payload_as_sequence = {.sq_length = (lenfunc)payload_length};
+static PyMappingMethods payload_as_mapping = {
+    .mp_length = (lenfunc)payload_length,
+    .mp_subscript = (binaryfunc)payload_subscript,
+};
+
+static PyTypeObject PayloadType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "slts.offload._framing.Payload",
+    .tp_basicsize = sizeof(Payload),
+    .tp_dealloc = (destructor)payload_dealloc,
+    .tp_repr = (reprfunc)payload_repr,
+    .tp_as_sequence = &payload_as_sequence,
+    .tp_as_mapping = &payload_as_mapping,
+    .tp_hash = (hashfunc)payload_hash,
+    .tp_as_buffer = &payload_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "An entry's payload: a read-only, zero-copy view of the bytes it was read with.\n\n"
+              "Bytes-like (the buffer protocol: bytes(), memoryview(), join, write, hashing),\n"
+              "len(), items and slices (as bytes), equal to and hashed as the bytes it holds,\n"
+              "pickled as bytes. It keeps what it was cut from alive; bytes(payload) keeps the\n"
+              "payload alone.",
+    .tp_richcompare = (richcmpfunc)payload_richcompare,
+    .tp_methods = payload_methods,
+};
+
+PyDoc_STRVAR(views_doc,
+"views(buffer, at, stride, length, count, out) -> None\n\n"
+"Append to the list `out` `count` Payloads of `length` bytes each, at `at`, `at + stride`,\n"
+"... of `buffer` (ValueError if they do not all lie in it). They share one hold on\n"
+"`buffer`'s bytes, released with the last of them.");
+
+static PyObject *views(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *source, *out;
+    Py_ssize_t at, stride, length, count;
+    if (!PyArg_ParseTuple(args, "OnnnnO!:views", &source, &at, &stride, &length, &count, &PyList_Type, &out)) {
+        return NULL;
+    }
+    Span *span = PyObject_New(Span, &SpanType);
+    if (span == NULL) {
+        return NULL;
+    }
+    span->view.obj = NULL; /* released by span_dealloc only once held */
+    if (PyObject_GetBuffer(source, &span->view, PyBUF_SIMPLE) < 0) {
+        Py_DECREF(span);
+        return NULL;
+    }
+    if (at < 0 || stride < length || length < 0 || count < 0
+        || (count && at + (count - 1) * stride + length > span->view.len)) {
+        PyErr_Format(PyExc_ValueError, "views: %zd payloads of %zd bytes every %zd from %zd of %zd",
+                     count, length, stride, at, span->view.len);
+        Py_DECREF(span);
+        return NULL;
+    }
+    const char *bytes = span->view.buf;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Payload *payload = PyObject_New(Payload, &PayloadType);
+        if (payload == NULL) {
+            Py_DECREF(span);
+            return NULL;
+        }
+        Py_INCREF(span);
+        payload->span = span;
+        payload->data = bytes + at + i * stride;
+        payload->length = length;
+        payload->hash = -1;
+        int appended = PyList_Append(out, (PyObject *)payload);
+        Py_DECREF(payload);
+        if (appended < 0) {
+            Py_DECREF(span);
+            return NULL;
+        }
+    }
+    Py_DECREF(span);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"walk", walk, METH_VARARGS, walk_doc},
+    {"views", views, METH_VARARGS, views_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef definition = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "slts.offload._framing",
+    .m_doc = "The compiled hot loops of slts.offload.framing (optional; see that module).",
+    .m_size = -1,
+    .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__framing(void)
+{
+    if (PyType_Ready(&SpanType) < 0 || PyType_Ready(&PayloadType) < 0) {
+        return NULL;
+    }
+    PyObject *module = PyModule_Create(&definition);
+    if (module == NULL) {
+        return NULL;
+    }
+    Py_INCREF(&PayloadType);
+    if (PyModule_AddObject(module, "Payload", (PyObject *)&PayloadType) < 0) {
+        Py_DECREF(&PayloadType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(module, "WALK_DONE", WALK_DONE) < 0
+        || PyModule_AddIntConstant(module, "WALK_MORE", WALK_MORE) < 0
+        || PyModule_AddIntConstant(module, "WALK_DAMAGED", WALK_DAMAGED) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

@@ -1,0 +1,37 @@
+"""Types of the compiled twin of ``slts.offload.framing``'s hot loops (``_framing.c``)."""
+
+from typing import Final, SupportsIndex, final, overload
+
+WALK_DONE: Final[int]
+WALK_MORE: Final[int]
+WALK_DAMAGED: Final[int]
+
+@final
+class Payload:
+    """An entry's payload: a read-only, zero-copy view of the bytes it was read with
+    (bytes-like; equal to and hashed as its bytes; pickled as bytes)."""
+
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+    def __len__(self) -> int: ...
+    @overload
+    def __getitem__(self, key: SupportsIndex, /) -> int: ...
+    @overload
+    def __getitem__(self, key: slice, /) -> bytes: ...
+    def __eq__(self, other: object, /) -> bool: ...
+    def __ne__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+    def __bytes__(self) -> bytes: ...
+    def tobytes(self) -> bytes: ...
+
+def walk(
+    buffer: bytes | memoryview, position: int, limit: int, block_end: int, first: int, remaining: int, /
+) -> tuple[bytes, int, int, int]: ...
+def views(
+    buffer: bytes | memoryview,
+    at: int,
+    stride: int,
+    length: int,
+    count: int,
+    out: list[bytes | memoryview | Payload],
+    /,
+) -> None: ...

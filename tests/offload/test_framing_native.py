@@ -1,0 +1,235 @@
+"""The compiled framer (``slts.offload._framing``) against the pure-Python one, which is the
+reference: the same frames, payloads, outcomes and errors for every block, whole, cut short or
+damaged; and its ``Payload``, the zero-copy view an entry leaves as: bytes-like, read-only,
+equal to and hashed as its bytes, untracked by the garbage collector, and valid after its
+object is deleted and collected. Bad input to the compiled calls raises and appends nothing."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import os
+import pickle
+import random
+import struct
+import uuid
+
+import pytest
+
+from slts.errors import InvalidOffloadObject
+from slts.offload import formats, framing
+from slts.offload.framing import Runs, parse_frames
+from slts.offload.ledgers import ENTRY_TYPES, Entry, MemoryLedger
+from slts.offload.offloader import LedgerOffloader
+from tests.offload.conftest import BUILT
+from tests.support.engine import Env, env_fixture
+
+env = env_fixture([("filesystem", "lmdb")])
+
+
+@pytest.fixture
+def native() -> object:
+    if BUILT is None:
+        if os.environ.get("SLTS_REQUIRE_NATIVE") == "1":
+            pytest.fail("SLTS_REQUIRE_NATIVE=1, but slts.offload._framing is not built")
+        pytest.skip("slts.offload._framing is not built (no C compiler at install)")
+    return BUILT
+
+
+def test_the_compiled_framer_is_in_use_where_built() -> None:
+    """Built means used (unless SLTS_PURE_PYTHON=1), and CI builds it."""
+    if os.environ.get("SLTS_REQUIRE_NATIVE") == "1":
+        assert BUILT is not None, "CI installs with a C compiler: the extension must be built"
+    if os.environ.get("SLTS_PURE_PYTHON") != "1":
+        assert framing.NATIVE is BUILT
+
+
+# -- the same answers as the reference -------------------------------------------------------------
+
+
+def block_of(sizes: list[int], first: int, rng: random.Random) -> bytes:
+    body = b"".join(struct.pack(">iq", size, first + i) + rng.randbytes(size) for i, size in enumerate(sizes))
+    return bytes(formats.HEADER_SIZE) + body + formats.PADDING * rng.randrange(3)
+
+
+def outcome(
+    monkeypatch: pytest.MonkeyPatch,
+    implementation: object,
+    block: bytes,
+    first: int,
+    count: int | None,
+    limit: int,
+    block_end: int,
+) -> tuple[object, ...]:
+    """What ``parse_frames`` finds with ``implementation`` (None: pure Python): the frames,
+    the error's text and offset, and the payloads of the entries found."""
+    monkeypatch.setattr(framing, "NATIVE", implementation)
+    runs = Runs()
+    view = memoryview(block)
+    found = parse_frames(view, formats.HEADER_SIZE, limit, block_end, first, count, runs, name="o", base=7)
+    payloads: list[Entry] = []
+    if len(runs):
+        runs.payloads(view, first, first + len(runs) - 1, payloads)
+    error = found.error
+    return (
+        found.found,
+        found.position,
+        found.done,
+        None if error is None else (str(error), error.offset),
+        [bytes(p) for p in payloads],
+    )
+
+
+def sizes_of(shape: str, count: int, rng: random.Random) -> list[int]:
+    if shape == "one size":
+        return [100] * count
+    if shape == "sizes":
+        return [rng.randrange(300) for _ in range(count)]
+    if shape == "runs and strays":
+        return [rng.choice([64, 64, 64, 65]) for _ in range(count)]
+    if shape == "odd":
+        return [33] * count  # a stride of 45: the pure-Python walk checks it byte by byte
+    return [rng.choice([0, 0, 1]) for _ in range(count)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_compiled_walk_answers_as_the_python_one(
+    monkeypatch: pytest.MonkeyPatch, native: object, seed: int
+) -> None:
+    rng = random.Random(seed)
+    for _ in range(150):
+        count = rng.randrange(1, 200)
+        shape = rng.choice(["one size", "sizes", "runs and strays", "odd", "empty payloads"])
+        sizes = sizes_of(shape, count, rng)
+        first = rng.choice([0, rng.randrange(1 << 40), (1 << 32) - rng.randrange(1, 300)])
+        block = bytearray(block_of(sizes, first, rng))
+        damage = rng.random()
+        if damage < 0.3:  # a bit of a frame header flipped
+            victim = rng.randrange(count)
+            at = formats.HEADER_SIZE + sum(12 + size for size in sizes[:victim])
+            block[at + rng.randrange(12)] ^= 1 << rng.randrange(8)
+        block_end = len(block) if rng.random() < 0.8 else rng.randrange(formats.HEADER_SIZE, len(block) + 1)
+        limit = block_end if rng.random() < 0.5 else rng.randrange(formats.HEADER_SIZE, block_end + 1)
+        wanted = rng.choice([None, count, count - 1, count + 1, 0 if count > 1 else 1])
+        answers = [
+            outcome(monkeypatch, implementation, bytes(block), first, wanted, limit, block_end)
+            for implementation in (native, None)
+        ]
+        assert answers[0] == answers[1], (seed, shape, wanted, limit, block_end)
+
+
+def test_a_frame_with_a_negative_length_ends_the_walk_in_both(
+    monkeypatch: pytest.MonkeyPatch, native: object
+) -> None:
+    rng = random.Random(1)
+    block = block_of([10, 20], 5, rng) + struct.pack(">iq", -7, 7) + bytes(30)
+    answers = [outcome(monkeypatch, i, block, 5, None, len(block), len(block)) for i in (native, None)]
+    assert answers[0] == answers[1] and answers[0][0] == 2 and answers[0][2] is True
+
+
+# -- Payload ------------------------------------------------------------------------------------------
+
+
+def payloads_of(native: object, data: bytes, at: int, stride: int, length: int, count: int) -> list[Entry]:
+    out: list[Entry] = []
+    native.views(memoryview(data), at, stride, length, count, out)  # type: ignore[attr-defined]
+    return out
+
+
+def test_a_payload_is_a_read_only_bytes_like_view_equal_to_its_bytes(native: object) -> None:
+    data = bytes(range(256)) * 4
+    (p, q) = payloads_of(native, data, 10, 300, 200, 2)
+    want = data[10:210]
+    assert p == want and want == p and p != data[11:211] and q == data[310:510]
+    assert p != "not bytes" and (p == 5) is False
+    assert p == memoryview(want) and p == bytearray(want)
+    assert bytes(p) == want and p.tobytes() == want and bytearray(p) == want
+    assert len(p) == 200 and p[0] == 10 and p[-1] == want[-1] and p[5:9] == want[5:9]
+    assert hash(p) == hash(want) and {want: 1}[p] == 1
+    assert b"".join([p, q]) == want + data[310:510]
+    view = memoryview(p)
+    assert view.readonly and view.tobytes() == want
+    with pytest.raises(TypeError):
+        view[0] = 1  # type: ignore[index]
+    assert pickle.loads(pickle.dumps(p)) == want and type(pickle.loads(pickle.dumps(p))) is bytes
+    assert copy.copy(p) == want
+    assert repr(p).startswith("Payload(b'")
+    assert isinstance(p, ENTRY_TYPES)
+    with pytest.raises(TypeError):
+        type(p)()
+    assert not gc.is_tracked(p), "a payload is not tracked by the garbage collector"
+
+
+def test_payloads_keep_what_they_were_cut_from_alive(native: object) -> None:
+    data = bytearray(b"abcdefgh" * 100)
+    out = payloads_of(native, bytes(data), 0, 8, 8, 100)
+    del data
+    gc.collect()
+    assert all(p == b"abcdefgh" for p in out)
+    source = memoryview(b"x" * 64)
+    kept = payloads_of(native, source, 0, 16, 16, 4)
+    source.release()  # the payloads hold their own hold on the bytes
+    assert kept == [b"x" * 16] * 4
+
+
+@pytest.mark.parametrize(
+    ("at", "stride", "length", "count"),
+    [(-1, 10, 5, 1), (0, 4, 5, 2), (0, 10, -1, 1), (0, 10, 5, -1), (95, 10, 6, 1), (0, 10, 5, 11)],
+)
+def test_views_out_of_the_buffer_raise_and_append_nothing(
+    native: object, at: int, stride: int, length: int, count: int
+) -> None:
+    out: list[Entry] = [b"before"]
+    with pytest.raises(ValueError, match="views"):
+        native.views(memoryview(bytes(100)), at, stride, length, count, out)  # type: ignore[attr-defined]
+    assert out == [b"before"]
+    with pytest.raises(TypeError):
+        native.views(memoryview(bytes(100)), 0, 10, 5, 1, ("not", "a list"))  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("position", "limit", "block_end"), [(-1, 10, 10), (11, 10, 10), (0, 101, 200), (0, 50, 40)]
+)
+def test_a_walk_outside_the_buffer_raises(native: object, position: int, limit: int, block_end: int) -> None:
+    with pytest.raises(ValueError, match="walk"):
+        native.walk(memoryview(bytes(100)), position, limit, block_end, 0, -1)  # type: ignore[attr-defined]
+
+
+def test_entries_stay_readable_after_their_object_is_deleted_and_collected(env: Env, native: object) -> None:
+    """Entries of a mapped chunk file hold its mapping: deleting the offloaded ledger and
+    collecting its chunks leaves them whole (the file's space goes with the last of them)."""
+    storage = env.open(gc_delay_s=0)
+    rng = random.Random(3)
+    payloads = [rng.randbytes(rng.randrange(1, 2000)) for _ in range(500)]
+    offloader = LedgerOffloader(storage, max_block_bytes=64 << 10)
+    uid = uuid.uuid4()
+    offloader.offload(MemoryLedger(1, payloads), uid)
+    handle = offloader.read_offloaded(1, uid)
+    entries = handle.read(0, 499)
+    assert all(type(entry) is native.Payload for entry in entries)  # type: ignore[attr-defined]
+    handle.close()
+    offloader.delete_offloaded(1, uid)
+    while storage.gc.run_once().progressed:
+        pass
+    assert not list(storage.list("offload/"))
+    assert entries == payloads
+
+
+def test_damage_found_by_the_compiled_walk_is_refused_through_a_handle(env: Env, native: object) -> None:
+    storage = env.open(checksums=False, verify_checksums_on_read=False)
+    payloads = [bytes([i % 251]) * 50 for i in range(200)]
+    offloader = LedgerOffloader(storage, max_block_bytes=1 << 20)
+    uid = uuid.uuid4()
+    offloader.offload(MemoryLedger(1, payloads), uid)
+    ((_, chunk),) = list(storage.chunks(f"offload/{uid}-ledger-1"))
+    binding = storage.chunk_storage
+    data = bytearray(binding.read(binding.open_read(chunk.name), 0, chunk.length))
+    position = formats.HEADER_SIZE + 120 * 62
+    struct.pack_into(">i", data, position, 1 << 20)  # entry 120 runs past its block
+    binding.delete(binding.open_write(chunk.name))
+    binding.create(chunk.name, bytes(data))
+    handle = offloader.read_offloaded(1, uid)
+    assert handle.read(0, 119) == payloads[:120]
+    with pytest.raises(InvalidOffloadObject, match="entry 120") as caught:
+        handle.read(0, 199)
+    assert caught.value.offset == position
