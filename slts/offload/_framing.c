@@ -1,8 +1,9 @@
-/* The hot loops of slts.offload.framing, compiled: the walk over a block's entry frames
+/* The hot loops of slts.offload.framing and slts.offload.pending, compiled: the walk over a block's entry frames
  * ([length i32][entry id i64][payload], big-endian), and the payloads of a run handed out
  * as `Payload` objects: read-only, zero-copy views of the bytes read, made for the cost of
  * a small object each (a memoryview slice costs several times more and is tracked by the
- * garbage collector, which scans it in every collection that reaches it).
+ * garbage collector, which scans it in every collection that reaches it); and the streaming
+ * block an offer frames its entry into (`Block`), a step per entry with no Python work.
  *
  * The pure-Python module is the reference and stays: this extension is optional (built
  * when a C compiler is at hand, `framing.NATIVE` says whether it is in use) and must
@@ -11,6 +12,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -340,6 +342,165 @@ static PyObject *views(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* -- Block: a streaming block filled as its entries are offered ------------------------------ */
+
+#define BLOCK_HEADER_BYTES 128
+
+/* One ledger's consecutive entries, framed straight into the bytes object that is written:
+ * room for the block's header, then the frames; `finish` writes the header and the fill
+ * pattern and hands the object out (once: it is never changed after). Not tracked by the
+ * garbage collector: it refers to its own bytes object only. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *data; /* the block's bytes, being filled; NULL once finished */
+    long long ledger_id, first, last, count, payload, used;
+} Block;
+
+static inline void store_be(unsigned char *p, uint64_t value, int width)
+{
+    for (int i = width - 1; i >= 0; i--) {
+        p[i] = (unsigned char)(value & 0xff);
+        value >>= 8;
+    }
+}
+
+static void block_frame(Block *self, long long entry_id, PyObject *data)
+{
+    unsigned char *at = (unsigned char *)PyBytes_AS_STRING(self->data) + self->used;
+    Py_ssize_t size = PyBytes_GET_SIZE(data);
+    store_be(at, (uint64_t)(uint32_t)size, 4);
+    store_be(at + 4, (uint64_t)entry_id, 8);
+    memcpy(at + HEADER_BYTES, PyBytes_AS_STRING(data), (size_t)size);
+    self->used += HEADER_BYTES + size;
+    self->payload += size;
+    self->last = entry_id;
+    self->count += 1;
+}
+
+static PyObject *block_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    long long ledger_id, first;
+    PyObject *data;
+    Py_ssize_t block_bytes;
+    static char *names[] = {"ledger_id", "first", "data", "block_bytes", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LLSn:Block", names, &ledger_id, &first, &data, &block_bytes)) {
+        return NULL;
+    }
+    Py_ssize_t size = PyBytes_GET_SIZE(data);
+    if (ledger_id < 0 || first < 0 || size > INT32_MAX || block_bytes < 0) {
+        return PyErr_Format(PyExc_ValueError, "Block: ledger %lld, entry %lld, %zd bytes, blocks of %zd",
+                            ledger_id, first, size, block_bytes);
+    }
+    Py_ssize_t used = BLOCK_HEADER_BYTES + HEADER_BYTES + size;
+    Block *self = (Block *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->data = PyBytes_FromStringAndSize(NULL, used > block_bytes ? used : block_bytes);
+    if (self->data == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->ledger_id = ledger_id;
+    self->first = first;
+    self->last = first - 1;
+    self->count = 0;
+    self->payload = 0;
+    self->used = BLOCK_HEADER_BYTES;
+    block_frame(self, first, data);
+    return (PyObject *)self;
+}
+
+static void block_dealloc(Block *self)
+{
+    Py_XDECREF(self->data);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *block_add(Block *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        return PyErr_Format(PyExc_TypeError, "add takes 4 arguments, got %zd", nargs);
+    }
+    long long ledger_id = PyLong_AsLongLong(args[0]);
+    long long entry_id = PyLong_AsLongLong(args[1]);
+    Py_ssize_t block_bytes = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (!PyBytes_Check(args[2])) {
+        return PyErr_Format(PyExc_TypeError, "add: an entry is bytes, not %s", Py_TYPE(args[2])->tp_name);
+    }
+    if (self->data == NULL) {
+        return PyErr_Format(PyExc_ValueError, "add: the block is finished");
+    }
+    long long used = self->used + HEADER_BYTES + PyBytes_GET_SIZE(args[2]);
+    if (ledger_id != self->ledger_id || entry_id != self->last + 1 || used > block_bytes
+        || used > PyBytes_GET_SIZE(self->data)) {
+        Py_RETURN_FALSE;
+    }
+    block_frame(self, entry_id, args[2]);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *block_finish(Block *self, PyObject *args)
+{
+    PyObject *header, *fill;
+    if (!PyArg_ParseTuple(args, "SS:finish", &header, &fill)) {
+        return NULL;
+    }
+    if (self->data == NULL) {
+        return PyErr_Format(PyExc_ValueError, "finish: the block is finished");
+    }
+    if (PyBytes_GET_SIZE(header) != BLOCK_HEADER_BYTES) {
+        return PyErr_Format(PyExc_ValueError, "finish: a header of %zd bytes, not %d",
+                            PyBytes_GET_SIZE(header), BLOCK_HEADER_BYTES);
+    }
+    Py_ssize_t size = (Py_ssize_t)self->used + PyBytes_GET_SIZE(fill);
+    if (size != PyBytes_GET_SIZE(self->data) && _PyBytes_Resize(&self->data, size) < 0) {
+        return NULL; /* self->data is NULL now: the block is gone */
+    }
+    char *bytes = PyBytes_AS_STRING(self->data);
+    memcpy(bytes, PyBytes_AS_STRING(header), BLOCK_HEADER_BYTES);
+    memcpy(bytes + self->used, PyBytes_AS_STRING(fill), (size_t)PyBytes_GET_SIZE(fill));
+    PyObject *data = self->data;
+    self->data = NULL;
+    return data;
+}
+
+static PyMethodDef block_methods[] = {
+    {"add", (PyCFunction)(void (*)(void))block_add, METH_FASTCALL,
+     "add(ledger_id, entry_id, data, block_bytes) -> bool: frame the entry in if it is the next of the\n"
+     "block's ledger and fits in block_bytes."},
+    {"finish", (PyCFunction)block_finish, METH_VARARGS,
+     "finish(header, fill) -> bytes: the block's bytes: its 128-byte header, the frames, the fill;\n"
+     "once."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef block_members[] = {
+    {"ledger_id", T_LONGLONG, offsetof(Block, ledger_id), READONLY, "The block's ledger."},
+    {"first", T_LONGLONG, offsetof(Block, first), READONLY, "Its first entry id."},
+    {"last", T_LONGLONG, offsetof(Block, last), READONLY, "Its last entry id."},
+    {"count", T_LONGLONG, offsetof(Block, count), READONLY, "Its entries."},
+    {"payload", T_LONGLONG, offsetof(Block, payload), READONLY, "Its entries' payload bytes."},
+    {"used", T_LONGLONG, offsetof(Block, used), READONLY, "Header and frames so far, bytes."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject BlockType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "slts.offload._framing.Block",
+    .tp_basicsize = sizeof(Block),
+    .tp_dealloc = (destructor)block_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Block(ledger_id, first, data, block_bytes): a streaming block being filled\n"
+              "(slts.offload.pending.PendingBlock's compiled twin).",
+    .tp_methods = block_methods,
+    .tp_members = block_members,
+    .tp_new = block_new,
+};
+
 static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS, walk_doc},
     {"views", views, METH_VARARGS, views_doc},
@@ -356,16 +517,14 @@ static struct PyModuleDef definition = {
 
 PyMODINIT_FUNC PyInit__framing(void)
 {
-    if (PyType_Ready(&SpanType) < 0 || PyType_Ready(&PayloadType) < 0) {
+    if (PyType_Ready(&SpanType) < 0 || PyType_Ready(&PayloadType) < 0 || PyType_Ready(&BlockType) < 0) {
         return NULL;
     }
     PyObject *module = PyModule_Create(&definition);
     if (module == NULL) {
         return NULL;
     }
-    Py_INCREF(&PayloadType);
-    if (PyModule_AddObject(module, "Payload", (PyObject *)&PayloadType) < 0) {
-        Py_DECREF(&PayloadType);
+    if (PyModule_AddType(module, &PayloadType) < 0 || PyModule_AddType(module, &BlockType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -4,18 +4,47 @@ offered, so that the writer of a segment has no work per entry left.
 Why framed on offer: the offering thread and the segment's writer thread share one
 interpreter; every step the writer takes per entry (taking it out of a buffer, framing it)
 holds the interpreter lock the offers need, and stretches both. Framed on offer, a block
-costs its writer one ``join`` (in C), one SLTS write and one commit.
+costs its writer one SLTS write and one commit.
 
 A block begins with an entry (whatever its size) and takes the next ones while they fit
 in ``block_bytes`` of header and frames; it is written padded with the fill pattern to at
 least ``block_bytes`` (``formats.streaming_block_size``).
+
+Two implementations, one behaviour: ``PendingBlock`` here (the reference: the frames kept
+as pieces, joined once when the block is written) and the compiled ``Block`` of
+``slts.offload._framing`` (each frame copied at once into the bytes object that is
+written: no per-entry Python work, no join), which ``new_block`` picks where it is built
+(``framing.NATIVE``).
 """
 
 from __future__ import annotations
 
-from slts.offload import formats
+from typing import Protocol
+
+from slts.offload import formats, framing
 
 _FRAME = formats.ENTRY_HEADER.pack  # (payload length, entry id): no checks, this runs per entry
+
+
+class FillingBlock(Protocol):
+    """What both implementations have: the block's ledger, first and last entry ids, how
+    many entries and payload bytes, ``used`` (header and frames so far), ``add`` and
+    ``finish``."""
+
+    @property
+    def ledger_id(self) -> int: ...
+    @property
+    def first(self) -> int: ...
+    @property
+    def last(self) -> int: ...
+    @property
+    def count(self) -> int: ...
+    @property
+    def payload(self) -> int: ...
+    @property
+    def used(self) -> int: ...
+    def add(self, ledger_id: int, entry_id: int, data: bytes, block_bytes: int, /) -> bool: ...
+    def finish(self, header: bytes, fill: bytes, /) -> bytes: ...
 
 
 class PendingBlock:
@@ -24,8 +53,9 @@ class PendingBlock:
 
     __slots__ = ("count", "first", "last", "ledger_id", "payload", "pieces", "used")
 
-    def __init__(self, ledger_id: int, first: int, data: bytes) -> None:
-        """A block beginning with entry ``first`` of ``ledger_id`` (a first entry always fits)."""
+    def __init__(self, ledger_id: int, first: int, data: bytes, block_bytes: int) -> None:
+        """A block beginning with entry ``first`` of ``ledger_id`` (a first entry always
+        fits; ``block_bytes`` is what the compiled twin reserves)."""
         self.ledger_id = ledger_id
         self.first = first
         self.last = first
@@ -48,9 +78,27 @@ class PendingBlock:
         self.last = entry_id
         return True
 
-    def encode(self, block_bytes: int) -> tuple[formats.StreamingBlockHeader, bytes]:
-        """The block's header and bytes: header, frames, the fill pattern up to its size."""
-        size = formats.streaming_block_size(block_bytes, self.count, self.payload)
-        header = formats.StreamingBlockHeader(size, self.first, self.ledger_id)
-        assert self.used == formats.HEADER_SIZE + formats.ENTRY_HEADER_SIZE * self.count + self.payload
-        return header, b"".join([header.encode(), *self.pieces, formats.padding(size - self.used)])
+    def finish(self, header: bytes, fill: bytes) -> bytes:
+        """The block's bytes: ``header`` (128 bytes), the frames, ``fill``."""
+        assert len(header) == formats.HEADER_SIZE, len(header)
+        return b"".join([header, *self.pieces, fill])
+
+
+def new_block(ledger_id: int, first: int, data: bytes, block_bytes: int) -> FillingBlock:
+    """A block beginning with entry ``first`` of ``ledger_id``, compiled where built."""
+    native = framing.NATIVE
+    if native is not None:
+        block: FillingBlock = native.Block(ledger_id, first, data, block_bytes)
+        return block
+    return PendingBlock(ledger_id, first, data, block_bytes)
+
+
+def encode(block: FillingBlock, block_bytes: int) -> tuple[formats.StreamingBlockHeader, bytes]:
+    """The block's header and bytes: header, frames, the fill pattern up to its size.
+    The block is spent: it is written once."""
+    size = formats.streaming_block_size(block_bytes, block.count, block.payload)
+    header = formats.StreamingBlockHeader(size, block.first, block.ledger_id)
+    assert block.used == formats.HEADER_SIZE + formats.ENTRY_HEADER_SIZE * block.count + block.payload
+    data = block.finish(header.encode(), formats.padding(size - block.used))
+    assert len(data) == size, (len(data), size)
+    return header, data

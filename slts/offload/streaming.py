@@ -57,7 +57,7 @@ from slts.offload import formats
 from slts.offload.ledger_metadata import LedgerInfo, encode_ledger_info
 from slts.offload.ledgers import ID_MAX, check_ledger_id
 from slts.offload.names import segment_index_name, segment_name
-from slts.offload.pending import PendingBlock
+from slts.offload.pending import FillingBlock, encode, new_block
 from slts.offload.reading import StreamingLedgerHandle, block_entries
 from slts.offload.records import (
     StreamLedgerRecord,
@@ -398,10 +398,10 @@ class StreamingOffloader:
             stored = view.get(table, key)
         return 0 if stored is None else stored.version
 
-    def _write_block(self, record: StreamSegmentRecord, block: PendingBlock) -> StreamSegmentRecord:
+    def _write_block(self, record: StreamSegmentRecord, block: FillingBlock) -> StreamSegmentRecord:
         """Write one block (one ledger's consecutive entries, framed as offered) as one SLTS
         write, then record it."""
-        header, data = block.encode(record.block_bytes)
+        header, data = encode(block, record.block_bytes)
         name = segment_name(self.managed_ledger, record.id)
         self.storage.write(self.storage.open_write(name), record.data_length, data)
         return self._commit_block(record, header, block.last, block.count, block.payload)
@@ -665,7 +665,7 @@ class OffloadHandle:
         record: StreamSegmentRecord,
         result: OffloadResult | None,
         *,
-        write_block: Callable[[StreamSegmentRecord, PendingBlock], StreamSegmentRecord],
+        write_block: Callable[[StreamSegmentRecord, FillingBlock], StreamSegmentRecord],
         close_segment: Callable[[StreamSegmentRecord], StreamSegmentRecord],
         abandon: Callable[[StreamSegmentRecord], None],
     ) -> None:
@@ -682,8 +682,8 @@ class OffloadHandle:
         self._lock = threading.RLock()  # re-entered: ``alive`` inside a wait's predicate
         self._cond = threading.Condition(self._lock)
         #: Blocks full (or cut by a new ledger), oldest first, and the block being filled.
-        self._full: deque[PendingBlock] = deque()
-        self._filling: PendingBlock | None = None
+        self._full: deque[FillingBlock] = deque()
+        self._filling: FillingBlock | None = None
         #: The payload of the entries in ``_full`` and ``_filling``.
         self._buffered = 0
         #: The payload of the entries offered to the segment (the size rollover counts these).
@@ -755,7 +755,7 @@ class OffloadHandle:
                     if block is not None:
                         self._full.append(block)
                         self._cond.notify_all()  # a block's worth: the writer has work (not before)
-                    self._filling = PendingBlock(ledger_id, entry_id, data)
+                    self._filling = new_block(ledger_id, entry_id, data, offloader.block_bytes)
                 self._buffered += size
                 self._segment_bytes += size
                 self._last_offered = (ledger_id, entry_id)
@@ -918,12 +918,12 @@ class OffloadHandle:
     def _ready(self) -> bool:
         return bool(self._full) or self._closing or self._flushes > self._done_flushes
 
-    def _take_block(self) -> tuple[PendingBlock | None, int]:
+    def _take_block(self) -> tuple[FillingBlock | None, int]:
         """Under the lock: the next block to write (a full one; with a flush or the close
         asked for, the one being filled), or None; with the flush number it satisfies."""
         flushing = self._flushes
         if self._full:
-            block: PendingBlock | None = self._full.popleft()
+            block: FillingBlock | None = self._full.popleft()
         elif self._filling is not None and (self._closing or self._flushes > self._done_flushes):
             block, self._filling = self._filling, None
         else:
