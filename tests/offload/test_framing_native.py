@@ -1,8 +1,9 @@
 """The compiled framer (``slts.offload._framing``) against the pure-Python one, which is the
 reference: the same frames, payloads, outcomes and errors for every block, whole, cut short or
-damaged; and its ``Payload``, the zero-copy view an entry leaves as: bytes-like, read-only,
+damaged; its ``Payload``, the zero-copy view an entry leaves as: bytes-like, read-only,
 equal to and hashed as its bytes, untracked by the garbage collector, and valid after its
-object is deleted and collected. Bad input to the compiled calls raises and appends nothing."""
+object is deleted and collected; and its ``Block``, which takes and encodes a streaming block's
+entries as ``PendingBlock`` does. Bad input to the compiled calls raises and changes nothing."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from slts.offload import formats, framing
 from slts.offload.framing import Runs, parse_frames
 from slts.offload.ledgers import ENTRY_TYPES, Entry, MemoryLedger
 from slts.offload.offloader import LedgerOffloader
+from slts.offload.pending import PendingBlock, encode
 from tests.offload.conftest import BUILT
 from tests.support.engine import Env, env_fixture
 
@@ -233,3 +235,58 @@ def test_damage_found_by_the_compiled_walk_is_refused_through_a_handle(env: Env,
     with pytest.raises(InvalidOffloadObject, match="entry 120") as caught:
         handle.read(0, 199)
     assert caught.value.offset == position
+
+
+# -- Block: the streaming block an offer frames its entry into -----------------------------------
+
+
+def test_the_compiled_block_takes_and_encodes_as_pending_block(native: object) -> None:
+    """The same entries offered to both: the same answers from ``add`` and the same bytes
+    (and header) from ``encode``, whole blocks, short ones and blocks cut by a new ledger."""
+    rng = random.Random(5)
+    for _ in range(300):
+        block_bytes = rng.choice([200, 1000, 4096, 20000])
+        ledger, entry = rng.randrange(3), rng.randrange(1 << 40)
+        first = rng.randbytes(rng.randrange(block_bytes + 100))
+        blocks = [
+            native.Block(ledger, entry, first, block_bytes),  # type: ignore[attr-defined]
+            PendingBlock(ledger, entry, first, block_bytes),
+        ]
+        for _ in range(rng.randrange(60)):
+            step = rng.random()
+            ledger_id = ledger + (1 if step < 0.05 else 0)
+            entry_id = entry + (2 if 0.05 <= step < 0.1 else 1)
+            data = rng.randbytes(rng.choice([0, 1, rng.randrange(300)]))
+            taken = [b.add(ledger_id, entry_id, data, block_bytes) for b in blocks]
+            assert taken[0] == taken[1], (ledger_id, entry_id, len(data))
+            if taken[0]:
+                entry = entry_id
+            fields = [(b.ledger_id, b.first, b.last, b.count, b.payload, b.used) for b in blocks]
+            assert fields[0] == fields[1]
+        assert encode(blocks[0], block_bytes) == encode(blocks[1], block_bytes)
+
+
+def test_a_compiled_block_refuses_bad_input_and_a_second_use(native: object) -> None:
+    block = native.Block(1, 0, b"abc", 1000)  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match="bytes"):
+        block.add(1, 1, bytearray(b"x"), 1000)
+    with pytest.raises(TypeError):
+        block.add(1, 1, b"x")
+    with pytest.raises(OverflowError):
+        block.add(1 << 70, 1, b"x", 1000)
+    assert (block.count, block.last, block.used) == (1, 0, formats.HEADER_SIZE + 12 + 3), "nothing taken"
+    with pytest.raises(ValueError, match="header"):
+        block.finish(b"short", b"")
+    data = block.finish(bytes(formats.HEADER_SIZE), formats.padding(1000 - block.used))
+    assert (
+        len(data) == 1000
+        and data[formats.HEADER_SIZE : formats.HEADER_SIZE + 15] == struct.pack(">iq", 3, 0) + b"abc"
+    )
+    with pytest.raises(ValueError, match="finished"):
+        block.add(1, 1, b"x", 1000)
+    with pytest.raises(ValueError, match="finished"):
+        block.finish(bytes(formats.HEADER_SIZE), b"")
+    with pytest.raises(ValueError, match="Block"):
+        native.Block(-1, 0, b"", 1000)  # type: ignore[attr-defined]
+    with pytest.raises(TypeError):
+        native.Block(1, 0, "text", 1000)  # type: ignore[attr-defined]

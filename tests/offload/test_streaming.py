@@ -133,7 +133,7 @@ def stream(offloader: StreamingOffloader, producer: Producer, count: int) -> lis
     return results
 
 
-def test_segments_roll_over_by_size_and_every_ledger_reads_back_across_them(env: Env) -> None:
+def test_segments_roll_over_by_size_and_every_ledger_reads_back_across_them(env: Env, framer: str) -> None:
     offloader = StreamingOffloader(
         env.open(), ML, block_bytes=4096, buffer_bytes=1 << 20, max_segment_bytes=60_000
     )
@@ -203,7 +203,7 @@ def test_a_full_buffer_refuses_offers_until_the_writer_drains_it(env: Env) -> No
     assert offloader.read_ledger(0).read(0, entry) == [b"y" * 500] * (entry + 1)
 
 
-def test_entries_out_of_order_are_refused_and_nothing_is_taken(env: Env) -> None:
+def test_entries_out_of_order_are_refused_and_nothing_is_taken(env: Env, framer: str) -> None:
     offloader = StreamingOffloader(env.open(), ML, block_bytes=4096)
     handle = offloader.streaming_offload(uuid.uuid4(), {}, 5, 3)
     with pytest.raises(EntryOutOfOrder, match="does not follow"):
@@ -225,7 +225,7 @@ def test_entries_out_of_order_are_refused_and_nothing_is_taken(env: Env) -> None
 
 
 @pytest.mark.parametrize("crash", ["after the block's write", "before the block's write"])
-def test_a_crashed_segment_resumes_without_loss_or_duplicates(env: Env, crash: str) -> None:
+def test_a_crashed_segment_resumes_without_loss_or_duplicates(env: Env, crash: str, framer: str) -> None:
     """The writer's process dies at its third block, either between the durable SLTS
     write and the commit that records it (at that commit), or before writing (at the
     chunk storage call); a new owner resumes the segment with its uid: it continues
