@@ -49,6 +49,10 @@ OFFLOAD_STREAM_SEGMENTS = "offload_stream_segments"
 OFFLOAD_STREAM_LEDGERS = "offload_stream_ledgers"
 OFFLOAD_TABLES: tuple[str, ...] = (OFFLOAD_LEDGERS, OFFLOAD_STREAM_SEGMENTS, OFFLOAD_STREAM_LEDGERS)
 
+#: The tables of the segment store's clients: a write may commit operations on them in its
+#: own transaction (``ChunkedSegmentStorage.write(..., also=...)``); the engine's tables never.
+CLIENT_TABLES: tuple[str, ...] = (*REMOTE_TABLES, *OFFLOAD_TABLES)
+
 #: What each container asked of the chunk storage (``slts.usage``): requests by kind and
 #: bytes, per traffic class; key: container id (u64 BE) + the class's name.
 USAGE = "usage"

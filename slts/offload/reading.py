@@ -604,37 +604,3 @@ class StreamingLedgerHandle(_Closable):
             return self._storage.read_view(handle, offset, length)
         except (SegmentNotFound, ChunkNotFound) as error:
             raise _gone(self._storage, name, error) from error
-
-
-def block_entries(
-    block: bytes, header: formats.StreamingBlockHeader, *, name: str, offset: int
-) -> list[tuple[int, bytes]]:
-    """The (entry id, payload) pairs of one whole streaming block, in order, ids following
-    one another from the header's; ``InvalidOffloadObject`` for a block cut short, an entry
-    past the block's end, or a gap."""
-    if len(block) < header.block_length:
-        raise InvalidOffloadObject(
-            f"offload object {name!r} at byte {offset}: a block of {header.block_length} bytes"
-            f" holds {len(block)}",
-            object=name,
-            offset=offset,
-        )
-    view, runs = memoryview(block), Runs()
-    parse_frames(
-        view,
-        formats.HEADER_SIZE,
-        header.block_length,
-        header.block_length,
-        header.first_entry_id,
-        None,
-        runs,
-        name=name,
-        base=offset,
-    ).checked()
-    if not len(runs):
-        raise InvalidOffloadObject(
-            f"offload object {name!r} at byte {offset}: a block without entries", object=name, offset=offset
-        )
-    payloads: list[Entry] = []
-    runs.payloads(view, runs.first, runs.first + len(runs) - 1, payloads)
-    return [(header.first_entry_id + i, bytes(payload)) for i, payload in enumerate(payloads)]

@@ -11,16 +11,17 @@ returns its ``OffloadHandle``. ``offer_entry`` takes entries into a bounded buff
 buffer refuses: back-pressure, never unbounded memory; a closed segment refuses too) and a
 writer thread turns them into blocks: one ledger's consecutive entries, at least
 ``block_bytes`` (or what is left when the segment closes), padded with the fill pattern.
-Each block is one SLTS write (atomic and durable), then one commit of the segment's record
-(``StreamSegmentRecord``: blocks, per-ledger counts, the last durable entry) and of the
-ledger records it touches (``StreamLedgerRecord``: PIP-76's offload context).
+Each block is one SLTS write (atomic and durable) whose one commit also records it: the
+segment's record (``StreamSegmentRecord``: blocks, per-ledger counts, the last durable
+entry) and the ledger records it touches (``StreamLedgerRecord``: PIP-76's offload
+context) change in the transaction that makes the block's bytes readable
+(``ChunkedSegmentStorage.write(..., also=...)``): one metadata sync per block, and no
+moment where a block is durable but not recorded.
 
 Durability and resuming: what ``last_offered`` reports after a crash is the last entry of
 the last durable block. ``streaming_offload`` with the uid of the managed ledger's open
-segment resumes it: a block written but not yet recorded (a crash between the write and
-the commit) is read back and recorded, so the segment continues exactly after its last
-durable entry; the caller offers again from there. Nothing is lost and nothing is written
-twice.
+segment resumes it: the segment continues exactly after its last durable entry; the
+caller offers again from there. Nothing is lost and nothing is written twice.
 
 A segment closes when the entries offered to it reach ``max_segment_bytes`` (so it ends
 at most one block's headers and padding past it), when it is older than
@@ -47,6 +48,7 @@ from dataclasses import dataclass
 from slts.errors import (
     EntryOutOfOrder,
     InvalidArgument,
+    InvalidOffloadObject,
     OffloadNotFound,
     SegmentNotFound,
 )
@@ -58,7 +60,7 @@ from slts.offload.ledger_metadata import LedgerInfo, encode_ledger_info
 from slts.offload.ledgers import ID_MAX, check_ledger_id
 from slts.offload.names import segment_index_name, segment_name
 from slts.offload.pending import FillingBlock, encode, new_block
-from slts.offload.reading import StreamingLedgerHandle, block_entries
+from slts.offload.reading import StreamingLedgerHandle
 from slts.offload.records import (
     StreamLedgerRecord,
     StreamSegmentRecord,
@@ -305,63 +307,40 @@ class StreamingOffloader:
         return record
 
     def _resume(self, record: StreamSegmentRecord) -> tuple[StreamSegmentRecord, OffloadResult | None]:
-        """Record the blocks a crash left written but unrecorded (see module doc); finish
-        the close if the crash came during it. Returns the record and, if closed, the
-        segment's result."""
+        """Take an open segment over after a crash: create its object if the crash came
+        before, finish the close if it came during it. Returns the record and, if closed,
+        the segment's result."""
         name = segment_name(self.managed_ledger, record.id)
         try:
             info = self.storage.info(name)
         except SegmentNotFound:  # the crash came between the record and the segment's creation
             self.storage.create(name)
             return record, None
-        handle = self.storage.open_read(name)
-        while record.data_length < info.length:
-            position = record.data_length
-            header = formats.parse_streaming_block_header(
-                self.storage.read(handle, position, formats.HEADER_SIZE), name=name, offset=position
+        if info.length != record.data_length:  # a block and its record commit together
+            raise InvalidOffloadObject(
+                f"offload object {name!r} holds {info.length} bytes, its record {record.data_length}",
+                object=name,
             )
-            block = self.storage.read(handle, position, header.block_length)
-            entries = block_entries(block, header, name=name, offset=position)
-            payload = sum(len(data) for _, data in entries)
-            record = self._commit_block(record, header, entries[-1][0], len(entries), payload)
         if not info.sealed:
             return record, None
         complete = self._close_segment(record)  # sealed only by a close: finish it
         return complete, _result_of(complete)
 
-    def _commit_block(
-        self,
-        record: StreamSegmentRecord,
-        header: formats.StreamingBlockHeader,
-        last: int,
-        count: int,
-        payload: int,
-    ) -> StreamSegmentRecord:
-        """Record one durable block of ``record``'s segment (``count`` entries up to
-        ``last``, ``payload`` bytes of them); return the record after it."""
-        ledger_id = header.ledger_id
+    def _recorded(self, record: StreamSegmentRecord, block: FillingBlock, length: int) -> StreamSegmentRecord:
+        """``record`` with ``block`` (``length`` bytes, written at its end) recorded."""
+        ledger_id = block.ledger_id
         counts = dict(record.ledgers)
         seen = counts.get(ledger_id, [0, 0])
-        counts[ledger_id] = [seen[0] + count, seen[1] + payload]
-        row = [
-            ledger_id,
-            header.first_entry_id,
-            len(record.blocks) + 1,
-            record.data_length,
-            header.block_length,
-            last,
-        ]
-        updated = record.replace(
+        counts[ledger_id] = [seen[0] + block.count, seen[1] + block.payload]
+        row = [ledger_id, block.first, len(record.blocks) + 1, record.data_length, length, block.last]
+        return record.replace(
             blocks=[*record.blocks, row],
             ledgers=counts,
-            data_length=record.data_length + header.block_length,
+            data_length=record.data_length + length,
             end_ledger=ledger_id,
-            end_entry=last,
+            end_entry=block.last,
             epoch=self.storage.epoch,
         )
-        with self._records_lock:
-            self._ctx.ownership.commit(*self._block_commit(record, updated, ledger_id))
-        return updated
 
     def _block_commit(
         self, record: StreamSegmentRecord, updated: StreamSegmentRecord, ledger_id: int
@@ -400,11 +379,16 @@ class StreamingOffloader:
 
     def _write_block(self, record: StreamSegmentRecord, block: FillingBlock) -> StreamSegmentRecord:
         """Write one block (one ledger's consecutive entries, framed as offered) as one SLTS
-        write, then record it."""
+        write whose commit records it too: the block is durable and recorded at once, or
+        neither (no window for a crash between them)."""
         header, data = encode(block, record.block_bytes)
+        updated = self._recorded(record, block, header.block_length)
         name = segment_name(self.managed_ledger, record.id)
-        self.storage.write(self.storage.open_write(name), record.data_length, data)
-        return self._commit_block(record, header, block.last, block.count, block.payload)
+        with self._records_lock:
+            ops, expects = self._block_commit(record, updated, block.ledger_id)
+            handle = self.storage.open_write(name)
+            self.storage.write(handle, record.data_length, data, also=ops, expect=expects)
+        return updated
 
     def _close_segment(self, record: StreamSegmentRecord) -> StreamSegmentRecord:
         """Write the index object, seal both objects, record the segment COMPLETE (each

@@ -61,8 +61,8 @@ from slts.metadata import index
 from slts.metadata.cache import CachedMetadataStore
 from slts.metadata.ownership import EPOCH_MAX, Ownership, ReadOnlyOwnership
 from slts.metadata.records import ChunkRecord, DecodedRecords, GcReason, SegmentRecord, SegmentStatus
-from slts.metadata.schema import CHUNKS, DELETED, GC, INDEX, SEGMENTS, name_key, segment_id_key
-from slts.metadata.store import Delete, Expect, MetadataStore, Put, ReadView, prefix_stop
+from slts.metadata.schema import CHUNKS, CLIENT_TABLES, DELETED, GC, INDEX, SEGMENTS, name_key, segment_id_key
+from slts.metadata.store import Delete, Expect, MetadataStore, Operation, Put, ReadView, prefix_stop
 from slts.storage import block_checksums, layout_changes
 from slts.storage.ahead_intents import AheadIntent, AheadIntents
 from slts.storage.context import EngineContext, SegmentIds
@@ -121,7 +121,8 @@ class _WritePlan:
     """What a write's commit makes readable, fixed before its data I/O: the bytes
     appended to the last chunk, the new chunks, their intents (and the version those
     were committed at), the intent registered ahead for the next write's chunk
-    (``slts.storage.ahead_intents``), and the checksums (None: ``checksums`` is off)."""
+    (``slts.storage.ahead_intents``), the checksums (None: ``checksums`` is off), and the
+    caller's records committed with it."""
 
     appended: bytes
     new_chunks: list[_NewChunk]
@@ -129,6 +130,33 @@ class _WritePlan:
     intent_version: int
     following: Put | None
     sums: _WriteSums | None
+    #: The caller's own operations and expectations (``write``'s ``also`` and ``expect``).
+    also: tuple[Operation, ...] = ()
+    expect: tuple[Expect, ...] = ()
+
+
+def _client_records(
+    also: Sequence[Operation], expect: Sequence[Expect], segment: str
+) -> tuple[tuple[Operation, ...], tuple[Expect, ...]]:
+    """``write``'s ``also`` and ``expect``, checked: operations (``Put``, ``Delete``) and
+    expectations on the clients' tables only (``CLIENT_TABLES``), keys and values bytes."""
+    also, expect = tuple(also), tuple(expect)
+    operations = all(isinstance(op, (Put, Delete)) for op in also)
+    if not operations or not all(isinstance(e, Expect) for e in expect):
+        raise InvalidArgument("also holds Put and Delete operations, expect holds Expect", segment=segment)
+    for item in (*also, *expect):
+        if (
+            item.table not in CLIENT_TABLES
+            or not isinstance(item.key, bytes)
+            or (isinstance(item, Put) and not isinstance(item.value, bytes))
+            or (isinstance(item, Expect) and type(item.version) is not int)
+        ):
+            raise InvalidArgument(
+                f"a write commits records of the clients' tables {list(CLIENT_TABLES)} only (bytes keys and"
+                f" values, integer versions), got {item!r}",
+                segment=segment,
+            )
+    return also, expect
 
 
 def _exactly(data: bytes | memoryview, piece: _ReadPiece, how: str) -> bytes | memoryview:
@@ -621,7 +649,15 @@ class ChunkedSegmentStorage:
 
     # -- write ------------------------------------------------------------------------------------------
 
-    def write(self, handle: SegmentHandle, offset: int, data: bytes | bytearray | memoryview) -> None:
+    def write(
+        self,
+        handle: SegmentHandle,
+        offset: int,
+        data: bytes | bytearray | memoryview,
+        *,
+        also: Sequence[Operation] = (),
+        expect: Sequence[Expect] = (),
+    ) -> None:
         """Append ``data`` at ``offset``, which must equal the segment's length.
 
         Atomic and durable: on return every byte is on the chunk storage (fsynced) and
@@ -630,12 +666,20 @@ class ChunkedSegmentStorage:
         append, this instance created that chunk and it is below ``max_rolling_length``;
         otherwise (and for what does not fit) to new chunks of at most that size.
 
+        ``also`` and ``expect``: a client's own records (in ``CLIENT_TABLES`` only),
+        committed in the write's one transaction and only if ``expect`` holds: the bytes
+        and the records become readable together or not at all (one commit, one sync,
+        no window between them). If ``expect`` fails the write raises
+        ``VersionConflict`` and nothing of it is readable (its chunks go to GC).
+
         Raises ``InvalidArgument``/``InvalidOffset`` (bad input, offset != length, too
         large), ``SegmentNotFound``, ``SegmentSealed``, ``Fenced``, ``ChunkStorageError``,
-        ``WriteExpired`` (it stalled past ``gc_delay_s``; not applied, may be retried).
+        ``VersionConflict`` (``expect``), ``WriteExpired`` (it stalled past
+        ``gc_delay_s``; not applied, may be retried).
         """
         self._check_open()
         handle = self._check_handle(handle, writable=True)
+        also, expect = _client_records(also, expect, handle.name)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidArgument(f"data must be bytes-like, got {type(data).__name__}")
         try:
@@ -659,8 +703,11 @@ class ChunkedSegmentStorage:
                     segment=handle.name,
                     offset=offset,
                 )
-            if not data:  # a no-op: still, only the owner may say it succeeded
-                self._ownership.check()
+            if not data:  # no bytes: still, only the owner may say it succeeded
+                if also or expect:
+                    self._ownership.commit(list(also), list(expect))
+                else:
+                    self._ownership.check()
                 return
             if len(data) > self.config.write_chunks_max * record.max_rolling_length:
                 raise InvalidArgument(
@@ -670,7 +717,7 @@ class ChunkedSegmentStorage:
                     segment=handle.name,
                 )
             try:
-                self._write_locked(record, version, data)
+                self._write_locked(record, version, data, also, expect)
             except BaseException:
                 self.context.counters.add(write_failures=1)
                 if record.last_chunk is not None:
@@ -688,7 +735,14 @@ class ChunkedSegmentStorage:
             and last.length < record.max_rolling_length
         )
 
-    def _write_locked(self, record: SegmentRecord, version: int, data: bytes) -> None:
+    def _write_locked(
+        self,
+        record: SegmentRecord,
+        version: int,
+        data: bytes,
+        also: tuple[Operation, ...] = (),
+        expect: tuple[Expect, ...] = (),
+    ) -> None:
         # Plan: what goes to the last chunk, what to new chunks.
         previous = self.context.chunk(record.last_chunk) if record.last_chunk is not None else None
         last = previous[0] if previous is not None and self._appendable(record, previous[0]) else None
@@ -758,6 +812,8 @@ class ChunkedSegmentStorage:
                 intent_version,
                 following.entry if following is not None else None,
                 sums.result() if isinstance(sums, Future) else sums,
+                also,
+                expect,
             )
             sequence = self._commit_write(record, version, previous, plan)
         except BaseException:
@@ -796,7 +852,7 @@ class ChunkedSegmentStorage:
                         offset=record.length,
                         chunks=lost,
                     ) from exc
-                if attempt == self.config.commit_retries_max:
+                if attempt == self.config.commit_retries_max or not self._expectations_hold(plan.expect):
                     raise
                 self.context.counters.add(commit_retries=1)
                 fresh, version = self.context.load(record.name)
@@ -809,6 +865,18 @@ class ChunkedSegmentStorage:
                         raise
                     previous = fresh_previous
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _expectations_hold(self, expect: tuple[Expect, ...]) -> bool:
+        """Whether a client's expectations (``write``'s ``expect``) hold now: a conflict
+        on them is the caller's, not a layout change a retry could re-base over."""
+        if not expect:
+            return True
+        with self._store.snapshot() as view:
+            for wanted in expect:
+                stored = view.get(wanted.table, wanted.key)
+                if (0 if stored is None else stored.version) != wanted.version:
+                    return False
+        return True
 
     def _write_commit(
         self,
@@ -867,6 +935,8 @@ class ChunkedSegmentStorage:
                 changes["first_chunk"] = new_chunks[0].name
                 changes["first_chunk_start_offset"] = new_chunks[0].start
         ops.append(Put(SEGMENTS, name_key(record.name), record.replace(**changes).encode()))
+        ops += plan.also
+        expect += plan.expect
         return ops, expect
 
     # -- read -------------------------------------------------------------------------------------------

@@ -224,18 +224,20 @@ def test_entries_out_of_order_are_refused_and_nothing_is_taken(env: Env, framer:
         offloader.streaming_offload(uuid.uuid4(), {}, 6, 0)
 
 
-@pytest.mark.parametrize("crash", ["after the block's write", "before the block's write"])
+@pytest.mark.parametrize(
+    "crash", ["after the block's commit", "at the block's commit", "before the block's write"]
+)
 def test_a_crashed_segment_resumes_without_loss_or_duplicates(env: Env, crash: str, framer: str) -> None:
-    """The writer's process dies at its third block, either between the durable SLTS
-    write and the commit that records it (at that commit), or before writing (at the
-    chunk storage call); a new owner resumes the segment with its uid: it continues
-    right after the last durable entry, the producer offers again from there, and every
-    ledger reads back exactly."""
+    """The writer's process dies at its third block: right after the commit that makes it
+    readable and records it (landed), at that commit (not landed: the bytes were written,
+    never readable), or before writing (at the chunk storage call); a new owner resumes the
+    segment with its uid: it continues right after the last durable entry, the producer
+    offers again from there, and every ledger reads back exactly."""
     storage, binding, store = faulty_owner(env)
-    if crash == "after the block's write":
+    if crash != "before the block's write":
         store.on_crash = binding.kill  # the whole process dies
-        # The segment's first commit opens it; the next ones record its blocks.
-        store.crash_at(1 + 3, landed=False, table=OFFLOAD_STREAM_SEGMENTS)
+        # The segment's first commit opens it; the next ones are its blocks' writes.
+        store.crash_at(1 + 3, landed=crash == "after the block's commit", table=OFFLOAD_STREAM_SEGMENTS)
     else:
         binding.before(("create", "write"), lambda: die(binding, store), nth=3, prefix=f"0/{FOLDER}/{ML}/")
     producer = Producer(seed=4, ledger_every=0.02)
@@ -262,8 +264,9 @@ def test_a_crashed_segment_resumes_without_loss_or_duplicates(env: Env, crash: s
     assert durable is not None
     recorded = resumed_offloader.segments()[0]
     assert (recorded.end_ledger, recorded.end_entry) == durable
-    # The third block is durable (and rolled forward) only if the process died after its write.
-    assert len(recorded.blocks) == (3 if crash == "after the block's write" else 2)
+    # The third block is durable only if its commit landed.
+    assert len(recorded.blocks) == (3 if crash == "after the block's commit" else 2)
+    assert resumed_offloader.storage.info(segment_name(ML, uid)).length == recorded.data_length
     keys = [(ledger, entry) for ledger, entry, _ in offered]
     assert durable in keys and keys.index(durable) < len(keys) - 1, "the tail was not durable"
     for ledger, entry, data in offered[keys.index(durable) + 1 :]:  # the producer offers again

@@ -13,9 +13,10 @@ from slts.bindings.base import ChunkHandle
 from slts.bindings.memory import MemoryChunkStorage
 
 from slts.config import StorageConfig
-from slts.errors import InvalidOffset, StorageUnavailable
+from slts.errors import InvalidArgument, InvalidOffset, StorageUnavailable, VersionConflict
 from slts.metadata.memory_store import MemoryMetadataStore
-from slts.metadata.schema import TABLES
+from slts.metadata.schema import CHUNKS, GC, OFFLOAD_LEDGERS, OFFLOAD_STREAM_SEGMENTS, SEGMENTS, TABLES
+from slts.metadata.store import Delete, Expect, Put, scan_all
 from slts.storage.chunked import ChunkedSegmentStorage
 from tests.support.engine import Env
 
@@ -234,3 +235,68 @@ def test_random_writes_and_reads_match_a_bytearray(
         assert storage.read(handle, offset, length) == reference[offset : offset + length]
     assert_layout(storage, name, bytes(reference))
     assert all(chunk.length <= rolling for _, chunk in storage.chunks(name))
+
+
+# -- a write and a client's records in one commit -------------------------------------------------
+
+
+def test_a_write_commits_a_clients_records_with_its_bytes(env: Env) -> None:
+    """``also``/``expect``: the records land in the write's own transaction; when ``expect``
+    fails, the write raises VersionConflict and neither its bytes nor the records are there."""
+    storage = env.open()
+    storage.create("s/r")
+    handle = storage.open_write("s/r")
+    key = b"ml/0"
+    storage.write(handle, 0, b"first", also=[Put(OFFLOAD_STREAM_SEGMENTS, key, b"one")])
+    stored = env.store.get(OFFLOAD_STREAM_SEGMENTS, key)
+    assert stored is not None and stored.value == b"one"
+    version = stored.version
+    with pytest.raises(VersionConflict):
+        storage.write(
+            handle,
+            5,
+            b"second",
+            also=[Put(OFFLOAD_STREAM_SEGMENTS, key, b"two")],
+            expect=[Expect(OFFLOAD_STREAM_SEGMENTS, key, version + 1)],
+        )
+    assert storage.info("s/r").length == 5 and storage.read(handle, 0, 5) == b"first"
+    assert env.store.get(OFFLOAD_STREAM_SEGMENTS, key) == stored
+    storage.write(
+        handle,
+        5,
+        b"second",
+        also=[Put(OFFLOAD_STREAM_SEGMENTS, key, b"two"), Delete(OFFLOAD_LEDGERS, b"gone")],
+        expect=[Expect(OFFLOAD_STREAM_SEGMENTS, key, version), Expect(OFFLOAD_LEDGERS, b"gone", 0)],
+    )
+    assert storage.read(handle, 0, 11) == b"firstsecond"
+    assert env.store.get(OFFLOAD_STREAM_SEGMENTS, key).value == b"two"
+    storage.write(handle, 11, b"", also=[Put(OFFLOAD_STREAM_SEGMENTS, key, b"three")])  # records alone
+    assert env.store.get(OFFLOAD_STREAM_SEGMENTS, key).value == b"three" and storage.info("s/r").length == 11
+
+
+@pytest.mark.parametrize(
+    ("also", "expect"),
+    [
+        ([Put(SEGMENTS, b"s/r", b"x")], []),  # the engine's own tables: never
+        ([Delete(CHUNKS, b"c")], []),
+        ([], [Expect(GC, b"k", 0)]),
+        ([Expect(OFFLOAD_LEDGERS, b"k", 0)], []),  # an expectation among the operations
+        ([], [Put(OFFLOAD_LEDGERS, b"k", b"v")]),
+        ([Put(OFFLOAD_LEDGERS, "text key", b"v")], []),  # type: ignore[arg-type]
+        ([Put(OFFLOAD_LEDGERS, b"k", "text value")], []),  # type: ignore[arg-type]
+        ([], [Expect(OFFLOAD_LEDGERS, b"k", True)]),
+        (["not an operation"], []),
+    ],
+)
+def test_a_write_refuses_records_outside_the_clients_tables_and_changes_nothing(
+    env: Env, also: list[object], expect: list[object]
+) -> None:
+    storage = env.open()
+    storage.create("s/r")
+    handle = storage.open_write("s/r")
+    storage.write(handle, 0, b"kept")
+    before = {table: list(scan_all(env.store, table)) for table in TABLES}
+    with pytest.raises(InvalidArgument, match=r"also|clients' tables"):
+        storage.write(handle, 4, b"more", also=also, expect=expect)  # type: ignore[arg-type]
+    assert {table: list(scan_all(env.store, table)) for table in TABLES} == before
+    assert storage.info("s/r").length == 4
