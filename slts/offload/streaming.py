@@ -82,8 +82,11 @@ MAX_SEGMENT_AGE_S_DEFAULT = 600.0
 MIN_SEGMENT_AGE_S_DEFAULT = 0.0
 #: While the writer thread writes a block, every this many offers yield the interpreter: the
 #: writer's I/O calls give it up, and an offering thread that never does would make each of
-#: them wait out the interpreter's switch interval (5 ms) to get it back.
+#: them wait out the interpreter's switch interval (5 ms) to get it back. The offer that hands
+#: the writer a full block yields too, or the writer would wait as long to start on it.
 YIELD_EVERY = 32
+#: The most bytes of blocks one SLTS write of the writer carries (a block larger goes alone).
+WRITE_BATCH_BYTES_MAX = 64 << 20
 #: How often (real seconds) the writer looks at the segment's age when nothing arrives.
 AGE_CHECK_INTERVAL_S = 1.0
 _B = 4  # position of a block's length in its record row: [ledger, first, part, offset, length, last]
@@ -249,7 +252,7 @@ class StreamingOffloader:
                 self,
                 record,
                 result,
-                write_block=self._write_block,
+                write_blocks=self._write_blocks,
                 close_segment=self._close_segment,
                 abandon=self._abandon,
             )
@@ -343,15 +346,15 @@ class StreamingOffloader:
         )
 
     def _block_commit(
-        self, record: StreamSegmentRecord, updated: StreamSegmentRecord, ledger_id: int
+        self, record: StreamSegmentRecord, updated: StreamSegmentRecord
     ) -> tuple[list[Operation], list[Expect]]:
-        """The commit recording a block: ``updated`` over ``record``, and, for the block's
-        ledger new to the segment, the segment in its context."""
+        """The commit recording blocks: ``updated`` over ``record``, and, for each ledger of
+        theirs new to the segment, the segment in that ledger's context."""
         ops: list[Operation] = [Put(OFFLOAD_STREAM_SEGMENTS, updated.key, updated.encode())]
         expects = [
             Expect(OFFLOAD_STREAM_SEGMENTS, record.key, self._version(OFFLOAD_STREAM_SEGMENTS, record.key))
         ]
-        if ledger_id not in record.ledgers:
+        for ledger_id in updated.ledgers.keys() - record.ledgers.keys():
             key = stream_key(self.managed_ledger, ledger_id)
             version = self._version(OFFLOAD_STREAM_LEDGERS, key)
             ledger = (
@@ -377,16 +380,22 @@ class StreamingOffloader:
             stored = view.get(table, key)
         return 0 if stored is None else stored.version
 
-    def _write_block(self, record: StreamSegmentRecord, block: FillingBlock) -> StreamSegmentRecord:
-        """Write one block (one ledger's consecutive entries, framed as offered) as one SLTS
-        write whose commit records it too: the block is durable and recorded at once, or
-        neither (no window for a crash between them)."""
-        header, data = encode(block, record.block_bytes)
-        updated = self._recorded(record, block, header.block_length)
+    def _write_blocks(self, record: StreamSegmentRecord, blocks: list[FillingBlock]) -> StreamSegmentRecord:
+        """Write blocks (each one ledger's consecutive entries, framed as offered; in
+        order) as one SLTS write whose commit records them too: they are durable and
+        recorded at once, or none is (no window for a crash between bytes and record)."""
+        assert blocks
+        updated = record
+        pieces = []
+        for block in blocks:
+            header, data = encode(block, record.block_bytes)
+            updated = self._recorded(updated, block, header.block_length)
+            pieces.append(data)
         name = segment_name(self.managed_ledger, record.id)
         with self._records_lock:
-            ops, expects = self._block_commit(record, updated, block.ledger_id)
+            ops, expects = self._block_commit(record, updated)
             handle = self.storage.open_write(name)
+            data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
             self.storage.write(handle, record.data_length, data, also=ops, expect=expects)
         return updated
 
@@ -649,12 +658,12 @@ class OffloadHandle:
         record: StreamSegmentRecord,
         result: OffloadResult | None,
         *,
-        write_block: Callable[[StreamSegmentRecord, FillingBlock], StreamSegmentRecord],
+        write_blocks: Callable[[StreamSegmentRecord, list[FillingBlock]], StreamSegmentRecord],
         close_segment: Callable[[StreamSegmentRecord], StreamSegmentRecord],
         abandon: Callable[[StreamSegmentRecord], None],
     ) -> None:
         self._offloader = offloader
-        self._write_block = write_block
+        self._write_blocks = write_blocks
         self._close_segment = close_segment
         self._abandon = abandon
         self._record = record
@@ -720,6 +729,7 @@ class OffloadHandle:
         if not isinstance(data, bytes) or len(data) > formats.INT32_MAX:
             raise InvalidArgument("an entry is a bytes object of at most 2**31-1 bytes")
         offloader = self._offloader
+        handed = False  # a full block went to the writer
         with self._lock:
             if self._error is not None:
                 raise self._error
@@ -739,6 +749,7 @@ class OffloadHandle:
                     if block is not None:
                         self._full.append(block)
                         self._cond.notify_all()  # a block's worth: the writer has work (not before)
+                        handed = True
                     self._filling = new_block(ledger_id, entry_id, data, offloader.block_bytes)
                 self._buffered += size
                 self._segment_bytes += size
@@ -749,8 +760,8 @@ class OffloadHandle:
         if self._writer is None:
             if self._ready():  # the caller's thread writes what is due
                 self._drive()
-        elif self._writing and entry_id % YIELD_EVERY == 0:
-            time.sleep(0)  # let the writer back in after each of its I/O calls (see YIELD_EVERY)
+        elif handed or (self._writing and entry_id % YIELD_EVERY == 0):
+            time.sleep(0)  # let the writer in: to take the block, or after its I/O calls (YIELD_EVERY)
         return outcome
 
     def _check_follows(self, ledger_id: int, entry_id: int) -> None:
@@ -870,13 +881,13 @@ class OffloadHandle:
                 self._cond.wait(AGE_CHECK_INTERVAL_S)
                 if self._age() >= self._offloader.max_segment_age_s:
                     self._closing = True
-            block, flushing = self._take_block()
+            blocks, flushing = self._take_blocks()
         try:
             with traffic_class(TrafficClass.OFFLOAD):  # the writer's blocks are offload traffic
-                if block is not None:
+                if blocks:
                     self._writing = True
                     try:
-                        self._record = self._write_block(self._record, block)
+                        self._record = self._write_blocks(self._record, blocks)
                     finally:
                         self._writing = False
                     return True
@@ -902,17 +913,32 @@ class OffloadHandle:
     def _ready(self) -> bool:
         return bool(self._full) or self._closing or self._flushes > self._done_flushes
 
-    def _take_block(self) -> tuple[FillingBlock | None, int]:
-        """Under the lock: the next block to write (a full one; with a flush or the close
-        asked for, the one being filled), or None; with the flush number it satisfies."""
+    def _take_blocks(self) -> tuple[list[FillingBlock], int]:
+        """Under the lock: the blocks to write next, in order: the full ones (as many as
+        fit in ``WRITE_BATCH_BYTES_MAX``, at least one), then, with a flush or the close
+        asked for and none left full, the one being filled; with the flush number they
+        satisfy. Several blocks are there when the writer fell behind the offers: they go
+        in one write and one commit (one data sync and one metadata sync for all), so a
+        writer slower than its producer catches up instead of falling further behind."""
         flushing = self._flushes
-        if self._full:
-            block: FillingBlock | None = self._full.popleft()
-        elif self._filling is not None and (self._closing or self._flushes > self._done_flushes):
-            block, self._filling = self._filling, None
-        else:
-            return None, flushing
-        assert block is not None
-        self._buffered -= block.payload
-        self._cond.notify_all()
-        return block, flushing
+        blocks: list[FillingBlock] = []
+        size = 0
+
+        def fits(block: FillingBlock) -> bool:
+            return not blocks or size + block.used <= WRITE_BATCH_BYTES_MAX
+
+        while self._full and fits(self._full[0]):
+            blocks.append(self._full.popleft())
+            size += blocks[-1].used
+        if (
+            not self._full
+            and self._filling is not None
+            and fits(self._filling)
+            and (self._closing or self._flushes > self._done_flushes)
+        ):
+            blocks.append(self._filling)
+            self._filling = None
+        if blocks:
+            self._buffered -= sum(block.payload for block in blocks)
+            self._cond.notify_all()
+        return blocks, flushing

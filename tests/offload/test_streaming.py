@@ -27,7 +27,7 @@ from slts.metadata.store import Put
 from slts.offload import formats
 from slts.offload.ledger_metadata import LedgerInfo, decode_ledger_info, encode_ledger_info
 from slts.offload.names import FOLDER, segment_index_name, segment_name
-from slts.offload.records import StreamState
+from slts.offload.records import StreamSegmentRecord, StreamState
 from slts.offload.streaming import (
     OfferResult,
     OffloadHandle,
@@ -228,9 +228,9 @@ def test_entries_out_of_order_are_refused_and_nothing_is_taken(env: Env, framer:
     "crash", ["after the block's commit", "at the block's commit", "before the block's write"]
 )
 def test_a_crashed_segment_resumes_without_loss_or_duplicates(env: Env, crash: str, framer: str) -> None:
-    """The writer's process dies at its third block: right after the commit that makes it
-    readable and records it (landed), at that commit (not landed: the bytes were written,
-    never readable), or before writing (at the chunk storage call); a new owner resumes the
+    """The writer's process dies at its third write of blocks: right after the commit that
+    makes them readable and records them (landed), at that commit (not landed: the bytes
+    were written, never readable), or before writing (at the chunk storage call); a new owner resumes the
     segment with its uid: it continues right after the last durable entry, the producer
     offers again from there, and every ledger reads back exactly."""
     storage, binding, store = faulty_owner(env)
@@ -242,6 +242,14 @@ def test_a_crashed_segment_resumes_without_loss_or_duplicates(env: Env, crash: s
         binding.before(("create", "write"), lambda: die(binding, store), nth=3, prefix=f"0/{FOLDER}/{ML}/")
     producer = Producer(seed=4, ledger_every=0.02)
     offloader = StreamingOffloader(storage, ML, block_bytes=2048, buffer_bytes=4096)
+    batches: list[int] = []  # blocks per write (and commit): as many as were full
+    write_blocks = offloader._write_blocks
+
+    def counted(record: StreamSegmentRecord, blocks: list) -> StreamSegmentRecord:
+        batches.append(len(blocks))
+        return write_blocks(record, blocks)
+
+    offloader._write_blocks = counted
     uid = uuid.uuid4()
     handle = offloader.streaming_offload(uid, {}, 0, 0)
     offered = []
@@ -264,17 +272,44 @@ def test_a_crashed_segment_resumes_without_loss_or_duplicates(env: Env, crash: s
     assert durable is not None
     recorded = resumed_offloader.segments()[0]
     assert (recorded.end_ledger, recorded.end_entry) == durable
-    # The third block is durable only if its commit landed.
-    assert len(recorded.blocks) == (3 if crash == "after the block's commit" else 2)
+    # The third write's blocks are durable only if its commit landed.
+    landed = 3 if crash == "after the block's commit" else 2
+    assert len(batches) == 3 and len(recorded.blocks) == sum(batches[:landed])
     assert resumed_offloader.storage.info(segment_name(ML, uid)).length == recorded.data_length
     keys = [(ledger, entry) for ledger, entry, _ in offered]
-    assert durable in keys and keys.index(durable) < len(keys) - 1, "the tail was not durable"
+    assert durable in keys
+    if landed == 2:
+        assert keys.index(durable) < len(keys) - 1, "the third write's entries were not durable"
     for ledger, entry, data in offered[keys.index(durable) + 1 :]:  # the producer offers again
         assert offer(resumed, ledger, entry, data) == OfferResult.OK
     resumed.close(timeout=30)
     for ledger_id in range(offered[-1][0] + 1):
         expected = [data for ledger, _, data in offered if ledger == ledger_id]
         assert resumed_offloader.read_ledger(ledger_id).read(0, len(expected) - 1) == expected
+
+
+def test_a_writer_behind_its_producer_writes_the_full_blocks_in_one_write_and_commit(env: Env) -> None:
+    """Blocks that pile up while the writer writes go in its next write, in order, with
+    one commit recording them all; they read back exactly."""
+    storage, binding, _ = faulty_owner(env)
+    release = threading.Event()
+    binding.before(("create", "write"), lambda: release.wait(30), nth=1, prefix=f"0/{FOLDER}/{ML}/")
+    offloader = StreamingOffloader(storage, ML, block_bytes=2048, buffer_bytes=8192)
+    handle = offloader.streaming_offload(uuid.uuid4(), {}, 0, 0)
+    payloads = [bytes([i % 251]) * 100 for i in range(200)]
+    entry = 0
+    while handle.offer_entry(0, entry, payloads[entry]) == OfferResult.OK:
+        entry += 1  # the first block's write waits: the rest piles up until the buffer is full
+    writes = storage.statistics().writes
+    release.set()
+    for entry_id in range(entry, len(payloads)):
+        assert offer(handle, 0, entry_id, payloads[entry_id]) == OfferResult.OK
+    handle.close(timeout=30)
+    (segment,) = offloader.segments()
+    data_writes = storage.statistics().writes - writes - 1  # the index object's write
+    assert len(segment.blocks) >= 6 and data_writes < len(segment.blocks), (len(segment.blocks), data_writes)
+    assert [row[3] for row in segment.blocks] == [2048 * i for i in range(len(segment.blocks))]
+    assert offloader.read_ledger(0).read(0, 199) == payloads
 
 
 def test_deleting_ledgers_removes_a_segment_once_all_of_its_ledgers_are_gone(env: Env) -> None:
