@@ -188,10 +188,11 @@ def offload_stream(
 ) -> Iterator[tuple[str, Workload, Workload, float, str]]:
     """Subject: a managed ledger offering 1 KiB entries to a streaming offload (PIP-76) one
     by one, waiting out back-pressure with ``wait_for_room``, then closing the segment: the
-    writer (the handle's thread, or with ``threads`` off the offering thread) builds blocks
-    of 5 MiB (Pulsar's default), each one atomic durable SLTS write and one commit, then
-    the index object. Baseline: the segment's bytes written raw into a new chunk of the
-    same binding in writes of one block, each ``fdatasync``ed."""
+    offers frame blocks of 5 MiB (Pulsar's default), which the writer (the handle's thread,
+    or with ``threads`` off the offering thread) writes, the full ones it finds in one atomic
+    durable SLTS write whose commit records them, then the index object. Baseline: the
+    segment's bytes written raw into a new chunk of the same binding in writes of one
+    block, each ``fdatasync``ed."""
     count = (8 if quick else 64) << 10
     payload = os.urandom(1024)
     folder = Folder(parent)
