@@ -17,7 +17,6 @@ import uuid
 
 import pytest
 
-from slts.errors import InvalidOffloadObject
 from slts.offload import formats, framing
 from slts.offload.framing import Runs, parse_frames
 from slts.offload.ledgers import ENTRY_TYPES, Entry, MemoryLedger
@@ -215,26 +214,6 @@ def test_entries_stay_readable_after_their_object_is_deleted_and_collected(env: 
         pass
     assert not list(storage.list("offload/"))
     assert entries == payloads
-
-
-def test_damage_found_by_the_compiled_walk_is_refused_through_a_handle(env: Env, native: object) -> None:
-    storage = env.open(checksums=False, verify_checksums_on_read=False)
-    payloads = [bytes([i % 251]) * 50 for i in range(200)]
-    offloader = LedgerOffloader(storage, max_block_bytes=1 << 20)
-    uid = uuid.uuid4()
-    offloader.offload(MemoryLedger(1, payloads), uid)
-    ((_, chunk),) = list(storage.chunks(f"offload/{uid}-ledger-1"))
-    binding = storage.chunk_storage
-    data = bytearray(binding.read(binding.open_read(chunk.name), 0, chunk.length))
-    position = formats.HEADER_SIZE + 120 * 62
-    struct.pack_into(">i", data, position, 1 << 20)  # entry 120 runs past its block
-    binding.delete(binding.open_write(chunk.name))
-    binding.create(chunk.name, bytes(data))
-    handle = offloader.read_offloaded(1, uid)
-    assert handle.read(0, 119) == payloads[:120]
-    with pytest.raises(InvalidOffloadObject, match="entry 120") as caught:
-        handle.read(0, 199)
-    assert caught.value.offset == position
 
 
 # -- Block: the streaming block an offer frames its entry into -----------------------------------
