@@ -377,22 +377,20 @@ static void block_frame(Block *self, long long entry_id, PyObject *data)
     self->count += 1;
 }
 
-static PyObject *block_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+static PyTypeObject BlockType;
+
+/* A new block beginning with entry `first` of `ledger_id` (its bytes object reserved at
+ * once: `block_bytes`, or more for a first entry larger than that). */
+static Block *block_create(long long ledger_id, long long first, PyObject *data, Py_ssize_t block_bytes)
 {
-    long long ledger_id, first;
-    PyObject *data;
-    Py_ssize_t block_bytes;
-    static char *names[] = {"ledger_id", "first", "data", "block_bytes", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LLSn:Block", names, &ledger_id, &first, &data, &block_bytes)) {
-        return NULL;
-    }
     Py_ssize_t size = PyBytes_GET_SIZE(data);
     if (ledger_id < 0 || first < 0 || size > INT32_MAX || block_bytes < 0) {
-        return PyErr_Format(PyExc_ValueError, "Block: ledger %lld, entry %lld, %zd bytes, blocks of %zd",
-                            ledger_id, first, size, block_bytes);
+        PyErr_Format(PyExc_ValueError, "Block: ledger %lld, entry %lld, %zd bytes, blocks of %zd", ledger_id,
+                     first, size, block_bytes);
+        return NULL;
     }
     Py_ssize_t used = BLOCK_HEADER_BYTES + HEADER_BYTES + size;
-    Block *self = (Block *)type->tp_alloc(type, 0);
+    Block *self = (Block *)BlockType.tp_alloc(&BlockType, 0);
     if (self == NULL) {
         return NULL;
     }
@@ -408,7 +406,33 @@ static PyObject *block_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->payload = 0;
     self->used = BLOCK_HEADER_BYTES;
     block_frame(self, first, data);
-    return (PyObject *)self;
+    return self;
+}
+
+/* Frame the entry into the block if it is the next of the block's ledger and fits in
+ * `block_bytes` (and in the bytes reserved): 1 if taken, else 0. */
+static int block_take(Block *self, long long ledger_id, long long entry_id, PyObject *data, Py_ssize_t block_bytes)
+{
+    long long used = self->used + HEADER_BYTES + PyBytes_GET_SIZE(data);
+    if (ledger_id != self->ledger_id || entry_id != self->last + 1 || used > block_bytes
+        || used > PyBytes_GET_SIZE(self->data)) {
+        return 0;
+    }
+    block_frame(self, entry_id, data);
+    return 1;
+}
+
+static PyObject *block_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    (void)type;
+    long long ledger_id, first;
+    PyObject *data;
+    Py_ssize_t block_bytes;
+    static char *names[] = {"ledger_id", "first", "data", "block_bytes", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LLSn:Block", names, &ledger_id, &first, &data, &block_bytes)) {
+        return NULL;
+    }
+    return (PyObject *)block_create(ledger_id, first, data, block_bytes);
 }
 
 static void block_dealloc(Block *self)
@@ -434,13 +458,7 @@ static PyObject *block_add(Block *self, PyObject *const *args, Py_ssize_t nargs)
     if (self->data == NULL) {
         return PyErr_Format(PyExc_ValueError, "add: the block is finished");
     }
-    long long used = self->used + HEADER_BYTES + PyBytes_GET_SIZE(args[2]);
-    if (ledger_id != self->ledger_id || entry_id != self->last + 1 || used > block_bytes
-        || used > PyBytes_GET_SIZE(self->data)) {
-        Py_RETURN_FALSE;
-    }
-    block_frame(self, entry_id, args[2]);
-    Py_RETURN_TRUE;
+    return PyBool_FromLong(block_take(self, ledger_id, entry_id, args[2], block_bytes));
 }
 
 static PyObject *block_finish(Block *self, PyObject *args)
@@ -501,6 +519,254 @@ static PyTypeObject BlockType = {
     .tp_new = block_new,
 };
 
+/* -- Offers: the entries offered to a streaming segment, not yet taken by its writer ------- */
+
+/* Bits of `offer`'s answer (slts.offload.pending: TAKEN ... INVALID). */
+#define OFFER_TAKEN 1
+#define OFFER_HANDED 2
+#define OFFER_ROLLOVER 4
+#define OFFER_FULL 8
+#define OFFER_CLOSED 16
+#define OFFER_UNORDERED 32
+#define OFFER_INVALID 64
+
+/* slts.offload.pending.OfferBuffer's twin. Not tracked by the garbage collector: it holds
+ * a list of Blocks and a Block, which hold bytes only. The handle calls it under its lock,
+ * and each call runs without releasing the interpreter or running Python code. */
+typedef struct {
+    PyObject_HEAD
+    long long begin_ledger, begin_entry;
+    int has_last;
+    long long last_ledger, last_entry;
+    long long segment_bytes, buffered;
+    long long buffer_bytes, block_bytes, max_segment_bytes;
+    double assigned_s, max_age_s, min_age_s;
+    int closing;
+    PyObject *full; /* list of Blocks, oldest first */
+    Block *filling; /* NULL: none */
+} Offers;
+
+static PyObject *offers_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    long long begin_ledger, begin_entry, segment_bytes;
+    PyObject *last, *limits;
+    int closing;
+    static char *names[] = {"begin", "last", "segment_bytes", "limits", "closing", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "(LL)OLOp:Offers", names, &begin_ledger, &begin_entry, &last,
+                                     &segment_bytes, &limits, &closing)) {
+        return NULL;
+    }
+    Offers *self = (Offers *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->full = PyList_New(0);
+    if (self->full == NULL
+        || !PyArg_ParseTuple(limits, "LLLddd:limits", &self->buffer_bytes, &self->block_bytes,
+                             &self->max_segment_bytes, &self->assigned_s, &self->max_age_s, &self->min_age_s)
+        || (last != Py_None && !PyArg_ParseTuple(last, "LL:last", &self->last_ledger, &self->last_entry))) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->begin_ledger = begin_ledger;
+    self->begin_entry = begin_entry;
+    self->has_last = last != Py_None;
+    self->segment_bytes = segment_bytes;
+    self->buffered = 0;
+    self->closing = closing;
+    self->filling = NULL;
+    return (PyObject *)self;
+}
+
+static void offers_dealloc(Offers *self)
+{
+    Py_XDECREF(self->full);
+    Py_XDECREF(self->filling);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* An id as OfferBuffer.offer accepts it: an int (not a bool, no subclass) in [0, 2**63-1]. */
+static int offer_id(PyObject *value, long long *id)
+{
+    if (!PyLong_CheckExact(value)) {
+        return 0;
+    }
+    *id = PyLong_AsLongLong(value);
+    if (*id == -1 && PyErr_Occurred()) {
+        PyErr_Clear(); /* too large: bad input, answered as such */
+        return 0;
+    }
+    return *id >= 0;
+}
+
+static PyObject *offers_offer(Offers *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        return PyErr_Format(PyExc_TypeError, "offer takes 4 arguments, got %zd", nargs);
+    }
+    long long ledger_id, entry_id;
+    PyObject *data = args[2];
+    if (!offer_id(args[0], &ledger_id) || !offer_id(args[1], &entry_id) || !PyBytes_Check(data)
+        || PyBytes_GET_SIZE(data) > INT32_MAX) {
+        return PyLong_FromLong(OFFER_INVALID);
+    }
+    double now = PyFloat_AsDouble(args[3]);
+    if (now == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    double age = now - self->assigned_s;
+    if (self->closing || age >= self->max_age_s) {
+        return PyLong_FromLong(OFFER_CLOSED);
+    }
+    int follows = self->has_last ? (ledger_id == self->last_ledger && entry_id == self->last_entry + 1)
+                                       || (ledger_id > self->last_ledger && entry_id == 0)
+                                 : (ledger_id == self->begin_ledger && entry_id == self->begin_entry);
+    if (!follows) {
+        return PyLong_FromLong(OFFER_UNORDERED);
+    }
+    if (self->buffered >= self->buffer_bytes) {
+        return PyLong_FromLong(OFFER_FULL);
+    }
+    long outcome = OFFER_TAKEN;
+    if (self->filling == NULL || !block_take(self->filling, ledger_id, entry_id, data, self->block_bytes)) {
+        Block *block = block_create(ledger_id, entry_id, data, self->block_bytes);
+        if (block == NULL) {
+            return NULL;
+        }
+        if (self->filling != NULL) {
+            if (PyList_Append(self->full, (PyObject *)self->filling) < 0) {
+                Py_DECREF(block);
+                return NULL;
+            }
+            Py_DECREF(self->filling);
+            outcome |= OFFER_HANDED;
+        }
+        self->filling = block;
+    }
+    Py_ssize_t size = PyBytes_GET_SIZE(data);
+    self->buffered += size;
+    self->segment_bytes += size;
+    self->has_last = 1;
+    self->last_ledger = ledger_id;
+    self->last_entry = entry_id;
+    if (self->segment_bytes >= self->max_segment_bytes && age >= self->min_age_s) {
+        outcome |= OFFER_ROLLOVER;
+    }
+    return PyLong_FromLong(outcome);
+}
+
+static PyObject *offers_take(Offers *self, PyObject *args)
+{
+    long long batch_bytes;
+    int filling;
+    if (!PyArg_ParseTuple(args, "Lp:take", &batch_bytes, &filling)) {
+        return NULL;
+    }
+    Py_ssize_t queued = PyList_GET_SIZE(self->full), taken = 0;
+    long long size = 0, payload = 0;
+    while (taken < queued) {
+        Block *block = (Block *)PyList_GET_ITEM(self->full, taken);
+        if (taken && size + block->used > batch_bytes) {
+            break;
+        }
+        size += block->used;
+        payload += block->payload;
+        taken += 1;
+    }
+    PyObject *blocks = PyList_GetSlice(self->full, 0, taken);
+    if (blocks == NULL || PyList_SetSlice(self->full, 0, taken, NULL) < 0) {
+        Py_XDECREF(blocks);
+        return NULL;
+    }
+    if (filling && taken == queued && self->filling != NULL && (!taken || size + self->filling->used <= batch_bytes)) {
+        if (PyList_Append(blocks, (PyObject *)self->filling) < 0) {
+            Py_DECREF(blocks);
+            return NULL;
+        }
+        payload += self->filling->payload;
+        Py_CLEAR(self->filling);
+    }
+    self->buffered -= payload;
+    return blocks;
+}
+
+static PyObject *offers_get_closing(Offers *self, void *unused)
+{
+    (void)unused;
+    return PyBool_FromLong(self->closing);
+}
+
+static int offers_set_closing(Offers *self, PyObject *value, void *unused)
+{
+    (void)unused;
+    int closing = value == NULL ? -1 : PyObject_IsTrue(value);
+    if (closing < 0) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "closing cannot be deleted");
+        }
+        return -1;
+    }
+    self->closing = closing;
+    return 0;
+}
+
+static PyObject *offers_get_last(Offers *self, void *unused)
+{
+    (void)unused;
+    if (!self->has_last) {
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(LL)", self->last_ledger, self->last_entry);
+}
+
+static PyObject *offers_get_has_full(Offers *self, void *unused)
+{
+    (void)unused;
+    return PyBool_FromLong(PyList_GET_SIZE(self->full) > 0);
+}
+
+static PyObject *offers_get_has_filling(Offers *self, void *unused)
+{
+    (void)unused;
+    return PyBool_FromLong(self->filling != NULL);
+}
+
+static PyGetSetDef offers_getset[] = {
+    {"closing", (getter)offers_get_closing, (setter)offers_set_closing, "The segment closes: offers are refused.", NULL},
+    {"last", (getter)offers_get_last, NULL, "The (ledger, entry) last taken, or None.", NULL},
+    {"has_full", (getter)offers_get_has_full, NULL, "Whether a full block waits for the writer.", NULL},
+    {"has_filling", (getter)offers_get_has_filling, NULL, "Whether a block is being filled.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef offers_members[] = {
+    {"buffered", T_LONGLONG, offsetof(Offers, buffered), READONLY, "The payload held, bytes."},
+    {"segment_bytes", T_LONGLONG, offsetof(Offers, segment_bytes), READONLY, "The payload offered to the segment."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyMethodDef offers_methods[] = {
+    {"offer", (PyCFunction)(void (*)(void))offers_offer, METH_FASTCALL,
+     "offer(ledger_id, entry_id, data, now) -> int: take the entry if it may be; bits of what happened."},
+    {"take", (PyCFunction)offers_take, METH_VARARGS,
+     "take(batch_bytes, filling) -> list: the blocks for the writer's next write, in order."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject OffersType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "slts.offload._framing.Offers",
+    .tp_basicsize = sizeof(Offers),
+    .tp_dealloc = (destructor)offers_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Offers(begin, last, segment_bytes, limits, closing): slts.offload.pending.OfferBuffer's\n"
+              "compiled twin.",
+    .tp_methods = offers_methods,
+    .tp_members = offers_members,
+    .tp_getset = offers_getset,
+    .tp_new = offers_new,
+};
+
 static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS, walk_doc},
     {"views", views, METH_VARARGS, views_doc},
@@ -517,14 +783,16 @@ static struct PyModuleDef definition = {
 
 PyMODINIT_FUNC PyInit__framing(void)
 {
-    if (PyType_Ready(&SpanType) < 0 || PyType_Ready(&PayloadType) < 0 || PyType_Ready(&BlockType) < 0) {
+    if (PyType_Ready(&SpanType) < 0 || PyType_Ready(&PayloadType) < 0 || PyType_Ready(&BlockType) < 0
+        || PyType_Ready(&OffersType) < 0) {
         return NULL;
     }
     PyObject *module = PyModule_Create(&definition);
     if (module == NULL) {
         return NULL;
     }
-    if (PyModule_AddType(module, &PayloadType) < 0 || PyModule_AddType(module, &BlockType) < 0) {
+    if (PyModule_AddType(module, &PayloadType) < 0 || PyModule_AddType(module, &BlockType) < 0
+        || PyModule_AddType(module, &OffersType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -50,3 +50,25 @@ class Block:
     def __init__(self, ledger_id: int, first: int, data: bytes, block_bytes: int) -> None: ...
     def add(self, ledger_id: int, entry_id: int, data: bytes, block_bytes: int, /) -> bool: ...
     def finish(self, header: bytes, fill: bytes, /) -> bytes: ...
+
+@final
+class Offers:
+    """The entries offered to a streaming segment, not yet taken by its writer
+    (``slts.offload.pending.OfferBuffer``'s twin: the same members)."""
+
+    closing: bool
+    last: Final[tuple[int, int] | None]
+    buffered: Final[int]
+    segment_bytes: Final[int]
+    has_full: Final[bool]
+    has_filling: Final[bool]
+    def __init__(
+        self,
+        begin: tuple[int, int],
+        last: tuple[int, int] | None,
+        segment_bytes: int,
+        limits: tuple[int, int, int, float, float, float],
+        closing: bool,
+    ) -> None: ...
+    def offer(self, ledger_id: object, entry_id: object, data: object, now: float, /) -> int: ...
+    def take(self, batch_bytes: int, filling: bool, /) -> list[Block]: ...

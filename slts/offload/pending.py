@@ -19,7 +19,7 @@ written: no per-entry Python work, no join), which ``new_block`` picks where it 
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from slts.offload import formats, framing
 
@@ -102,3 +102,155 @@ def encode(block: FillingBlock, block_bytes: int) -> tuple[formats.StreamingBloc
     data = block.finish(header.encode(), formats.padding(size - block.used))
     assert len(data) == size, (len(data), size)
     return header, data
+
+
+class OfferLimits(NamedTuple):
+    """A segment's limits, fixed while it is written: the buffer's and a block's size, the
+    segment's size and ages (``assigned_s``: when it was opened, on the offloader's clock)."""
+
+    buffer_bytes: int
+    block_bytes: int
+    max_segment_bytes: int
+    assigned_s: float
+    max_age_s: float
+    min_age_s: float
+
+
+#: What ``OfferBuffer.offer`` did, as bits: the entry was taken; a full block went to the
+#: writer; the segment reached its size (it closes). Or, nothing taken: the buffer is full;
+#: the segment is closing (or too old); the entry does not follow the last one; bad input.
+TAKEN, HANDED, ROLLOVER, FULL, CLOSED, UNORDERED, INVALID = 1, 2, 4, 8, 16, 32, 64
+_ID_MAX = (1 << 63) - 1
+
+
+class OfferBuffer:
+    """The entries offered to a streaming segment that its writer has not taken yet: the
+    full blocks (oldest first), the block being filled, and the counts PIP-76 keeps as
+    Pulsar does (``buffered``: the payload held; ``segment_bytes``: the payload offered to
+    the segment). The handle calls it under its lock; the compiled ``Offers`` of
+    ``slts.offload._framing`` is its twin (``new_offer_buffer`` picks), which does an offer
+    in one C call with no Python work."""
+
+    __slots__ = (
+        "_assigned_s",
+        "_begin",
+        "_block_bytes",
+        "_buffer_bytes",
+        "_filling",
+        "_full",
+        "_max_age_s",
+        "_max_segment_bytes",
+        "_min_age_s",
+        "buffered",
+        "closing",
+        "last",
+        "segment_bytes",
+    )
+
+    def __init__(
+        self,
+        begin: tuple[int, int],
+        last: tuple[int, int] | None,
+        segment_bytes: int,
+        limits: OfferLimits,
+        closing: bool,
+    ) -> None:
+        self._begin = begin
+        self.last = last
+        self.segment_bytes = segment_bytes
+        self._buffer_bytes = limits.buffer_bytes
+        self._block_bytes = limits.block_bytes
+        self._max_segment_bytes = limits.max_segment_bytes
+        self._assigned_s = limits.assigned_s
+        self._max_age_s = limits.max_age_s
+        self._min_age_s = limits.min_age_s
+        self.closing = closing
+        self.buffered = 0
+        self._full: list[FillingBlock] = []
+        self._filling: FillingBlock | None = None
+
+    def offer(self, ledger_id: object, entry_id: object, data: object, now: float) -> int:
+        """Take the entry if it may be taken (the bits above say what happened): ids are
+        ints in [0, 2**63-1] and ``data`` bytes of at most 2**31-1; the segment is neither
+        closing nor ``max_age_s`` old at ``now``; the entry follows the last one (the next
+        of its ledger, entry 0 of a later ledger, or the segment's begin first); the buffer
+        holds less than ``buffer_bytes``."""
+        if (
+            type(ledger_id) is not int
+            or type(entry_id) is not int
+            or not (0 <= ledger_id <= _ID_MAX and 0 <= entry_id <= _ID_MAX)
+            or not isinstance(data, bytes)
+            or len(data) > formats.INT32_MAX
+        ):
+            return INVALID
+        age = now - self._assigned_s
+        if self.closing or age >= self._max_age_s:
+            return CLOSED
+        last = self.last
+        if not (
+            (ledger_id, entry_id) == self._begin
+            if last is None
+            else (ledger_id == last[0] and entry_id == last[1] + 1) or (ledger_id > last[0] and entry_id == 0)
+        ):
+            return UNORDERED
+        if self.buffered >= self._buffer_bytes:
+            return FULL
+        outcome = TAKEN
+        block = self._filling
+        if block is None or not block.add(ledger_id, entry_id, data, self._block_bytes):
+            if block is not None:
+                self._full.append(block)
+                outcome |= HANDED
+            self._filling = PendingBlock(ledger_id, entry_id, data, self._block_bytes)
+        size = len(data)
+        self.buffered += size
+        self.segment_bytes += size
+        self.last = (ledger_id, entry_id)
+        if self.segment_bytes >= self._max_segment_bytes and age >= self._min_age_s:
+            outcome |= ROLLOVER
+        return outcome
+
+    @property
+    def has_full(self) -> bool:
+        """Whether a full block waits for the writer."""
+        return bool(self._full)
+
+    @property
+    def has_filling(self) -> bool:
+        """Whether a block is being filled."""
+        return self._filling is not None
+
+    def take(self, batch_bytes: int, filling: bool) -> list[FillingBlock]:
+        """The blocks for the writer's next write, in order: the full ones that fit in
+        ``batch_bytes`` of header and frames (at least one), then, if ``filling`` and none
+        is left full, the block being filled if it fits too."""
+        blocks: list[FillingBlock] = []
+        size = 0
+
+        def fits(block: FillingBlock) -> bool:
+            return not blocks or size + block.used <= batch_bytes
+
+        while self._full and fits(self._full[0]):
+            blocks.append(self._full.pop(0))
+            size += blocks[-1].used
+        block = self._filling
+        if filling and not self._full and block is not None and fits(block):
+            blocks.append(block)
+            self._filling = None
+        self.buffered -= sum(block.payload for block in blocks)
+        return blocks
+
+
+def new_offer_buffer(
+    begin: tuple[int, int],
+    last: tuple[int, int] | None,
+    segment_bytes: int,
+    limits: OfferLimits,
+    closing: bool,
+) -> OfferBuffer:
+    """An offer buffer, compiled where built (``framing.NATIVE``)."""
+    native = framing.NATIVE
+    if native is not None:
+        buffer: OfferBuffer = native.Offers(begin, last, segment_bytes, limits, closing)
+        return buffer
+    return OfferBuffer(begin, last, segment_bytes, limits, closing)

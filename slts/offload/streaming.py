@@ -41,9 +41,9 @@ import enum
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import NoReturn
 
 from slts.errors import (
     EntryOutOfOrder,
@@ -57,9 +57,21 @@ from slts.metadata.schema import OFFLOAD_STREAM_LEDGERS, OFFLOAD_STREAM_SEGMENTS
 from slts.metadata.store import Delete, Expect, Operation, Put, prefix_stop, scan_all
 from slts.offload import formats
 from slts.offload.ledger_metadata import LedgerInfo, encode_ledger_info
-from slts.offload.ledgers import ID_MAX, check_ledger_id
+from slts.offload.ledgers import check_ledger_id
 from slts.offload.names import segment_index_name, segment_name
-from slts.offload.pending import FillingBlock, encode, new_block
+from slts.offload.pending import (
+    CLOSED,
+    FULL,
+    HANDED,
+    INVALID,
+    ROLLOVER,
+    TAKEN,
+    UNORDERED,
+    FillingBlock,
+    OfferLimits,
+    encode,
+    new_offer_buffer,
+)
 from slts.offload.reading import StreamingLedgerHandle
 from slts.offload.records import (
     StreamLedgerRecord,
@@ -674,21 +686,28 @@ class OffloadHandle:
         #: One lock: ``with self._lock`` (taken per offer, in C) and ``self._cond`` on it.
         self._lock = threading.RLock()  # re-entered: ``alive`` inside a wait's predicate
         self._cond = threading.Condition(self._lock)
-        #: Blocks full (or cut by a new ledger), oldest first, and the block being filled.
-        self._full: deque[FillingBlock] = deque()
-        self._filling: FillingBlock | None = None
-        #: The payload of the entries in ``_full`` and ``_filling``.
-        self._buffered = 0
-        #: The payload of the entries offered to the segment (the size rollover counts these).
-        self._segment_bytes = sum(payload for _, payload in record.ledgers.values())
-        self._closing = result is not None
+        last = (record.end_ledger, record.end_entry)
+        #: The entries offered and not yet taken by the writer, and what offers count
+        #: (``slts.offload.pending.OfferBuffer``); its ``closing``: the segment closes.
+        self._offers = new_offer_buffer(
+            (record.begin_ledger, record.begin_entry),
+            None if last == (-1, -1) else last,
+            sum(payload for _, payload in record.ledgers.values()),
+            OfferLimits(
+                offloader.buffer_bytes,
+                offloader.block_bytes,
+                offloader.max_segment_bytes,
+                record.assigned_ms / 1000,
+                offloader.max_segment_age_s,
+                offloader.min_segment_age_s,
+            ),
+            result is not None,
+        )
         self._finished = result is not None
         self._flushes = 0
         self._done_flushes = 0
         self._error: BaseException | None = None
         self._result = result
-        last = (record.end_ledger, record.end_entry)
-        self._last_offered: tuple[int, int] | None = None if last == (-1, -1) else last
         self._writer: threading.Thread | None = None
         if offloader.threads and result is None:
             self._writer = threading.Thread(target=self._run, name=f"slts-offload-{self.uid}", daemon=True)
@@ -705,12 +724,12 @@ class OffloadHandle:
     def last_offered(self) -> tuple[int, int] | None:
         """The (ledger, entry) last taken (after a resume: the last durable one)."""
         with self._lock:
-            return self._last_offered
+            return self._offers.last
 
     def can_offer(self, size: int) -> bool:
         """Whether an entry (of any ``size``) would be taken now."""
         with self._lock:
-            return not self._closing and self._buffered < self._offloader.buffer_bytes
+            return not self._offers.closing and self._offers.buffered < self._offloader.buffer_bytes
 
     def offer_entry(self, ledger_id: int, entry_id: int, data: bytes) -> OfferResult:
         """Take an entry. It must follow the last one offered: the next entry of the same
@@ -719,67 +738,47 @@ class OffloadHandle:
         ``min_segment_age_s`` old) closes it, as does its age.
         Raises ``EntryOutOfOrder`` (nothing taken), ``InvalidArgument``, and the writer's
         error once it failed."""
-        if (
-            type(ledger_id) is not int
-            or type(entry_id) is not int
-            or not (0 <= ledger_id <= ID_MAX and 0 <= entry_id <= ID_MAX)
-        ):  # one test in the common case (this runs per entry); the checks say what is wrong
+        with self._lock:
+            outcome = self._offers.offer(ledger_id, entry_id, data, self._offloader.clock())
+            if not outcome & TAKEN:
+                return self._refused(outcome, ledger_id, entry_id, data)
+            if outcome & ROLLOVER:
+                self._start_closing()
+            elif outcome & HANDED:
+                self._cond.notify_all()  # a block's worth: the writer has work (not before)
+        if self._writer is None:
+            if outcome & (HANDED | ROLLOVER):  # the caller's thread writes what is due
+                self._drive()
+        elif outcome & HANDED or (self._writing and entry_id % YIELD_EVERY == 0):
+            time.sleep(0)  # let the writer in: to take the block, or after its I/O calls (YIELD_EVERY)
+        return OfferResult.OK
+
+    def _refused(self, outcome: int, ledger_id: int, entry_id: int, data: bytes) -> OfferResult:
+        """Under the lock: what an offer the buffer did not take (``outcome``) answers."""
+        if outcome & INVALID:
             check_ledger_id(ledger_id)
             check_ledger_id(entry_id)
-        if not isinstance(data, bytes) or len(data) > formats.INT32_MAX:
             raise InvalidArgument("an entry is a bytes object of at most 2**31-1 bytes")
-        offloader = self._offloader
-        handed = False  # a full block went to the writer
-        with self._lock:
-            if self._error is not None:
-                raise self._error
-            age = offloader.clock() - self._assigned_s
-            if self._closing or age >= offloader.max_segment_age_s:
-                self._start_closing()
-                outcome = OfferResult.FAIL_SEGMENT_CLOSED
-            else:
-                last = self._last_offered
-                if last is None or ledger_id != last[0] or entry_id != last[1] + 1:
-                    self._check_follows(ledger_id, entry_id)  # (the next entry of the ledger passes)
-                if self._buffered >= offloader.buffer_bytes:
-                    return OfferResult.FAIL_BUFFER_FULL
-                size = len(data)
-                block = self._filling
-                if block is None or not block.add(ledger_id, entry_id, data, offloader.block_bytes):
-                    if block is not None:
-                        self._full.append(block)
-                        self._cond.notify_all()  # a block's worth: the writer has work (not before)
-                        handed = True
-                    self._filling = new_block(ledger_id, entry_id, data, offloader.block_bytes)
-                self._buffered += size
-                self._segment_bytes += size
-                self._last_offered = (ledger_id, entry_id)
-                if self._segment_bytes >= offloader.max_segment_bytes and age >= offloader.min_segment_age_s:
-                    self._start_closing()
-                outcome = OfferResult.OK
-        if self._writer is None:
-            if self._ready():  # the caller's thread writes what is due
-                self._drive()
-        elif handed or (self._writing and entry_id % YIELD_EVERY == 0):
-            time.sleep(0)  # let the writer in: to take the block, or after its I/O calls (YIELD_EVERY)
-        return outcome
+        if self._error is not None:
+            raise self._error
+        if outcome & CLOSED:
+            self._start_closing()
+            return OfferResult.FAIL_SEGMENT_CLOSED
+        if outcome & UNORDERED:
+            self._unordered(ledger_id, entry_id)
+        assert outcome == FULL, outcome
+        return OfferResult.FAIL_BUFFER_FULL
 
-    def _check_follows(self, ledger_id: int, entry_id: int) -> None:
-        expected = self._last_offered
-        follows = (
-            (ledger_id, entry_id) == (self._record.begin_ledger, self._record.begin_entry)
-            if expected is None
-            else (ledger_id == expected[0] and entry_id == expected[1] + 1)
-            or (ledger_id > expected[0] and entry_id == 0)
+    def _unordered(self, ledger_id: int, entry_id: int) -> NoReturn:
+        """Raise ``EntryOutOfOrder``: the entry does not follow the last one offered."""
+        expected = self._offers.last
+        raise EntryOutOfOrder(
+            f"{self._offloader.managed_ledger}: entry ({ledger_id}, {entry_id}) does not follow"
+            f" {expected if expected is not None else 'the segment begin'}"
+            f" ({self._record.begin_ledger}, {self._record.begin_entry})",
+            ledger=ledger_id,
+            entry=entry_id,
         )
-        if not follows:
-            raise EntryOutOfOrder(
-                f"{self._offloader.managed_ledger}: entry ({ledger_id}, {entry_id}) does not follow"
-                f" {expected if expected is not None else 'the segment begin'}"
-                f" ({self._record.begin_ledger}, {self._record.begin_entry})",
-                ledger=ledger_id,
-                entry=entry_id,
-            )
 
     def wait_for_room(self, timeout: float | None = None) -> None:
         """After ``FAIL_BUFFER_FULL``: wait until an offer would find room (the writer took
@@ -790,8 +789,8 @@ class OffloadHandle:
         with self._lock:
             if not self._cond.wait_for(
                 lambda: (
-                    self._buffered < self._offloader.buffer_bytes
-                    or self._closing
+                    self._offers.buffered < self._offloader.buffer_bytes
+                    or self._offers.closing
                     or self._error is not None
                     or not self.alive
                 ),
@@ -852,7 +851,7 @@ class OffloadHandle:
         return self._offloader.clock() - self._assigned_s
 
     def _start_closing(self) -> None:
-        self._closing = True
+        self._offers.closing = True
         self._cond.notify_all()
 
     # -- the writer -------------------------------------------------------------------------------
@@ -880,7 +879,7 @@ class OffloadHandle:
                     return False
                 self._cond.wait(AGE_CHECK_INTERVAL_S)
                 if self._age() >= self._offloader.max_segment_age_s:
-                    self._closing = True
+                    self._offers.closing = True
             blocks, flushing = self._take_blocks()
         try:
             with traffic_class(TrafficClass.OFFLOAD):  # the writer's blocks are offload traffic
@@ -894,7 +893,8 @@ class OffloadHandle:
                 with self._lock:
                     self._done_flushes = max(self._done_flushes, flushing)
                     self._cond.notify_all()
-                    if not self._closing or self._full or self._filling is not None:
+                    offers = self._offers
+                    if not offers.closing or offers.has_full or offers.has_filling:
                         return wait  # idle: a thread waits for more, the caller's thread returns
                 self._record = self._close_segment(self._record)
                 with self._lock:
@@ -907,11 +907,12 @@ class OffloadHandle:
             with self._lock:
                 self._error = exc
                 self._finished = True
+                self._offers.closing = True  # offers now raise the error
                 self._cond.notify_all()
             return False
 
     def _ready(self) -> bool:
-        return bool(self._full) or self._closing or self._flushes > self._done_flushes
+        return self._offers.has_full or self._offers.closing or self._flushes > self._done_flushes
 
     def _take_blocks(self) -> tuple[list[FillingBlock], int]:
         """Under the lock: the blocks to write next, in order: the full ones (as many as
@@ -921,24 +922,8 @@ class OffloadHandle:
         in one write and one commit (one data sync and one metadata sync for all), so a
         writer slower than its producer catches up instead of falling further behind."""
         flushing = self._flushes
-        blocks: list[FillingBlock] = []
-        size = 0
-
-        def fits(block: FillingBlock) -> bool:
-            return not blocks or size + block.used <= WRITE_BATCH_BYTES_MAX
-
-        while self._full and fits(self._full[0]):
-            blocks.append(self._full.popleft())
-            size += blocks[-1].used
-        if (
-            not self._full
-            and self._filling is not None
-            and fits(self._filling)
-            and (self._closing or self._flushes > self._done_flushes)
-        ):
-            blocks.append(self._filling)
-            self._filling = None
+        offers = self._offers
+        blocks = offers.take(WRITE_BATCH_BYTES_MAX, offers.closing or self._flushes > self._done_flushes)
         if blocks:
-            self._buffered -= sum(block.payload for block in blocks)
             self._cond.notify_all()
         return blocks, flushing

@@ -2,8 +2,9 @@
 reference: the same frames, payloads, outcomes and errors for every block, whole, cut short or
 damaged; its ``Payload``, the zero-copy view an entry leaves as: bytes-like, read-only,
 equal to and hashed as its bytes, untracked by the garbage collector, and valid after its
-object is deleted and collected; and its ``Block``, which takes and encodes a streaming block's
-entries as ``PendingBlock`` does. Bad input to the compiled calls raises and changes nothing."""
+object is deleted and collected; its ``Block``, which takes and encodes a streaming block's
+entries as ``PendingBlock`` does; and its ``Offers``, which answers offers and takes as
+``OfferBuffer`` does. Bad input to the compiled calls raises and changes nothing."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from slts.offload import formats, framing
 from slts.offload.framing import Runs, parse_frames
 from slts.offload.ledgers import ENTRY_TYPES, Entry, MemoryLedger
 from slts.offload.offloader import LedgerOffloader
-from slts.offload.pending import PendingBlock, encode
+from slts.offload.pending import TAKEN, OfferBuffer, OfferLimits, PendingBlock, encode
 from tests.offload.conftest import BUILT
 from tests.support.engine import Env, env_fixture
 
@@ -269,3 +270,72 @@ def test_a_compiled_block_refuses_bad_input_and_a_second_use(native: object) -> 
         native.Block(-1, 0, b"", 1000)  # type: ignore[attr-defined]
     with pytest.raises(TypeError):
         native.Block(1, 0, "text", 1000)  # type: ignore[attr-defined]
+
+
+# -- Offers: the entries offered to a streaming segment ------------------------------------------
+
+
+def test_the_compiled_offer_buffer_answers_as_offer_buffer(native: object) -> None:
+    """The same offers, ages, closings and takes applied to both: the same answers, the
+    same state after each step, and blocks that encode to the same bytes."""
+    rng = random.Random(11)
+    for _ in range(60):
+        block_bytes = rng.choice([300, 1000, 4096])
+        limits = OfferLimits(
+            buffer_bytes=rng.choice([500, 2000, 10_000]),
+            block_bytes=block_bytes,
+            max_segment_bytes=rng.choice([2000, 20_000, 1 << 40]),
+            assigned_s=100.0,
+            max_age_s=rng.choice([50.0, 1000.0]),
+            min_age_s=rng.choice([0.0, 10.0]),
+        )
+        begin = (rng.randrange(3), rng.randrange(5))
+        last = rng.choice([None, (begin[0], begin[1] + rng.randrange(4))])
+        state = (begin, last, rng.randrange(1000), limits, False)
+        buffers = [native.Offers(*state), OfferBuffer(*state)]  # type: ignore[attr-defined]
+        ledger, entry = last if last is not None else (begin[0], begin[1] - 1)
+        for _ in range(rng.randrange(200)):
+            step = rng.random()
+            if step < 0.08:  # the writer takes
+                batch, filling = rng.choice([1, 700, 5000]), rng.random() < 0.5
+                taken = [b.take(batch, filling) for b in buffers]
+                encoded = [[encode(x, block_bytes) for x in blocks] for blocks in taken]
+                assert encoded[0] == encoded[1]
+            elif step < 0.1:
+                for b in buffers:
+                    b.closing = not b.closing
+            else:
+                ledger_id, entry_id = rng.choice(
+                    [(ledger, entry + 1)] * 8 + [(ledger + 1, 0), (ledger, entry + 2), (ledger, entry), begin]
+                )
+                args: tuple[object, ...] = (ledger_id, entry_id, rng.randbytes(rng.choice([0, 10, 200, 900])))
+                if rng.random() < 0.05:
+                    args = rng.choice([(True, 1, b"x"), (1, -1, b"x"), (1 << 63, 1, b"x"), (1, 1, "text")])
+                now = 100.0 + rng.choice([0.0, 5.0, 20.0, 60.0])
+                answers = [b.offer(*args, now) for b in buffers]
+                assert answers[0] == answers[1], (args, now)
+                if answers[0] & TAKEN:
+                    ledger, entry = ledger_id, entry_id
+            fields = [
+                (b.closing, b.last, b.buffered, b.segment_bytes, b.has_full, b.has_filling) for b in buffers
+            ]
+            assert fields[0] == fields[1]
+
+
+def test_the_compiled_offer_buffer_refuses_bad_construction(native: object) -> None:
+    limits = OfferLimits(100, 100, 100, 0.0, 1.0, 0.0)
+    for bad in [
+        ((1,), None, 0, limits, False),
+        ((0, 0), (1,), 0, limits, False),
+        ((0, 0), None, 0, (1, 2), False),
+    ]:
+        with pytest.raises(TypeError):
+            native.Offers(*bad)  # type: ignore[attr-defined]
+    offers = native.Offers((0, 0), None, 0, limits, False)  # type: ignore[attr-defined]
+    with pytest.raises(TypeError):
+        offers.offer(0, 0, b"x")
+    with pytest.raises(TypeError):
+        offers.offer(0, 0, b"x", "not a time")
+    with pytest.raises(TypeError):
+        del offers.closing
+    assert (offers.buffered, offers.last, offers.has_filling) == (0, None, False), "nothing taken"
