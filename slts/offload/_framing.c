@@ -88,7 +88,8 @@ static PyObject *walk(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*nnnLL:walk", &view, &position, &limit, &block_end, &first, &remaining)) {
         return NULL;
     }
-    if (position < 0 || position > limit || limit > view.len || limit > block_end) {
+    /* A position past `limit` (a block that ends before it) walks nothing, as in Python. */
+    if (position < 0 || limit > view.len || limit > block_end) {
         PyBuffer_Release(&view);
         return PyErr_Format(PyExc_ValueError, "walk: position %zd, limit %zd, block end %zd, buffer %zd",
                             position, limit, block_end, view.len);
