@@ -15,6 +15,9 @@
 #include <structmember.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
 
 #define HEADER_BYTES 12
 
@@ -380,6 +383,25 @@ static void block_frame(Block *self, long long entry_id, PyObject *data)
 
 static PyTypeObject BlockType;
 
+/* Ask for huge pages for a block's bytes (Linux, where transparent huge pages are on
+ * "madvise"): a 5 MiB block filled entry by entry then takes a few page faults, not 1,280
+ * (the faults of fresh memory were most of an offer's cost). A hint: failures are ignored. */
+static void block_huge_pages(PyObject *data)
+{
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    const uintptr_t huge = (uintptr_t)2 << 20;
+    uintptr_t start = (uintptr_t)PyBytes_AS_STRING(data);
+    uintptr_t end = start + (uintptr_t)PyBytes_GET_SIZE(data);
+    uintptr_t first = (start + huge - 1) & ~(huge - 1);
+    uintptr_t last = end & ~(huge - 1);
+    if (last > first) {
+        (void)madvise((void *)first, (size_t)(last - first), MADV_HUGEPAGE);
+    }
+#else
+    (void)data;
+#endif
+}
+
 /* A new block beginning with entry `first` of `ledger_id` (its bytes object reserved at
  * once: `block_bytes`, or more for a first entry larger than that). */
 static Block *block_create(long long ledger_id, long long first, PyObject *data, Py_ssize_t block_bytes)
@@ -400,6 +422,7 @@ static Block *block_create(long long ledger_id, long long first, PyObject *data,
         Py_DECREF(self);
         return NULL;
     }
+    block_huge_pages(self->data);
     self->ledger_id = ledger_id;
     self->first = first;
     self->last = first - 1;

@@ -653,6 +653,9 @@ def _result_of(record: StreamSegmentRecord) -> OffloadResult:
     )
 
 
+_OK = OfferResult.OK
+
+
 class OffloadHandle:
     """One streaming segment being written (Pulsar's ``OffloadHandle``). A writer (its own
     thread, or the caller's with ``threads=False``) turns the offered entries into blocks.
@@ -684,7 +687,7 @@ class OffloadHandle:
         #: Whether the writer thread is writing a block (offers then yield the interpreter now and then).
         self._writing = False
         #: One lock: ``with self._lock`` (taken per offer, in C) and ``self._cond`` on it.
-        self._lock = threading.RLock()  # re-entered: ``alive`` inside a wait's predicate
+        self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         last = (record.end_ledger, record.end_entry)
         #: The entries offered and not yet taken by the writer, and what offers count
@@ -721,6 +724,10 @@ class OffloadHandle:
         with self._lock:
             return not self._finished
 
+    def _alive_locked(self) -> bool:
+        """``alive``, for a caller that holds the lock."""
+        return self._writer.is_alive() if self._writer is not None else not self._finished
+
     def last_offered(self) -> tuple[int, int] | None:
         """The (ledger, entry) last taken (after a resume: the last durable one)."""
         with self._lock:
@@ -740,18 +747,21 @@ class OffloadHandle:
         error once it failed."""
         with self._lock:
             outcome = self._offers.offer(ledger_id, entry_id, data, self._offloader.clock())
-            if not outcome & TAKEN:
-                return self._refused(outcome, ledger_id, entry_id, data)
-            if outcome & ROLLOVER:
-                self._start_closing()
+            if outcome != TAKEN:  # (this runs per entry: the common case is one test)
+                if not outcome & TAKEN:
+                    return self._refused(outcome, ledger_id, entry_id, data)
+                if outcome & ROLLOVER:
+                    self._start_closing()
+                else:
+                    self._cond.notify_all()  # a block's worth: the writer has work (not before)
+        if outcome != TAKEN:
+            if self._writer is None:
+                self._drive()  # the caller's thread writes what is due
             elif outcome & HANDED:
-                self._cond.notify_all()  # a block's worth: the writer has work (not before)
-        if self._writer is None:
-            if outcome & (HANDED | ROLLOVER):  # the caller's thread writes what is due
-                self._drive()
-        elif outcome & HANDED or (self._writing and entry_id % YIELD_EVERY == 0):
-            time.sleep(0)  # let the writer in: to take the block, or after its I/O calls (YIELD_EVERY)
-        return OfferResult.OK
+                time.sleep(0)  # let the writer in at once to take the block
+        elif self._writing and entry_id % YIELD_EVERY == 0:
+            time.sleep(0)  # let the writer back in after its I/O calls (see YIELD_EVERY)
+        return _OK
 
     def _refused(self, outcome: int, ledger_id: int, entry_id: int, data: bytes) -> OfferResult:
         """Under the lock: what an offer the buffer did not take (``outcome``) answers."""
@@ -792,7 +802,7 @@ class OffloadHandle:
                     self._offers.buffered < self._offloader.buffer_bytes
                     or self._offers.closing
                     or self._error is not None
-                    or not self.alive
+                    or not self._alive_locked()
                 ),
                 timeout,
             ):
@@ -811,7 +821,8 @@ class OffloadHandle:
         self._drive()
         with self._lock:
             if not self._cond.wait_for(
-                lambda: self._done_flushes >= target or self._error is not None or not self.alive, timeout
+                lambda: self._done_flushes >= target or self._error is not None or not self._alive_locked(),
+                timeout,
             ):
                 raise TimeoutError(f"segment {self.uid}: flush did not finish in {timeout} s")
             if self._error is not None:
