@@ -131,21 +131,7 @@ class OfferBuffer:
     ``slts.offload._framing`` is its twin (``new_offer_buffer`` picks), which does an offer
     in one C call with no Python work."""
 
-    __slots__ = (
-        "_assigned_s",
-        "_begin",
-        "_block_bytes",
-        "_buffer_bytes",
-        "_filling",
-        "_full",
-        "_max_age_s",
-        "_max_segment_bytes",
-        "_min_age_s",
-        "buffered",
-        "closing",
-        "last",
-        "segment_bytes",
-    )
+    __slots__ = ("_begin", "_filling", "_full", "_limits", "buffered", "closing", "last", "segment_bytes")
 
     def __init__(
         self,
@@ -156,14 +142,9 @@ class OfferBuffer:
         closing: bool,
     ) -> None:
         self._begin = begin
+        self._limits = limits
         self.last = last
         self.segment_bytes = segment_bytes
-        self._buffer_bytes = limits.buffer_bytes
-        self._block_bytes = limits.block_bytes
-        self._max_segment_bytes = limits.max_segment_bytes
-        self._assigned_s = limits.assigned_s
-        self._max_age_s = limits.max_age_s
-        self._min_age_s = limits.min_age_s
         self.closing = closing
         self.buffered = 0
         self._full: list[FillingBlock] = []
@@ -183,8 +164,9 @@ class OfferBuffer:
             or len(data) > formats.INT32_MAX
         ):
             return INVALID
-        age = now - self._assigned_s
-        if self.closing or age >= self._max_age_s:
+        limits = self._limits
+        age = now - limits.assigned_s
+        if self.closing or age >= limits.max_age_s:
             return CLOSED
         last = self.last
         if not (
@@ -193,20 +175,20 @@ class OfferBuffer:
             else (ledger_id == last[0] and entry_id == last[1] + 1) or (ledger_id > last[0] and entry_id == 0)
         ):
             return UNORDERED
-        if self.buffered >= self._buffer_bytes:
+        if self.buffered >= limits.buffer_bytes:
             return FULL
         outcome = TAKEN
         block = self._filling
-        if block is None or not block.add(ledger_id, entry_id, data, self._block_bytes):
+        if block is None or not block.add(ledger_id, entry_id, data, limits.block_bytes):
             if block is not None:
                 self._full.append(block)
                 outcome |= HANDED
-            self._filling = PendingBlock(ledger_id, entry_id, data, self._block_bytes)
+            self._filling = PendingBlock(ledger_id, entry_id, data, limits.block_bytes)
         size = len(data)
         self.buffered += size
         self.segment_bytes += size
         self.last = (ledger_id, entry_id)
-        if self.segment_bytes >= self._max_segment_bytes and age >= self._min_age_s:
+        if self.segment_bytes >= limits.max_segment_bytes and age >= limits.min_age_s:
             outcome |= ROLLOVER
         return outcome
 
