@@ -609,10 +609,10 @@ static void offers_dealloc(Offers *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* An id as OfferBuffer.offer accepts it: an int (not a bool, no subclass) in [0, 2**63-1]. */
+/* An id as OfferBuffer.offer accepts it: an int (not a bool) in [0, 2**63-1]. */
 static int offer_id(PyObject *value, long long *id)
 {
-    if (!PyLong_CheckExact(value)) {
+    if (!PyLong_Check(value) || PyBool_Check(value)) {
         return 0;
     }
     *id = PyLong_AsLongLong(value);

@@ -150,16 +150,19 @@ class OfferBuffer:
         self._full: list[FillingBlock] = []
         self._filling: FillingBlock | None = None
 
-    def offer(self, ledger_id: object, entry_id: object, data: object, now: float) -> int:
+    def offer(self, ledger_id: int, entry_id: int, data: bytes, now: float) -> int:
         """Take the entry if it may be taken (the bits above say what happened): ids are
-        ints in [0, 2**63-1] and ``data`` bytes of at most 2**31-1; the segment is neither
-        closing nor ``max_age_s`` old at ``now``; the entry follows the last one (the next
-        of its ledger, entry 0 of a later ledger, or the segment's begin first); the buffer
-        holds less than ``buffer_bytes``."""
+        ints (not bools) in [0, 2**63-1] and ``data`` bytes of at most 2**31-1 (checked:
+        other values are ``INVALID``); the segment is neither closing nor ``max_age_s``
+        old at ``now``; the entry follows the last one (the next of its ledger, entry 0 of
+        a later ledger, or the segment's begin first); the buffer holds less than
+        ``buffer_bytes``."""
+        if type(ledger_id) is not int or type(entry_id) is not int:  # (one test in the common case)
+            if any(isinstance(i, bool) or not isinstance(i, int) for i in (ledger_id, entry_id)):
+                return INVALID
+            ledger_id, entry_id = int(ledger_id), int(entry_id)
         if (
-            type(ledger_id) is not int
-            or type(entry_id) is not int
-            or not (0 <= ledger_id <= _ID_MAX and 0 <= entry_id <= _ID_MAX)
+            not (0 <= ledger_id <= _ID_MAX and 0 <= entry_id <= _ID_MAX)
             or not isinstance(data, bytes)
             or len(data) > formats.INT32_MAX
         ):

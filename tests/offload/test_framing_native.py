@@ -281,6 +281,10 @@ def test_a_compiled_block_refuses_bad_input_and_a_second_use(native: object) -> 
 # -- Offers: the entries offered to a streaming segment ------------------------------------------
 
 
+class Id(int):
+    """An int subclass: an id as good as an int (bools are not)."""
+
+
 def test_the_compiled_offer_buffer_answers_as_offer_buffer(native: object) -> None:
     """The same offers, ages, closings and takes applied to both: the same answers, the
     same state after each step, and blocks that encode to the same bytes."""
@@ -316,7 +320,15 @@ def test_the_compiled_offer_buffer_answers_as_offer_buffer(native: object) -> No
                 )
                 args: tuple[object, ...] = (ledger_id, entry_id, rng.randbytes(rng.choice([0, 10, 200, 900])))
                 if rng.random() < 0.05:
-                    args = rng.choice([(True, 1, b"x"), (1, -1, b"x"), (1 << 63, 1, b"x"), (1, 1, "text")])
+                    args = rng.choice(
+                        [
+                            (True, 1, b"x"),
+                            (1, -1, b"x"),
+                            (1 << 63, 1, b"x"),
+                            (1, 1, "text"),
+                            (Id(ledger_id), Id(entry_id), b"an int subclass is an int"),
+                        ]
+                    )
                 now = 100.0 + rng.choice([0.0, 5.0, 20.0, 60.0])
                 answers = [b.offer(*args, now) for b in buffers]
                 assert answers[0] == answers[1], (args, now)
