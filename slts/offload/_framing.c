@@ -100,6 +100,7 @@ static PyObject *walk(PyObject *module, PyObject *args)
     const unsigned char *bytes = view.buf;
     RunTable table = {NULL, 0, 0};
     int64_t expected = first;
+    int past_max = 0; /* an entry id 2**63-1 was walked: no id can follow it */
     int outcome = WALK_DONE;
     while (remaining != 0) {
         if (position + HEADER_BYTES > limit) {
@@ -114,7 +115,7 @@ static PyObject *walk(PyObject *module, PyObject *args)
             break; /* the fill pattern */
         }
         int64_t end = (int64_t)position + HEADER_BYTES + length;
-        if (entry_id != expected || end > block_end) {
+        if (entry_id != expected || past_max || end > block_end) {
             outcome = WALK_DAMAGED;
             break;
         }
@@ -128,7 +129,11 @@ static PyObject *walk(PyObject *module, PyObject *args)
             return NULL;
         }
         position = (Py_ssize_t)end;
-        expected += 1;
+        if (expected == INT64_MAX) {
+            past_max = 1;
+        } else {
+            expected += 1;
+        }
         if (remaining > 0) {
             remaining -= 1;
         }
@@ -139,7 +144,7 @@ static PyObject *walk(PyObject *module, PyObject *args)
     if (runs == NULL) {
         return NULL;
     }
-    return Py_BuildValue("NLni", runs, (long long)(expected - first), position, outcome);
+    return Py_BuildValue("NLni", runs, (long long)(expected - first + past_max), position, outcome);
 }
 
 /* -- Payload: a read-only view of `length` bytes at `data`, inside a Span ------------------- */
@@ -438,7 +443,7 @@ static Block *block_create(long long ledger_id, long long first, PyObject *data,
 static int block_take(Block *self, long long ledger_id, long long entry_id, PyObject *data, Py_ssize_t block_bytes)
 {
     long long used = self->used + HEADER_BYTES + PyBytes_GET_SIZE(data);
-    if (ledger_id != self->ledger_id || entry_id != self->last + 1 || used > block_bytes
+    if (ledger_id != self->ledger_id || entry_id - 1 != self->last || used > block_bytes
         || used > PyBytes_GET_SIZE(self->data)) {
         return 0;
     }
@@ -642,7 +647,7 @@ static PyObject *offers_offer(Offers *self, PyObject *const *args, Py_ssize_t na
     if (self->closing || age >= self->max_age_s) {
         return PyLong_FromLong(OFFER_CLOSED);
     }
-    int follows = self->has_last ? (ledger_id == self->last_ledger && entry_id == self->last_entry + 1)
+    int follows = self->has_last ? (ledger_id == self->last_ledger && entry_id - 1 == self->last_entry)
                                        || (ledger_id > self->last_ledger && entry_id == 0)
                                  : (ledger_id == self->begin_ledger && entry_id == self->begin_entry);
     if (!follows) {

@@ -128,6 +128,18 @@ def test_a_block_ending_before_the_position_walks_nothing_in_both(
     assert answers[0] == answers[1] and answers[0][0] == 0 and answers[0][3] is not None
 
 
+@pytest.mark.parametrize("count", [None, 2, 3])
+def test_ids_at_the_top_of_the_range_walk_alike_in_both(
+    monkeypatch: pytest.MonkeyPatch, native: object, count: int | None
+) -> None:
+    """Entry ids up to 2**63-1: nothing follows the last one (a frame after it is damage)."""
+    top = (1 << 63) - 2
+    body = b"".join(struct.pack(">iq", 4, i) + b"data" for i in (top, top + 1))
+    block = bytes(formats.HEADER_SIZE) + body + struct.pack(">iq", 4, -(1 << 63)) + b"data"
+    answers = [outcome(monkeypatch, i, block, top, count, len(block), len(block)) for i in (native, None)]
+    assert answers[0] == answers[1] and answers[0][0] == 2 and answers[0][3] is not None
+
+
 def test_a_frame_with_a_negative_length_ends_the_walk_in_both(
     monkeypatch: pytest.MonkeyPatch, native: object
 ) -> None:
