@@ -722,7 +722,7 @@ class OffloadHandle:
         if self._writer is not None:
             return self._writer.is_alive()
         with self._lock:
-            return not self._finished
+            return self._alive_locked()
 
     def _alive_locked(self) -> bool:
         """``alive``, for a caller that holds the lock."""
