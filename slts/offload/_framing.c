@@ -628,44 +628,41 @@ static int offer_id(PyObject *value, long long *id)
     return *id >= 0;
 }
 
-static PyObject *offers_offer(Offers *self, PyObject *const *args, Py_ssize_t nargs)
+/* OfferBuffer.offer: the bits of what happened, or -1 with an exception set. */
+static long offer_bits(Offers *self, PyObject *ledger, PyObject *entry, PyObject *data, PyObject *when)
 {
-    if (nargs != 4) {
-        return PyErr_Format(PyExc_TypeError, "offer takes 4 arguments, got %zd", nargs);
-    }
     long long ledger_id, entry_id;
-    PyObject *data = args[2];
-    if (!offer_id(args[0], &ledger_id) || !offer_id(args[1], &entry_id) || !PyBytes_Check(data)
+    if (!offer_id(ledger, &ledger_id) || !offer_id(entry, &entry_id) || !PyBytes_Check(data)
         || PyBytes_GET_SIZE(data) > INT32_MAX) {
-        return PyLong_FromLong(OFFER_INVALID);
+        return OFFER_INVALID;
     }
-    double now = PyFloat_AsDouble(args[3]);
+    double now = PyFloat_AsDouble(when);
     if (now == -1.0 && PyErr_Occurred()) {
-        return NULL;
+        return -1;
     }
     double age = now - self->assigned_s;
     if (self->closing || age >= self->max_age_s) {
-        return PyLong_FromLong(OFFER_CLOSED);
+        return OFFER_CLOSED;
     }
     int follows = self->has_last ? (ledger_id == self->last_ledger && entry_id - 1 == self->last_entry)
                                        || (ledger_id > self->last_ledger && entry_id == 0)
                                  : (ledger_id == self->begin_ledger && entry_id == self->begin_entry);
     if (!follows) {
-        return PyLong_FromLong(OFFER_UNORDERED);
+        return OFFER_UNORDERED;
     }
     if (self->buffered >= self->buffer_bytes) {
-        return PyLong_FromLong(OFFER_FULL);
+        return OFFER_FULL;
     }
     long outcome = OFFER_TAKEN;
     if (self->filling == NULL || !block_take(self->filling, ledger_id, entry_id, data, self->block_bytes)) {
         Block *block = block_create(ledger_id, entry_id, data, self->block_bytes);
         if (block == NULL) {
-            return NULL;
+            return -1;
         }
         if (self->filling != NULL) {
             if (PyList_Append(self->full, (PyObject *)self->filling) < 0) {
                 Py_DECREF(block);
-                return NULL;
+                return -1;
             }
             Py_DECREF(self->filling);
             outcome |= OFFER_HANDED;
@@ -681,7 +678,16 @@ static PyObject *offers_offer(Offers *self, PyObject *const *args, Py_ssize_t na
     if (self->segment_bytes >= self->max_segment_bytes && age >= self->min_age_s) {
         outcome |= OFFER_ROLLOVER;
     }
-    return PyLong_FromLong(outcome);
+    return outcome;
+}
+
+static PyObject *offers_offer(Offers *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        return PyErr_Format(PyExc_TypeError, "offer takes 4 arguments, got %zd", nargs);
+    }
+    long outcome = offer_bits(self, args[0], args[1], args[2], args[3]);
+    return outcome < 0 ? NULL : PyLong_FromLong(outcome);
 }
 
 static PyObject *offers_take(Offers *self, PyObject *args)
@@ -796,6 +802,184 @@ static PyTypeObject OffersType = {
     .tp_new = offers_new,
 };
 
+/* slts.offload.pending.OfferGate's twin: a streaming handle's offer_entry in one call.
+ * Tracked by the garbage collector: its callables are bound methods of the handle that
+ * holds it (a cycle). */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *acquire, *release; /* the lock's */
+    Offers *offers;
+    PyObject *clock, *ok, *locked, *after;
+} OfferGate;
+
+/* Release the gate's lock, keeping an exception being raised (if any) as it is. */
+static int gate_release(OfferGate *self)
+{
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyObject *done = PyObject_CallNoArgs(self->release);
+    if (done == NULL) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(traceback);
+        return -1;
+    }
+    Py_DECREF(done);
+    PyErr_Restore(type, value, traceback);
+    return 0;
+}
+
+static PyObject *gate_offer(OfferGate *self, PyObject *ledger, PyObject *entry, PyObject *data)
+{
+    if (self->acquire == NULL) {
+        return PyErr_Format(PyExc_ValueError, "OfferGate: cleared");
+    }
+    PyObject *held = PyObject_CallNoArgs(self->acquire);
+    if (held == NULL) {
+        return NULL;
+    }
+    Py_DECREF(held);
+    PyObject *now = PyObject_CallNoArgs(self->clock);
+    long bits = now == NULL ? -1 : offer_bits(self->offers, ledger, entry, data, now);
+    Py_XDECREF(now);
+    if (bits == OFFER_TAKEN) { /* the common case: no Python code runs */
+        return gate_release(self) < 0 ? NULL : Py_NewRef(self->ok);
+    }
+    PyObject *outcome = bits < 0 ? NULL : PyLong_FromLong(bits);
+    PyObject *answer = NULL;
+    if (outcome != NULL) {
+        PyObject *call[4] = {outcome, ledger, entry, data};
+        answer = PyObject_Vectorcall(self->locked, call, 4, NULL);
+    }
+    if (gate_release(self) < 0) {
+        Py_XDECREF(answer);
+        answer = NULL;
+    }
+    if (answer == NULL || answer != Py_None) {
+        Py_XDECREF(outcome);
+        return answer; /* an error, or the refusal */
+    }
+    Py_DECREF(answer);
+    PyObject *done = PyObject_CallOneArg(self->after, outcome);
+    Py_DECREF(outcome);
+    if (done == NULL) {
+        return NULL;
+    }
+    Py_DECREF(done);
+    return Py_NewRef(self->ok);
+}
+
+static PyObject *gate_vectorcall(OfferGate *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    static const char *const names[] = {"ledger_id", "entry_id", "data"};
+    PyObject *given[3] = {NULL, NULL, NULL};
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    if (nargs > 3) {
+        return PyErr_Format(PyExc_TypeError, "offer_entry takes 3 arguments, got %zd", nargs);
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        given[i] = args[i];
+    }
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+        int slot = -1;
+        for (int i = 0; i < 3 && slot < 0; i++) {
+            if (PyUnicode_CompareWithASCIIString(name, names[i]) == 0) {
+                slot = i;
+            }
+        }
+        if (slot < 0 || given[slot] != NULL) {
+            return PyErr_Format(PyExc_TypeError, "offer_entry got %s keyword argument %R",
+                                slot < 0 ? "an unexpected" : "a repeated", name);
+        }
+        given[slot] = args[nargs + k];
+    }
+    for (int i = 0; i < 3; i++) {
+        if (given[i] == NULL) {
+            return PyErr_Format(PyExc_TypeError, "offer_entry missing argument %s", names[i]);
+        }
+    }
+    return gate_offer(self, given[0], given[1], given[2]);
+}
+
+static PyObject *gate_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *lock, *offers, *clock, *ok, *locked, *after;
+    static char *names[] = {"lock", "offers", "clock", "ok", "locked", "after", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!OOOO:OfferGate", names, &lock, &OffersType, &offers, &clock,
+                                     &ok, &locked, &after)) {
+        return NULL;
+    }
+    if (!PyCallable_Check(clock) || !PyCallable_Check(locked) || !PyCallable_Check(after)) {
+        return PyErr_Format(PyExc_TypeError, "OfferGate: clock, locked and after must be callable");
+    }
+    OfferGate *self = (OfferGate *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->vectorcall = (vectorcallfunc)gate_vectorcall;
+    self->acquire = PyObject_GetAttrString(lock, "acquire");
+    self->release = self->acquire == NULL ? NULL : PyObject_GetAttrString(lock, "release");
+    if (self->release == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->offers = (Offers *)Py_NewRef(offers);
+    self->clock = Py_NewRef(clock);
+    self->ok = Py_NewRef(ok);
+    self->locked = Py_NewRef(locked);
+    self->after = Py_NewRef(after);
+    return (PyObject *)self;
+}
+
+static int gate_traverse(OfferGate *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->acquire);
+    Py_VISIT(self->release);
+    Py_VISIT(self->offers);
+    Py_VISIT(self->clock);
+    Py_VISIT(self->ok);
+    Py_VISIT(self->locked);
+    Py_VISIT(self->after);
+    return 0;
+}
+
+static int gate_clear(OfferGate *self)
+{
+    Py_CLEAR(self->acquire);
+    Py_CLEAR(self->release);
+    Py_CLEAR(self->offers);
+    Py_CLEAR(self->clock);
+    Py_CLEAR(self->ok);
+    Py_CLEAR(self->locked);
+    Py_CLEAR(self->after);
+    return 0;
+}
+
+static void gate_dealloc(OfferGate *self)
+{
+    PyObject_GC_UnTrack(self);
+    gate_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject OfferGateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "slts.offload._framing.OfferGate",
+    .tp_basicsize = sizeof(OfferGate),
+    .tp_dealloc = (destructor)gate_dealloc,
+    .tp_vectorcall_offset = offsetof(OfferGate, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "OfferGate(lock, offers, clock, ok, locked, after): slts.offload.pending.OfferGate's\n"
+              "compiled twin; called as offer_entry(ledger_id, entry_id, data).",
+    .tp_traverse = (traverseproc)gate_traverse,
+    .tp_clear = (inquiry)gate_clear,
+    .tp_new = gate_new,
+};
+
 static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS, walk_doc},
     {"views", views, METH_VARARGS, views_doc},
@@ -813,7 +997,7 @@ static struct PyModuleDef definition = {
 PyMODINIT_FUNC PyInit__framing(void)
 {
     if (PyType_Ready(&SpanType) < 0 || PyType_Ready(&PayloadType) < 0 || PyType_Ready(&BlockType) < 0
-        || PyType_Ready(&OffersType) < 0) {
+        || PyType_Ready(&OffersType) < 0 || PyType_Ready(&OfferGateType) < 0) {
         return NULL;
     }
     PyObject *module = PyModule_Create(&definition);
@@ -821,7 +1005,7 @@ PyMODINIT_FUNC PyInit__framing(void)
         return NULL;
     }
     if (PyModule_AddType(module, &PayloadType) < 0 || PyModule_AddType(module, &BlockType) < 0
-        || PyModule_AddType(module, &OffersType) < 0) {
+        || PyModule_AddType(module, &OffersType) < 0 || PyModule_AddType(module, &OfferGateType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -1,5 +1,7 @@
 """Types of the compiled twin of ``slts.offload.framing``'s hot loops (``_framing.c``)."""
 
+from _thread import LockType
+from collections.abc import Callable
 from typing import Final, SupportsIndex, final, overload
 
 WALK_DONE: Final[int]
@@ -72,3 +74,19 @@ class Offers:
     ) -> None: ...
     def offer(self, ledger_id: object, entry_id: object, data: object, now: float, /) -> int: ...
     def take(self, batch_bytes: int, filling: bool, /) -> list[Block]: ...
+
+class OfferGate:
+    """A streaming handle's ``offer_entry`` in one call (``slts.offload.pending.OfferGate``'s
+    twin): under ``lock``, offer to ``offers`` at ``clock()``; ``ok`` if simply taken, else
+    ``locked(outcome, ledger_id, entry_id, data)`` under the lock, then ``after(outcome)``."""
+
+    def __init__(
+        self,
+        lock: LockType,
+        offers: Offers,
+        clock: Callable[[], float],
+        ok: object,
+        locked: Callable[[int, int, int, bytes], object],
+        after: Callable[[int], None],
+    ) -> None: ...
+    def __call__(self, ledger_id: int, entry_id: int, data: bytes) -> object: ...

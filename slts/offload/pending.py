@@ -19,6 +19,8 @@ written: no per-entry Python work, no join), which ``new_block`` picks where it 
 
 from __future__ import annotations
 
+from _thread import LockType
+from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 from slts.offload import formats, framing
@@ -239,3 +241,61 @@ def new_offer_buffer(
         buffer: OfferBuffer = native.Offers(begin, last, segment_bytes, limits, closing)
         return buffer
     return OfferBuffer(begin, last, segment_bytes, limits, closing)
+
+
+class OfferGate:
+    """A streaming handle's ``offer_entry`` as one call (Pulsar's ``offerEntry``): under
+    ``lock``, ``offers.offer(ledger_id, entry_id, data, clock())``; an entry simply taken
+    answers ``ok`` at once. Any other outcome goes to ``locked(outcome, ledger_id,
+    entry_id, data)``, still under the lock: its answer (not None) is the refusal to
+    return, or it raises; None means taken, and then ``after(outcome)`` runs once the lock
+    is released (the writer's turn) and ``ok`` is the answer.
+
+    The compiled ``OfferGate`` of ``slts.offload._framing`` is its twin (``new_offer_gate``
+    picks): the common case, an entry taken, then runs no Python code at all, which is most
+    of what an offer cost (an offer is called per entry)."""
+
+    __slots__ = ("_after", "_clock", "_lock", "_locked", "_offers", "_ok")
+
+    def __init__(
+        self,
+        lock: LockType,
+        offers: OfferBuffer,
+        clock: Callable[[], float],
+        ok: object,
+        locked: Callable[[int, int, int, bytes], object],
+        after: Callable[[int], None],
+    ) -> None:
+        self._lock = lock
+        self._offers = offers
+        self._clock = clock
+        self._ok = ok
+        self._locked = locked
+        self._after = after
+
+    def __call__(self, ledger_id: int, entry_id: int, data: bytes) -> object:
+        with self._lock:
+            outcome = self._offers.offer(ledger_id, entry_id, data, self._clock())
+            if outcome == TAKEN:
+                return self._ok
+            answer = self._locked(outcome, ledger_id, entry_id, data)
+        if answer is not None:
+            return answer
+        self._after(outcome)
+        return self._ok
+
+
+def new_offer_gate(
+    lock: LockType,
+    offers: OfferBuffer,
+    clock: Callable[[], float],
+    ok: object,
+    locked: Callable[[int, int, int, bytes], object],
+    after: Callable[[int], None],
+) -> Callable[[int, int, bytes], object]:
+    """An offer gate (``OfferGate``), compiled where built and ``offers`` is compiled too."""
+    native = framing.NATIVE
+    if native is not None and isinstance(offers, native.Offers):
+        gate: Callable[[int, int, bytes], object] = native.OfferGate(lock, offers, clock, ok, locked, after)
+        return gate
+    return OfferGate(lock, offers, clock, ok, locked, after)

@@ -71,6 +71,7 @@ from slts.offload.pending import (
     OfferLimits,
     encode,
     new_offer_buffer,
+    new_offer_gate,
 )
 from slts.offload.reading import StreamingLedgerHandle
 from slts.offload.records import (
@@ -92,11 +93,6 @@ MAX_SEGMENT_AGE_S_DEFAULT = 600.0
 #: Pulsar's ``minOffloadSegmentRolloverTimeInSeconds``: a segment younger than this does not
 #: roll over by size.
 MIN_SEGMENT_AGE_S_DEFAULT = 0.0
-#: While the writer thread writes a block, every this many offers yield the interpreter: the
-#: writer's I/O calls give it up, and an offering thread that never does would make each of
-#: them wait out the interpreter's switch interval (5 ms) to get it back. The offer that hands
-#: the writer a full block yields too, or the writer would wait as long to start on it.
-YIELD_EVERY = 32
 #: The most bytes of blocks one SLTS write of the writer carries (a block larger goes alone).
 WRITE_BATCH_BYTES_MAX = 64 << 20
 #: How often (real seconds) the writer looks at the segment's age when nothing arrives.
@@ -684,8 +680,6 @@ class OffloadHandle:
         self._record = record
         self.uid = record.id
         self._assigned_s = record.assigned_ms / 1000
-        #: Whether the writer thread is writing a block (offers then yield the interpreter now and then).
-        self._writing = False
         #: One lock: ``with self._lock`` (taken per offer, in C) and ``self._cond`` on it.
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -706,6 +700,11 @@ class OffloadHandle:
             ),
             result is not None,
         )
+        #: ``offer_entry``, bound per handle (see there).
+        self._gate = new_offer_gate(
+            self._lock, self._offers, offloader.clock, _OK, self._offer_locked, self._offered
+        )
+        self.offer_entry = self._gate  # type: ignore[method-assign,assignment]
         self._finished = result is not None
         self._flushes = 0
         self._done_flushes = 0
@@ -744,24 +743,30 @@ class OffloadHandle:
         that brings the segment's payload to ``max_segment_bytes`` (once the segment is
         ``min_segment_age_s`` old) closes it, as does its age.
         Raises ``EntryOutOfOrder`` (nothing taken), ``InvalidArgument``, and the writer's
-        error once it failed."""
-        with self._lock:
-            outcome = self._offers.offer(ledger_id, entry_id, data, self._offloader.clock())
-            if outcome != TAKEN:  # (this runs per entry: the common case is one test)
-                if not outcome & TAKEN:
-                    return self._refused(outcome, ledger_id, entry_id, data)
-                if outcome & ROLLOVER:
-                    self._start_closing()
-                else:
-                    self._cond.notify_all()  # a block's worth: the writer has work (not before)
-        if outcome != TAKEN:
-            if self._writer is None:
-                self._drive()  # the caller's thread writes what is due
-            elif outcome & HANDED:
-                time.sleep(0)  # let the writer in at once to take the block
-        elif self._writing and entry_id % YIELD_EVERY == 0:
-            time.sleep(0)  # let the writer back in after its I/O calls (see YIELD_EVERY)
-        return _OK
+        error once it failed.
+
+        (Each handle binds ``offer_entry`` to its offer gate, ``pending.OfferGate``: an
+        offer runs per entry, and the gate takes an entry with no Python frame at all.)"""
+        return self._gate(ledger_id, entry_id, data)  # type: ignore[return-value]
+
+    def _offer_locked(self, outcome: int, ledger_id: int, entry_id: int, data: bytes) -> OfferResult | None:
+        """The gate's ``locked``: under the lock, an offer that did more than take the
+        entry (``outcome``): the refusal to answer, or None once taken (a block's worth
+        for the writer, or the segment's size reached)."""
+        if not outcome & TAKEN:
+            return self._refused(outcome, ledger_id, entry_id, data)
+        if outcome & ROLLOVER:
+            self._start_closing()
+        else:
+            self._cond.notify_all()  # a block's worth: the writer has work (not before)
+        return None
+
+    def _offered(self, outcome: int) -> None:
+        """The gate's ``after``: the lock released, the writer's turn."""
+        if self._writer is None:
+            self._drive()  # the caller's thread writes what is due
+        elif outcome & HANDED:
+            time.sleep(0)  # let the writer in at once to take the block
 
     def _refused(self, outcome: int, ledger_id: int, entry_id: int, data: bytes) -> OfferResult:
         """Under the lock: what an offer the buffer did not take (``outcome``) answers."""
@@ -895,11 +900,7 @@ class OffloadHandle:
         try:
             with traffic_class(TrafficClass.OFFLOAD):  # the writer's blocks are offload traffic
                 if blocks:
-                    self._writing = True
-                    try:
-                        self._record = self._write_blocks(self._record, blocks)
-                    finally:
-                        self._writing = False
+                    self._record = self._write_blocks(self._record, blocks)
                     return True
                 with self._lock:
                     self._done_flushes = max(self._done_flushes, flushing)

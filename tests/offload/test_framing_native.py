@@ -14,7 +14,10 @@ import os
 import pickle
 import random
 import struct
+import threading
+import time
 import uuid
+import weakref
 
 import pytest
 
@@ -22,7 +25,16 @@ from slts.offload import formats, framing
 from slts.offload.framing import Runs, parse_frames
 from slts.offload.ledgers import ENTRY_TYPES, Entry, MemoryLedger
 from slts.offload.offloader import LedgerOffloader
-from slts.offload.pending import TAKEN, OfferBuffer, OfferLimits, PendingBlock, encode
+from slts.offload.pending import (
+    HANDED,
+    TAKEN,
+    UNORDERED,
+    OfferBuffer,
+    OfferGate,
+    OfferLimits,
+    PendingBlock,
+    encode,
+)
 from tests.offload.conftest import BUILT
 from tests.support.engine import Env, env_fixture
 
@@ -369,3 +381,157 @@ def test_the_compiled_offer_buffer_refuses_bad_construction(native: object) -> N
     with pytest.raises(TypeError):
         del offers.closing
     assert (offers.buffered, offers.last, offers.has_filling) == (0, None, False), "nothing taken"
+
+
+# -- the offer gate: a handle's offer_entry in one call ----------------------------------------------
+
+
+class GateLog:
+    """What a gate's callables saw, and whether the lock was held when they were called."""
+
+    def __init__(self, lock: threading.Lock, fail_on: int | None) -> None:
+        self.lock = lock
+        self.calls: list[tuple[object, ...]] = []
+        self.fail_on = fail_on
+        self.now = 100.0
+
+    def clock(self) -> float:
+        self.calls.append(("clock", self.lock.locked()))
+        return self.now
+
+    def locked(self, outcome: int, ledger_id: object, entry_id: object, data: object) -> object:
+        self.calls.append(
+            ("locked", outcome, ledger_id, entry_id, len(data) if isinstance(data, bytes) else data)
+        )
+        assert self.lock.locked(), "locked() runs under the lock"
+        if self.fail_on is not None and outcome & self.fail_on:
+            raise RuntimeError(f"refused {outcome}")
+        if not outcome & TAKEN:
+            return ("refused", outcome)
+        return None
+
+    def after(self, outcome: int) -> None:
+        self.calls.append(("after", outcome))
+        assert not self.lock.locked(), "after() runs once the lock is released"
+
+
+def gates(native: object, seed: int) -> tuple[list[object], list[GateLog], list[object]]:
+    """The compiled gate and its Python twin over twin offer buffers, each with its own log."""
+    rng = random.Random(seed)
+    limits = OfferLimits(
+        rng.choice([500, 3000]), rng.choice([300, 1000]), rng.choice([4000, 1 << 40]), 100.0, 1000.0, 0.0
+    )
+    fail_on = rng.choice([None, HANDED, UNORDERED])
+    made, logs, offers = [], [], []
+    for offers_type, gate_type in [(native.Offers, native.OfferGate), (OfferBuffer, OfferGate)]:  # type: ignore[attr-defined]
+        lock = threading.Lock()
+        log = GateLog(lock, fail_on)
+        buffer = offers_type((0, 0), None, 0, limits, False)
+        made.append(gate_type(lock, buffer, log.clock, "OK", log.locked, log.after))
+        logs.append(log)
+        offers.append(buffer)
+    return made, logs, offers
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_compiled_offer_gate_answers_and_calls_as_offer_gate(native: object, seed: int) -> None:
+    """The same offers through both gates: the same answers or errors, the same calls to
+    the clock, ``locked`` (under the lock) and ``after`` (after it), and the lock free
+    after every offer, whatever happened."""
+    rng = random.Random(seed)
+    pair, logs, buffers = gates(native, seed)
+    entry = -1
+    for step in range(300):
+        entry_id = rng.choice([entry + 1] * 6 + [entry + 3, 0])
+        data = rng.randbytes(rng.choice([10, 200, 700]))
+        if step % 40 == 39:
+            for buffer in buffers:
+                buffer.take(1 << 20, True)
+        how = rng.random()
+        answers: list[object] = []
+        for gate in pair:
+            try:
+                if how < 0.1:
+                    answers.append(gate(ledger_id=0, data=data, entry_id=entry_id))  # type: ignore[operator]
+                else:
+                    answers.append(gate(0, entry_id, data))  # type: ignore[operator]
+            except RuntimeError as exc:
+                answers.append(("raised", str(exc)))
+        assert answers[0] == answers[1], (step, answers)
+        assert logs[0].calls == logs[1].calls, step
+        assert not any(log.lock.locked() for log in logs), "the lock is free after every offer"
+        assert (buffers[0].last, buffers[0].buffered) == (buffers[1].last, buffers[1].buffered)
+        entry = buffers[0].last[1] if buffers[0].last is not None else -1
+    seen = {call[0] for call in logs[0].calls}
+    assert {"clock", "locked", "after"} <= seen, "taken, refused and handed offers all ran"
+
+
+def test_the_compiled_offer_gate_refuses_bad_calls_and_takes_nothing(native: object) -> None:
+    pair, logs, buffers = gates(native, 1)
+    for gate in pair:
+        with pytest.raises(TypeError):
+            gate(0, 0)  # type: ignore[operator]
+        with pytest.raises(TypeError):
+            gate(0, 0, b"x", b"y")  # type: ignore[operator]
+        with pytest.raises(TypeError):
+            gate(0, 0, b"x", ledger_id=1)  # type: ignore[operator]
+        with pytest.raises(TypeError):
+            gate(0, 0, size=1)  # type: ignore[operator]
+    assert all(buffer.last is None and buffer.buffered == 0 for buffer in buffers)
+    assert not any(log.lock.locked() for log in logs)
+    limits = OfferLimits(100, 100, 100, 0.0, 1.0, 0.0)
+    offers = native.Offers((0, 0), None, 0, limits, False)  # type: ignore[attr-defined]
+    lock = threading.Lock()
+    for bad in [
+        (lock, OfferBuffer((0, 0), None, 0, limits, False), time.time, "OK", print, print),  # not compiled
+        (lock, offers, "not callable", "OK", print, print),
+        (object(), offers, time.time, "OK", print, print),  # no acquire/release
+    ]:
+        with pytest.raises((TypeError, AttributeError)):
+            native.OfferGate(*bad)  # type: ignore[attr-defined]
+
+
+def test_a_clock_that_raises_leaves_the_lock_free_and_takes_nothing(native: object) -> None:
+    limits = OfferLimits(1000, 1000, 1 << 40, 0.0, 1000.0, 0.0)
+    for offers_type, gate_type in [(native.Offers, native.OfferGate), (OfferBuffer, OfferGate)]:  # type: ignore[attr-defined]
+        lock = threading.Lock()
+        buffer = offers_type((0, 0), None, 0, limits, False)
+
+        def broken() -> float:
+            raise OSError("no clock")
+
+        gate = gate_type(lock, buffer, broken, "OK", print, print)
+        with pytest.raises(OSError, match="no clock"):
+            gate(0, 0, b"x")
+        assert not lock.locked() and buffer.last is None
+
+
+def test_a_gate_in_a_cycle_with_its_owner_is_collected(native: object) -> None:
+    """A handle holds its gate, whose callables are the handle's bound methods: a cycle the
+    garbage collector must be able to break."""
+
+    class Owner:
+        def __init__(self) -> None:
+            limits = OfferLimits(1000, 1000, 1 << 40, 0.0, 1000.0, 0.0)
+            self.lock = threading.Lock()
+            self.gate = native.OfferGate(  # type: ignore[attr-defined]
+                self.lock,
+                native.Offers((0, 0), None, 0, limits, False),
+                time.time,
+                "OK",
+                self.locked,
+                self.after,  # type: ignore[attr-defined]
+            )
+
+        def locked(self, *args: object) -> None:
+            return None
+
+        def after(self, outcome: int) -> None:
+            pass
+
+    owner = Owner()
+    assert owner.gate(0, 0, b"x") == "OK"
+    gone = weakref.ref(owner)
+    del owner
+    gc.collect()
+    assert gone() is None

@@ -48,7 +48,7 @@ def offload_write(
     def subject() -> float:
         nonlocal runs, data_bytes
         runs += 1
-        with folder.store(f"subject-{runs}") as storage:
+        with folder.removed(f"subject-{runs}"), folder.store(f"subject-{runs}") as storage:
             started = time.perf_counter()
             record = LedgerOffloader(storage).offload(ledger, uuid.uuid4())
             elapsed = time.perf_counter() - started
@@ -58,9 +58,10 @@ def offload_write(
     def baseline() -> float:
         nonlocal runs
         runs += 1
-        return timed_raw_chunk_write(
-            folder.sub(f"raw-{runs}"), data_bytes or ledger.length, WRITE_BYTES_DEFAULT
-        )
+        with folder.removed(f"raw-{runs}"):
+            return timed_raw_chunk_write(
+                folder.sub(f"raw-{runs}"), data_bytes or ledger.length, WRITE_BYTES_DEFAULT
+            )
 
     try:
         yield (
@@ -202,7 +203,7 @@ def offload_stream(
     def subject() -> float:
         nonlocal runs, data_bytes
         runs += 1
-        with folder.store(f"subject-{runs}") as storage:
+        with folder.removed(f"subject-{runs}"), folder.store(f"subject-{runs}") as storage:
             offloader = StreamingOffloader(storage, "bench", threads=threads)
             started = time.perf_counter()
             handle = offloader.streaming_offload(uuid.uuid4())
@@ -218,9 +219,10 @@ def offload_stream(
     def baseline() -> float:
         nonlocal runs
         runs += 1
-        return timed_raw_chunk_write(
-            folder.sub(f"raw-{runs}"), data_bytes or count * 1036, BLOCK_BYTES_DEFAULT
-        )
+        with folder.removed(f"raw-{runs}"):
+            return timed_raw_chunk_write(
+                folder.sub(f"raw-{runs}"), data_bytes or count * 1036, BLOCK_BYTES_DEFAULT
+            )
 
     try:
         yield (

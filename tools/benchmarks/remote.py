@@ -82,7 +82,7 @@ def copy(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, fl
     def subject() -> float:
         nonlocal runs
         runs += 1
-        with folder.store(f"subject-{runs}") as storage:
+        with folder.removed(f"subject-{runs}"), folder.store(f"subject-{runs}") as storage:
             manager = RemoteLogManager(storage)
             started = time.perf_counter()
             report = manager.copy_rolled_segments(TP, local)
@@ -94,18 +94,19 @@ def copy(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, fl
         nonlocal runs
         runs += 1
         binding = FileSystemChunkStorage(folder.sub(f"raw-{runs}"))
-        try:
-            started = time.perf_counter()
-            for segment in rolled:
-                for path in _copy_files(segment):
-                    handle = binding.create(os.path.basename(path))
-                    offset = 0
-                    with open(path, "rb") as file:
-                        while piece := file.read(WRITE_BYTES_DEFAULT):
-                            offset += binding.write(handle, offset, piece)
-            return time.perf_counter() - started
-        finally:
-            binding.close()
+        with folder.removed(f"raw-{runs}"):
+            try:
+                started = time.perf_counter()
+                for segment in rolled:
+                    for path in _copy_files(segment):
+                        handle = binding.create(os.path.basename(path))
+                        offset = 0
+                        with open(path, "rb") as file:
+                            while piece := file.read(WRITE_BYTES_DEFAULT):
+                                offset += binding.write(handle, offset, piece)
+                return time.perf_counter() - started
+            finally:
+                binding.close()
 
     try:
         yield (
