@@ -558,6 +558,10 @@ static PyTypeObject BlockType = {
 #define OFFER_CLOSED 16
 #define OFFER_UNORDERED 32
 #define OFFER_INVALID 64
+#define OFFER_PAUSE 128
+/* slts.offload.pending.PAUSE_EVERY: while the writer writes, every this many offers taken
+ * answer PAUSE too. */
+#define PAUSE_EVERY 256
 
 /* slts.offload.pending.OfferBuffer's twin. Not tracked by the garbage collector: it holds
  * a list of Blocks and a Block, which hold bytes only. The handle calls it under its lock,
@@ -571,6 +575,8 @@ typedef struct {
     long long buffer_bytes, block_bytes, max_segment_bytes;
     double assigned_s, max_age_s, min_age_s;
     int closing;
+    int writing;              /* the writer is writing (set by it) */
+    long long taken_writing;  /* offers taken while it was */
     PyObject *full; /* list of Blocks, oldest first */
     Block *filling; /* NULL: none */
 } Offers;
@@ -603,6 +609,8 @@ static PyObject *offers_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     self->segment_bytes = segment_bytes;
     self->buffered = 0;
     self->closing = closing;
+    self->writing = 0;
+    self->taken_writing = 0;
     self->filling = NULL;
     return (PyObject *)self;
 }
@@ -678,6 +686,9 @@ static long offer_bits(Offers *self, PyObject *ledger, PyObject *entry, PyObject
     if (self->segment_bytes >= self->max_segment_bytes && age >= self->min_age_s) {
         outcome |= OFFER_ROLLOVER;
     }
+    if (self->writing && ++self->taken_writing % PAUSE_EVERY == 0) {
+        outcome |= OFFER_PAUSE;
+    }
     return outcome;
 }
 
@@ -745,6 +756,26 @@ static int offers_set_closing(Offers *self, PyObject *value, void *unused)
     return 0;
 }
 
+static PyObject *offers_get_writing(Offers *self, void *unused)
+{
+    (void)unused;
+    return PyBool_FromLong(self->writing);
+}
+
+static int offers_set_writing(Offers *self, PyObject *value, void *unused)
+{
+    (void)unused;
+    int writing = value == NULL ? -1 : PyObject_IsTrue(value);
+    if (writing < 0) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "writing cannot be deleted");
+        }
+        return -1;
+    }
+    self->writing = writing;
+    return 0;
+}
+
 static PyObject *offers_get_last(Offers *self, void *unused)
 {
     (void)unused;
@@ -769,6 +800,8 @@ static PyObject *offers_get_has_filling(Offers *self, void *unused)
 static PyGetSetDef offers_getset[] = {
     {"closing", (getter)offers_get_closing, (setter)offers_set_closing, "The segment closes: offers are refused.", NULL},
     {"last", (getter)offers_get_last, NULL, "The (ledger, entry) last taken, or None.", NULL},
+    {"writing", (getter)offers_get_writing, (setter)offers_set_writing,
+     "The writer is writing: every PAUSE_EVERY-th offer taken answers PAUSE too.", NULL},
     {"has_full", (getter)offers_get_has_full, NULL, "Whether a full block waits for the writer.", NULL},
     {"has_filling", (getter)offers_get_has_filling, NULL, "Whether a block is being filled.", NULL},
     {NULL, NULL, NULL, NULL, NULL},

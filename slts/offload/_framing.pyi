@@ -59,6 +59,7 @@ class Offers:
     (``slts.offload.pending.OfferBuffer``'s twin: the same members)."""
 
     closing: bool
+    writing: bool
     last: Final[tuple[int, int] | None]
     buffered: Final[int]
     segment_bytes: Final[int]

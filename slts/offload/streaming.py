@@ -64,6 +64,7 @@ from slts.offload.pending import (
     FULL,
     HANDED,
     INVALID,
+    PAUSE,
     ROLLOVER,
     TAKEN,
     UNORDERED,
@@ -757,7 +758,7 @@ class OffloadHandle:
             return self._refused(outcome, ledger_id, entry_id, data)
         if outcome & ROLLOVER:
             self._start_closing()
-        else:
+        elif outcome & HANDED:
             self._cond.notify_all()  # a block's worth: the writer has work (not before)
         return None
 
@@ -765,8 +766,8 @@ class OffloadHandle:
         """The gate's ``after``: the lock released, the writer's turn."""
         if self._writer is None:
             self._drive()  # the caller's thread writes what is due
-        elif outcome & HANDED:
-            time.sleep(0)  # let the writer in at once to take the block
+        elif outcome & (HANDED | PAUSE):
+            time.sleep(0)  # let the writer in: to take the block, or back after an I/O call
 
     def _refused(self, outcome: int, ledger_id: int, entry_id: int, data: bytes) -> OfferResult:
         """Under the lock: what an offer the buffer did not take (``outcome``) answers."""
@@ -900,7 +901,11 @@ class OffloadHandle:
         try:
             with traffic_class(TrafficClass.OFFLOAD):  # the writer's blocks are offload traffic
                 if blocks:
-                    self._record = self._write_blocks(self._record, blocks)
+                    self._offers.writing = self._writer is not None  # (see PAUSE_EVERY)
+                    try:
+                        self._record = self._write_blocks(self._record, blocks)
+                    finally:
+                        self._offers.writing = False
                     return True
                 with self._lock:
                     self._done_flushes = max(self._done_flushes, flushing)

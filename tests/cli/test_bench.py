@@ -70,7 +70,7 @@ def test_bench_inspect_rss_runs_quick(tmp_path, capsys) -> None:
 
 def test_bench_offload_suite_runs_quick(tmp_path, capsys) -> None:
     """The offload benchmarks offload, stream and read back ledgers, and clean up."""
-    only = ["offload_write_64k", "offload_read_64k", "offload_stream_1k"]
+    only = ["offload_write_64k", "offload_read_64k", "offload_stream_1k", "offload_stream_1k_floor"]
     code = cli.main(["bench", "--quick", "--only", *only, "--dir", str(tmp_path), "--json"])
     assert code == 0
     figures = json.loads(capsys.readouterr().out)["figures"]
@@ -78,6 +78,7 @@ def test_bench_offload_suite_runs_quick(tmp_path, capsys) -> None:
         ("offload_write_64k", "MB/s"),
         ("offload_read_64k", "MB/s"),
         ("offload_stream_1k", "entries/s"),
+        ("offload_stream_1k_floor", "entries/s"),
     ]
     assert all(f["subject_median"] > 0 and f["baseline_median"] > 0 for f in figures)
     assert list(tmp_path.iterdir()) == [], "scratch folders are removed"

@@ -18,6 +18,7 @@ import threading
 import time
 import uuid
 import weakref
+from typing import Any
 
 import pytest
 
@@ -27,6 +28,8 @@ from slts.offload.ledgers import ENTRY_TYPES, Entry, MemoryLedger
 from slts.offload.offloader import LedgerOffloader
 from slts.offload.pending import (
     HANDED,
+    PAUSE,
+    PAUSE_EVERY,
     TAKEN,
     UNORDERED,
     OfferBuffer,
@@ -338,6 +341,9 @@ def test_the_compiled_offer_buffer_answers_as_offer_buffer(native: object) -> No
             elif step < 0.1:
                 for b in buffers:
                     b.closing = not b.closing
+            elif step < 0.13:
+                for b in buffers:
+                    b.writing = not b.writing
             else:
                 ledger_id, entry_id = rng.choice(
                     [(ledger, entry + 1)] * 8 + [(ledger + 1, 0), (ledger, entry + 2), (ledger, entry), begin]
@@ -359,9 +365,34 @@ def test_the_compiled_offer_buffer_answers_as_offer_buffer(native: object) -> No
                 if answers[0] & TAKEN:
                     ledger, entry = ledger_id, entry_id
             fields = [
-                (b.closing, b.last, b.buffered, b.segment_bytes, b.has_full, b.has_filling) for b in buffers
+                (b.closing, b.writing, b.last, b.buffered, b.segment_bytes, b.has_full, b.has_filling)
+                for b in buffers
             ]
             assert fields[0] == fields[1]
+
+
+def test_while_the_writer_writes_every_pause_every_th_offer_taken_pauses(native: object) -> None:
+    """``writing``: the offering thread is told to give the interpreter up every
+    ``PAUSE_EVERY`` offers taken, and only then; both twins count alike."""
+    limits = OfferLimits(1 << 40, 1 << 20, 1 << 40, 0.0, 1e9, 0.0)
+    compiled: Any = native
+    for buffer in [
+        compiled.Offers((0, 0), None, 0, limits, False),
+        OfferBuffer((0, 0), None, 0, limits, False),
+    ]:
+        paused = [i for i in range(PAUSE_EVERY * 2) if buffer.offer(0, i, b"x", 1.0) & PAUSE]
+        assert paused == [], "no pause while the writer does not write"
+        buffer.writing = True
+        first = PAUSE_EVERY * 2
+        answers = [buffer.offer(0, first + i, b"x", 1.0) for i in range(PAUSE_EVERY * 3)]
+        assert all(answer & TAKEN for answer in answers)
+        assert [i for i, answer in enumerate(answers) if answer & PAUSE] == [
+            PAUSE_EVERY - 1,
+            2 * PAUSE_EVERY - 1,
+            3 * PAUSE_EVERY - 1,
+        ]
+        buffer.writing = False
+        assert not buffer.offer(0, first + PAUSE_EVERY * 3, b"x", 1.0) & PAUSE
 
 
 def test_the_compiled_offer_buffer_refuses_bad_construction(native: object) -> None:
@@ -380,6 +411,8 @@ def test_the_compiled_offer_buffer_refuses_bad_construction(native: object) -> N
         offers.offer(0, 0, b"x", "not a time")
     with pytest.raises(TypeError):
         del offers.closing
+    with pytest.raises(TypeError):
+        del offers.writing
     assert (offers.buffered, offers.last, offers.has_filling) == (0, None, False), "nothing taken"
 
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 import time
 import uuid
 from array import array
 from collections.abc import Iterator
 
 import crc32c
+import lmdb
 from slts.tools.benchmarks.base import Benchmark, Folder, Workload, timed_raw_chunk_write
 
 from slts.offload.ledgers import MemoryLedger
@@ -22,6 +24,7 @@ from slts.offload.offloader import (
     WRITE_BYTES_DEFAULT,
     LedgerOffloader,
 )
+from slts.offload.pending import HANDED, PAUSE, TAKEN, OfferLimits, encode, new_offer_buffer, new_offer_gate
 from slts.offload.streaming import BLOCK_BYTES_DEFAULT, OfferResult, StreamingOffloader
 
 READ_ENTRIES = 1000
@@ -237,6 +240,105 @@ def offload_stream(
         folder.close()
 
 
+def offload_stream_floor(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
+    """Subject: the least a streaming offload with a writer thread does in this runtime,
+    SLTS's write path left out: the same offers through the same offer gate and compiled
+    blocks (one C call per entry from the same loop, waiting out back-pressure alike, pausing
+    as the handle's offers do while the writer writes), and a writer thread that writes each
+    batch of full blocks to a plain file (``write`` and ``fdatasync``) and commits one record
+    of it to LMDB (synced), nothing else: no chunk records, checksums, index object or close.
+    Baseline: the raw writes of ``offload_stream_1k``. It bounds what ``offload_stream_1k``
+    can reach with its design (an offering thread and a writer thread sharing one
+    interpreter)."""
+    count = (8 if quick else 64) << 10
+    payload = os.urandom(1024)
+    folder = Folder(parent)
+    runs = 0
+
+    def subject() -> float:
+        nonlocal runs
+        runs += 1
+        name = f"floor-{runs}"
+        path = folder.sub(name)
+        env = lmdb.open(os.path.join(path, "metadata"), map_size=1 << 30, metasync=False)
+        fd = os.open(os.path.join(path, "data"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        lock = threading.Lock()
+        cond = threading.Condition(lock)
+        limits = OfferLimits(10 << 20, BLOCK_BYTES_DEFAULT, 1 << 40, time.time(), 1e9, 0.0)
+        offers = new_offer_buffer((0, 0), None, 0, limits, False)
+        closing = [False]
+
+        def locked(outcome: int, *_: object) -> object:
+            if not outcome & TAKEN:
+                return OfferResult.FAIL_BUFFER_FULL
+            if outcome & HANDED:
+                cond.notify_all()
+            return None
+
+        def after(outcome: int) -> None:
+            if outcome & (HANDED | PAUSE):
+                time.sleep(0)
+
+        def writer() -> None:
+            written = 0
+            while True:
+                with cond:
+                    while not offers.has_full and not closing[0]:
+                        cond.wait()
+                    blocks = offers.take(64 << 20, closing[0])
+                    cond.notify_all()
+                if not blocks:
+                    return
+                offers.writing = True
+                data = memoryview(b"".join(encode(block, BLOCK_BYTES_DEFAULT)[1] for block in blocks))
+                while data:
+                    data = data[os.write(fd, data) :]
+                os.fdatasync(fd)
+                written += 1
+                with env.begin(write=True) as txn:
+                    txn.put(b"blocks", struct.pack(">Q", written))
+                env.sync(True)
+                offers.writing = False
+
+        offer = new_offer_gate(lock, offers, time.time, OfferResult.OK, locked, after)
+        thread = threading.Thread(target=writer)
+        with folder.removed(name):
+            try:
+                started = time.perf_counter()
+                thread.start()
+                for entry_id in range(count):
+                    while (outcome := offer(0, entry_id, payload)) == OfferResult.FAIL_BUFFER_FULL:
+                        with cond:
+                            cond.wait_for(lambda: offers.buffered < limits.buffer_bytes)
+                    assert outcome == OfferResult.OK, outcome
+                with cond:
+                    closing[0] = True
+                    cond.notify_all()
+                thread.join()
+                return time.perf_counter() - started
+            finally:
+                os.close(fd)
+                env.close()
+
+    def baseline() -> float:
+        nonlocal runs
+        runs += 1
+        with folder.removed(f"raw-{runs}"):
+            return timed_raw_chunk_write(folder.sub(f"raw-{runs}"), count * 1036, BLOCK_BYTES_DEFAULT)
+
+    try:
+        yield (
+            f"the least a threaded streaming offload of {count} entries of 1 KiB does in this runtime"
+            " vs. raw binding writes of its bytes in 5 MiB blocks",
+            subject,
+            baseline,
+            float(count),
+            "entries/s",
+        )
+    finally:
+        folder.close()
+
+
 def offload_stream_read(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
     """Subject: a sequential reader of a streamed ledger (1 KiB entries in blocks of 5 MiB,
     Pulsar's default), ``read`` of 1,000 entries at a time through a new handle of
@@ -300,6 +402,11 @@ _STREAM_INLINE = Benchmark(
     "streaming offload (PIP-76), 1 KiB entries, the writer in the offering thread, vs. raw writes",
     lambda parent, quick: offload_stream(parent, quick, threads=False),
 )
+_STREAM_FLOOR = Benchmark(
+    "offload_stream_1k_floor",
+    "the least a threaded streaming offload of 1 KiB entries does here, vs. raw writes of its blocks",
+    offload_stream_floor,
+)
 _READ_FLOOR = Benchmark(
     "offload_read_1k_floor",
     "offloaded ledger read back, 1 KiB entries, vs. the least a verified read of them as copies does",
@@ -315,6 +422,7 @@ BENCHMARKS = {
     **_pair(1 << 10),
     _STREAM.name: _STREAM,
     _STREAM_INLINE.name: _STREAM_INLINE,
+    _STREAM_FLOOR.name: _STREAM_FLOOR,
     _STREAM_READ.name: _STREAM_READ,
     _READ_FLOOR.name: _READ_FLOOR,
 }
