@@ -41,6 +41,8 @@
     │   ├── OffloadNotFound (LookupError)     no offloaded ledger with that id and uid
     │   ├── EntryOutOfRange (IndexError)      a read outside [0, the ledger's last entry]
     │   └── OffloadHandleClosed (StorageClosed)   a read of an offloaded ledger's handle after its close
+    ├── TransformError                        client-side compression and encryption (``slts.transforms``)
+    │   └── KeyUnavailable (LookupError)      a key the data needs is missing or wrong (names its id)
     ├── Fenced                                a newer epoch owns the container
     ├── ReadOnlyInstance (PermissionError)    the instance was opened read-only
     ├── StorageClosed                         the instance (or store, binding) was closed
@@ -257,6 +259,18 @@ class OffloadNotFound(OffloadError, LookupError):
 
 class EntryOutOfRange(OffloadError, IndexError):
     """A read of entries outside ``[0, last entry id]`` of the ledger."""
+
+
+# --- client-side transforms --------------------------------------------------------------
+
+
+class TransformError(SltsError):
+    """Client-side compression or encryption (``slts.transforms``) could not be applied."""
+
+
+class KeyUnavailable(TransformError, LookupError):
+    """A key the data needs is missing from the key ring, or is not the key that wrapped it
+    (``key_id`` names it; key material never appears in the error)."""
 
 
 class Fenced(SltsError):

@@ -75,6 +75,7 @@ RANKS: tuple[tuple[str, int], ...] = (
     ("slts.logs", 1),  # the logger tree's handler, JSON lines, credential redaction
     ("slts.chunk_names", 1),  # the unique part of chunk names
     ("slts.prices", 1),  # the rates the cost report prices with
+    ("slts.transforms", 1),  # frames (zstd, AES-256-GCM) and keys: on the errors alone
     ("slts.config_sources", 2),  # the config file, SLTS_* variables, flags: on the settings
     ("slts.metadata", 3),  # stores, records, key layout, the index rules, ownership
     ("slts.bindings", 4),  # chunk storages: on the errors alone (checked below)
