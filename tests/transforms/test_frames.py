@@ -247,18 +247,17 @@ def test_frame_entries_are_what_the_map_holds() -> None:
     ("config", "module"), [(CONFIGS["zstd"], "zstandard"), (CONFIGS["aes"], "cryptography")]
 )
 def test_a_missing_extra_is_invalid_config_naming_it(monkeypatch, config, module) -> None:
-    import builtins
+    import importlib
 
-    real_import = builtins.__import__
+    from slts.transforms import extras
 
-    def no_module(name, *args, **kwargs):
+    real_import = importlib.import_module
+
+    def without(name: str, package: str | None = None):
         if name.split(".")[0] == module:
-            raise ImportError(f"No module named {module!r}")
-        return real_import(name, *args, **kwargs)
+            raise ModuleNotFoundError(f"No module named {module!r}")
+        return real_import(name, package)
 
-    monkeypatch.setattr(builtins, "__import__", no_module)
-    monkeypatch.delitem(__import__("sys").modules, module, raising=False)
-    for name in [m for m in __import__("sys").modules if m.startswith(module + ".")]:
-        monkeypatch.delitem(__import__("sys").modules, name)
+    monkeypatch.setattr(extras.importlib, "import_module", without)
     with pytest.raises(InvalidConfig, match=r"slts\[transforms\]"):
         Codec(config)
