@@ -30,7 +30,12 @@ _ZERO_ALLOWED = (
     "defrag_batch_lease_s",
     "usage_flush_interval_s",
     "read_ahead_bytes",
+    "compression_level",
 )
+#: The zstd levels ``compression_level`` may name (0: off).
+COMPRESSION_LEVEL_MAX = 22
+#: Largest ``frame_bytes`` (a frame's lengths are 31-bit in the frame map).
+FRAME_BYTES_MAX = 64 * 1024 * 1024
 
 #: Environment variables ``SLTS_<FIELD>`` (upper case) override defaults.
 ENV_PREFIX = "SLTS_"
@@ -86,6 +91,16 @@ class StorageConfig:
     verify_checksums_on_read: bool = True
     #: Size of the blocks a write cuts for their checksums (``slts.storage.block_checksums``).
     checksum_block_bytes: int = CHECKSUM_BLOCK_BYTES_DEFAULT
+    #: Client-side zstd compression of new chunks at this level (docs/security.md); 0: off.
+    compression_level: int = 0
+    #: Client-side encryption of new chunks (AES-256-GCM under data keys wrapped by the key
+    #: ring the instance is opened with, docs/security.md).
+    encryption: bool = False
+    #: A transformed chunk's frame size: a read decodes only the frames it overlaps.
+    frame_bytes: int = CHECKSUM_BLOCK_BYTES_DEFAULT
+    #: Writes that look compressed already (a compressed Kafka batch, a compressed format's
+    #: magic number, a first frame that did not shrink) are stored as they are.
+    compression_skips_compressed: bool = True
     #: How long a chunk waits in the GC queue before it may be deleted.
     gc_delay_s: float = 60.0
     #: Most queue entries (or chunks of a deleted segment) one GC batch handles.
@@ -191,6 +206,10 @@ def check_field(name: str, value: Any) -> None:
         raise InvalidConfig(f"{name} must be at most {INTEGER_MAX}, got {value!r}")
     if name == "checksum_block_bytes" and value >= 1 << 32:
         raise InvalidConfig(f"checksum_block_bytes must be below 2**32, got {value}")
+    if name == "compression_level" and value > COMPRESSION_LEVEL_MAX:
+        raise InvalidConfig(f"compression_level must be 0 (off) or a zstd level 1-22, got {value}")
+    if name == "frame_bytes" and value > FRAME_BYTES_MAX:
+        raise InvalidConfig(f"frame_bytes must be at most {FRAME_BYTES_MAX}, got {value}")
 
 
 def parse_value(type_name: str, raw: str) -> Any:

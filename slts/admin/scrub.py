@@ -199,8 +199,9 @@ def _confirmed(storage: ChunkedSegmentStorage, anomalies: list[Anomaly]) -> list
 
 
 def _check_of(url: str, segment: str, start: int, chunk: ChunkRecord, piece_bytes: int) -> ChunkCheck:
+    # A chunk of frames is checked as stored (its checksum covers its stored bytes): no keys.
     return ChunkCheck(
-        url, segment, start, chunk.name, chunk.length, chunk.blocks, chunk.checksum, piece_bytes
+        url, segment, start, chunk.name, chunk.stored, chunk.blocks, chunk.checksum, piece_bytes
     )
 
 

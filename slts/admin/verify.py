@@ -79,9 +79,9 @@ def _verify_segment(
         except ChunkNotFound:
             suspects[chunk.name] = f"{name}: chunk {chunk.name!r} is missing from the chunk storage"
             continue
-        if stored_length < chunk.length:
+        if stored_length < chunk.stored:
             suspects[chunk.name] = (
-                f"{name}: chunk {chunk.name!r} holds {stored_length} bytes, {chunk.length} recorded"
+                f"{name}: chunk {chunk.name!r} holds {stored_length} bytes, {chunk.stored} recorded"
             )
         elif checksums and chunk.checksum is not None:
             try:
@@ -117,10 +117,11 @@ def _index_problems(
 
 
 def _checksum(binding: ChunkStorage, chunk: ChunkRecord, piece_bytes: int = 8 << 20) -> int:
-    """CRC32C of the chunk's recorded bytes, read in pieces."""
+    """CRC32C of the chunk's recorded bytes as stored (a chunk of frames: its frames), read
+    in pieces."""
     handle, value, offset = binding.open_read(chunk.name), 0, 0
-    while offset < chunk.length:
-        data = binding.read(handle, offset, min(piece_bytes, chunk.length - offset))
+    while offset < chunk.stored:
+        data = binding.read(handle, offset, min(piece_bytes, chunk.stored - offset))
         assert data, "a chunk shorter than its checked length"
         value = crc32c.crc32c(data, value)
         offset += len(data)

@@ -196,11 +196,33 @@ class ChunkRecord(Record):
     #: The CRC32C of each block, packed ``(length u32, crc u32)`` pairs summing to
     #: ``length`` (``slts.storage.block_checksums``); None for chunks written before.
     blocks: bytes | None = None
+    #: A transformed chunk (compressed and/or encrypted, docs/security.md): its frame map
+    #: (``slts.transforms.frames.FrameMap``, packed), decoding to ``length`` bytes from
+    #: ``stored_length`` stored ones; ``checksum`` is then the CRC32C of the stored bytes
+    #: and ``blocks`` is None (the frames carry their own checks). None: stored as written.
+    frames: bytes | None = None
+    stored_length: int | None = None
+    #: Its data keys, wrapped: ``[key id, blob, the chunk the key was made for]`` each, in
+    #: the order the frames' key indexes count them (several after a defrag).
+    data_keys: tuple[tuple[str, bytes, str], ...] | None = None
     extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
+
+    @property
+    def transformed(self) -> bool:
+        """Whether the chunk holds frames (its stored bytes are not its bytes)."""
+        return self.frames is not None
+
+    @property
+    def stored(self) -> int:
+        """How many bytes the chunk storage holds of it."""
+        return self.stored_length if self.stored_length is not None else self.length
 
     def check(self) -> None:
         assert isinstance(self.name, str) and self.name, self.name
         assert self.blocks is None or (isinstance(self.blocks, bytes) and len(self.blocks) % 8 == 0), self
+        assert (self.frames is None) == (self.stored_length is None), self
+        assert self.frames is None or (isinstance(self.frames, bytes) and self.blocks is None), self
+        assert self.data_keys is None or self.frames is not None, self
         assert self.index_id > 0 and self.index_offset >= 0, self
         assert self.length >= 0 and self.epoch >= 0, self
         assert self.next_chunk != self.name, self

@@ -277,7 +277,8 @@ class BatchDefrag:
         planned: list[tuple[defrag.Run, RunTask, bytes]] = []
         ops: list[Operation] = []
         for run in runs:
-            new_chunk = chunk_name(self.container_id, run.segment, self.epoch, run.start)
+            opaque = run.segment_id if self.config.encryption else None
+            new_chunk = chunk_name(self.container_id, run.segment, self.epoch, run.start, opaque)
             task = RunTask(
                 self.binding.url,
                 run.segment,

@@ -65,12 +65,14 @@ from slts.metadata.schema import CHUNKS, CLIENT_TABLES, DELETED, GC, INDEX, SEGM
 from slts.metadata.store import Delete, Expect, MetadataStore, Operation, Put, ReadView, prefix_stop
 from slts.storage import block_checksums, layout_changes
 from slts.storage.ahead_intents import AheadIntent, AheadIntents
+from slts.storage.chunk_transforms import ChunkTransforms, Encoded, StoredKey
 from slts.storage.context import EngineContext, SegmentIds
 from slts.storage.gate import GatedChunkStorage
 from slts.storage.leaks import LeakReport, find_leaks
 from slts.storage.read_ahead import Plan, ReadAhead, ReadAheadStatistics
 from slts.storage.segment_names import check_segment_name, chunk_name
 from slts.storage.types import DefragResult, SegmentHandle, SegmentInfo, StorageStatistics
+from slts.transforms.keys import KeyRing
 from slts.usage import UsageMeter
 
 _log = logging.getLogger(__name__)
@@ -90,6 +92,8 @@ class _ReadPiece:
     length: int
     whole_chunk_checksum: int | None  # set when the piece is the whole chunk and it has no blocks
     blocks: bytes | None  # the chunk's block checksums, when reads verify them
+    frames: bytes | None = None  # a transformed chunk's frame map (its frames check themselves)
+    data_keys: tuple[StoredKey, ...] | None = None  # and its wrapped data keys
 
 
 #: Where a read resolves its layout: the instance's (cached) store, or one snapshot's view.
@@ -133,6 +137,10 @@ class _WritePlan:
     #: The caller's own operations and expectations (``write``'s ``also`` and ``expect``).
     also: tuple[Operation, ...] = ()
     expect: tuple[Expect, ...] = ()
+    #: With transforms on: what the appended bytes and each new chunk store, and the
+    #: chunk records' fields after them (``sums`` is then None: these carry the checksums).
+    appended_encoded: Encoded | None = None
+    chunks_encoded: tuple[Encoded, ...] = ()
 
 
 def _client_records(
@@ -221,6 +229,7 @@ class ChunkedSegmentStorage:
         owns_store: bool | None = None,
         read_only: bool = False,
         limiter: PriorityLimiter | None = None,
+        key_ring: KeyRing | None = None,
     ) -> None:
         # Every argument is checked before anything is written (the epoch commit fences).
         if (
@@ -246,6 +255,9 @@ class ChunkedSegmentStorage:
         # Every user of the container's binding (engine, GC, journal, defrag) gets the gate.
         chunk_storage = GatedChunkStorage(chunk_storage, self.meter, limiter)
         self.config = config or StorageConfig()
+        #: Client-side compression and encryption of chunks (docs/security.md): what a
+        #: write stores of its bytes, and the decoding of a chunk's frames.
+        self.transforms = ChunkTransforms(self.config, key_ring)
         self.container_id = container_id
         self.chunk_storage = chunk_storage
         self._clock = clock
@@ -725,6 +737,12 @@ class ChunkedSegmentStorage:
                 raise
         self.context.counters.add(writes=1, bytes_written=len(data))
 
+    def _chunk_name(self, record: SegmentRecord, start: int) -> str:
+        """A new chunk's name for ``record`` at segment offset ``start`` (opaque with
+        encryption on: ``segment_names.chunk_name``)."""
+        opaque = record.segment_id if self.config.encryption else None
+        return chunk_name(self.container_id, record.name, self.epoch, start, opaque)
+
     def _appendable(self, record: SegmentRecord, last: ChunkRecord | None) -> bool:
         """May this write append to the segment's last chunk ``last``? (see ``write``)"""
         return (
@@ -733,6 +751,7 @@ class ChunkedSegmentStorage:
             and last.name not in self.context.tainted
             and last.epoch == self.epoch
             and last.length < record.max_rolling_length
+            and self.transforms.appendable(last)
         )
 
     def _write_locked(
@@ -754,9 +773,7 @@ class ChunkedSegmentStorage:
         while position < len(data):
             piece = data[position : position + record.max_rolling_length]
             start = record.length + position
-            new_chunks.append(
-                _NewChunk(chunk_name(self.container_id, record.name, self.epoch, start), start, piece)
-            )
+            new_chunks.append(_NewChunk(self._chunk_name(record, start), start, piece))
             position += len(piece)
 
         # 1. GC intents for the chunks about to exist (leak-free whatever happens next):
@@ -776,12 +793,20 @@ class ChunkedSegmentStorage:
         following: AheadIntent | None = None  # of the chunk the next write will create
         if self._ahead is not None:
             start = record.length + len(data)
-            name = chunk_name(self.container_id, record.name, self.epoch, start)
+            name = self._chunk_name(record, start)
             following = AheadIntent(name, start, queue_entry(name, GcReason.INTENT, now_ms), 0, now_ms)
 
+        # Transformed: each piece encoded now (its frames carry their checks).
+        appended_encoded: Encoded | None = None
+        chunks_encoded: tuple[Encoded, ...] = ()
+        if self.transforms.active:
+            if appended:
+                assert last is not None
+                appended_encoded = self.transforms.encode_append(last, appended)
+            chunks_encoded = tuple(self.transforms.encode_new(c.name, c.data) for c in new_chunks)
         # The checksums, beside the data I/O when the write is large (both release the GIL).
         sums: Future[_WriteSums] | _WriteSums | None = None
-        if self.config.checksums:
+        if self.config.checksums and not self.transforms.active:
             arguments = (
                 previous[0] if previous else None,
                 appended,
@@ -797,10 +822,13 @@ class ChunkedSegmentStorage:
             # 2. Data, durable.
             if appended:
                 assert last is not None
-                self.chunk_storage.write(ChunkHandle(last.name, readonly=False), last.length, appended)
+                stored = appended_encoded.stored if appended_encoded is not None else appended
+                self.chunk_storage.write(ChunkHandle(last.name, readonly=False), last.stored, stored)
                 self.context.counters.add(appends=1)
-            for chunk in new_chunks:
-                self.chunk_storage.create(chunk.name, chunk.data)
+            for i, chunk in enumerate(new_chunks):
+                self.chunk_storage.create(
+                    chunk.name, chunks_encoded[i].stored if chunks_encoded else chunk.data
+                )
                 self.context.counters.add(chunks_created=1)
 
             # 3. Metadata, one conditional commit, re-based on a conflict that left the
@@ -814,6 +842,8 @@ class ChunkedSegmentStorage:
                 sums.result() if isinstance(sums, Future) else sums,
                 also,
                 expect,
+                appended_encoded,
+                chunks_encoded,
             )
             sequence = self._commit_write(record, version, previous, plan)
         except BaseException:
@@ -895,7 +925,15 @@ class ChunkedSegmentStorage:
         if last is not None and (appended or new_chunks):
             previous, previous_version = last
             previous_name = previous.name
-            if appended:
+            if appended and plan.appended_encoded is not None:
+                grown = plan.appended_encoded
+                previous = previous.replace(
+                    length=previous.length + len(appended),
+                    checksum=grown.checksum,
+                    frames=grown.frames,
+                    stored_length=grown.stored_length,
+                )
+            elif appended:
                 checksum, blocks = sums.appended if sums is not None else (None, None)
                 previous = previous.replace(
                     length=previous.length + len(appended), checksum=checksum, blocks=blocks
@@ -907,6 +945,7 @@ class ChunkedSegmentStorage:
         for i, chunk in enumerate(new_chunks):
             following = new_chunks[i + 1].name if i + 1 < len(new_chunks) else None
             checksum, blocks = sums.chunks[i] if sums is not None else (None, None)
+            encoded = plan.chunks_encoded[i] if plan.chunks_encoded else None
             chunk_record = ChunkRecord(
                 name=chunk.name,
                 index_id=record.segment_id,
@@ -914,8 +953,11 @@ class ChunkedSegmentStorage:
                 length=len(chunk.data),
                 next_chunk=following,
                 epoch=self.epoch,
-                checksum=checksum,
+                checksum=encoded.checksum if encoded is not None else checksum,
                 blocks=blocks,
+                frames=encoded.frames if encoded is not None else None,
+                stored_length=encoded.stored_length if encoded is not None else None,
+                data_keys=encoded.data_keys if encoded is not None else None,
             )
             ops.append(Put(CHUNKS, name_key(chunk.name), chunk_record.encode()))
             ops.append(index.chunk_entry(chunk_record))
@@ -1089,9 +1131,16 @@ class ChunkedSegmentStorage:
                 take = min(chunk_end, end) - position
                 verifying = self.config.verify_checksums_on_read
                 whole = position == chunk_start and take == chunk.length
-                blocks = chunk.blocks if verifying else None
-                checksum = chunk.checksum if whole and verifying and blocks is None else None
-                pieces.append(_ReadPiece(name, position - chunk_start, take, checksum, blocks))
+                if chunk.transformed:  # its frames check themselves, always
+                    pieces.append(
+                        _ReadPiece(
+                            name, position - chunk_start, take, None, None, chunk.frames, chunk.data_keys
+                        )
+                    )
+                else:
+                    blocks = chunk.blocks if verifying else None
+                    checksum = chunk.checksum if whole and verifying and blocks is None else None
+                    pieces.append(_ReadPiece(name, position - chunk_start, take, checksum, blocks))
                 position += take
             chunk_start, name = chunk_end, chunk.next_chunk
         return pieces
@@ -1150,6 +1199,15 @@ class ChunkedSegmentStorage:
         after all raises ``ChunkNotFound`` from the read itself (``read`` retries it)."""
         handle = ChunkHandle(piece.chunk, readonly=True)
         fetch = self.chunk_storage.read_view if mapped else self.chunk_storage.read
+        if piece.frames is not None:  # the frames it overlaps, fetched and decoded
+            return self.transforms.decode(
+                piece.chunk,
+                piece.frames,
+                piece.data_keys,
+                piece.chunk_offset,
+                piece.length,
+                lambda offset, length: fetch(handle, offset, length),
+            )
         if piece.blocks is not None:  # read the blocks it touches whole, check them, cut the piece
             first, end, start, stop = block_checksums.covering(piece.blocks, piece.chunk_offset, piece.length)
             data = fetch(handle, start, stop - start)

@@ -36,6 +36,7 @@ from slts.metadata.records import ChunkRecord, SegmentRecord
 from slts.metadata.schema import CHUNKS, GC, SEGMENTS, name_key
 from slts.metadata.store import Delete, Expect, MetadataStore, Operation, Put, ReadView
 from slts.storage import block_checksums
+from slts.transforms.frames import FrameMap
 
 BLOCK_BYTES_DEFAULT = CHECKSUM_BLOCK_BYTES_DEFAULT
 
@@ -80,6 +81,11 @@ class BuiltChunk:
     bytes_native: int
     bytes_copied: int
     blocks: bytes | None = None  # block checksums (``slts.storage.block_checksums``)
+    #: A chunk of frames (its sources were transformed): the joined frame map, the bytes
+    #: stored, the data keys of every source in order (docs/security.md).
+    frames: bytes | None = None
+    stored_length: int | None = None
+    data_keys: tuple[tuple[str, bytes, str], ...] | None = None
 
 
 def read_list(view: ReadView, record: SegmentRecord) -> list[ListedChunk]:
@@ -111,6 +117,8 @@ def plan_runs(record: SegmentRecord, listed: list[ListedChunk], config: StorageC
             and small
             and run_bytes + chunk.record.length <= bytes_max
             and len(run) < config.defrag_run_chunks_max
+            # a chunk is frames or plain bytes throughout: a run does not mix them
+            and (not run or run[0].record.transformed == chunk.record.transformed)
         )
         if fits:
             assert chunk is not None
@@ -133,12 +141,30 @@ class Source:
     length: int
     checksum: int | None
     blocks: bytes | None = None
+    #: A transformed chunk: its frame map, stored bytes and wrapped data keys.
+    frames: bytes | None = None
+    stored_length: int | None = None
+    data_keys: tuple[tuple[str, bytes, str], ...] | None = None
+
+    @property
+    def stored(self) -> int:
+        """The bytes the chunk storage holds of it (what a build moves)."""
+        return self.stored_length if self.stored_length is not None else self.length
 
 
 def run_sources(run: Run) -> tuple[Source, ...]:
     """The run's chunks as ``Source`` values, in order."""
     return tuple(
-        Source(c.record.name, c.record.length, c.record.checksum, c.record.blocks) for c in run.chunks
+        Source(
+            c.record.name,
+            c.record.length,
+            c.record.checksum,
+            c.record.blocks,
+            c.record.frames,
+            c.record.stored_length,
+            tuple(tuple(key) for key in c.record.data_keys) if c.record.data_keys else None,  # type: ignore[misc]
+        )
+        for c in run.chunks
     )
 
 
@@ -182,6 +208,8 @@ def _build(
     reuse: bool,
     block_bytes: int,
 ) -> BuiltChunk:
+    if sources and sources[0].frames is not None:
+        return _build_frames(binding, sources, new_name, reuse=reuse)
     length = sum(source.length for source in sources)
     if reuse:
         with contextlib.suppress(ChunkNotFound):
@@ -209,6 +237,44 @@ def _build(
     return BuiltChunk(new_name, length, crc32c.crc32c(data), 0, length, _blocks(sources, data, block_bytes))
 
 
+def _build_frames(
+    binding: ChunkStorage, sources: Sequence[Source], new_name: str, *, reuse: bool
+) -> BuiltChunk:
+    """``_build`` for chunks of frames: their stored bytes moved as they are (natively where
+    the binding can), never decoded; the frame maps joined, each source's key indexes moved
+    past the keys before it; the checksum of the stored bytes combined from the parts'."""
+    assert all(source.frames is not None for source in sources), "a run does not mix frames and bytes"
+    frames = FrameMap()
+    keys: list[tuple[str, bytes, str]] = []
+    for source in sources:
+        frames = frames.then(FrameMap.unpack(source.frames or b""), key_offset=len(keys))
+        keys.extend(source.data_keys or ())
+    length = sum(source.length for source in sources)
+    stored = sum(source.stored for source in sources)
+    assert frames.logical_length == length and frames.stored_length == stored, (new_name, length, stored)
+    checksum = _combined_checksum(sources)
+    built = functools.partial(
+        BuiltChunk, frames=frames.pack(), stored_length=stored, data_keys=tuple(keys) if keys else None
+    )
+    if reuse:
+        with contextlib.suppress(ChunkNotFound):
+            if binding.get_info(new_name).length == stored:
+                return built(new_name, length, checksum, 0, 0)
+    ranges = [ConcatSource(source.name, 0, source.stored) for source in sources]
+    if binding.supports_concat:
+        copied = binding.concat_bytes_through_client(ranges)
+        info = binding.concat(new_name, ranges)
+        assert info.length == stored, (info, stored)
+        return built(new_name, length, checksum, stored - copied, copied)
+    data = b"".join(binding.read(binding.open_read(r.name), r.offset, r.length) for r in ranges)
+    if len(data) != stored:
+        raise ChunkCorrupted(f"a source chunk of {new_name!r} is shorter than recorded")
+    if checksum is not None and crc32c.crc32c(data) != checksum:
+        raise ChunkCorrupted(f"the source chunks of {new_name!r} fail their CRC32C checksums")
+    binding.create(new_name, data)
+    return built(new_name, length, checksum, 0, stored)
+
+
 def _blocks(sources: Sequence[Source], data: bytes, block_bytes: int) -> bytes:
     """The sources' block lists joined, or blocks cut from ``data`` if one has none."""
     joined = block_checksums.joined([source.blocks for source in sources])
@@ -223,12 +289,13 @@ def _read_whole(binding: ChunkStorage, name: str, length: int) -> bytes:
 
 
 def _combined_checksum(sources: Sequence[Source]) -> int | None:
-    """The CRC32C of the concatenation, from the parts' CRCs (None if one is unknown)."""
+    """The CRC32C of the concatenation of the sources' stored bytes, from the parts' CRCs
+    (None if one is unknown)."""
     value: int | None = None
     for source in sources:
         if source.checksum is None:
             return None
-        value = source.checksum if value is None else crc32c_combine(value, source.checksum, source.length)
+        value = source.checksum if value is None else crc32c_combine(value, source.checksum, source.stored)
     return value
 
 
@@ -304,6 +371,9 @@ def commit_ops(
         epoch=epoch,
         checksum=built.checksum,
         blocks=built.blocks,
+        frames=built.frames,
+        stored_length=built.stored_length,
+        data_keys=built.data_keys,
     )
     ops: list[Operation] = [Put(CHUNKS, name_key(new.name), new.encode()), Delete(GC, intent_key)]
     expect = [Expect(SEGMENTS, name_key(record.name), version), Expect(GC, intent_key, intent_version)]

@@ -14,6 +14,7 @@ from slts.limiter import PriorityLimiter
 from slts.metadata.schema import TABLES
 from slts.metadata.store import MetadataStore
 from slts.storage.chunked import ChunkedSegmentStorage
+from slts.transforms.keys import KeyRing
 
 _log = logging.getLogger("slts.storage")
 
@@ -51,6 +52,7 @@ def open(
     clock: Callable[[], float] | None = None,
     read_only: bool = False,
     limiter: PriorityLimiter | None = None,
+    key_ring: KeyRing | None = None,
     **config: Any,
 ) -> ChunkedSegmentStorage:
     """Start container ``container_id`` on the chunk storage at ``url``.
@@ -60,7 +62,9 @@ def open(
     ``read_only=True`` observes without taking the container over (no epoch, fences
     nobody, every change raises ``ReadOnlyInstance``). ``limiter``: every chunk storage
     call of the container goes through it (``slts.limiter``; share one limiter among the
-    instances that use one chunk storage).
+    instances that use one chunk storage). ``key_ring``: the keys that wrap the data keys
+    of encrypted chunks (``slts.transforms.keys``; required with ``encryption=True``, and to
+    read a store's encrypted chunks).
     Remaining keyword arguments are ``StorageConfig`` fields. The returned instance
     owns the binding and the store it opened and closes them on ``close`` (a store
     object passed as ``metadata`` stays the caller's: it is never closed here).
@@ -97,6 +101,7 @@ def open(
             owns_store=not caller_store,
             read_only=read_only,
             limiter=limiter,
+            key_ring=key_ring,
             **extra,
         )
     except BaseException:

@@ -273,7 +273,8 @@ def _apply_run(
 
     With ``record``/``version`` the caller holds the segment's lock (seam merge);
     otherwise the lock is taken for the commit only."""
-    new_name = chunk_name(ctx.container_id, run.segment, ctx.epoch, run.start)
+    opaque = run.segment_id if ctx.config.encryption else None
+    new_name = chunk_name(ctx.container_id, run.segment, ctx.epoch, run.start, opaque)
     intent = ctx.gc.entry(new_name, GcReason.INTENT)
     intent_version = ctx.ownership.commit([intent], [Expect(GC, intent.key, 0)])
     built = None

@@ -69,10 +69,13 @@ def chunk_prefix(container_id: int) -> str:
     return f"{container_id}/"
 
 
-def chunk_name(container_id: int, segment: str, epoch: int, offset: int) -> str:
-    """A new, globally unique chunk name for ``segment`` starting at ``offset``."""
+def chunk_name(container_id: int, segment: str, epoch: int, offset: int, opaque_id: int | None = None) -> str:
+    """A new, globally unique chunk name for ``segment`` starting at ``offset``. With
+    ``opaque_id`` (the segment's id; a store with encryption on, docs/security.md) the name
+    holds that id, not the segment's name: a reader of the bucket's listing learns no names."""
     assert container_id >= 0
-    return f"{container_id}/{segment}/{chunk_leaf(epoch, offset)}"
+    part = segment if opaque_id is None else f"~{opaque_id:x}"
+    return f"{container_id}/{part}/{chunk_leaf(epoch, offset)}"
 
 
 #: The epoch encoded in a chunk name made by ``chunk_name``, or None for other names.

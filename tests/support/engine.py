@@ -7,7 +7,7 @@ container (``env.reopen()``: a new epoch on the same data) and inspect raw state
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,9 +22,11 @@ from slts.tools.simulation.seam import FakeClock  # one fake clock for tests and
 from slts.config import StorageConfig
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.memory_store import MemoryMetadataStore
+from slts.metadata.records import ChunkRecord
 from slts.metadata.schema import TABLES
 from slts.metadata.store import MetadataStore
 from slts.storage.chunked import ChunkedSegmentStorage
+from slts.transforms.keys import FolderKeyRing
 from tests.support.s3 import s3_storage_binding
 
 
@@ -33,6 +35,19 @@ def segment_chunks(binding: ChunkStorage, container_id: int = 0) -> list[str]:
     but the system objects (journal, system segments), which the journal tests cover."""
     system = system_prefix(container_id)
     return sorted(name for name in binding.list(f"{container_id}/") if not name.startswith(system))
+
+
+def chunk_contents(storage: ChunkedSegmentStorage, chunk: ChunkRecord) -> bytes:
+    """The bytes chunk ``chunk`` holds of its segment: its stored bytes, decoded if it is a
+    chunk of frames (a check of the layout that does not go through the segment's reads)."""
+    binding = storage.chunk_storage
+    handle = binding.open_read(chunk.name)
+    if not chunk.transformed:
+        return binding.read(handle, 0, chunk.length)
+    assert chunk.frames is not None
+    return storage.transforms.decode(
+        chunk.name, chunk.frames, chunk.data_keys, 0, chunk.length, lambda at, n: binding.read(handle, at, n)
+    )
 
 
 class NoAppendMemoryChunkStorage(MemoryChunkStorage):
@@ -48,12 +63,17 @@ class Env:
     store: MetadataStore
     clock: FakeClock = field(default_factory=FakeClock)
     instances: list[ChunkedSegmentStorage] = field(default_factory=list)
+    #: Client-side transforms every instance gets (``TRANSFORMS``), and their key ring.
+    transforms: Mapping[str, object] = field(default_factory=dict)
+    key_ring: FolderKeyRing | None = None
 
     def open(self, epoch: int | None = None, **config: object) -> ChunkedSegmentStorage:
         # No background threads: the metadata log is flushed by GC's barrier and on close only.
         defaults = {"gc_delay_s": 10.0, "gc_interval_s": 0.0, "metadata_log_flush_interval_s": 0.0}
-        settings = StorageConfig(**{**defaults, **config})  # type: ignore[arg-type]
-        storage = ChunkedSegmentStorage(0, epoch, self.binding, self.store, settings, clock=self.clock)
+        settings = StorageConfig(**{**defaults, **self.transforms, **config})  # type: ignore[arg-type]
+        storage = ChunkedSegmentStorage(
+            0, epoch, self.binding, self.store, settings, clock=self.clock, key_ring=self.key_ring
+        )
         self.instances.append(storage)
         return storage
 
@@ -96,17 +116,47 @@ STORES: dict[str, Callable[[object], MetadataStore]] = {
     "memory": lambda tmp: MemoryMetadataStore(TABLES),
     "lmdb": lambda tmp: LmdbMetadataStore(str(tmp / "metadata"), TABLES),
 }
-PAIRS = [("memory", "memory"), ("filesystem", "lmdb"), ("no-append", "memory"), ("s3", "lmdb")]
+#: Client-side transforms an environment may run with (docs/security.md): the config each
+#: instance gets; encryption brings a key ring of one active key.
+TRANSFORMS: dict[str, dict[str, object]] = {
+    "zstd": {"compression_level": 3, "frame_bytes": 4096},
+    "aes": {"encryption": True, "frame_bytes": 4096},
+    "zstd+aes": {"compression_level": 3, "encryption": True, "frame_bytes": 4096},
+}
+PAIRS: list[tuple[str, ...]] = [
+    ("memory", "memory"),
+    ("filesystem", "lmdb"),
+    ("no-append", "memory"),
+    ("s3", "lmdb"),
+]
+#: Environments with transforms on (each transform, appending and object-store bindings).
+TRANSFORM_PAIRS: list[tuple[str, ...]] = [
+    ("filesystem", "lmdb", "zstd+aes"),
+    ("memory", "memory", "aes"),
+    ("no-append", "memory", "zstd"),
+    ("s3", "lmdb", "zstd+aes"),
+]
 
 
-def env_fixture(pairs: list[tuple[str, str]]) -> Any:
-    """A fixture ``env`` parametrized over (binding, store) ``pairs``: a fresh ``Env`` per
-    test, every instance, the store and the binding closed afterwards."""
+def key_ring(tmp_path: Path) -> FolderKeyRing:
+    """A new key ring under ``tmp_path`` with one active key."""
+    ring = FolderKeyRing.create(str(tmp_path / "key-ring"))
+    ring.activate(ring.add())
+    return ring
 
-    @pytest.fixture(params=pairs, ids=[f"{b}+{s}" for b, s in pairs])
+
+def env_fixture(pairs: list[tuple[str, ...]]) -> Any:
+    """A fixture ``env`` parametrized over (binding, store[, transforms]) ``pairs``: a fresh
+    ``Env`` per test, every instance, the store and the binding closed afterwards."""
+
+    @pytest.fixture(params=pairs, ids=["+".join(pair) for pair in pairs])
     def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
-        binding_name, store_name = request.param
+        binding_name, store_name, *transforms = request.param
         environment = Env(BINDINGS[binding_name](tmp_path), STORES[store_name](tmp_path))
+        if transforms:
+            environment.transforms = TRANSFORMS[transforms[0]]
+            if environment.transforms.get("encryption"):
+                environment.key_ring = key_ring(tmp_path)
         yield environment
         for instance in environment.instances:
             instance.close()

@@ -1,0 +1,261 @@
+"""Client-side transforms in the engine (docs/security.md): what a bucket reader sees of an
+encrypted store's segment chunks, tampering found by reads and by scrub, keys missing or
+rotated, concat and native defrag over frames under several keys, restore from tier-2,
+appends never reusing a nonce after a failed append, and what compression saves."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+from slts.bindings.faulty import FaultyChunkStorage
+from slts.bindings.filesystem import FileSystemChunkStorage
+from slts.journal.restore import restore
+
+from slts.admin.scrub import scrub
+from slts.config import StorageConfig
+from slts.errors import ChunkCorrupted, InvalidConfig, KeyUnavailable, StorageUnavailable
+from slts.metadata.lmdb_store import LmdbMetadataStore
+from slts.metadata.memory_store import MemoryMetadataStore
+from slts.metadata.schema import TABLES
+from slts.storage.chunked import ChunkedSegmentStorage
+from slts.storage.segment_names import SYSTEM_PREFIX
+from slts.transforms.frames import FrameMap
+from slts.transforms.keys import FolderKeyRing
+from tests.support.engine import key_ring
+
+SECRET = b"card=4111-1111-1111-1111;"
+NAMES = ("orders/secret-alpha", "payments/secret-beta")
+QUIET = {"gc_delay_s": 10.0, "gc_interval_s": 0.0, "metadata_log_flush_interval_s": 0.0}
+
+
+def json_values(count: int, seed: int) -> bytes:
+    rng = random.Random(seed)
+    return b"".join(
+        json.dumps({"user": f"u{rng.randrange(900)}", "event": rng.choice(["view", "buy"]), "n": i}).encode()
+        + b"\n"
+        for i in range(count)
+    )
+
+
+def open_store(tmp_path, ring: FolderKeyRing | None, **config: object) -> ChunkedSegmentStorage:
+    binding = FileSystemChunkStorage(str(tmp_path / "chunks"))
+    store = LmdbMetadataStore(str(tmp_path / "metadata"), TABLES)
+    settings = StorageConfig(**{**QUIET, **config})  # type: ignore[arg-type]
+    return ChunkedSegmentStorage(0, None, binding, store, settings, owns_resources=True, key_ring=ring)
+
+
+def fill(
+    storage: ChunkedSegmentStorage, names=NAMES, writes: int = 12, rolling: int = 20_000
+) -> dict[str, bytes]:
+    rng = random.Random(5)
+    written = {}
+    for name in names:
+        storage.create(name, max_rolling_length=rolling)
+        handle = storage.open_write(name)
+        data = b""
+        for _ in range(writes):
+            piece = SECRET * rng.randrange(1, 200) + json_values(rng.randrange(1, 50), rng.randrange(99))
+            storage.write(handle, len(data), piece)
+            data += piece
+        written[name] = data
+    return written
+
+
+def segment_chunk_files(tmp_path) -> list[str]:
+    root = str(tmp_path / "chunks")
+    found = []
+    for folder, _, files in os.walk(root):
+        for file in files:
+            path = os.path.join(folder, file)
+            if SYSTEM_PREFIX.strip("/") not in os.path.relpath(path, root):
+                found.append(path)
+    return found
+
+
+@pytest.mark.parametrize("transforms", [{"encryption": True}, {"encryption": True, "compression_level": 3}])
+def test_an_encrypted_stores_segment_chunks_hold_no_payload_or_name_in_clear(tmp_path, transforms) -> None:
+    """Every segment chunk file, by its contents and its path: no byte pattern of the
+    payloads, no segment name. (The system objects, the metadata's copy on tier-2, are
+    not encrypted yet: docs/security.md, "Status".)"""
+    ring = key_ring(tmp_path)
+    storage = open_store(tmp_path, ring, frame_bytes=4096, **transforms)
+    written = fill(storage)
+    assert all(storage.read(storage.open_read(n), 0, len(d)) == d for n, d in written.items())
+    storage.close()
+    files = segment_chunk_files(tmp_path)
+    assert len(files) >= 4
+    needles = [
+        SECRET,
+        b"4111-1111",
+        b'"user"',
+        *(part.encode() for name in NAMES for part in name.split("/")),
+    ]
+    for path in files:
+        assert not any(needle.decode() in path for needle in needles), path
+        with open(path, "rb") as file:
+            contents = file.read()
+        assert not any(needle in contents for needle in needles), path
+
+
+def test_plain_stores_hold_the_bytes_as_written(tmp_path) -> None:
+    """The scan above can fail: without encryption the same payloads are found."""
+    storage = open_store(tmp_path, None)
+    fill(storage, names=NAMES[:1], writes=2)
+    storage.close()
+    contents = []
+    for path in segment_chunk_files(tmp_path):
+        with open(path, "rb") as file:
+            contents.append(file.read())
+    assert any(SECRET in data for data in contents)
+
+
+def test_a_flipped_stored_byte_is_chunk_corrupted_on_read_and_a_scrub_finding(tmp_path) -> None:
+    ring = key_ring(tmp_path)
+    storage = open_store(tmp_path, ring, encryption=True, compression_level=3, frame_bytes=4096)
+    written = fill(storage, names=NAMES[:1])
+    (_, chunk), *_ = storage.chunks(NAMES[0])
+    path = next(p for p in segment_chunk_files(tmp_path) if p.endswith(chunk.name.rsplit("/", 1)[-1]))
+    with open(path, "r+b") as file:
+        file.seek(chunk.stored // 2)
+        byte = file.read(1)
+        file.seek(chunk.stored // 2)
+        file.write(bytes([byte[0] ^ 1]))
+    with pytest.raises(ChunkCorrupted):
+        storage.read(storage.open_read(NAMES[0]), 0, len(written[NAMES[0]]))
+    report = scrub(storage)
+    assert [a.kind for a in report.anomalies] == ["checksum"] and report.anomalies[0].chunk == chunk.name
+    storage.close()
+
+
+def test_reads_without_the_key_are_key_unavailable_naming_it_and_change_nothing(tmp_path) -> None:
+    ring = key_ring(tmp_path)
+    storage = open_store(tmp_path, ring, encryption=True)
+    written = fill(storage, names=NAMES[:1], writes=2)
+    key_id = ring.active_id()
+    storage.close()
+    other = FolderKeyRing.create(str(tmp_path / "other-ring"))
+    other.activate(other.add())
+    for wrong in (None, other):
+        reader = open_store(tmp_path, wrong)  # transforms off: old chunks still decode, keys allowing
+        with pytest.raises(KeyUnavailable) as caught:
+            reader.read(reader.open_read(NAMES[0]), 0, 10)
+        assert caught.value.key_id == key_id and key_id in str(caught.value)
+        reader.close()
+    again = open_store(tmp_path, ring)
+    assert again.read(again.open_read(NAMES[0]), 0, len(written[NAMES[0]])) == written[NAMES[0]]
+    again.close()
+
+
+def test_encryption_without_a_key_ring_is_refused_before_anything_is_written(tmp_path) -> None:
+    store = MemoryMetadataStore(TABLES)
+    binding = FileSystemChunkStorage(str(tmp_path / "chunks"))
+    with pytest.raises(InvalidConfig, match="key ring"):
+        ChunkedSegmentStorage(0, None, binding, store, StorageConfig(encryption=True, **QUIET))
+    assert all(not rows for rows in store.dump().values()), "no epoch, no record"
+    assert list(binding.list("")) == []
+
+
+def test_rotation_wraps_new_chunks_with_the_new_key_and_old_ones_stay_readable(tmp_path) -> None:
+    ring = key_ring(tmp_path)
+    first = ring.active_id()
+    storage = open_store(tmp_path, ring, encryption=True)
+    written = fill(storage, names=NAMES[:1], writes=3)
+    ring.activate(ring.add("second"))
+    written.update(fill(storage, names=NAMES[1:], writes=3))
+    used = {n: {key[0] for _, c in storage.chunks(n) for key in c.data_keys} for n in NAMES}
+    assert used == {NAMES[0]: {first}, NAMES[1]: {"second"}}
+    assert all(storage.read(storage.open_read(n), 0, len(d)) == d for n, d in written.items())
+    storage.close()
+
+
+def test_concat_and_native_defrag_move_frames_under_their_own_keys(tmp_path) -> None:
+    """Two segments under two keys, concatenated (metadata only) and defragged natively
+    (the filesystem binding concatenates): the merged chunk holds both keys' frames, no
+    byte went through the client, and everything reads back."""
+    ring = key_ring(tmp_path)
+    storage = open_store(
+        tmp_path,
+        ring,
+        encryption=True,
+        compression_level=3,
+        frame_bytes=1024,
+        defrag_small_chunk_bytes=1 << 20,
+        concat_merge_seam=False,
+    )
+    target, donor = NAMES
+    written = fill(storage, names=[target], writes=3, rolling=1 << 20)
+    ring.activate(ring.add("second"))
+    written.update(fill(storage, names=[donor], writes=3, rolling=1 << 20))
+    storage.seal(storage.open_write(donor))
+    storage.concat(storage.open_write(target), len(written[target]), donor)
+    storage.seal(storage.open_write(target))
+    whole = written[target] + written[donor]
+    result = storage.defrag(target)
+    assert result.runs_committed >= 1 and result.bytes_copied == 0
+    merged = [c for _, c in storage.chunks(target) if c.data_keys and len(c.data_keys) > 1]
+    assert merged and {k[0] for c in merged for k in c.data_keys} >= {ring.ids()[0], "second"}
+    assert {f.key_index for c in merged for f in FrameMap.unpack(c.frames)} == set(
+        range(len(merged[0].data_keys))
+    )
+    assert storage.read(storage.open_read(target), 0, len(whole)) == whole
+    storage.close()
+
+
+def test_restore_from_tier2_reads_the_encrypted_chunks_with_the_key_ring(tmp_path) -> None:
+    ring = key_ring(tmp_path)
+    storage = open_store(tmp_path, ring, encryption=True, compression_level=3)
+    written = fill(storage)
+    storage.durable.flush()
+    binding = storage.chunk_storage
+    storage.close()
+    restored = MemoryMetadataStore(TABLES)
+    plain = FileSystemChunkStorage(str(tmp_path / "chunks"))
+    restore(plain, 0, restored)
+    revived = ChunkedSegmentStorage(0, None, plain, restored, StorageConfig(**QUIET), key_ring=ring)
+    assert all(revived.read(revived.open_read(n), 0, len(d)) == d for n, d in written.items())
+    revived.close()
+    assert binding is not None
+
+
+def test_after_a_failed_append_the_next_write_starts_a_new_chunk_under_a_new_key(tmp_path) -> None:
+    """An append whose stored bytes may have landed past the recorded ones used ordinals
+    that are then unknown: the instance never appends to that chunk again, so no nonce is
+    used twice under its key."""
+    ring = key_ring(tmp_path)
+    binding = FaultyChunkStorage(FileSystemChunkStorage(str(tmp_path / "chunks")), seed=1)
+    storage = ChunkedSegmentStorage(
+        0, None, binding, MemoryMetadataStore(TABLES), StorageConfig(encryption=True, **QUIET), key_ring=ring
+    )
+    storage.create("s")
+    handle = storage.open_write("s")
+    storage.write(handle, 0, b"a" * 5000)
+    binding.partial_write(1)  # the next write stores part of its frames, then fails
+    with pytest.raises(StorageUnavailable):
+        storage.write(handle, 5000, b"b" * 5000)
+    storage.write(handle, 5000, b"c" * 5000)
+    chunks = [c for _, c in storage.chunks("s")]
+    assert len(chunks) == 2 and chunks[0].data_keys != chunks[1].data_keys
+    assert all(c.data_keys and len(c.data_keys) == 1 and c.data_keys[0][2] == c.name for c in chunks)
+    assert storage.read(handle, 0, 10_000) == b"a" * 5000 + b"c" * 5000
+    storage.close()
+
+
+def test_compression_stores_json_values_in_at_most_a_third_and_skips_compressed_ones(tmp_path) -> None:
+    import zstandard
+
+    storage = open_store(tmp_path, None, compression_level=3)
+    storage.create("json")
+    handle = storage.open_write("json")
+    data = json_values(40_000, 1)
+    storage.write(handle, 0, data)
+    stored = sum(c.stored for _, c in storage.chunks("json"))
+    assert stored <= 0.35 * len(data), (stored, len(data))
+    storage.create("zstd")
+    packed = zstandard.ZstdCompressor().compress(json_values(40_000, 2))
+    storage.write(storage.open_write("zstd"), 0, packed)
+    assert sum(c.stored for _, c in storage.chunks("zstd")) == len(packed)
+    assert storage.read(handle, 0, len(data)) == data
+    storage.close()
