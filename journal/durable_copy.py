@@ -39,6 +39,7 @@ from slts.journal.system_segments import SystemSegments
 from slts.config import StorageConfig
 from slts.errors import Fenced, SltsError, StorageUnavailable
 from slts.metadata.store import MetadataStore
+from slts.transforms.sealed import RecordSeal
 
 _log = logging.getLogger("slts.journal")
 
@@ -57,9 +58,12 @@ class DurableCopyStatistics:
     journal_reboots: int
 
 
-def journal_settings(config: StorageConfig) -> JournalSettings:
+def journal_settings(config: StorageConfig, seal: RecordSeal | None = None) -> JournalSettings:
     return JournalSettings(
-        config.journal_snapshot_records, config.journal_snapshot_interval_s, config.journal_file_bytes_max
+        config.journal_snapshot_records,
+        config.journal_snapshot_interval_s,
+        config.journal_file_bytes_max,
+        seal,
     )
 
 
@@ -77,19 +81,21 @@ class DurableCopy:
         clock: Callable[[], float] = time.time,
         fence_check: Callable[[], None] = lambda: None,
         discard_changes: Callable[[int], int] | None = None,
+        seal: RecordSeal | None = None,
     ) -> None:
         """Boot the journal and catch up. ``discard_changes`` trims the store's change log
-        (default: the store's own; an owner passes its ``Ownership.discard_changes``).
+        (default: the store's own; an owner passes its ``Ownership.discard_changes``);
+        ``seal`` seals every record of the copy (an encrypted store's) and opens them.
         Raises ``Fenced`` (a newer epoch wrote the journal or owns the store),
         ``ChunkStorageError`` (tier-2 failed), ``MetadataCorrupted``."""
         self.config = config
         self._clock = clock
         self._fence_check = fence_check
         self.journal = SystemJournal.boot(
-            binding, container_id, epoch, journal_settings(config), clock=clock, fence_check=fence_check
+            binding, container_id, epoch, journal_settings(config, seal), clock=clock, fence_check=fence_check
         )
         self.segments = SystemSegments(self.journal, config.system_rolling_length_bytes, fence_check)
-        self.log = MetadataLog(store, self.segments, config.metadata_log_batch_bytes, discard_changes)
+        self.log = MetadataLog(store, self.segments, config.metadata_log_batch_bytes, discard_changes, seal)
         self._lock = threading.Lock()
         self._flushes = self._snapshots = 0
         self._snapshot_at = clock()

@@ -12,6 +12,12 @@ Reading (``read_records``) is what boot and restore rely on, so it is defensive:
 * a **length beyond ``RECORD_BYTES_MAX``** cannot be a record this code wrote: the rest
   of the data cannot be framed, so the scan ends there and reports it;
 * a payload that passes its CRC but is not a msgpack map is counted as corrupt too.
+
+With a ``RecordSeal`` (``slts.transforms.sealed``; a store with encryption on), payloads
+are sealed when written and opened when read: the CRC covers the sealed bytes, a sealed
+payload that fails its tag counts as corrupt, and one whose key is missing raises
+``KeyUnavailable`` (the copy cannot be read at all without it). Plain payloads read back
+whatever the seal.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import crc32c
 import msgpack
 
 from slts.errors import InvalidArgument, MetadataCorrupted
+from slts.transforms.sealed import MARKER, RecordSeal
 
 _HEADER = struct.Struct(">II")
 HEADER_BYTES = _HEADER.size
@@ -32,14 +39,17 @@ HEADER_BYTES = _HEADER.size
 RECORD_BYTES_MAX = 64 << 20
 
 
-def encode_record(payload: Mapping[str, Any]) -> bytes:
-    """The framed bytes of one record. ``InvalidArgument`` if it is too large or not a map."""
+def encode_record(payload: Mapping[str, Any], seal: RecordSeal | None = None) -> bytes:
+    """The framed bytes of one record (sealed by ``seal`` if it seals). ``InvalidArgument``
+    if it is too large or not a map."""
     if not isinstance(payload, Mapping):
         raise InvalidArgument(f"a journal record is a map, got {type(payload).__name__}")
     try:
         body = msgpack.packb(dict(payload), use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidArgument(f"a journal record must hold msgpack values: {exc}") from exc
+    if seal is not None:
+        body = seal.seal(body)
     if len(body) > RECORD_BYTES_MAX:
         raise InvalidArgument(f"journal record of {len(body)} bytes exceeds {RECORD_BYTES_MAX}")
     return _HEADER.pack(len(body), crc32c.crc32c(body)) + body
@@ -56,7 +66,7 @@ class ReadResult:
     end: int = 0  # offset just past the last whole record (valid or skipped)
 
 
-def read_records(data: bytes) -> ReadResult:
+def read_records(data: bytes, seal: RecordSeal | None = None) -> ReadResult:
     """Every whole, valid record in ``data``, in order (see module doc).
 
     One pass over ``data``: per frame, the header, the CRC of the payload and one msgpack
@@ -83,8 +93,8 @@ def read_records(data: bytes) -> ReadResult:
             corrupt += 1
         else:
             try:
-                payload = decode(body, raw=False, strict_map_key=False)
-            except (ValueError, msgpack.UnpackException):
+                payload = decode(_opened(body, seal), raw=False, strict_map_key=False)
+            except (ValueError, msgpack.UnpackException, MetadataCorrupted):
                 payload = None
             if type(payload) is dict:
                 records.append((offset, payload))
@@ -95,7 +105,14 @@ def read_records(data: bytes) -> ReadResult:
     return result
 
 
-def iter_records_strict(pieces: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+def _opened(body: bytes, seal: RecordSeal | None) -> bytes:
+    """A payload's msgpack bytes: opened if sealed (``KeyUnavailable`` without a key)."""
+    if body and body[0] == MARKER:
+        return (seal or RecordSeal(None, sealing=False)).open(body)
+    return body
+
+
+def iter_records_strict(pieces: Iterable[bytes], seal: RecordSeal | None = None) -> Iterator[dict[str, Any]]:
     """The records of a byte stream given as ``pieces`` that must hold only whole, valid
     records (a system segment's journaled range: its length is known to be durable, so
     a bad record there is real damage). Raises ``MetadataCorrupted`` on a CRC mismatch,
@@ -116,7 +133,7 @@ def iter_records_strict(pieces: Iterable[bytes]) -> Iterator[dict[str, Any]]:
             if crc32c.crc32c(body) != checksum:
                 raise MetadataCorrupted(f"record at offset {consumed + offset} fails its CRC")
             try:
-                payload = msgpack.unpackb(body, raw=False, strict_map_key=False)
+                payload = msgpack.unpackb(_opened(body, seal), raw=False, strict_map_key=False)
             except (ValueError, msgpack.UnpackException) as exc:
                 raise MetadataCorrupted(f"record at offset {consumed + offset} is not msgpack") from exc
             if not isinstance(payload, dict):

@@ -42,6 +42,7 @@ from slts.journal.system_layout import SNAPSHOT, InconsistentRecord, SystemLayou
 
 from slts.chunk_names import leaf_epoch
 from slts.errors import ChunkNotFound, ChunkStorageError, Fenced, StorageUnavailable
+from slts.transforms.sealed import RecordSeal
 
 _log = logging.getLogger("slts.journal")
 
@@ -57,6 +58,8 @@ class JournalSettings:
     snapshot_records: int = 100
     snapshot_interval_s: float = 300.0
     file_bytes_max: int = 4 << 20
+    #: Seals the journal's records (an encrypted store's) and opens sealed ones at boot.
+    seal: RecordSeal | None = None
 
 
 @dataclass
@@ -129,7 +132,7 @@ class SystemJournal:
         return journal
 
     def _boot(self, *, first: bool) -> None:
-        found = replay(self.binding, self.container_id)
+        found = replay(self.binding, self.container_id, seal=self.settings.seal)
         if found.max_epoch > self.epoch or (first and found.max_epoch == self.epoch):
             raise Fenced(
                 f"container {self.container_id}: epoch {found.max_epoch} already wrote the system "
@@ -175,7 +178,7 @@ class SystemJournal:
         """
         assert not self._broken, "call ensure_ready() before building a record"
         record = {**body, "id": [self.epoch, self._next_record]}
-        self._put(framing.encode_record(record), new_file=new_file)
+        self._put(framing.encode_record(record, self.settings.seal), new_file=new_file)
         self._next_record += 1
         try:
             applied = self.layout.apply(record)
@@ -242,16 +245,18 @@ class SystemJournal:
         body["journal"] = list(covered)
         self._active, self._active_bytes = None, 0  # later records go to newer files
         self._since_snapshot, self._snapshot_at = 0, self._clock()
-        self.binding.create(name, framing.encode_record(body))
-        if read_single_record(self.binding, name) != body or not valid_snapshot(body, self.epoch):
+        self.binding.create(name, framing.encode_record(body, self.settings.seal))
+        if read_single_record(self.binding, name, self.settings.seal) != body or not valid_snapshot(
+            body, self.epoch
+        ):
             self.statistics.snapshot_failures += 1
             return None
         pointer = {"k": CHECKPOINT, "snapshot": name, "epoch": self.epoch, "number": number}
         for attempt in range(1, CHECKPOINT_ATTEMPTS + 1):
             checkpoint = system_names.checkpoint(self.container_id, self.epoch, number, attempt)
             with contextlib.suppress(ChunkStorageError):
-                self.binding.create(checkpoint, framing.encode_record(pointer))
-                if read_single_record(self.binding, checkpoint) == pointer:
+                self.binding.create(checkpoint, framing.encode_record(pointer, self.settings.seal))
+                if read_single_record(self.binding, checkpoint, self.settings.seal) == pointer:
                     break
         else:
             self.statistics.snapshot_failures += 1

@@ -35,6 +35,7 @@ from slts.journal.system_segments import SystemSegments, iter_range
 
 from slts.errors import MetadataCorrupted
 from slts.metadata.store import Delete, MetadataStore, Operation, Put
+from slts.transforms.sealed import RecordSeal
 
 SNAPSHOT_KIND = "metadata-snapshot"
 END_KIND = "end"
@@ -64,10 +65,10 @@ class SnapshotInfo:
     entries: int
 
 
-def encode_change(sequence: int, ops: Sequence[Operation]) -> bytes:
-    """The framed log record of one commit."""
+def encode_change(sequence: int, ops: Sequence[Operation], seal: RecordSeal | None = None) -> bytes:
+    """The framed log record of one commit (sealed by ``seal``, if it seals)."""
     encoded = [[op.table, op.key, op.value if isinstance(op, Put) else None] for op in ops]
-    return framing.encode_record({"s": sequence, "o": encoded})
+    return framing.encode_record({"s": sequence, "o": encoded}, seal)
 
 
 def decode_change(record: dict[str, Any]) -> tuple[int, list[Operation]]:
@@ -97,8 +98,11 @@ class MetadataLog:
         segments: SystemSegments,
         batch_bytes: int,
         discard_changes: Callable[[int], int] | None = None,
+        seal: RecordSeal | None = None,
     ) -> None:
         self.store = store
+        #: Seals the log's and the snapshots' records (an encrypted store's; ``journal.framing``).
+        self.seal = seal
         self.segments = segments
         self.batch_bytes = batch_bytes
         self._discard_changes = discard_changes if discard_changes is not None else store.discard_changes
@@ -129,7 +133,7 @@ class MetadataLog:
         for change in changes:
             if change.sequence != last + 1 or (pieces and size >= self.batch_bytes):
                 break
-            piece = encode_change(change.sequence, change.ops)
+            piece = encode_change(change.sequence, change.ops, self.seal)
             pieces.append(piece)
             size += len(piece)
             last = change.sequence
@@ -147,7 +151,7 @@ class MetadataLog:
         previous snapshot then stays the one restore uses.
         """
         with tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES) as spool:
-            sequence, entries = _dump(self.store, spool)
+            sequence, entries = _dump(self.store, spool, self.seal)
             spool.seek(0)
             start = None
             while piece := spool.read(piece_bytes):
@@ -156,7 +160,7 @@ class MetadataLog:
         assert start is not None
         layout = self.segments.layout(METADATA_SNAPSHOTS)
         end = layout.length
-        checked = check_snapshot(iter_range(self.segments.binding, layout, start, end))
+        checked = check_snapshot(iter_range(self.segments.binding, layout, start, end), self.seal)
         if checked != (sequence, entries):
             raise MetadataCorrupted(f"metadata snapshot read back as {checked}, wrote {(sequence, entries)}")
         self.segments.truncate(METADATA_SNAPSHOTS, start, {SNAPSHOT_SEQUENCE: sequence, SNAPSHOT_END: end})
@@ -169,14 +173,16 @@ class MetadataLog:
         return SnapshotInfo(sequence, start, end, entries)
 
 
-def _dump(store: MetadataStore, out: IO[bytes]) -> tuple[int, int]:
+def _dump(store: MetadataStore, out: IO[bytes], seal: RecordSeal | None) -> tuple[int, int]:
     """Write the framed snapshot of one consistent view to ``out``; (sequence, entries)."""
     entries = 0
     store.make_durable()  # the snapshot holds only commits that survive a power loss here
     with store.snapshot() as view:
         sequence = view.sequence
         out.write(
-            framing.encode_record({"k": SNAPSHOT_KIND, "sequence": sequence, "tables": list(store.tables)})
+            framing.encode_record(
+                {"k": SNAPSHOT_KIND, "sequence": sequence, "tables": list(store.tables)}, seal
+            )
         )
         for table in store.tables:
             start = b""
@@ -184,20 +190,22 @@ def _dump(store: MetadataStore, out: IO[bytes]) -> tuple[int, int]:
                 page = view.scan(table, start, None, PAGE_ENTRIES)
                 if page:
                     rows = [[key, stored.version, stored.value] for key, stored in page]
-                    out.write(framing.encode_record({"t": table, "e": rows}))
+                    out.write(framing.encode_record({"t": table, "e": rows}, seal))
                     entries += len(page)
                 if len(page) < PAGE_ENTRIES:
                     break
                 start = page[-1][0] + b"\x00"
-    out.write(framing.encode_record({"k": END_KIND, "entries": entries}))
+    out.write(framing.encode_record({"k": END_KIND, "entries": entries}, seal))
     return sequence, entries
 
 
-def iter_snapshot(pieces: Iterable[bytes]) -> Iterator[tuple[int, str, list[tuple[bytes, int, bytes]]]]:
+def iter_snapshot(
+    pieces: Iterable[bytes], seal: RecordSeal | None = None
+) -> Iterator[tuple[int, str, list[tuple[bytes, int, bytes]]]]:
     """(sequence, table, rows) for each page of a snapshot stream, after one
     ``(sequence, "", [])`` for the header; the header and trailer are checked.
     Raises ``MetadataCorrupted`` for anything but one whole snapshot."""
-    records = framing.iter_records_strict(pieces)
+    records = framing.iter_records_strict(pieces, seal)
     header = next(records, None)
     if header is None or header.get("k") != SNAPSHOT_KIND or not isinstance(header.get("sequence"), int):
         raise MetadataCorrupted(f"metadata snapshot has no valid header: {header!r}"[:200])
@@ -223,10 +231,10 @@ def iter_snapshot(pieces: Iterable[bytes]) -> Iterator[tuple[int, str, list[tupl
         raise MetadataCorrupted("metadata snapshot has no trailer (cut short)")
 
 
-def check_snapshot(pieces: Iterable[bytes]) -> tuple[int, int]:
+def check_snapshot(pieces: Iterable[bytes], seal: RecordSeal | None = None) -> tuple[int, int]:
     """(sequence, entries) of a whole, valid snapshot stream (``MetadataCorrupted`` if not)."""
     last_sequence, entries = 0, 0
-    for sequence, _, rows in iter_snapshot(pieces):
+    for sequence, _, rows in iter_snapshot(pieces, seal):
         last_sequence = sequence
         entries += len(rows)
     return last_sequence, entries

@@ -20,6 +20,7 @@ tier-2 alone. It is what a booting owner, a restore and ``slts journal show`` sh
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,7 @@ from slts.journal import framing, system_names
 from slts.journal.system_layout import SNAPSHOT, InconsistentRecord, SystemLayout, record_id
 
 from slts.errors import ChunkCorrupted, ChunkNotFound
+from slts.transforms.sealed import RecordSeal
 
 CHECKPOINT = "checkpoint"
 
@@ -69,13 +71,16 @@ def read_object(binding: ChunkStorage, name: str) -> bytes:
     return binding.read(ChunkHandle(name, readonly=True), 0, length) if length else b""
 
 
-def read_single_record(binding: ChunkStorage, name: str) -> dict[str, Any] | None:
-    """The one valid record object ``name`` holds, or None (missing, torn, corrupt, extra bytes)."""
+def read_single_record(
+    binding: ChunkStorage, name: str, seal: RecordSeal | None = None
+) -> dict[str, Any] | None:
+    """The one valid record object ``name`` holds, or None (missing, torn, corrupt, extra
+    bytes); sealed records opened with ``seal`` (``journal.framing``)."""
     try:
         data = read_object(binding, name)
     except ChunkNotFound:
         return None
-    result = framing.read_records(data)
+    result = framing.read_records(data, seal)
     if len(result.records) != 1 or result.corrupt or result.torn_at is not None or result.end != len(data):
         return None
     return result.records[0][1]
@@ -126,14 +131,26 @@ def snapshot_layout(record: Mapping[str, Any] | None, epoch: int) -> SystemLayou
     return layout
 
 
+def check_keys(binding: ChunkStorage, container_id: int, seal: RecordSeal | None) -> None:
+    """``KeyUnavailable`` (naming the key) if the newest journal file holds sealed records
+    ``seal`` cannot open: an owner checks this before its epoch commit, so that opening an
+    encrypted store without its key ring fences nobody and changes nothing."""
+    files, _, _ = listing(binding, container_id)
+    if files:
+        with contextlib.suppress(ChunkNotFound):
+            framing.read_records(read_object(binding, files[-1].name), seal)
+
+
 def replay(
     binding: ChunkStorage,
     container_id: int,
     on_record: Callable[[str, dict[str, Any]], None] | None = None,
+    seal: RecordSeal | None = None,
 ) -> Replay:
     """Rebuild the system segments' layout from tier-2 (see module doc).
 
-    ``on_record(file, record)`` is called for every applied record (inspection). Raises
+    ``on_record(file, record)`` is called for every applied record (inspection); ``seal``
+    opens sealed records (an encrypted store's: ``KeyUnavailable`` without it). Raises
     ``ChunkStorageError`` only when listing fails or an object cannot be read for a
     reason other than having vanished.
     """
@@ -146,7 +163,7 @@ def replay(
         result.max_file[numbered.epoch] = max(result.max_file.get(numbered.epoch, 0), numbered.number)
     for numbered in (*snapshots, *checkpoints):
         result.max_snapshot[numbered.epoch] = max(result.max_snapshot.get(numbered.epoch, 0), numbered.number)
-    _load_base(binding, checkpoints, result)
+    _load_base(binding, checkpoints, result, seal)
     for numbered in files:
         if (numbered.epoch, numbered.number) <= result.covered:
             continue
@@ -157,7 +174,7 @@ def replay(
             continue
         result.bytes_read += len(data)
         result.files.append(numbered.name)
-        framed = framing.read_records(data)
+        framed = framing.read_records(data, seal)
         result.corrupt += framed.corrupt
         result.torn += framed.torn_at is not None or framed.unframeable_at is not None
         _apply_all(result, numbered.name, framed.records, on_record)
@@ -192,7 +209,9 @@ def _apply_all(
     result.inconsistent += inconsistent
 
 
-def _load_base(binding: ChunkStorage, checkpoints: list[system_names.Numbered], result: Replay) -> None:
+def _load_base(
+    binding: ChunkStorage, checkpoints: list[system_names.Numbered], result: Replay, seal: RecordSeal | None
+) -> None:
     """The newest valid checkpoint and its snapshot become the replay's base. A checkpoint
     is passed over only for what it holds (missing, torn, corrupt, pointing nowhere valid):
     an error reading it (``StorageUnavailable``...) fails the replay, since falling back
@@ -200,9 +219,11 @@ def _load_base(binding: ChunkStorage, checkpoints: list[system_names.Numbered], 
     the newer records, delete the chunks they hold, and journal that loss."""
     for numbered in reversed(checkpoints):
         try:
-            pointer = read_single_record(binding, numbered.name)
+            pointer = read_single_record(binding, numbered.name, seal)
             snapshot_name = pointer.get("snapshot") if pointer and pointer.get("k") == CHECKPOINT else None
-            record = read_single_record(binding, snapshot_name) if isinstance(snapshot_name, str) else None
+            record = (
+                read_single_record(binding, snapshot_name, seal) if isinstance(snapshot_name, str) else None
+            )
         except ChunkCorrupted:
             record = None
         layout = snapshot_layout(record, numbered.epoch)

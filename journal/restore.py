@@ -38,6 +38,7 @@ from slts.errors import ChunkNotFound, ChunkStorageError, InvalidArgument, Metad
 from slts.metadata.records import ContainerRecord
 from slts.metadata.schema import CONTAINER, CONTAINER_KEY
 from slts.metadata.store import MetadataStore, Operation, Put
+from slts.transforms.sealed import RecordSeal
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +56,15 @@ class RestoreReport:
 
 
 def restore(
-    binding: ChunkStorage, container_id: int, target: MetadataStore, found: Replay | None = None
+    binding: ChunkStorage,
+    container_id: int,
+    target: MetadataStore,
+    found: Replay | None = None,
+    seal: RecordSeal | None = None,
 ) -> RestoreReport:
     """Rebuild container ``container_id``'s metadata into the empty store ``target``
-    (``found``: a journal replay already made, else one is made here).
+    (``found``: a journal replay already made, else one is made here). ``seal`` opens the
+    sealed records of an encrypted store's copy (``KeyUnavailable`` without it).
 
     Raises ``InvalidArgument`` if ``target`` is not empty, ``MetadataCorrupted`` if
     tier-2 holds no restorable state or it is damaged, ``ChunkStorageError`` on I/O.
@@ -68,13 +74,13 @@ def restore(
             f"restore needs an empty metadata store; this one is at sequence {target.last_sequence}"
         )
     began = time.perf_counter()
-    found = found or replay(binding, container_id)
+    found = found or replay(binding, container_id, seal=seal)
     if found.max_epoch == 0:
         raise MetadataCorrupted(
             f"no system journal of container {container_id} on {binding.url or binding!r}"
         )
-    snapshot_sequence, entries, read = _load_snapshot(binding, found, target)
-    records, log_read, sequence = _replay_log(binding, found, target, snapshot_sequence)
+    snapshot_sequence, entries, read = _load_snapshot(binding, found, target, seal)
+    records, log_read, sequence = _replay_log(binding, found, target, snapshot_sequence, seal)
     epoch = _raise_epoch(target, container_id, found.max_epoch, sequence)
     carry_over(binding, container_id, target, target.last_sequence)  # the restored metadata is this store's
     return RestoreReport(
@@ -89,14 +95,16 @@ def restore(
     )
 
 
-def _load_snapshot(binding: ChunkStorage, found: Replay, target: MetadataStore) -> tuple[int, int, int]:
+def _load_snapshot(
+    binding: ChunkStorage, found: Replay, target: MetadataStore, seal: RecordSeal | None
+) -> tuple[int, int, int]:
     layout = found.layout.segment(METADATA_SNAPSHOTS)
     if SNAPSHOT_SEQUENCE not in layout.attrs:
         return 0, 0, 0  # no snapshot yet: the log starts at the first commit
     sequence, end = layout.attrs[SNAPSHOT_SEQUENCE], layout.attrs[SNAPSHOT_END]
     entries = 0
     pieces = _Counted(iter_range(binding, layout, layout.start_offset, end))
-    for header_sequence, table, rows in iter_snapshot(pieces):
+    for header_sequence, table, rows in iter_snapshot(pieces, seal):
         if header_sequence != sequence:
             raise MetadataCorrupted(
                 f"metadata snapshot says sequence {header_sequence}, journal says {sequence}"
@@ -131,7 +139,7 @@ LOG_OPS_PER_REPLICATE = 5000
 
 
 def _replay_log(
-    binding: ChunkStorage, found: Replay, target: MetadataStore, after: int
+    binding: ChunkStorage, found: Replay, target: MetadataStore, after: int, seal: RecordSeal | None
 ) -> tuple[int, int, int]:
     """Apply the log's commits after ``after`` in order. Runs of consecutive commits go
     to ``replicate`` together, each operation with its own commit's sequence as its
@@ -143,7 +151,7 @@ def _replay_log(
     pieces = _Counted(iter_range(binding, layout, layout.start_offset, layout.length))
     ops: list[Operation] = []
     versions: list[int] = []
-    for record in framing.iter_records_strict(pieces):
+    for record in framing.iter_records_strict(pieces, seal):
         change_sequence, change = decode_change(record)
         if change_sequence <= sequence:
             continue  # covered by the snapshot (the log is truncated at batch boundaries)
@@ -196,7 +204,7 @@ def _truncated_away(layout: SystemLayout, container_id: int, name: str) -> bool:
     return False
 
 
-def verify_copy(binding: ChunkStorage, container_id: int) -> CopyReport:
+def verify_copy(binding: ChunkStorage, container_id: int, seal: RecordSeal | None = None) -> CopyReport:
     """Check that tier-2 alone restores: replay the journal, check the system segments'
     layouts and chunks, restore into memory (every record decodes, the log has no gap),
     and find system-segment chunks of older epochs that nothing references (leaks).
@@ -207,7 +215,7 @@ def verify_copy(binding: ChunkStorage, container_id: int) -> CopyReport:
     from slts.metadata.schema import SEGMENTS, TABLES
 
     report = CopyReport()
-    found = replay(binding, container_id)
+    found = replay(binding, container_id, seal=seal)
     if found.max_epoch == 0:
         return report
     report.exists = True
@@ -232,7 +240,7 @@ def verify_copy(binding: ChunkStorage, container_id: int) -> CopyReport:
         return report
     with MemoryMetadataStore(TABLES) as target:
         try:
-            restored = restore(binding, container_id, target, found)
+            restored = restore(binding, container_id, target, found, seal)
         except (MetadataCorrupted, ChunkStorageError) as exc:
             report.problems.append(f"tier-2 copy does not restore: {exc}")
             return report
@@ -241,7 +249,9 @@ def verify_copy(binding: ChunkStorage, container_id: int) -> CopyReport:
     return report
 
 
-def restore_to_folder(binding: ChunkStorage, container_id: int, folder: str) -> RestoreReport:
+def restore_to_folder(
+    binding: ChunkStorage, container_id: int, folder: str, seal: RecordSeal | None = None
+) -> RestoreReport:
     """``restore`` into a new LMDB store in ``folder`` (absent or empty), made durable at the
     end: loaded without a sync per commit, then the data file is synced once.
 
@@ -271,7 +281,7 @@ def restore_to_folder(binding: ChunkStorage, container_id: int, folder: str) -> 
     os.makedirs(staging)
     try:
         with LmdbMetadataStore(staging, TABLES, durable=False) as target:
-            report = restore(binding, container_id, target)
+            report = restore(binding, container_id, target, seal=seal)
         for name in sorted(os.listdir(staging)):
             _fsync(os.path.join(staging, name))
         os.rename(staging, final)  # replaces an empty ``folder`` atomically (POSIX rename)

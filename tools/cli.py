@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from typing import Any, BinaryIO
 
-from slts.tools import config_cli, metrics_cli, offload_cli, remote_cli
+from slts.tools import config_cli, keys_cli, metrics_cli, offload_cli, remote_cli
 from slts.tools.command_line import (
     DEFAULT_STORE,
     EXIT_CHUNK_STORAGE,
@@ -53,6 +53,7 @@ from slts.tools.command_line import (
     non_negative,
     open_storage,
     positive,
+    record_seal,
     require_chunk_storage,
     resolve_config,
     store_locations,
@@ -434,7 +435,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     url, _ = store_locations(source, "-") if "://" in source else store_locations(source, None)
     require_chunk_storage(url)
     with from_url(url) as binding:
-        report = restore_to_folder(binding, args.container, os.path.abspath(args.target))
+        report = restore_to_folder(binding, args.container, os.path.abspath(args.target), record_seal(args))
     emit(
         args,
         {**asdict(report), "from": url, "to": args.target},
@@ -463,6 +464,7 @@ def cmd_journal(args: argparse.Namespace) -> int:
             on_record=(lambda file, record: records.append({"file": file, **record}))
             if args.records
             else None,
+            seal=record_seal(args),
         )
     layouts = {name: layout.encode() for name, layout in sorted(found.layout.segments.items())}
     document: dict[str, Any] = {
@@ -668,6 +670,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="store folder, or chunk storage URL (default: $SLTS_STORE or ./slts-data)",
     )
     common.add_argument("--metadata", default=None, help="LMDB metadata folder (default: STORE/metadata)")
+    common.add_argument(
+        "--key-ring",
+        default=os.environ.get("SLTS_KEY_RING") or None,
+        metavar="FOLDER",
+        help="the key ring of an encrypted store (docs/security.md; default: $SLTS_KEY_RING)",
+    )
     common.add_argument("--container", type=non_negative, default=0, help="container id (default 0)")
     common.add_argument("--json", action="store_true", help="machine-readable output")
     common.add_argument(
@@ -844,6 +852,7 @@ def build_parser() -> argparse.ArgumentParser:
     remote_cli.register(sub, common)
     offload_cli.register(sub, common)
     config_cli.register(sub, common)
+    keys_cli.register(sub, common)
     metrics_cli.register(sub, common)
     return parser
 

@@ -26,6 +26,7 @@ from slts.errors import (
     InvalidArgument,
     InvalidConfig,
     InvalidOffloadObject,
+    KeyUnavailable,
     MetadataCorrupted,
     OffloadNotFound,
     RemoteOffsetOutOfRange,
@@ -53,6 +54,7 @@ _EXIT_BY_ERROR: tuple[tuple[type[SltsError], int], ...] = (
     (RemoteOffsetOutOfRange, EXIT_INVALID),
     (ChunkNotFound, EXIT_NOT_FOUND),
     (StoreNotFound, EXIT_NOT_FOUND),
+    (KeyUnavailable, EXIT_NOT_FOUND),
     (MetadataCorrupted, EXIT_CORRUPT),
     (SegmentExists, EXIT_EXISTS),
     (InvalidArgument, EXIT_INVALID),
@@ -97,9 +99,13 @@ def open_storage(args: argparse.Namespace, *, read_only: bool = False) -> Iterat
     """The container instance the global flags name, closed afterwards. Read-only
     commands observe without taking the container over, so they fence nobody."""
     import slts
+    from slts.config import StorageConfig
+    from slts.storage.factory import check_key_ring
 
     url, metadata = store_locations(args.store, args.metadata)
     config = resolve_config(args)  # a bad setting is refused before anything is opened
+    ring = key_ring(args)
+    check_key_ring(StorageConfig.from_mapping(config.fields()), ring)
     if read_only:
         require_chunk_storage(url)  # slts.open(read_only=True) checks the metadata folder
     elif file_url_path(url) is not None:
@@ -110,12 +116,34 @@ def open_storage(args: argparse.Namespace, *, read_only: bool = False) -> Iterat
         container_id=args.container,
         read_only=read_only,
         limiter=config.limiter(),
+        key_ring=ring,
         **config.fields(),
     )
     try:
         yield storage
     finally:
         storage.close()
+
+
+def key_ring(args: argparse.Namespace) -> Any:
+    """The key ring ``--key-ring`` (or ``$SLTS_KEY_RING``) names, or None."""
+    folder = getattr(args, "key_ring", None)
+    if not folder:
+        return None
+    from slts.transforms.keys import FolderKeyRing
+
+    return FolderKeyRing(folder)
+
+
+def record_seal(args: argparse.Namespace) -> Any:
+    """What opens the sealed records of an encrypted store's tier-2 copy: the key ring of
+    ``--key-ring`` (None without one: plain records only)."""
+    ring = key_ring(args)
+    if ring is None:
+        return None
+    from slts.transforms.sealed import RecordSeal
+
+    return RecordSeal(ring, sealing=False)
 
 
 def require_chunk_storage(url: str) -> None:

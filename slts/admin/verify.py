@@ -164,7 +164,7 @@ def verify_container(storage: ChunkedSegmentStorage, *, checksums: bool = False)
             )
     report.leaks = storage.check_leaks()
     report.problems.extend(report.leaks.problems(gc=False))
-    copy = verify_copy(storage.chunk_storage, storage.container_id)
+    copy = verify_copy(storage.chunk_storage, storage.container_id, storage.transforms.record_seal)
     report.problems.extend(copy.problems)
     report.copy_sequence = copy.sequence if copy.exists else None
     return report

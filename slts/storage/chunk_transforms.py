@@ -22,6 +22,7 @@ from slts.errors import ChunkCorrupted, InvalidConfig, KeyUnavailable
 from slts.metadata.records import ChunkRecord
 from slts.transforms.frames import Codec, FrameMap, TransformConfig
 from slts.transforms.keys import DataKey, KeyRing, WrappedKey
+from slts.transforms.sealed import RecordSeal
 
 #: A wrapped data key as a chunk record keeps it: (key id, blob, the chunk it was made for).
 StoredKey = tuple[str, bytes, str]
@@ -62,6 +63,9 @@ class ChunkTransforms:
                 raise InvalidConfig("encryption is on: open the store with a key ring (slts keys create)")
             key_ring.active_id()  # InvalidConfig now rather than at the first write
         self._codec = Codec(self.config)
+        #: Seals the records of the metadata's copy on tier-2 and of the system journal
+        #: with encryption on, and opens sealed ones with a key ring (None: no key ring).
+        self.record_seal = RecordSeal(key_ring, sealing=self.config.encrypt) if key_ring is not None else None
         self._keys: dict[WrappedKey, DataKey] = {}
         self._lock = threading.Lock()
 

@@ -55,6 +55,7 @@ from slts.errors import (
 )
 from slts.gc import GarbageCollector, queue_entry
 from slts.journal import identity
+from slts.journal import replay as journal_replay
 from slts.journal.durable_copy import DurableCopy
 from slts.limiter import PriorityLimiter
 from slts.metadata import index
@@ -273,6 +274,10 @@ class ChunkedSegmentStorage:
             metadata_store.enable_change_capture()
         # One store? (``slts.journal.identity``): checked before the epoch commit fences anyone.
         identity.settle(metadata_store, chunk_storage, container_id, read_only=read_only)
+        if not read_only and self.config.journal:
+            # An encrypted store's journal is sealed: without its key ring the boot would
+            # fail after the epoch commit; fail before it, fencing nobody.
+            journal_replay.check_keys(chunk_storage, container_id, self.transforms.record_seal)
         # The GC queue and the offset index change with every write but are read by scans
         # and floors, never by ``get`` on the hot path: their keys would only crowd the cache.
         self._store = CachedMetadataStore(
@@ -329,6 +334,7 @@ class ChunkedSegmentStorage:
                 clock=clock,
                 fence_check=self._ownership.check,
                 discard_changes=self._ownership.discard_changes,
+                seal=self.transforms.record_seal,
             )
             self.gc.barrier = self.durable.barrier
             if self.config.metadata_log_flush_interval_s > 0:

@@ -43,6 +43,13 @@ def open_metadata(
     )
 
 
+def check_key_ring(settings: StorageConfig, key_ring: KeyRing | None) -> None:
+    """``InvalidConfig`` if ``settings`` encrypt new chunks and there is no ``key_ring``:
+    checked before anything is opened or created."""
+    if settings.encryption and key_ring is None:
+        raise InvalidConfig("encryption is on: open the store with a key ring (slts keys create)")
+
+
 def open(
     url: str,
     *,
@@ -76,6 +83,7 @@ def open(
     damaged metadata file), ``Fenced`` (epoch not newer).
     """
     settings = StorageConfig.from_mapping(config)
+    check_key_ring(settings, key_ring)
     if metadata is None:
         if not isinstance(url, str) or not url.startswith("memory://"):
             raise InvalidConfig("metadata= (an LMDB folder) is required for this chunk storage URL")

@@ -24,6 +24,7 @@ from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.segment_names import SYSTEM_PREFIX
 from slts.transforms.frames import FrameMap
 from slts.transforms.keys import FolderKeyRing
+from slts.transforms.sealed import RecordSeal
 from tests.support.engine import key_ring
 
 SECRET = b"card=4111-1111-1111-1111;"
@@ -64,29 +65,34 @@ def fill(
     return written
 
 
-def segment_chunk_files(tmp_path) -> list[str]:
+def stored_files(tmp_path, *, system: bool = True) -> list[str]:
+    """Every file the chunk storage holds (``system``: the journal, the metadata's copy and
+    the other system objects too)."""
     root = str(tmp_path / "chunks")
     found = []
     for folder, _, files in os.walk(root):
         for file in files:
             path = os.path.join(folder, file)
-            if SYSTEM_PREFIX.strip("/") not in os.path.relpath(path, root):
+            if system or SYSTEM_PREFIX.strip("/") not in os.path.relpath(path, root):
                 found.append(path)
     return found
 
 
 @pytest.mark.parametrize("transforms", [{"encryption": True}, {"encryption": True, "compression_level": 3}])
-def test_an_encrypted_stores_segment_chunks_hold_no_payload_or_name_in_clear(tmp_path, transforms) -> None:
-    """Every segment chunk file, by its contents and its path: no byte pattern of the
-    payloads, no segment name. (The system objects, the metadata's copy on tier-2, are
-    not encrypted yet: docs/security.md, "Status".)"""
+def test_an_encrypted_store_holds_no_payload_or_name_in_clear_in_any_object(tmp_path, transforms) -> None:
+    """Every file of the chunk storage, segment chunks and system objects alike (the
+    journal, the metadata log and a metadata snapshot), by its contents and its path: no
+    byte pattern of the payloads, no segment name."""
     ring = key_ring(tmp_path)
     storage = open_store(tmp_path, ring, frame_bytes=4096, **transforms)
     written = fill(storage)
+    storage.durable.flush()
+    storage.durable.snapshot()
     assert all(storage.read(storage.open_read(n), 0, len(d)) == d for n, d in written.items())
     storage.close()
-    files = segment_chunk_files(tmp_path)
-    assert len(files) >= 4
+    files = stored_files(tmp_path)
+    assert len(files) >= 8 and any("metadata-log" in path for path in files)
+    assert any("metadata-snapshots" in path for path in files) and any("journal" in path for path in files)
     needles = [
         SECRET,
         b"4111-1111",
@@ -106,7 +112,7 @@ def test_plain_stores_hold_the_bytes_as_written(tmp_path) -> None:
     fill(storage, names=NAMES[:1], writes=2)
     storage.close()
     contents = []
-    for path in segment_chunk_files(tmp_path):
+    for path in stored_files(tmp_path):
         with open(path, "rb") as file:
             contents.append(file.read())
     assert any(SECRET in data for data in contents)
@@ -117,7 +123,7 @@ def test_a_flipped_stored_byte_is_chunk_corrupted_on_read_and_a_scrub_finding(tm
     storage = open_store(tmp_path, ring, encryption=True, compression_level=3, frame_bytes=4096)
     written = fill(storage, names=NAMES[:1])
     (_, chunk), *_ = storage.chunks(NAMES[0])
-    path = next(p for p in segment_chunk_files(tmp_path) if p.endswith(chunk.name.rsplit("/", 1)[-1]))
+    path = next(p for p in stored_files(tmp_path) if p.endswith(chunk.name.rsplit("/", 1)[-1]))
     with open(path, "r+b") as file:
         file.seek(chunk.stored // 2)
         byte = file.read(1)
@@ -130,7 +136,12 @@ def test_a_flipped_stored_byte_is_chunk_corrupted_on_read_and_a_scrub_finding(tm
     storage.close()
 
 
-def test_reads_without_the_key_are_key_unavailable_naming_it_and_change_nothing(tmp_path) -> None:
+def test_without_the_key_an_encrypted_store_is_key_unavailable_naming_it_and_changes_nothing(
+    tmp_path,
+) -> None:
+    """No ring, or another ring: opening the store (its journal is sealed) raises
+    ``KeyUnavailable`` naming the key, before the epoch commit (nothing changes, nobody is
+    fenced); with the ring it opens and reads back."""
     ring = key_ring(tmp_path)
     storage = open_store(tmp_path, ring, encryption=True)
     written = fill(storage, names=NAMES[:1], writes=2)
@@ -138,12 +149,16 @@ def test_reads_without_the_key_are_key_unavailable_naming_it_and_change_nothing(
     storage.close()
     other = FolderKeyRing.create(str(tmp_path / "other-ring"))
     other.activate(other.add())
+    before = LmdbMetadataStore(str(tmp_path / "metadata"), TABLES)
+    state = before.dump()
+    before.close()
     for wrong in (None, other):
-        reader = open_store(tmp_path, wrong)  # transforms off: old chunks still decode, keys allowing
         with pytest.raises(KeyUnavailable) as caught:
-            reader.read(reader.open_read(NAMES[0]), 0, 10)
+            open_store(tmp_path, wrong)
         assert caught.value.key_id == key_id and key_id in str(caught.value)
-        reader.close()
+    after = LmdbMetadataStore(str(tmp_path / "metadata"), TABLES)
+    assert after.dump() == state, "no epoch commit, no record changed"
+    after.close()
     again = open_store(tmp_path, ring)
     assert again.read(again.open_read(NAMES[0]), 0, len(written[NAMES[0]])) == written[NAMES[0]]
     again.close()
@@ -211,9 +226,11 @@ def test_restore_from_tier2_reads_the_encrypted_chunks_with_the_key_ring(tmp_pat
     storage.durable.flush()
     binding = storage.chunk_storage
     storage.close()
-    restored = MemoryMetadataStore(TABLES)
     plain = FileSystemChunkStorage(str(tmp_path / "chunks"))
-    restore(plain, 0, restored)
+    with pytest.raises(KeyUnavailable):  # the copy is sealed: nothing restores without the ring
+        restore(plain, 0, MemoryMetadataStore(TABLES))
+    restored = MemoryMetadataStore(TABLES)
+    restore(plain, 0, restored, seal=RecordSeal(ring, sealing=False))
     revived = ChunkedSegmentStorage(0, None, plain, restored, StorageConfig(**QUIET), key_ring=ring)
     assert all(revived.read(revived.open_read(n), 0, len(d)) == d for n, d in written.items())
     revived.close()
