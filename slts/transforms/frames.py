@@ -328,46 +328,28 @@ class Codec:
                 offset=stored_offset,
             )
         ciphers: dict[int, Any] = {}
-        out: list[bytes] = []
-        at = 0
+        out = bytearray(sum(frame.logical for frame in frames))  # decoded straight into place
+        into = memoryview(out)
+        at = position = 0
         for frame in frames:
             body = view[at : at + frame.stored]
             where = stored_offset + at
             at += frame.stored
+            target = into[position : position + frame.logical]
+            position += frame.logical
             if frame.encrypted:
-                if self._aead is None:
-                    self._load_cipher()
                 cipher = ciphers.get(frame.key_index)
                 if cipher is None:
-                    key = keys[frame.key_index] if frame.key_index < len(keys) else None
-                    if key is None:
-                        raise ChunkCorrupted(
-                            f"chunk {chunk!r}: a frame at {where} names data key {frame.key_index},"
-                            f" which the chunk's record does not hold",
-                            chunk=chunk,
-                            offset=where,
-                        )
-                    cipher = ciphers[frame.key_index] = self._aead.AESGCM(key.material)
-                try:
-                    body = memoryview(
-                        cipher.decrypt(
-                            _nonce(frame.ordinal),
-                            bytes(body),
-                            _AAD.pack(frame.ordinal, frame.logical, frame.compressed),
-                        )
-                    )
-                except self._invalid_tag:
-                    raise ChunkCorrupted(
-                        f"chunk {chunk!r}: the frame at {where} fails its authentication tag"
-                        " (changed, cut, moved or not this chunk's)",
-                        chunk=chunk,
-                        offset=where,
-                    ) from None
+                    cipher = ciphers[frame.key_index] = self._cipher(keys, frame, chunk, where)
+                opened = self._decrypted(cipher, body, frame, target, chunk, where)
+                if opened is None:
+                    continue  # decrypted into place
+                body = opened
             elif crc32c.crc32c(body) != frame.check:
                 raise ChunkCorrupted(
                     f"chunk {chunk!r}: the frame at {where} fails its CRC32C", chunk=chunk, offset=where
                 )
-            plain = _decompressed(body, frame, chunk, where) if frame.compressed else bytes(body)
+            plain = _decompressed(body, frame, chunk, where) if frame.compressed else body
             if len(plain) != frame.logical:
                 raise ChunkCorrupted(
                     f"chunk {chunk!r}: the frame at {where} decodes to {len(plain)} bytes,"
@@ -375,8 +357,43 @@ class Codec:
                     chunk=chunk,
                     offset=where,
                 )
-            out.append(plain)
-        return out[0] if len(out) == 1 else b"".join(out)
+            target[:] = plain
+        return bytes(out)
+
+    def _cipher(self, keys: Sequence[DataKey | None], frame: Frame, chunk: str, where: int) -> Any:
+        """The cipher of ``frame``'s data key (``ChunkCorrupted`` if the chunk has none)."""
+        if self._aead is None:
+            self._load_cipher()
+        key = keys[frame.key_index] if frame.key_index < len(keys) else None
+        if key is None:
+            raise ChunkCorrupted(
+                f"chunk {chunk!r}: a frame at {where} names data key {frame.key_index},"
+                " which the chunk's record does not hold",
+                chunk=chunk,
+                offset=where,
+            )
+        return self._aead.AESGCM(key.material)
+
+    def _decrypted(
+        self, cipher: Any, body: memoryview, frame: Frame, target: memoryview, chunk: str, where: int
+    ) -> memoryview | None:
+        """``body`` decrypted: into ``target`` (None returned) where the frame is not
+        compressed and the library can, else as a view to decompress."""
+        nonce, aad = _nonce(frame.ordinal), _AAD.pack(frame.ordinal, frame.logical, frame.compressed)
+        try:
+            if not frame.compressed and hasattr(cipher, "decrypt_into"):
+                if len(body) != frame.logical + TAG_BYTES:
+                    raise self._invalid_tag
+                cipher.decrypt_into(nonce, body, aad, target)
+                return None
+            return memoryview(cipher.decrypt(nonce, bytes(body), aad))
+        except self._invalid_tag:
+            raise ChunkCorrupted(
+                f"chunk {chunk!r}: the frame at {where} fails its authentication tag"
+                " (changed, cut, moved or not this chunk's)",
+                chunk=chunk,
+                offset=where,
+            ) from None
 
 
 def _nonce(ordinal: int) -> bytes:

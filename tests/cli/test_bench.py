@@ -140,3 +140,18 @@ def test_a_failing_benchmark_is_reported_and_the_run_goes_on(tmp_path, capsys, m
     assert "the subject broke" in failure["detail"] and "Traceback" in failure["detail"]
     assert torn_down == [True]
     assert [p.name for p in tmp_path.iterdir()] == ["bench.json"], "scratch folders are removed"
+
+
+def test_bench_transforms_suite_runs_quick(tmp_path, capsys) -> None:
+    """The transforms figures run, and the two that count bytes (not time) say what the
+    design promises: zstd keeps at most 0.35 of JSON-like values, and a defrag of encrypted
+    chunks moves every byte natively."""
+    only = ["encrypt_write_1m", "encrypt_read_random_4k", "zstd_json", "encrypt_defrag_native"]
+    code = cli.main(["bench", "--quick", "--only", *only, "--dir", str(tmp_path), "--json"])
+    assert code == 0
+    figures = {f["name"]: f for f in json.loads(capsys.readouterr().out)["figures"]}
+    assert set(figures) == set(only)
+    assert 0 < figures["zstd_json"]["ratio"] <= 0.35
+    assert figures["encrypt_defrag_native"]["ratio"] == 1.0
+    assert all(f["subject_median"] > 0 and f["baseline_median"] > 0 for f in figures.values())
+    assert list(tmp_path.iterdir()) == [], "scratch folders are removed"

@@ -17,6 +17,7 @@ from slts.tools.benchmarks import (
     remote,
     scrape,
     spark,
+    transforms,
 )
 
 SUITES = (
@@ -30,4 +31,5 @@ SUITES = (
     offload.BENCHMARKS,
     limiter.BENCHMARKS,
     spark.BENCHMARKS,
+    transforms.BENCHMARKS,
 )
