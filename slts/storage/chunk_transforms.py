@@ -36,7 +36,7 @@ class Encoded:
     frames: bytes
     stored_length: int
     data_keys: tuple[StoredKey, ...] | None
-    checksum: int
+    checksum: int | None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -111,15 +111,13 @@ class ChunkTransforms:
         key = self._key(chunk, 0) if chunk.data_keys else None
         pieces, frames = self._codec.encode(data, key, 0, len(before))
         stored = b"".join(pieces)
-        checksum = (
-            crc32c.crc32c(stored, chunk.checksum) if chunk.checksum is not None else crc32c.crc32c(stored)
-        )
+        # The map grows by a run (runs need not be maximal): no repacking of the frames before.
         return Encoded(
             stored,
-            before.then(frames).pack(),
+            (chunk.frames or b"") + FrameMap(frames).pack(),
             chunk.stored + len(stored),
             tuple(tuple(key) for key in chunk.data_keys) if chunk.data_keys else None,  # type: ignore[misc]
-            checksum,
+            crc32c.crc32c(stored, chunk.checksum) if chunk.checksum is not None else None,
         )
 
     def decode(

@@ -261,3 +261,13 @@ def test_a_missing_extra_is_invalid_config_naming_it(monkeypatch, config, module
     monkeypatch.setattr(extras.importlib, "import_module", without)
     with pytest.raises(InvalidConfig, match=r"slts\[transforms\]"):
         Codec(config)
+
+
+def test_a_map_grown_by_appending_packed_runs_is_the_same_map() -> None:
+    """An append adds its frames' packed runs after the chunk's (no repacking)."""
+    codec = Codec(CONFIGS["zstd+aes"])
+    key = DataKey.generate()
+    _, first = codec.encode(json_like(3000), key, 0, 0)
+    _, second = codec.encode(json_like(2000, 2), key, 0, len(first))
+    grown = FrameMap(first).pack() + FrameMap(second).pack()
+    assert FrameMap.unpack(grown) == FrameMap(first).then(second)
