@@ -26,6 +26,7 @@ import os
 import re
 import secrets
 import stat
+import threading
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -146,6 +147,57 @@ def unwrap_with(kek: bytes, wrapped: WrappedKey) -> DataKey:
             f"key {wrapped.key_id!r} of the key ring is not the key that wrapped this data key",
             key_id=wrapped.key_id,
         ) from None
+
+
+class MemoryKeyRing:
+    """A key ring held in memory (tests, the simulator, an application that brings its own
+    key storage): ``add`` a key, ``activate`` one. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._keys: dict[str, bytes] = {}
+        self._active: str | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"MemoryKeyRing(keys={self.ids()!r})"
+
+    def ids(self) -> list[str]:
+        with self._lock:
+            return sorted(self._keys)
+
+    def active_id(self) -> str:
+        with self._lock:
+            if self._active is None:
+                raise InvalidConfig("the key ring has no active key")
+            return self._active
+
+    def add(self, key_id: str | None = None) -> str:
+        """A new random key, ``key_id`` or a new random id (``InvalidArgument`` if taken)."""
+        key_id = check_key_id(key_id if key_id is not None else "k-" + secrets.token_hex(6))
+        with self._lock:
+            if key_id in self._keys:
+                raise InvalidArgument(f"the key ring has a key {key_id!r} already")
+            self._keys[key_id] = secrets.token_bytes(KEY_BYTES)
+        return key_id
+
+    def activate(self, key_id: str) -> None:
+        self._kek(check_key_id(key_id))
+        with self._lock:
+            self._active = key_id
+
+    def wrap(self, data_key: DataKey, key_id: str | None = None) -> WrappedKey:
+        key_id = self.active_id() if key_id is None else check_key_id(key_id)
+        return wrap_with(self._kek(key_id), data_key, key_id)
+
+    def unwrap(self, wrapped: WrappedKey) -> DataKey:
+        return unwrap_with(self._kek(wrapped.key_id), wrapped)
+
+    def _kek(self, key_id: str) -> bytes:
+        with self._lock:
+            kek = self._keys.get(key_id)
+        if kek is None:
+            raise KeyUnavailable(f"the key ring has no key {key_id!r}", key_id=key_id)
+        return kek
 
 
 class FolderKeyRing:

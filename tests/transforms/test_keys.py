@@ -130,3 +130,19 @@ def test_bad_data_keys_and_wrapped_keys_are_refused(bad: object) -> None:
         WrappedKey("k", bad)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument):
         WrappedKey.from_list(bad)
+
+
+def test_a_memory_key_ring_wraps_and_refuses_alike() -> None:
+    from slts.transforms.keys import MemoryKeyRing
+
+    ring = MemoryKeyRing()
+    with pytest.raises(InvalidConfig):
+        ring.wrap(DataKey.generate())
+    ring.activate(ring.add("m1"))
+    wrapped = ring.wrap(key := DataKey.generate())
+    assert wrapped.key_id == "m1" and ring.unwrap(wrapped) == key
+    with pytest.raises(InvalidArgument):
+        ring.add("m1")
+    with pytest.raises(KeyUnavailable) as caught:
+        MemoryKeyRing().unwrap(wrapped)
+    assert caught.value.key_id == "m1" and "m1" in repr(ring)

@@ -37,6 +37,8 @@ from slts.metadata.schema import SEGMENTS, TABLES, name_key
 from slts.metadata.store import Expect, MetadataStore, Operation
 from slts.storage import batch_defrag
 from slts.storage.chunked import ChunkedSegmentStorage
+from slts.transforms.keys import MemoryKeyRing
+from slts.transforms.sealed import RecordSeal
 
 from . import checks
 from .checks import Violation
@@ -107,6 +109,7 @@ class World:
             defrag_batch_lease_s=LEASE_S,
             metadata_snapshot_interval_s=1e9,
             journal_snapshot_records=profile.choice([5, 20, 100]),
+            **self._transforms(seam.seed),
         )
         #: Probability of faults in a step, and per call while armed.
         self.step_fault_p = profile.choice([0.1, 0.25, 0.5])
@@ -128,13 +131,40 @@ class World:
         #: The offload room (``offload_room``): Pulsar's ledger and streaming offload.
         self.offload = OffloadRoom(self, profile)
 
+    def _transforms(self, seed: int) -> dict[str, Any]:
+        """Client-side transforms for a third of the seeds (docs/security.md): compression,
+        encryption or both, in small frames so that the simulator's short writes span
+        several; drawn from their own generator, so every other draw of a seed stays as it
+        was. Sets ``key_ring`` (None without encryption) and ``seal`` (restore's)."""
+        rng = random.Random(f"transforms-{seed}")
+        self.key_ring: MemoryKeyRing | None = None
+        self.seal: RecordSeal | None = None
+        if rng.random() >= 1 / 3:
+            return {}
+        chosen: dict[str, Any] = {"frame_bytes": rng.choice([7, 64, 4096])}
+        kind = rng.choice(["zstd", "aes", "zstd+aes"])
+        if "zstd" in kind:
+            chosen["compression_level"] = 1
+        if "aes" in kind:
+            chosen["encryption"] = True
+            self.key_ring = MemoryKeyRing()
+            self.key_ring.activate(self.key_ring.add())
+            self.seal = RecordSeal(self.key_ring, sealing=False)
+        return chosen
+
     # -- processes ------------------------------------------------------------------------------
 
     def _start(self, store: MetadataStore) -> Process:
         process = Process(self, store)
         try:
             process.storage = ChunkedSegmentStorage(
-                0, None, process.binding, process.store, self.config, clock=self.seam.clock
+                0,
+                None,
+                process.binding,
+                process.store,
+                self.config,
+                clock=self.seam.clock,
+                key_ring=self.key_ring,
             )
         except Exception as exc:
             raise Violation(
@@ -187,6 +217,7 @@ class World:
                 self.config,
                 clock=self.seam.clock,
                 read_only=True,
+                key_ring=self.key_ring,
             )
             self.observer = process
         return self.observer
@@ -645,7 +676,7 @@ class World:
         self._end(self.owner, close=True)
         fresh = MemoryMetadataStore(TABLES)
         try:
-            report = restore(self.binding, 0, fresh)
+            report = restore(self.binding, 0, fresh, seal=self.seal)
         except Exception as exc:
             raise Violation("restore_failed", f"restore raised {type(exc).__name__}: {exc}") from exc
         self.store = fresh
