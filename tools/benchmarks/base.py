@@ -58,6 +58,7 @@ class Folder:
 
     def __init__(self, parent: str) -> None:
         self.path = tempfile.mkdtemp(prefix="slts-bench-", dir=parent)
+        self._runs = 0  # ``fresh`` folders made
 
     def sub(self, name: str) -> str:
         path = os.path.join(self.path, name)
@@ -79,8 +80,9 @@ class Folder:
         )
 
     @contextlib.contextmanager
-    def removed(self, name: str) -> Iterator[None]:
-        """Remove sub-folder ``name`` when the block ends (after the measured part).
+    def fresh(self, prefix: str) -> Iterator[str]:
+        """A new sub-folder (``prefix`` and a number), removed when the block ends (after
+        the measured part).
 
         A workload that writes must leave nothing behind: the page cache of files kept
         stays allocated, so the next run's writes land in pages the kernel has not handed
@@ -89,10 +91,18 @@ class Folder:
         of such a page costs a fault on the host: a 64 MiB write then costs 100-200 ms of
         CPU instead of 15. Which side of a pair got such pages was luck. Removed at once,
         a run's pages serve the next run, subject and baseline alike."""
+        self._runs += 1
+        name = f"{prefix}-{self._runs}"
         try:
-            yield
+            yield self.sub(name)
         finally:
             shutil.rmtree(os.path.join(self.path, name), ignore_errors=True)
+
+    @contextlib.contextmanager
+    def fresh_store(self, prefix: str, **options: Any) -> Iterator[ChunkedSegmentStorage]:
+        """``store`` in a ``fresh`` sub-folder: closed, then removed, when the block ends."""
+        with self.fresh(prefix) as path, self.store(os.path.basename(path), **options) as storage:
+            yield storage
 
     def close(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)

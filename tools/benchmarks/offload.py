@@ -45,13 +45,11 @@ def offload_write(
     chunk of the same binding in the same 8 MiB writes, each ``fdatasync``ed."""
     ledger = _ledger(quick, entry_bytes)
     folder = Folder(parent)
-    runs = 0
     data_bytes = 0
 
     def subject() -> float:
-        nonlocal runs, data_bytes
-        runs += 1
-        with folder.removed(f"subject-{runs}"), folder.store(f"subject-{runs}") as storage:
+        nonlocal data_bytes
+        with folder.fresh_store("subject") as storage:
             started = time.perf_counter()
             record = LedgerOffloader(storage).offload(ledger, uuid.uuid4())
             elapsed = time.perf_counter() - started
@@ -59,12 +57,8 @@ def offload_write(
         return elapsed
 
     def baseline() -> float:
-        nonlocal runs
-        runs += 1
-        with folder.removed(f"raw-{runs}"):
-            return timed_raw_chunk_write(
-                folder.sub(f"raw-{runs}"), data_bytes or ledger.length, WRITE_BYTES_DEFAULT
-            )
+        with folder.fresh("raw") as path:
+            return timed_raw_chunk_write(path, data_bytes or ledger.length, WRITE_BYTES_DEFAULT)
 
     try:
         yield (
@@ -200,13 +194,11 @@ def offload_stream(
     count = (8 if quick else 64) << 10
     payload = os.urandom(1024)
     folder = Folder(parent)
-    runs = 0
     data_bytes = 0
 
     def subject() -> float:
-        nonlocal runs, data_bytes
-        runs += 1
-        with folder.removed(f"subject-{runs}"), folder.store(f"subject-{runs}") as storage:
+        nonlocal data_bytes
+        with folder.fresh_store("subject") as storage:
             offloader = StreamingOffloader(storage, "bench", threads=threads)
             started = time.perf_counter()
             handle = offloader.streaming_offload(uuid.uuid4())
@@ -220,12 +212,8 @@ def offload_stream(
         return elapsed
 
     def baseline() -> float:
-        nonlocal runs
-        runs += 1
-        with folder.removed(f"raw-{runs}"):
-            return timed_raw_chunk_write(
-                folder.sub(f"raw-{runs}"), data_bytes or count * 1036, BLOCK_BYTES_DEFAULT
-            )
+        with folder.fresh("raw") as path:
+            return timed_raw_chunk_write(path, data_bytes or count * 1036, BLOCK_BYTES_DEFAULT)
 
     try:
         yield (
@@ -253,78 +241,14 @@ def offload_stream_floor(parent: str, quick: bool) -> Iterator[tuple[str, Worklo
     count = (8 if quick else 64) << 10
     payload = os.urandom(1024)
     folder = Folder(parent)
-    runs = 0
 
     def subject() -> float:
-        nonlocal runs
-        runs += 1
-        name = f"floor-{runs}"
-        path = folder.sub(name)
-        env = lmdb.open(os.path.join(path, "metadata"), map_size=1 << 30, metasync=False)
-        fd = os.open(os.path.join(path, "data"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        lock = threading.Lock()
-        cond = threading.Condition(lock)
-        limits = OfferLimits(10 << 20, BLOCK_BYTES_DEFAULT, 1 << 40, time.time(), 1e9, 0.0)
-        offers = new_offer_buffer((0, 0), None, 0, limits, False)
-        closing = [False]
-
-        def locked(outcome: int, *_: object) -> object:
-            if not outcome & TAKEN:
-                return OfferResult.FAIL_BUFFER_FULL
-            if outcome & HANDED:
-                cond.notify_all()
-            return None
-
-        def after(outcome: int) -> None:
-            if outcome & (HANDED | PAUSE):
-                time.sleep(0)
-
-        def writer() -> None:
-            written = 0
-            while True:
-                with cond:
-                    while not offers.has_full and not closing[0]:
-                        cond.wait()
-                    blocks = offers.take(64 << 20, closing[0])
-                    cond.notify_all()
-                if not blocks:
-                    return
-                offers.writing = True
-                data = memoryview(b"".join(encode(block, BLOCK_BYTES_DEFAULT)[1] for block in blocks))
-                while data:
-                    data = data[os.write(fd, data) :]
-                os.fdatasync(fd)
-                written += 1
-                with env.begin(write=True) as txn:
-                    txn.put(b"blocks", struct.pack(">Q", written))
-                env.sync(True)
-                offers.writing = False
-
-        offer = new_offer_gate(lock, offers, time.time, OfferResult.OK, locked, after)
-        thread = threading.Thread(target=writer)
-        with folder.removed(name):
-            try:
-                started = time.perf_counter()
-                thread.start()
-                for entry_id in range(count):
-                    while (outcome := offer(0, entry_id, payload)) == OfferResult.FAIL_BUFFER_FULL:
-                        with cond:
-                            cond.wait_for(lambda: offers.buffered < limits.buffer_bytes)
-                    assert outcome == OfferResult.OK, outcome
-                with cond:
-                    closing[0] = True
-                    cond.notify_all()
-                thread.join()
-                return time.perf_counter() - started
-            finally:
-                os.close(fd)
-                env.close()
+        with folder.fresh("floor") as path:
+            return _floor_run(path, count, payload)
 
     def baseline() -> float:
-        nonlocal runs
-        runs += 1
-        with folder.removed(f"raw-{runs}"):
-            return timed_raw_chunk_write(folder.sub(f"raw-{runs}"), count * 1036, BLOCK_BYTES_DEFAULT)
+        with folder.fresh("raw") as path:
+            return timed_raw_chunk_write(path, count * 1036, BLOCK_BYTES_DEFAULT)
 
     try:
         yield (
@@ -337,6 +261,68 @@ def offload_stream_floor(parent: str, quick: bool) -> Iterator[tuple[str, Worklo
         )
     finally:
         folder.close()
+
+
+def _floor_run(path: str, count: int, payload: bytes) -> float:
+    """One run of ``offload_stream_floor``'s subject in folder ``path``; its seconds."""
+    env = lmdb.open(os.path.join(path, "metadata"), map_size=1 << 30, metasync=False)
+    fd = os.open(os.path.join(path, "data"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    lock = threading.Lock()
+    cond = threading.Condition(lock)
+    limits = OfferLimits(10 << 20, BLOCK_BYTES_DEFAULT, 1 << 40, time.time(), 1e9, 0.0)
+    offers = new_offer_buffer((0, 0), None, 0, limits, False)
+    closing = [False]
+
+    def locked(outcome: int, *_: object) -> object:
+        if not outcome & TAKEN:
+            return OfferResult.FAIL_BUFFER_FULL
+        if outcome & HANDED:
+            cond.notify_all()
+        return None
+
+    def after(outcome: int) -> None:
+        if outcome & (HANDED | PAUSE):
+            time.sleep(0)
+
+    def writer() -> None:
+        written = 0
+        while True:
+            with cond:
+                while not offers.has_full and not closing[0]:
+                    cond.wait()
+                blocks = offers.take(64 << 20, closing[0])
+                cond.notify_all()
+            if not blocks:
+                return
+            offers.writing = True
+            data = memoryview(b"".join(encode(block, BLOCK_BYTES_DEFAULT)[1] for block in blocks))
+            while data:
+                data = data[os.write(fd, data) :]
+            os.fdatasync(fd)
+            written += 1
+            with env.begin(write=True) as txn:
+                txn.put(b"blocks", struct.pack(">Q", written))
+            env.sync(True)
+            offers.writing = False
+
+    offer = new_offer_gate(lock, offers, time.time, OfferResult.OK, locked, after)
+    thread = threading.Thread(target=writer)
+    try:
+        started = time.perf_counter()
+        thread.start()
+        for entry_id in range(count):
+            while (outcome := offer(0, entry_id, payload)) == OfferResult.FAIL_BUFFER_FULL:
+                with cond:
+                    cond.wait_for(lambda: offers.buffered < limits.buffer_bytes)
+            assert outcome == OfferResult.OK, outcome
+        with cond:
+            closing[0] = True
+            cond.notify_all()
+        thread.join()
+        return time.perf_counter() - started
+    finally:
+        os.close(fd)
+        env.close()
 
 
 def offload_stream_read(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:

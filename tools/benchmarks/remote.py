@@ -77,12 +77,9 @@ def copy(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, fl
     local = local_log(log_dir)
     rolled = local.segments[:-1]
     total = sum(len(log.data) + len(log.offset_index) + len(log.time_index) for log in logs[:-1])
-    runs = 0
 
     def subject() -> float:
-        nonlocal runs
-        runs += 1
-        with folder.removed(f"subject-{runs}"), folder.store(f"subject-{runs}") as storage:
+        with folder.fresh_store("subject") as storage:
             manager = RemoteLogManager(storage)
             started = time.perf_counter()
             report = manager.copy_rolled_segments(TP, local)
@@ -91,10 +88,8 @@ def copy(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, fl
         return elapsed
 
     def baseline() -> float:
-        nonlocal runs
-        runs += 1
-        binding = FileSystemChunkStorage(folder.sub(f"raw-{runs}"))
-        with folder.removed(f"raw-{runs}"):
+        with folder.fresh("raw") as raw:
+            binding = FileSystemChunkStorage(raw)
             try:
                 started = time.perf_counter()
                 for segment in rolled:

@@ -29,11 +29,6 @@ def _ring(folder: Folder) -> FolderKeyRing:
     return ring
 
 
-def _store(folder: Folder, name: str, ring: FolderKeyRing | None, **config: Any) -> ChunkedSegmentStorage:
-    storage: ChunkedSegmentStorage = folder.store(name, key_ring=ring, **config)
-    return storage
-
-
 def encrypted_writes(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
     """Subject: 1 MiB durable writes to a segment of a store with encryption on (frames of
     64 KiB, AES-256-GCM, a fresh data key per chunk). Baseline: the same writes to a plain
@@ -42,13 +37,9 @@ def encrypted_writes(parent: str, quick: bool) -> Iterator[tuple[str, Workload, 
     payload = os.urandom(WRITE_BYTES)
     folder = Folder(parent)
     ring = _ring(folder)
-    runs = 0
 
     def run(config: dict[str, Any]) -> float:
-        nonlocal runs
-        runs += 1
-        name = f"store-{runs}"
-        with folder.removed(name), _store(folder, name, ring if config else None, **config) as storage:
+        with folder.fresh_store("store", key_ring=ring if config else None, **config) as storage:
             storage.create("w")
             handle = storage.open_write("w")
             started = time.perf_counter()
@@ -81,8 +72,8 @@ def encrypted_reads(
     ring = _ring(folder)
     data = os.urandom(READ_BYTES)
     stores = {
-        "encrypted": _store(folder, "encrypted", ring, **ENCRYPTED),
-        "plain": _store(folder, "plain", None, verify_checksums_on_read=True),
+        "encrypted": folder.store("encrypted", key_ring=ring, **ENCRYPTED),
+        "plain": folder.store("plain", verify_checksums_on_read=True),
     }
     for storage in stores.values():
         storage.create("r")
@@ -157,13 +148,9 @@ def compression_ratio(parent: str, quick: bool) -> Iterator[tuple[str, Workload,
     (lower is better)."""
     data = json_values(40_000 if quick else 200_000, 1)
     folder = Folder(parent)
-    runs = 0
 
     def subject() -> float:
-        nonlocal runs
-        runs += 1
-        name = f"store-{runs}"
-        with folder.removed(name), _store(folder, name, None, compression_level=3) as storage:
+        with folder.fresh_store("store", compression_level=3) as storage:
             storage.create("json")
             handle = storage.open_write("json")
             for offset in range(0, len(data), WRITE_BYTES):
@@ -189,25 +176,20 @@ def encrypted_defrag(parent: str, quick: bool) -> Iterator[tuple[str, Workload, 
     the MB the merged chunks store. A ratio of 1: every byte moved natively, none decoded."""
     folder = Folder(parent)
     ring = _ring(folder)
-    runs = 0
     merged = 0
+    runs = 0  # (each run's values differ: a seed)
 
     def subject() -> float:
         nonlocal runs, merged
         runs += 1
-        name = f"store-{runs}"
-        with (
-            folder.removed(name),
-            _store(
-                folder,
-                name,
-                ring,
-                encryption=True,
-                compression_level=3,
-                defrag_small_chunk_bytes=1 << 20,
-                concat_merge_seam=False,
-            ) as storage,
-        ):
+        with folder.fresh_store(
+            "store",
+            key_ring=ring,
+            encryption=True,
+            compression_level=3,
+            defrag_small_chunk_bytes=1 << 20,
+            concat_merge_seam=False,
+        ) as storage:
             storage.create("d")
             length = 0
             for part in range(16 if quick else 64):  # small sealed segments concatenated in
