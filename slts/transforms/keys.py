@@ -149,7 +149,36 @@ def unwrap_with(kek: bytes, wrapped: WrappedKey) -> DataKey:
         ) from None
 
 
-class MemoryKeyRing:
+class _KeysById:
+    """What every key ring here shares: ``wrap``, ``unwrap`` and ``activate`` on a ``_kek``
+    lookup (``KeyUnavailable`` for an id it has no key for) and ``_set_active``."""
+
+    def active_id(self) -> str:
+        raise NotImplementedError
+
+    def activate(self, key_id: str) -> None:
+        """Make ``key_id`` the active key: new data keys are wrapped by it.
+        ``KeyUnavailable`` if the ring has no such key."""
+        self._kek(check_key_id(key_id))
+        self._set_active(key_id)
+
+    def wrap(self, data_key: DataKey, key_id: str | None = None) -> WrappedKey:
+        """``data_key`` wrapped by ``key_id`` (default: the active key)."""
+        key_id = self.active_id() if key_id is None else check_key_id(key_id)
+        return wrap_with(self._kek(key_id), data_key, key_id)
+
+    def unwrap(self, wrapped: WrappedKey) -> DataKey:
+        """The data key ``wrapped`` holds (``KeyUnavailable``: missing or wrong key)."""
+        return unwrap_with(self._kek(wrapped.key_id), wrapped)
+
+    def _kek(self, key_id: str) -> bytes:
+        raise NotImplementedError
+
+    def _set_active(self, key_id: str) -> None:
+        raise NotImplementedError
+
+
+class MemoryKeyRing(_KeysById):
     """A key ring held in memory (tests, the simulator, an application that brings its own
     key storage): ``add`` a key, ``activate`` one. Thread-safe."""
 
@@ -180,17 +209,9 @@ class MemoryKeyRing:
             self._keys[key_id] = secrets.token_bytes(KEY_BYTES)
         return key_id
 
-    def activate(self, key_id: str) -> None:
-        self._kek(check_key_id(key_id))
+    def _set_active(self, key_id: str) -> None:
         with self._lock:
             self._active = key_id
-
-    def wrap(self, data_key: DataKey, key_id: str | None = None) -> WrappedKey:
-        key_id = self.active_id() if key_id is None else check_key_id(key_id)
-        return wrap_with(self._kek(key_id), data_key, key_id)
-
-    def unwrap(self, wrapped: WrappedKey) -> DataKey:
-        return unwrap_with(self._kek(wrapped.key_id), wrapped)
 
     def _kek(self, key_id: str) -> bytes:
         with self._lock:
@@ -200,7 +221,7 @@ class MemoryKeyRing:
         return kek
 
 
-class FolderKeyRing:
+class FolderKeyRing(_KeysById):
     """A key ring in a folder (module doc). ``open`` an existing one, ``create`` a new
     empty one; ``add`` a key, ``activate`` one. Thread-safe (keys are read once and kept;
     a key added by another process is found on first use)."""
@@ -255,20 +276,8 @@ class FolderKeyRing:
         _write_private(self.folder, os.path.basename(path), secrets.token_bytes(KEY_BYTES), exclusive=True)
         return key_id
 
-    def activate(self, key_id: str) -> None:
-        """Make ``key_id`` the active key: new data keys are wrapped by it.
-        ``KeyUnavailable`` if the ring has no such key."""
-        self._kek(check_key_id(key_id))
+    def _set_active(self, key_id: str) -> None:
         _write_private(self.folder, ACTIVE_FILE, key_id.encode("ascii"), exclusive=False)
-
-    def wrap(self, data_key: DataKey, key_id: str | None = None) -> WrappedKey:
-        """``data_key`` wrapped by ``key_id`` (default: the active key)."""
-        key_id = self.active_id() if key_id is None else check_key_id(key_id)
-        return wrap_with(self._kek(key_id), data_key, key_id)
-
-    def unwrap(self, wrapped: WrappedKey) -> DataKey:
-        """The data key ``wrapped`` holds (``KeyUnavailable``: missing or wrong key)."""
-        return unwrap_with(self._kek(wrapped.key_id), wrapped)
 
     def _path(self, key_id: str) -> str:
         return os.path.join(self.folder, key_id + _SUFFIX)
