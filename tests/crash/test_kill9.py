@@ -63,9 +63,17 @@ def check(folder: str, acked: dict[str, int]) -> None:
         storage.close()
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_acknowledged_writes_survive_sigkill(tmp_path, seed: int) -> None:
-    folder = str(tmp_path)
+@pytest.mark.parametrize(("seed", "encrypted"), [(1, False), (2, False), (3, False), (4, True)])
+def test_acknowledged_writes_survive_sigkill(tmp_path, monkeypatch, seed: int, encrypted: bool) -> None:
+    """``encrypted``: the store compressed and encrypted (frames, sealed journal), the
+    writer and every check with the key ring."""
+    folder = str(tmp_path / "store")
+    if encrypted:
+        from slts.transforms.keys import FolderKeyRing
+
+        ring = FolderKeyRing.create(str(tmp_path / "ring"))
+        ring.activate(ring.add())
+        monkeypatch.setenv(writer.KEY_RING_VARIABLE, ring.folder)  # the child inherits it
     rng = random.Random(seed)
     acked: dict[str, int] = {}
     for _ in range(ROUNDS):
@@ -73,15 +81,16 @@ def test_acknowledged_writes_survive_sigkill(tmp_path, seed: int) -> None:
         check(folder, acked)
     assert sum(acked.values()) > 0
 
-    import slts
     from slts.admin.verify import verify_container
     from tests.support.engine import segment_chunks
 
-    storage = slts.open(f"file://{folder}/chunks", metadata=f"{folder}/metadata", gc_delay_s=0.0)
+    storage = writer.open_storage(folder, gc_delay_s=0.0)
     try:
         while storage.gc.run_once().progressed:
             pass
-        referenced = {chunk.name for name in storage.list() for _, chunk in storage.chunks(name)}
+        chunks = [chunk for name in storage.list() for _, chunk in storage.chunks(name)]
+        assert all(bool(chunk.data_keys) == encrypted for chunk in chunks)
+        referenced = {chunk.name for chunk in chunks}
         assert set(segment_chunks(storage.chunk_storage)) == referenced, (
             "orphans of killed writes were not collected"
         )

@@ -32,15 +32,35 @@ def expected_prefix(segment: str, length: int) -> bytes | None:
     return b"".join(parts) if offset == length else None
 
 
-def open_storage(folder: str):
+#: A key ring folder: the store is then compressed and encrypted (docs/security.md).
+KEY_RING_VARIABLE = "SLTS_CRASH_KEY_RING"
+
+
+def transforms() -> dict[str, object]:
+    """The key ring and transforms ``$SLTS_CRASH_KEY_RING`` asks for (none without it)."""
+    folder = os.environ.get(KEY_RING_VARIABLE)
+    if not folder:
+        return {}
+    from slts.transforms.keys import FolderKeyRing
+
+    return {
+        "key_ring": FolderKeyRing(folder),
+        "encryption": True,
+        "compression_level": 1,
+        "frame_bytes": 4096,
+    }
+
+
+def open_storage(folder: str, **overrides: object):
     import slts
 
-    return slts.open(
-        f"file://{folder}/chunks",
-        metadata=f"{folder}/metadata",
-        gc_delay_s=3600.0,
-        rolling_length_bytes_default=ROLLING_BYTES,
-    )
+    options = {
+        "gc_delay_s": 3600.0,
+        "rolling_length_bytes_default": ROLLING_BYTES,
+        **transforms(),
+        **overrides,
+    }
+    return slts.open(f"file://{folder}/chunks", metadata=f"{folder}/metadata", **options)
 
 
 def main() -> None:
