@@ -125,10 +125,13 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    """Show one segment's metadata."""
+    """Show one segment's metadata, and the bytes its chunks hold on the chunk storage
+    (``stored_bytes``: less than its length where compression paid, more with encryption's
+    tags; whole chunks, so a truncated prefix inside the first chunk counts)."""
     with open_storage(args, read_only=True) as storage:
         info = storage.info(args.name)
-    fields = asdict(info)
+        stored = sum(chunk.stored for _, chunk in storage.chunks(args.name))
+    fields = {**asdict(info), "stored_bytes": stored}
     emit(args, fields, "\n".join(f"{key}: {value}" for key, value in fields.items()))
     return EXIT_OK
 

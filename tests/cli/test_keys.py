@@ -111,3 +111,18 @@ def test_restore_of_an_encrypted_store_needs_its_ring(tmp_path) -> None:
     url = f"file://{store}/chunks"
     result = slts("cat", "a", "--store", url, "--metadata", str(target), "--key-ring", ring)
     assert result.returncode == 0 and result.stdout == payload.read_text()
+
+
+def test_info_shows_the_bytes_stored_next_to_the_length(tmp_path) -> None:
+    ring, store = str(tmp_path / "ring"), str(tmp_path / "store")
+    values = tmp_path / "values"
+    values.write_bytes(b"".join(b'{"user": "u%03d", "event": "view"}\n' % (i % 500) for i in range(20_000)))
+    ok(slts("keys", "create", "--key-ring", ring))
+    flags = ["--store", store, "--key-ring", ring]
+    ok(slts("put", "z", str(values), "--set", "encryption=true", "--set", "compression_level=3", *flags))
+    ok(slts("put", "p", str(values), *flags))
+    squeezed = ok(slts("info", "z", "--json", *flags))
+    plain = ok(slts("info", "p", "--json", *flags))
+    assert squeezed["length"] == plain["length"] == values.stat().st_size
+    assert squeezed["stored_bytes"] <= 0.35 * squeezed["length"]
+    assert plain["stored_bytes"] == plain["length"]
