@@ -78,7 +78,9 @@ class ChunkTransforms:
         """Whether a write may append to ``chunk`` under today's transforms: a plain chunk
         with transforms off; a transformed one with transforms on, encrypted alike, holding
         frames under one data key made for it alone (so the next ordinal is fresh under
-        that key: docs/security.md, "Nonces never repeat under a key")."""
+        that key: docs/security.md, "Nonces never repeat under a key"). O(1): such a chunk
+        was made by ``encode_new`` and grown by ``encode_append`` only, so its ordinals run
+        from 0 by construction."""
         if not chunk.transformed:
             return not self.active
         if not self.active:
@@ -86,10 +88,7 @@ class ChunkTransforms:
         keys = chunk.data_keys or ()
         if self.config.encrypt != bool(keys):
             return False
-        if keys and (len(keys) != 1 or keys[0][2] != chunk.name):
-            return False
-        frames = frame_map(chunk.frames or b"")
-        return all(frame.ordinal == n for n, frame in enumerate(frames))
+        return not keys or (len(keys) == 1 and keys[0][2] == chunk.name)
 
     def encode_new(self, name: str, data: bytes) -> Encoded:
         """``data`` as the stored bytes of new chunk ``name`` (a fresh data key)."""
@@ -143,10 +142,10 @@ class ChunkTransforms:
         first, end = frames.span(offset, length)
         start, stop = frames.stored_start(first), frames.stored_start(end)
         stored = fetch(start, stop - start)
-        keys = [self._unwrap(key) for key in data_keys or ()]
-        plain = self._codec.decode(
-            stored, [frames[i] for i in range(first, end)], keys, chunk=chunk, stored_offset=start
-        )
+        span = [frames[i] for i in range(first, end)]
+        needed = {frame.key_index for frame in span if frame.encrypted}  # a defrag's chunk has many
+        keys = [self._unwrap(key) if i in needed else None for i, key in enumerate(data_keys or ())]
+        plain = self._codec.decode(stored, span, keys, chunk=chunk, stored_offset=start)
         cut = offset - frames.logical_start(first)
         return plain[cut : cut + length] if cut or len(plain) != length else plain
 
