@@ -199,10 +199,17 @@ class FaultyChunkStorage(WrappedChunkStorage):
             self._touched.add(name)
 
     def _acknowledge(self, name: str, length: int | None) -> None:
-        """A mutating call on ``name`` returned: it is durable (None: deleted)."""
+        """A mutating call on ``name`` returned: it is durable (None: deleted).
+
+        Raises:
+            StorageUnavailable: the power went while it ran. Its caller never learns that it
+                returned (the machine is off), so nothing of it is known durable and nothing
+                may build on it: a caller told "done" here would commit a layout naming a
+                chunk the power-loss image left out.
+        """
         with self._lock:
             if not self._powered:
-                return  # it returned after the power went: nothing of it is known durable
+                raise StorageUnavailable(f"the power went during a call on chunk {name!r}")
             if length is None:
                 self._acknowledged.pop(name, None)
             else:

@@ -248,3 +248,24 @@ def test_the_wrapper_announces_the_inner_capabilities():
     assert (faulty.supports_append, faulty.supports_concat) == (False, False)
     assert (faulty.supports_truncate, faulty.supports_readonly) == (True, True)
     assert faulty.url == minimal.url
+
+
+class _PowerGoesDuringCreate(MemoryChunkStorage):
+    """Loses the wrapper's power while a ``create`` runs (after the bytes are stored)."""
+
+    wrapper: FaultyChunkStorage
+
+    def _do_create(self, name, data):
+        handle = super()._do_create(name, data)
+        self.wrapper.lose_power()
+        return handle
+
+
+def test_a_call_that_ends_after_the_power_went_never_returns():
+    """A caller told "done" by a call the power cut would build on bytes the power-loss
+    image need not hold (a layout committed naming a chunk that is gone)."""
+    inner = _PowerGoesDuringCreate("memory://power")
+    faulty = FaultyChunkStorage(inner, seed=1)
+    inner.wrapper = faulty
+    with pytest.raises(StorageUnavailable, match="power"):
+        faulty.create("c", b"abc")
