@@ -127,10 +127,13 @@ class ChunkTransforms:
         offset: int,
         length: int,
         fetch: Callable[[int, int], bytes | memoryview],
+        run: Callable[[Sequence[Callable[[], None]]], None] | None = None,
+        parts: int = 1,
     ) -> bytes:
         """Bytes ``[offset, offset+length)`` of transformed chunk ``chunk`` (its frame map
         ``packed`` and ``data_keys``): the frames they overlap are fetched (``fetch(stored
-        offset, stored length)``) and decoded. ``ChunkCorrupted``, ``KeyUnavailable``."""
+        offset, stored length)``) and decoded, in up to ``parts`` runs given to ``run``
+        (``Codec.decode``). ``ChunkCorrupted``, ``KeyUnavailable``."""
         frames = frame_map(packed)
         if offset + length > frames.logical_length:
             raise ChunkCorrupted(
@@ -145,9 +148,10 @@ class ChunkTransforms:
         span = [frames[i] for i in range(first, end)]
         needed = {frame.key_index for frame in span if frame.encrypted}  # a defrag's chunk has many
         keys = [self._unwrap(key) if i in needed else None for i, key in enumerate(data_keys or ())]
-        plain = self._codec.decode(stored, span, keys, chunk=chunk, stored_offset=start)
         cut = offset - frames.logical_start(first)
-        return plain[cut : cut + length] if cut or len(plain) != length else plain
+        return self._codec.decode(
+            stored, span, keys, chunk=chunk, stored_offset=start, cut=cut, length=length, run=run, parts=parts
+        )
 
     def _key(self, chunk: ChunkRecord, index: int) -> DataKey:
         assert chunk.data_keys is not None

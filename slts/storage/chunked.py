@@ -25,6 +25,7 @@ from __future__ import annotations
 import builtins
 import contextvars
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -1204,16 +1205,17 @@ class ChunkedSegmentStorage:
         opening costs a request on some bindings (a HEAD on S3). A chunk that is gone
         after all raises ``ChunkNotFound`` from the read itself (``read`` retries it)."""
         handle = ChunkHandle(piece.chunk, readonly=True)
-        fetch = self.chunk_storage.read_view if mapped else self.chunk_storage.read
-        if piece.frames is not None:  # the frames it overlaps, fetched and decoded
+        if piece.frames is not None:  # the frames it overlaps, fetched (viewed) and decoded
             return self.transforms.decode(
                 piece.chunk,
                 piece.frames,
                 piece.data_keys,
                 piece.chunk_offset,
                 piece.length,
-                lambda offset, length: fetch(handle, offset, length),
+                lambda offset, length: self.chunk_storage.read_view(handle, offset, length),
+                *self._decode_parts(piece.length),
             )
+        fetch = self.chunk_storage.read_view if mapped else self.chunk_storage.read
         if piece.blocks is not None:  # read the blocks it touches whole, check them, cut the piece
             first, end, start, stop = block_checksums.covering(piece.blocks, piece.chunk_offset, piece.length)
             data = fetch(handle, start, stop - start)
@@ -1229,6 +1231,29 @@ class ChunkedSegmentStorage:
         if piece.whole_chunk_checksum is not None and _checksum(data) != piece.whole_chunk_checksum:
             raise ChunkCorrupted(f"chunk {piece.chunk!r} fails its CRC32C checksum", chunk=piece.chunk)
         return data
+
+    def _decode_parts(self, length: int) -> tuple[Callable[[Sequence[Callable[[], None]]], None] | None, int]:
+        """How a transformed piece of ``length`` decoded bytes is decoded: at least
+        ``read_parallel_bytes_min`` of them in as many runs at once as the machine has
+        cores (up to ``read_threads``), on the decode pool (``_run_together``); less in
+        the caller's thread."""
+        if length < self.config.read_parallel_bytes_min:
+            return None, 1
+        parts = min(self.config.read_threads, os.cpu_count() or 1)
+        return (self._run_together, parts) if parts > 1 else (None, 1)
+
+    def _run_together(self, tasks: Sequence[Callable[[], None]]) -> None:
+        """Run ``tasks``: the first in this thread, the rest on the decode pool, each in a
+        copy of the caller's context; every one has ended before this returns or raises,
+        and the error raised is the first failing task's in their order."""
+        pool = self._thread_pool("slts-decode")
+        others = [pool.submit(contextvars.copy_context().run, task) for task in tasks[1:]]
+        try:
+            tasks[0]()
+        finally:
+            wait(others)
+        for other in others:
+            other.result()
 
     def _thread_pool(self, purpose: str) -> ThreadPoolExecutor:
         """The instance's pool for ``purpose`` (its threads' name prefix), made on first

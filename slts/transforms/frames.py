@@ -31,13 +31,15 @@ checksum list costs (8 bytes per 64 KiB block).
 from __future__ import annotations
 
 import bisect
+import functools
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import crc32c
 
+from slts.buffers import filled_bytes
 from slts.errors import ChunkCorrupted, InvalidArgument
 from slts.transforms.compression import PAYS_BELOW, compressed_already
 from slts.transforms.extras import require
@@ -247,6 +249,10 @@ def _moved_keys(frame: Frame, key_offset: int) -> Frame:
     return Frame(frame.ordinal, frame.logical, frame.stored, frame.compressed, index, frame.check)
 
 
+#: Most ciphers a ``Codec`` keeps (one per data key it used; all dropped when full).
+CIPHERS_KEPT_MAX = 1024
+
+
 class Codec:
     """Encodes writes into frames and decodes frames back, for one ``TransformConfig``.
     Thread-safe (the zstd contexts are per call; the cipher objects are immutable)."""
@@ -258,6 +264,7 @@ class Codec:
         # encrypted where new writes are not (and the other way round).
         self._aead: Any = None
         self._invalid_tag: type[Exception] = _NeverRaised
+        self._ciphers: dict[bytes, Any] = {}  # key material -> its cipher (``_aes``)
         if config.encrypt:
             self._load_cipher()
 
@@ -282,7 +289,7 @@ class Codec:
             config.skip_compressed and compressed_already(view)
         )
         compressor = self._zstd.ZstdCompressor(level=config.compression_level) if compress else None
-        cipher = self._aead.AESGCM(key.material) if key is not None else None
+        cipher = self._aes(key) if key is not None else None
         pieces: list[bytes] = []
         frames: list[Frame] = []
         for n, start in enumerate(range(0, len(view), size)):
@@ -313,12 +320,24 @@ class Codec:
         *,
         chunk: str,
         stored_offset: int,
+        cut: int = 0,
+        length: int | None = None,
+        run: Callable[[Sequence[Callable[[], None]]], None] | None = None,
+        parts: int = 1,
     ) -> bytes:
         """The decoded bytes of ``frames``, consecutive in the stored bytes ``stored``
-        (which start at ``stored_offset`` in chunk ``chunk``: for messages). ``keys[i]``
-        is the chunk's data key ``i`` (None where it was not unwrapped: its frames cannot
-        be decoded here). ``ChunkCorrupted`` for a frame that fails its tag or CRC32C,
-        does not decompress, or decodes to another length."""
+        (which start at ``stored_offset`` in chunk ``chunk``: for messages), from ``cut``
+        on, ``length`` of them (default: to the end). Every frame is checked whole, also
+        one the range covers in part. ``keys[i]`` is the chunk's data key ``i`` (None
+        where it was not unwrapped: its frames cannot be decoded here). The result is
+        decoded in place (``slts.buffers.filled_bytes``): frames inside the range straight
+        into it, the (at most two) it cuts through into a frame's worth of scratch first.
+        With ``run`` (runs tasks, perhaps at once, and raises the first failing one's error
+        in their order; a thread pool) the frames are decoded in up to ``parts`` runs of
+        consecutive frames, each into its own part of the result (the cipher releases the
+        interpreter while it works).
+        ``ChunkCorrupted`` for a frame that fails its tag or CRC32C, does not decompress,
+        or decodes to another length."""
         view = memoryview(stored).cast("B")
         if len(view) != sum(frame.stored for frame in frames):
             raise ChunkCorrupted(
@@ -327,38 +346,73 @@ class Codec:
                 chunk=chunk,
                 offset=stored_offset,
             )
+        logical = sum(frame.logical for frame in frames)
+        length = logical - cut if length is None else length
+        assert cut >= 0 and length >= 0 and cut + length <= logical, (cut, length, logical)
         ciphers: dict[int, Any] = {}
-        out = bytearray(sum(frame.logical for frame in frames))  # decoded straight into place
-        into = memoryview(out)
-        at = position = 0
+        wanted = []  # (stored body, where, start and end in the result) of each frame it needs
+        at = position = 0  # in the stored bytes, in the decoded frames
         for frame in frames:
-            body = view[at : at + frame.stored]
-            where = stored_offset + at
+            start, end = position - cut, position - cut + frame.logical
+            if end > 0 and start < length:  # else outside: fetched only as a neighbour's
+                wanted.append((frame, view[at : at + frame.stored], stored_offset + at, start, end))
             at += frame.stored
-            target = into[position : position + frame.logical]
             position += frame.logical
-            if frame.encrypted:
-                cipher = ciphers.get(frame.key_index)
-                if cipher is None:
-                    cipher = ciphers[frame.key_index] = self._cipher(keys, frame, chunk, where)
-                opened = self._decrypted(cipher, body, frame, target, chunk, where)
-                if opened is None:
-                    continue  # decrypted into place
-                body = opened
-            elif crc32c.crc32c(body) != frame.check:
-                raise ChunkCorrupted(
-                    f"chunk {chunk!r}: the frame at {where} fails its CRC32C", chunk=chunk, offset=where
-                )
-            plain = _decompressed(body, frame, chunk, where) if frame.compressed else body
-            if len(plain) != frame.logical:
-                raise ChunkCorrupted(
-                    f"chunk {chunk!r}: the frame at {where} decodes to {len(plain)} bytes,"
-                    f" not {frame.logical}",
-                    chunk=chunk,
-                    offset=where,
-                )
-            target[:] = plain
-        return bytes(out)
+
+        def decode_into(out: memoryview, part: Sequence[tuple[Frame, memoryview, int, int, int]]) -> None:
+            for frame, body, where, start, end in part:
+                if start >= 0 and end <= length:
+                    self._decode_frame(body, frame, keys, ciphers, out[start:end], chunk, where)
+                    continue
+                scratch = memoryview(bytearray(frame.logical))
+                self._decode_frame(body, frame, keys, ciphers, scratch, chunk, where)
+                low, high = max(start, 0), min(end, length)
+                out[low:high] = scratch[low - start : high - start]
+
+        def fill(out: memoryview) -> None:
+            count = min(parts, len(wanted)) if run is not None else 1
+            if count <= 1:
+                decode_into(out, wanted)
+                return
+            size = -(-len(wanted) // count)
+            assert run is not None
+            parts_of = [wanted[i : i + size] for i in range(0, len(wanted), size)]
+            run([functools.partial(decode_into, out, part) for part in parts_of])
+
+        return filled_bytes(length, fill)
+
+    def _decode_frame(
+        self,
+        body: memoryview,
+        frame: Frame,
+        keys: Sequence[DataKey | None],
+        ciphers: dict[int, Any],
+        target: memoryview,
+        chunk: str,
+        where: int,
+    ) -> None:
+        """Check and decode one frame's stored ``body`` into ``target`` (its logical size)."""
+        assert len(target) == frame.logical
+        if frame.encrypted:
+            cipher = ciphers.get(frame.key_index)
+            if cipher is None:
+                cipher = ciphers[frame.key_index] = self._cipher(keys, frame, chunk, where)
+            opened = self._decrypted(cipher, body, frame, target, chunk, where)
+            if opened is None:
+                return  # decrypted into place
+            body = opened
+        elif crc32c.crc32c(body) != frame.check:
+            raise ChunkCorrupted(
+                f"chunk {chunk!r}: the frame at {where} fails its CRC32C", chunk=chunk, offset=where
+            )
+        plain = _decompressed(body, frame, chunk, where) if frame.compressed else body
+        if len(plain) != frame.logical:
+            raise ChunkCorrupted(
+                f"chunk {chunk!r}: the frame at {where} decodes to {len(plain)} bytes, not {frame.logical}",
+                chunk=chunk,
+                offset=where,
+            )
+        target[:] = plain
 
     def _cipher(self, keys: Sequence[DataKey | None], frame: Frame, chunk: str, where: int) -> Any:
         """The cipher of ``frame``'s data key (``ChunkCorrupted`` if the chunk has none)."""
@@ -372,7 +426,17 @@ class Codec:
                 chunk=chunk,
                 offset=where,
             )
-        return self._aead.AESGCM(key.material)
+        return self._aes(key)
+
+    def _aes(self, key: DataKey) -> Any:
+        """The AES-GCM cipher of ``key``, made once per key (a random read decodes one
+        frame: making the cipher would cost as much as decrypting it)."""
+        cipher = self._ciphers.get(key.material)
+        if cipher is None:
+            if len(self._ciphers) >= CIPHERS_KEPT_MAX:
+                self._ciphers.clear()
+            cipher = self._ciphers[key.material] = self._aead.AESGCM(key.material)
+        return cipher
 
     def _decrypted(
         self, cipher: Any, body: memoryview, frame: Frame, target: memoryview, chunk: str, where: int

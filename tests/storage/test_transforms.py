@@ -136,6 +136,34 @@ def test_a_flipped_stored_byte_is_chunk_corrupted_on_read_and_a_scrub_finding(tm
     storage.close()
 
 
+def test_a_large_read_decodes_its_frames_in_parts_at_once_and_checks_every_one(tmp_path) -> None:
+    """A read of at least ``read_parallel_bytes_min`` decoded bytes decodes its frames in
+    runs on the decode pool and in the caller's thread at once: the same bytes back, the
+    first bad frame in the chunk's order reported, whichever run met one."""
+    ring = key_ring(tmp_path)
+    storage = open_store(
+        tmp_path, ring, encryption=True, frame_bytes=4096, read_parallel_bytes_min=64 << 10, read_threads=4
+    )
+    data = random.Random(5).randbytes(300_000)
+    storage.create("big")
+    storage.write(storage.open_write("big"), 0, data)
+    assert storage.read(storage.open_read("big"), 0, len(data)) == data
+    assert storage.read(storage.open_read("big"), 12_345, 200_000) == data[12_345:212_345]
+    (_, chunk), *_ = storage.chunks("big")
+    path = next(p for p in stored_files(tmp_path) if p.endswith(chunk.name.rsplit("/", 1)[-1]))
+    frames = FrameMap.unpack(chunk.frames)
+    for index in (len(frames) - 3, 2):  # a late frame, then an early one too
+        with open(path, "r+b") as file:
+            file.seek(frames.stored_start(index) + 10)
+            byte = file.read(1)
+            file.seek(frames.stored_start(index) + 10)
+            file.write(bytes([byte[0] ^ 1]))
+        with pytest.raises(ChunkCorrupted) as caught:
+            storage.read(storage.open_read("big"), 0, len(data))
+        assert caught.value.context["offset"] == frames.stored_start(index)
+    storage.close()
+
+
 def test_without_the_key_an_encrypted_store_is_key_unavailable_naming_it_and_changes_nothing(
     tmp_path,
 ) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import random
+import threading
+from collections.abc import Callable, Sequence
 
 import pytest
 import zstandard
@@ -53,15 +55,42 @@ class Chunk:
         self.stored += b"".join(pieces)
         self.map = self.map.then(frames)
 
-    def read(self, offset: int, length: int) -> bytes:
+    def read(self, offset: int, length: int, parts: int = 1) -> bytes:
+        """``parts`` > 1: the frames decoded in that many runs on threads (``run_in_threads``)."""
         first, end = self.map.span(offset, length)
         start, stop = self.map.stored_start(first), self.map.stored_start(end)
         frames = [self.map[i] for i in range(first, end)]
-        plain = self.codec.decode(
-            bytes(self.stored[start:stop]), frames, self.keys, chunk="c", stored_offset=start
+        return self.codec.decode(
+            bytes(self.stored[start:stop]),
+            frames,
+            self.keys,
+            chunk="c",
+            stored_offset=start,
+            cut=offset - self.map.logical_start(first),
+            length=length,
+            run=run_in_threads if parts > 1 else None,
+            parts=parts,
         )
-        at = offset - self.map.logical_start(first)
-        return plain[at : at + length]
+
+
+def run_in_threads(tasks: Sequence[Callable[[], None]]) -> None:
+    """Every task on its own thread at once; the first failing task's error, in their order."""
+    errors: list[BaseException | None] = [None] * len(tasks)
+
+    def run(i: int) -> None:
+        try:
+            tasks[i]()
+        except BaseException as exc:  # raised below, in order
+            errors[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(tasks))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for error in errors:
+        if error is not None:
+            raise error
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -86,8 +115,9 @@ def test_writes_round_trip_and_any_range_reads_back(name: str) -> None:
     frame_bytes=st.sampled_from([1, 7, 512, 4096]),
     config=st.sampled_from(list(CONFIGS)),
     reads=st.lists(st.tuples(st.floats(0, 1), st.floats(0, 1)), max_size=10),
+    parts=st.sampled_from([1, 2, 3]),
 )
-def test_property_appends_and_reads_match_the_plain_bytes(writes, frame_bytes, config, reads) -> None:
+def test_property_appends_and_reads_match_the_plain_bytes(writes, frame_bytes, config, reads, parts) -> None:
     base = CONFIGS[config]
     chunk = Chunk(Codec(TransformConfig(base.compression_level, base.encrypt, frame_bytes)))
     for data in writes:
@@ -97,7 +127,7 @@ def test_property_appends_and_reads_match_the_plain_bytes(writes, frame_bytes, c
     for a, b in reads:
         offset = int(a * (len(expected) - 1))
         length = max(1, int(b * (len(expected) - offset)))
-        assert chunk.read(offset, length) == expected[offset : offset + length]
+        assert chunk.read(offset, length, parts) == expected[offset : offset + length]
 
 
 def test_a_frame_ends_where_a_write_ends_so_appends_never_rewrite_stored_bytes() -> None:
@@ -134,6 +164,29 @@ def test_a_flipped_byte_anywhere_is_chunk_corrupted(name: str) -> None:
         chunk.stored[position] ^= 0x40
         with pytest.raises(ChunkCorrupted):
             chunk.read(0, 5000)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_frames_decoded_in_parts_fail_on_the_first_bad_frame_in_order(name: str) -> None:
+    """Decoded in runs on threads at once, a read still checks every frame it fetched
+    and reports the first bad one in the chunk's order, whichever run finished first."""
+    chunk = Chunk(Codec(CONFIGS[name]))
+    data = json_like(20_000)
+    chunk.append(data)
+    assert chunk.read(0, len(data), parts=4) == data
+    good = bytes(chunk.stored)
+    late, early = chunk.map.stored_start(len(chunk.map) - 2), chunk.map.stored_start(3)
+    chunk.stored[late] ^= 0x01
+    with pytest.raises(ChunkCorrupted) as caught:
+        chunk.read(0, len(data), parts=4)
+    assert caught.value.context["offset"] == late
+    chunk.stored[early] ^= 0x01
+    with pytest.raises(ChunkCorrupted) as caught:
+        chunk.read(0, len(data), parts=4)
+    assert caught.value.context["offset"] == early
+    chunk.stored = bytearray(good)
+    cut = chunk.map.logical_start(5) + 3  # through frames, both ends cut
+    assert chunk.read(cut, 7_000, parts=3) == data[cut : cut + 7_000]
 
 
 @pytest.mark.parametrize("name", ["aes", "zstd+aes"])
