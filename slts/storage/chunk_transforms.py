@@ -99,8 +99,7 @@ class ChunkTransforms:
             key = DataKey.generate()
             wrapped = self.key_ring.wrap(key)
             keys = ((wrapped.key_id, wrapped.blob, name),)
-        pieces, frames = self._codec.encode(data, key, 0, 0)
-        stored = b"".join(pieces)
+        stored, frames = self._codec.encode(data, key, 0, 0)
         return Encoded(stored, FrameMap(frames).pack(), len(stored), keys, crc32c.crc32c(stored))
 
     def encode_append(self, chunk: ChunkRecord, data: bytes) -> Encoded:
@@ -108,8 +107,7 @@ class ChunkTransforms:
         assert chunk.transformed and self.appendable(chunk), chunk
         before = frame_map(chunk.frames or b"")
         key = self._key(chunk, 0) if chunk.data_keys else None
-        pieces, frames = self._codec.encode(data, key, 0, len(before))
-        stored = b"".join(pieces)
+        stored, frames = self._codec.encode(data, key, 0, len(before))
         # The map grows by a run (runs need not be maximal): no repacking of the frames before.
         return Encoded(
             stored,

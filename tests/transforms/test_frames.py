@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import struct
 import threading
 from collections.abc import Callable, Sequence
 
@@ -51,8 +52,8 @@ class Chunk:
 
     def append(self, data: bytes) -> None:
         key = self.keys[0] if self.keys else None
-        pieces, frames = self.codec.encode(data, key, 0, len(self.map))
-        self.stored += b"".join(pieces)
+        stored, frames = self.codec.encode(data, key, 0, len(self.map))
+        self.stored += stored
         self.map = self.map.then(frames)
 
     def read(self, offset: int, length: int, parts: int = 1) -> bytes:
@@ -230,15 +231,15 @@ def test_frames_of_several_chunks_concatenated_decode_with_their_own_keys() -> N
 def test_compression_pays_on_json_and_is_skipped_on_compressed_data() -> None:
     codec = Codec(TransformConfig(compression_level=3))
     data = json_like(1 << 20)
-    pieces, frames = codec.encode(data, None, NO_KEY, 0)
-    assert sum(map(len, pieces)) <= 0.35 * len(data)
+    stored, frames = codec.encode(data, None, NO_KEY, 0)
+    assert len(stored) <= 0.35 * len(data)
     assert all(frame.compressed for frame in frames)
     packed = zstandard.ZstdCompressor().compress(json_like(300_000))
     assert compressed_already(packed)
-    pieces, frames = codec.encode(packed, None, NO_KEY, 0)
-    assert not any(frame.compressed for frame in frames) and b"".join(pieces) == packed
+    stored, frames = codec.encode(packed, None, NO_KEY, 0)
+    assert not any(frame.compressed for frame in frames) and stored == packed
     noise = random.Random(3).randbytes(200_000)
-    pieces, frames = codec.encode(noise, None, NO_KEY, 0)
+    _, frames = codec.encode(noise, None, NO_KEY, 0)
     assert not any(frame.compressed for frame in frames), "incompressible: stored as it is"
 
 
@@ -251,8 +252,9 @@ def test_a_compressed_kafka_batch_is_recognised() -> None:
 def test_encrypted_frames_cost_their_tag_and_a_small_map() -> None:
     codec = Codec(TransformConfig(encrypt=True))
     key = DataKey.generate()
-    pieces, frames = codec.encode(bytes(64 << 20), key, 0, 0)
-    assert [len(p) for p in pieces] == [(64 << 10) + TAG_BYTES] * 1024
+    stored, frames = codec.encode(bytes(64 << 20), key, 0, 0)
+    assert [frame.stored for frame in frames] == [(64 << 10) + TAG_BYTES] * 1024
+    assert len(stored) == sum(frame.stored for frame in frames)
     packed = FrameMap(frames).pack()
     assert len(packed) <= 16 + 8 * 1024, len(packed)
 
@@ -324,3 +326,29 @@ def test_a_map_grown_by_appending_packed_runs_is_the_same_map() -> None:
     _, second = codec.encode(json_like(2000, 2), key, 0, len(first))
     grown = FrameMap(first).pack() + FrameMap(second).pack()
     assert FrameMap.unpack(grown) == FrameMap(first).then(second)
+
+
+def test_frames_sealed_in_place_are_the_frames_the_format_describes() -> None:
+    """Encrypted, not compressed, a write's frames are sealed straight into its stored
+    bytes: each is AES-256-GCM of its bytes under nonce (4 zero bytes, ordinal) with the
+    AAD (ordinal, logical size, compressed), its tag after it (docs/formats.md)."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    key = DataKey.generate()
+    data = random.Random(9).randbytes(2_500)
+    stored, frames = Codec(TransformConfig(encrypt=True, frame_bytes=1000)).encode(data, key, 2, 40)
+    cipher = AESGCM(key.material)
+
+    def nonce(ordinal: int) -> bytes:
+        return bytes(4) + ordinal.to_bytes(8, "big")
+
+    expected = b"".join(
+        cipher.encrypt(nonce(40 + n), piece, struct.pack(">QIB", 40 + n, len(piece), 0))
+        for n, piece in enumerate(data[i : i + 1000] for i in range(0, len(data), 1000))
+    )
+    assert stored == expected
+    assert [(f.ordinal, f.logical, f.stored, f.key_index) for f in frames] == [
+        (40, 1000, 1016, 2),
+        (41, 1000, 1016, 2),
+        (42, 500, 516, 2),
+    ]
