@@ -17,6 +17,11 @@ non-owner driver with its leased GC intents), ``gc`` (a deleted segment's tombst
 dropped chunks, a chain of namespaces) and ``delete_and_gc``, ``snapshot`` (a metadata
 snapshot on tier-2), ``flush`` (the metadata log to tier-2) and ``restore`` (tier-2 into
 a new folder).
+
+With ``SLTS_CRASH_TRANSFORMS=1`` in its environment the container runs with compression
+and encryption on (its key ring in ``FOLDER/key-ring``, made by the test's starting
+store): every operation then moves frames under data keys, and the journal and metadata
+copies on tier-2 are sealed.
 """
 
 from __future__ import annotations
@@ -36,6 +41,31 @@ CONFIG: dict[str, Any] = {
     "defrag_small_chunk_bytes": 400,
     "concat_merge_seam": True,
 }
+
+
+#: The config the container gets with ``SLTS_CRASH_TRANSFORMS=1`` on top of ``CONFIG``
+#: (frames smaller than the writes, so a write is several frames).
+TRANSFORMS: dict[str, Any] = {"compression_level": 3, "encryption": True, "frame_bytes": 16}
+
+
+def transformed() -> bool:
+    """Whether this run's container has transforms on (module doc)."""
+    return os.environ.get("SLTS_CRASH_TRANSFORMS") == "1"
+
+
+def key_ring(folder: str) -> Any:
+    """The key ring of the store in ``folder``, or None without transforms."""
+    from slts.transforms.keys import FolderKeyRing
+
+    return FolderKeyRing(f"{folder}/key-ring") if transformed() else None
+
+
+def record_seal(folder: str) -> Any:
+    """What opens the sealed tier-2 records of the store in ``folder`` (restore), or None."""
+    from slts.transforms.sealed import RecordSeal
+
+    ring = key_ring(folder)
+    return RecordSeal(ring, sealing=False) if ring is not None else None
 
 
 class KillSwitch:
@@ -79,14 +109,18 @@ def install(switch: KillSwitch) -> None:
 def open_owner(folder: str, **overrides: Any) -> Any:
     import slts
 
-    return slts.open(f"file://{folder}/chunks", metadata=f"{folder}/metadata", **{**CONFIG, **overrides})
+    config = {**CONFIG, **(TRANSFORMS if transformed() else {}), **overrides}
+    return slts.open(
+        f"file://{folder}/chunks", metadata=f"{folder}/metadata", key_ring=key_ring(folder), **config
+    )
 
 
 def _batch_defrag(folder: str, storage: Any) -> None:
     from slts.config import StorageConfig
     from slts.storage.batch_defrag import BatchDefrag, execute_locally, run_batch
 
-    driver = BatchDefrag(storage.chunk_storage, storage._metadata_store, 0, StorageConfig(**CONFIG))
+    config = StorageConfig(**{**CONFIG, **(TRANSFORMS if transformed() else {})})
+    driver = BatchDefrag(storage.chunk_storage, storage._metadata_store, 0, config)
     run_batch(driver, execute_locally(storage.chunk_storage, 1))
 
 
@@ -105,7 +139,7 @@ def _delete_and_gc(folder: str, storage: Any) -> None:
 def _restore(folder: str, storage: Any) -> None:
     from slts.journal.restore import restore_to_folder
 
-    restore_to_folder(storage.chunk_storage, 0, f"{folder}/restored")
+    restore_to_folder(storage.chunk_storage, 0, f"{folder}/restored", record_seal(folder))
 
 
 OPERATIONS: dict[str, Callable[[str, Any], object]] = {

@@ -19,6 +19,10 @@ state it leaves; then, from the same starting store, the child is SIGKILLed at k
 
 CI runs a slice (a spread of kill points per operation); ``SLTS_CRASH_MATRIX=full`` runs
 every kill point (over 200 kills) and prints the count per operation.
+
+The whole matrix runs twice: on a plain store, and with compression and encryption on
+(``transformed``: the child's ``SLTS_CRASH_TRANSFORMS``, the store's key ring in its
+folder), where every chunk is frames under data keys and the tier-2 records are sealed.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,6 +41,7 @@ from slts.journal.restore import restore_to_folder
 
 import slts
 from slts.admin.orphans import reconcile
+from slts.transforms.keys import FolderKeyRing
 from tests.support.engine import segment_chunks
 
 from . import matrix_child
@@ -51,6 +57,9 @@ Observed = dict[str, tuple[int, bool, bytes]]
 def build_store(folder: Path) -> None:
     """The starting store every run copies: small chunks, a chain of concat targets, a
     sealed transaction, dropped chunks and a deleted chain awaiting GC."""
+    if matrix_child.transformed():
+        ring = FolderKeyRing.create(str(folder / "key-ring"))
+        ring.activate(ring.add())
     # GC waits: garbage stays queued; seams stay: small chunks stay for defrag.
     storage = matrix_child.open_owner(str(folder), gc_delay_s=3600.0, concat_merge_seam=False)
 
@@ -95,7 +104,7 @@ def build_store(folder: Path) -> None:
 
 
 def run_child(folder: Path, operation: str, kill_at: int | None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return subprocess.run(  # the environment's SLTS_CRASH_TRANSFORMS passes on (``transformed``)
         [
             sys.executable,
             matrix_child.__file__,
@@ -110,7 +119,12 @@ def run_child(folder: Path, operation: str, kill_at: int | None) -> subprocess.C
 
 
 def contents(folder: Path) -> Observed:
-    with slts.open(f"file://{folder}/chunks", metadata=f"{folder}/metadata", read_only=True) as storage:
+    with slts.open(
+        f"file://{folder}/chunks",
+        metadata=f"{folder}/metadata",
+        read_only=True,
+        key_ring=matrix_child.key_ring(str(folder)),
+    ) as storage:
         return observed(storage)
 
 
@@ -151,13 +165,16 @@ def check_partial_restore(folder: Path) -> None:
     folder and renames it into place when complete), or a complete one; and a new
     restore from tier-2 reads back the store's segments."""
     partial = folder / "restored"
+    ring = matrix_child.key_ring(str(folder))
     if partial.exists():
-        with slts.open(f"file://{folder}/chunks", metadata=str(partial), read_only=True) as storage:
+        with slts.open(
+            f"file://{folder}/chunks", metadata=str(partial), read_only=True, key_ring=ring
+        ) as storage:
             assert observed(storage) == contents(folder), "a restore that looked complete is not"
     again = folder / "restored-again"
     with slts.bindings.from_url(f"file://{folder}/chunks") as binding:
-        restore_to_folder(binding, 0, str(again))
-    with slts.open(f"file://{folder}/chunks", metadata=str(again), read_only=True) as storage:
+        restore_to_folder(binding, 0, str(again), matrix_child.record_seal(str(folder)))
+    with slts.open(f"file://{folder}/chunks", metadata=str(again), read_only=True, key_ring=ring) as storage:
         restored = observed(storage)
     assert restored == contents(folder), "tier-2 no longer restores the store"
 
@@ -172,11 +189,17 @@ def kill_points(total: int) -> list[int]:
 KILLS: dict[str, int] = {}
 
 
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("pristine")
-    build_store(folder)
-    return folder
+@pytest.fixture(scope="module", params=["plain", "transformed"])
+def pristine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The starting store, plain or with transforms on (and the children told so)."""
+    with pytest.MonkeyPatch.context() as patch:
+        if request.param == "transformed":
+            patch.setenv("SLTS_CRASH_TRANSFORMS", "1")
+        else:
+            patch.delenv("SLTS_CRASH_TRANSFORMS", raising=False)
+        folder = tmp_path_factory.mktemp(f"pristine-{request.param}")
+        build_store(folder)
+        yield folder
 
 
 @pytest.mark.parametrize("operation", list(matrix_child.OPERATIONS))
@@ -191,6 +214,15 @@ def test_every_kill_point_of_the_operation_leaves_a_consistent_store(
     total = int(done.stdout.split()[1])
     assert total >= 2, f"{operation} changed nothing: the matrix would test nothing"
     after = contents(reference)
+    if matrix_child.transformed():  # the matrix runs what it says: frames under data keys
+        with slts.open(
+            f"file://{reference}/chunks",
+            metadata=f"{reference}/metadata",
+            read_only=True,
+            key_ring=matrix_child.key_ring(str(reference)),
+        ) as storage:
+            chunks = [chunk for name in storage.list() for _, chunk in storage.chunks(name)]
+        assert chunks and all(chunk.transformed and chunk.data_keys for chunk in chunks)
     if operation in ("write", "concat", "truncate", "truncate_all", "delete_and_gc"):
         assert after != before, "the operation had no visible effect"
     else:

@@ -5,7 +5,9 @@ The operation fails with a typed error or completes; after the restart the next 
 (a new epoch, on the same LMDB metadata) must find what ``test_crash_matrix`` asks for
 (truncate is left out here: it sends no S3 request, only GC deletes its chunks later):
 every segment as before or after the operation, ``verify`` and the leak check clean, and
-after the orphan reconciler and GC exactly the referenced chunks in the bucket.
+after the orphan reconciler and GC exactly the referenced chunks in the bucket. Each
+operation runs on a plain store and on one with compression and encryption on
+(``matrix_child.TRANSFORMS``: frames under data keys, sealed tier-2 records).
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from slts.errors import SltsError
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.schema import TABLES
 from slts.storage.chunked import ChunkedSegmentStorage
+from slts.transforms.keys import FolderKeyRing
 from tests.support.s3server import SeaweedServer, SeaweedUnavailable, find_weed
 
-from .matrix_child import CONFIG
+from .matrix_child import CONFIG, TRANSFORMS
 from .test_crash_matrix import LEASE_PAST_S, assert_consistent
 from .test_kill9_layout import observed
 
@@ -66,9 +69,12 @@ def binding(server: SeaweedServer, bucket: str) -> S3ChunkStorage:
     )
 
 
-def owner(server: SeaweedServer, bucket: str, metadata: Path, **overrides: Any) -> ChunkedSegmentStorage:
+def owner(
+    server: SeaweedServer, bucket: str, metadata: Path, ring: FolderKeyRing | None, **overrides: Any
+) -> ChunkedSegmentStorage:
+    """The next owner of the store (transforms on with a ``ring``)."""
     store = LmdbMetadataStore(str(metadata), TABLES)
-    config = StorageConfig(**{**CONFIG, **overrides})
+    config = StorageConfig(**{**CONFIG, **(TRANSFORMS if ring is not None else {}), **overrides})
     return ChunkedSegmentStorage(
         0,
         None,
@@ -77,15 +83,16 @@ def owner(server: SeaweedServer, bucket: str, metadata: Path, **overrides: Any) 
         config,
         owns_resources=True,
         clock=lambda: time.time() + LEASE_PAST_S,
+        key_ring=ring,
     )
 
 
-def build(server: SeaweedServer, metadata: Path) -> str:
+def build(server: SeaweedServer, metadata: Path, ring: FolderKeyRing | None) -> str:
     """A new bucket with: ``main`` (small chunks), a sealed ``txn`` and a ``tail`` whose
     small last chunk merges with it at the seam, ``frag`` (five chunks to merge), dropped
     chunks and a deleted segment awaiting GC."""
     bucket = server.new_bucket("matrix")
-    storage = owner(server, bucket, metadata, gc_delay_s=3600.0, concat_merge_seam=False)
+    storage = owner(server, bucket, metadata, ring, gc_delay_s=3600.0, concat_merge_seam=False)
     with storage:
         for name, sizes, rolling, sealed in (
             ("main", [40] * 6, 64, False),
@@ -110,10 +117,17 @@ def build(server: SeaweedServer, metadata: Path) -> str:
     return bucket
 
 
-def run(server: SeaweedServer, bucket: str, metadata: Path, operation: str, kill_at: int | None) -> int:
+def run(
+    server: SeaweedServer,
+    bucket: str,
+    metadata: Path,
+    ring: FolderKeyRing | None,
+    operation: str,
+    kill_at: int | None,
+) -> int:
     """Run ``operation`` on a new owner; SIGKILL the server right before its
     ``kill_at``-th S3 request. Returns the number of S3 requests the operation sent."""
-    storage = owner(server, bucket, metadata)
+    storage = owner(server, bucket, metadata, ring)
     sent = [0]
     armed = [False]
 
@@ -138,21 +152,28 @@ def run(server: SeaweedServer, bucket: str, metadata: Path, operation: str, kill
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("transforms", ["plain", "transformed"])
 @pytest.mark.parametrize("operation", list(OPERATIONS))
 def test_a_server_killed_inside_an_operation_leaves_a_consistent_store(
-    server: SeaweedServer, tmp_path: Path, operation: str
+    server: SeaweedServer, tmp_path: Path, operation: str, transforms: str
 ) -> None:
+    ring = None
+    if transforms == "transformed":
+        ring = FolderKeyRing.create(str(tmp_path / "key-ring"))
+        ring.activate(ring.add())
     reference_metadata = tmp_path / "reference"
-    bucket = build(server, reference_metadata)
-    with owner(server, bucket, reference_metadata) as storage:
+    bucket = build(server, reference_metadata, ring)
+    with owner(server, bucket, reference_metadata, ring) as storage:
         before = observed(storage)
-    total = run(server, bucket, reference_metadata, operation, None)
+        chunks = [chunk for name in storage.list() for _, chunk in storage.chunks(name)]
+        assert chunks and all(bool(chunk.data_keys) == (ring is not None) for chunk in chunks)
+    total = run(server, bucket, reference_metadata, ring, operation, None)
     assert total >= 1, f"{operation} sent no S3 request"
-    with owner(server, bucket, reference_metadata) as storage:
+    with owner(server, bucket, reference_metadata, ring) as storage:
         after = observed(storage)
     for kill_at in sorted({1, (total + 1) // 2, total}):
         metadata = tmp_path / f"kill-{kill_at}"
-        bucket = build(server, metadata)
-        run(server, bucket, metadata, operation, kill_at)
-        with owner(server, bucket, metadata) as storage:
+        bucket = build(server, metadata, ring)
+        run(server, bucket, metadata, ring, operation, kill_at)
+        with owner(server, bucket, metadata, ring) as storage:
             assert_consistent(storage, before, after)

@@ -10,6 +10,7 @@ import os
 import random
 
 import pytest
+from slts.bindings.base import ChunkStorage
 from slts.bindings.faulty import FaultyChunkStorage
 from slts.bindings.filesystem import FileSystemChunkStorage
 from slts.journal.restore import restore
@@ -26,6 +27,8 @@ from slts.transforms.frames import FrameMap
 from slts.transforms.keys import FolderKeyRing
 from slts.transforms.sealed import RecordSeal
 from tests.support.engine import key_ring
+from tests.support.s3 import s3_storage_binding
+from tests.support.s3server import shared_server_or_skip
 
 SECRET = b"card=4111-1111-1111-1111;"
 NAMES = ("orders/secret-alpha", "payments/secret-beta")
@@ -41,8 +44,11 @@ def json_values(count: int, seed: int) -> bytes:
     )
 
 
-def open_store(tmp_path, ring: FolderKeyRing | None, **config: object) -> ChunkedSegmentStorage:
-    binding = FileSystemChunkStorage(str(tmp_path / "chunks"))
+def open_store(
+    tmp_path, ring: FolderKeyRing | None, *, binding: ChunkStorage | None = None, **config: object
+) -> ChunkedSegmentStorage:
+    """A store in ``tmp_path`` (its chunks on ``binding``; by default files in ``chunks``)."""
+    binding = binding or FileSystemChunkStorage(str(tmp_path / "chunks"))
     store = LmdbMetadataStore(str(tmp_path / "metadata"), TABLES)
     settings = StorageConfig(**{**QUIET, **config})  # type: ignore[arg-type]
     return ChunkedSegmentStorage(0, None, binding, store, settings, owns_resources=True, key_ring=ring)
@@ -78,44 +84,67 @@ def stored_files(tmp_path, *, system: bool = True) -> list[str]:
     return found
 
 
+def bucket_objects(bucket: str) -> list[tuple[str, bytes]]:
+    """Every object of S3 bucket ``bucket`` on the session's server: (key, contents)."""
+    client = shared_server_or_skip().client()
+    found = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        for item in page.get("Contents", []):
+            found.append((item["Key"], client.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()))
+    return found
+
+
+def file_objects(tmp_path) -> list[tuple[str, bytes]]:
+    """Every file of the chunk storage in ``tmp_path``: (path, contents)."""
+    found = []
+    for path in stored_files(tmp_path):
+        with open(path, "rb") as file:
+            found.append((path, file.read()))
+    return found
+
+
+@pytest.mark.parametrize("binding", ["filesystem", "s3"])
 @pytest.mark.parametrize("transforms", [{"encryption": True}, {"encryption": True, "compression_level": 3}])
-def test_an_encrypted_store_holds_no_payload_or_name_in_clear_in_any_object(tmp_path, transforms) -> None:
-    """Every file of the chunk storage, segment chunks and system objects alike (the
-    journal, the metadata log and a metadata snapshot), by its contents and its path: no
-    byte pattern of the payloads, no segment name."""
+def test_an_encrypted_store_holds_no_payload_or_name_in_clear_in_any_object(
+    tmp_path, transforms, binding
+) -> None:
+    """Every object of the chunk storage (every file, every object of the store's bucket),
+    segment chunks and system objects alike (the journal, the metadata log and a metadata
+    snapshot), by its contents and its name: no byte pattern of the payloads, no segment
+    name."""
     ring = key_ring(tmp_path)
-    storage = open_store(tmp_path, ring, frame_bytes=4096, **transforms)
+    chunks = s3_storage_binding(tmp_path) if binding == "s3" else None
+    storage = open_store(tmp_path, ring, binding=chunks, frame_bytes=4096, **transforms)
     written = fill(storage)
     storage.durable.flush()
     storage.durable.snapshot()
     assert all(storage.read(storage.open_read(n), 0, len(d)) == d for n, d in written.items())
     storage.close()
-    files = stored_files(tmp_path)
-    assert len(files) >= 8 and any("metadata-log" in path for path in files)
-    assert any("metadata-snapshots" in path for path in files) and any("journal" in path for path in files)
+    objects = bucket_objects(chunks.bucket) if chunks is not None else file_objects(tmp_path)
+    names = [name for name, _ in objects]
+    assert len(objects) >= 8 and any("metadata-log" in name for name in names)
+    assert any("metadata-snapshots" in name for name in names) and any("journal" in name for name in names)
     needles = [
         SECRET,
         b"4111-1111",
         b'"user"',
         *(part.encode() for name in NAMES for part in name.split("/")),
     ]
-    for path in files:
-        assert not any(needle.decode() in path for needle in needles), path
-        with open(path, "rb") as file:
-            contents = file.read()
-        assert not any(needle in contents for needle in needles), path
+    for name, contents in objects:
+        assert not any(needle.decode() in name for needle in needles), name
+        assert not any(needle in contents for needle in needles), name
 
 
-def test_plain_stores_hold_the_bytes_as_written(tmp_path) -> None:
-    """The scan above can fail: without encryption the same payloads are found."""
-    storage = open_store(tmp_path, None)
+@pytest.mark.parametrize("binding", ["filesystem", "s3"])
+def test_plain_stores_hold_the_bytes_as_written(tmp_path, binding) -> None:
+    """The scan above can fail: without encryption it finds the payloads and the names."""
+    chunks = s3_storage_binding(tmp_path) if binding == "s3" else None
+    storage = open_store(tmp_path, None, binding=chunks)
     fill(storage, names=NAMES[:1], writes=2)
     storage.close()
-    contents = []
-    for path in stored_files(tmp_path):
-        with open(path, "rb") as file:
-            contents.append(file.read())
-    assert any(SECRET in data for data in contents)
+    objects = bucket_objects(chunks.bucket) if chunks is not None else file_objects(tmp_path)
+    assert any(SECRET in contents for _, contents in objects)
+    assert any("secret-alpha" in name for name, _ in objects)
 
 
 def test_a_flipped_stored_byte_is_chunk_corrupted_on_read_and_a_scrub_finding(tmp_path) -> None:
