@@ -3,7 +3,8 @@ moved and the bytes it stores, priced at configurable rates (``slts cost``).
 
 The inputs are the container's usage records (``slts.usage``: requests by kind, bytes sent,
 received and copied, per traffic class, added up by every process that ran the container)
-and its layout (the chunk records' lengths: the bytes its chunks hold on the storage; the
+and its layout (the chunk records' stored lengths: the bytes its chunks hold on the storage,
+which with transforms on differ from the segment bytes they hold, shown beside them; the
 system segments of the journal and the metadata copy are not counted, nor chunks already
 unlinked from a segment and waiting for GC, which are counted apart).
 
@@ -41,9 +42,13 @@ class StoredBytes:
 
     segments: int
     chunks: int
+    #: What the chunks hold on the storage, and so what it bills: their stored bytes (with
+    #: transforms on, the frames: compressed, with their tags; docs/security.md).
     bytes: int
     #: Chunks unlinked from their segments, waiting for GC (still stored until collected).
     gc_queued_chunks: int
+    #: The segment bytes those chunks hold (what reads return): ``bytes`` without transforms.
+    logical_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +122,7 @@ class CostReport:
         s = self.stored
         lines = [
             f"container {self.container_id}: {s.segments} segments, {s.chunks} chunks,"
-            f" {_size(s.bytes)} stored ({s.gc_queued_chunks} chunks awaiting GC):"
+            f" {_size(s.bytes)} stored{_logical(s)} ({s.gc_queued_chunks} chunks awaiting GC):"
             f" {_money(self.storage_per_month)} per month",
             "requests since the container's first recorded use"
             + ("" if self.exact_requests else " (as an object store would count this binding's calls)")
@@ -143,12 +148,14 @@ def stored_bytes(store: MetadataStore) -> StoredBytes:
     """Segments, chunks and their bytes in ``store``, and the GC queue's length (read page
     by page: a large store is not read in one transaction)."""
     segments = sum(1 for _ in store.iterate(SEGMENTS))
-    chunks = total = 0
+    chunks = stored = logical = 0
     for _, versioned in store.iterate(CHUNKS):
+        chunk = ChunkRecord.decode(versioned.value)
         chunks += 1
-        total += ChunkRecord.decode(versioned.value).length
+        stored += chunk.stored
+        logical += chunk.length
     queued = sum(1 for _ in store.iterate(GC))
-    return StoredBytes(segments, chunks, total, queued)
+    return StoredBytes(segments, chunks, stored, queued, logical)
 
 
 def cost_report(storage: ChunkedSegmentStorage, prices: Prices) -> CostReport:
@@ -163,6 +170,14 @@ def cost_report(storage: ChunkedSegmentStorage, prices: Prices) -> CostReport:
     with store.snapshot() as view:
         usage = read_usage(view, container_id)
     return CostReport(container_id, prices, stored_bytes(store), usage, exact_requests)
+
+
+def _logical(stored: StoredBytes) -> str:
+    """Beside the stored size, the logical one where transforms made them differ."""
+    if stored.logical_bytes == stored.bytes:
+        return ""
+    ratio = stored.bytes / max(stored.logical_bytes, 1)
+    return f" for {_size(stored.logical_bytes)} of segment data ({ratio:.2f})"
 
 
 def _size(count: int) -> str:

@@ -333,3 +333,21 @@ def test_compression_stores_json_values_in_at_most_a_third_and_skips_compressed_
     assert sum(c.stored for _, c in storage.chunks("zstd")) == len(packed)
     assert storage.read(handle, 0, len(data)) == data
     storage.close()
+
+
+def test_the_cost_report_prices_the_stored_bytes_and_shows_the_logical_ones(tmp_path) -> None:
+    """With zstd and AES-GCM on, the chunks store fewer bytes than their segments hold:
+    ``slts cost`` prices what is stored (what the storage bills) and shows both."""
+    from slts.cost import cost_report
+    from slts.prices import GiB, Prices
+
+    ring = key_ring(tmp_path)
+    storage = open_store(tmp_path, ring, encryption=True, compression_level=3, frame_bytes=4096)
+    written = fill(storage, names=NAMES[:1], writes=6)
+    stored = sum(chunk.stored for _, chunk in storage.chunks(NAMES[0]))
+    report = cost_report(storage, Prices(storage_gb_month=1.0))
+    assert report.stored.bytes == stored < report.stored.logical_bytes == len(written[NAMES[0]])
+    assert report.storage_per_month == pytest.approx(stored / GiB)
+    assert report.as_json()["stored"]["logical_bytes"] == len(written[NAMES[0]])
+    assert "of segment data" in report.as_text()
+    storage.close()

@@ -177,6 +177,7 @@ def test_cost_report_prices_requests_transfers_and_storage(env: Env) -> None:
     prices = Prices(storage_gb_month=2.0, put_per_1000=1.0, get_per_1000=0.5, upload_gb=3.0)
     report = cost_report(storage, prices)
     assert report.stored.segments == 1 and report.stored.chunks == 1 and report.stored.bytes == 5000
+    assert report.stored.logical_bytes == 5000  # no transforms: what is stored is what was written
     assert report.storage_per_month == pytest.approx(5000 / GiB * 2.0)
     total = report.total
     expected = (
