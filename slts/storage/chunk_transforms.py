@@ -66,7 +66,7 @@ class ChunkTransforms:
         #: Seals the records of the metadata's copy on tier-2 and of the system journal
         #: with encryption on, and opens sealed ones with a key ring (None: no key ring).
         self.record_seal = RecordSeal(key_ring, sealing=self.config.encrypt) if key_ring is not None else None
-        self._keys: dict[WrappedKey, DataKey] = {}
+        self._keys: dict[tuple[object, object], DataKey] = {}  # (key id, wrapped blob) -> key
         self._lock = threading.Lock()
 
     @property
@@ -156,17 +156,18 @@ class ChunkTransforms:
         return self._unwrap(chunk.data_keys[index])
 
     def _unwrap(self, stored: Sequence[object]) -> DataKey:
-        key_id, blob = stored[0], stored[1]
-        wrapped = WrappedKey(key_id, blob)  # type: ignore[arg-type]
-        with self._lock:
-            key = self._keys.get(wrapped)
+        """The data key a record stores wrapped as ``[key_id, blob]``: unwrapped by the
+        ring once, then found by the pair (a read unwraps the keys of its frames)."""
+        pair = (stored[0], stored[1])
+        key = self._keys.get(pair)  # a dict lookup is atomic; additions take the lock
         if key is None:
+            key_id = pair[0]
             if self.key_ring is None:
                 raise KeyUnavailable(
                     f"the data is encrypted under key {key_id!r}: open the store with its key ring",
                     key_id=key_id,
                 )
-            key = self.key_ring.unwrap(wrapped)
+            key = self.key_ring.unwrap(WrappedKey(key_id, pair[1]))  # type: ignore[arg-type]
             with self._lock:
-                self._keys[wrapped] = key
+                self._keys[pair] = key
         return key

@@ -33,6 +33,7 @@ from __future__ import annotations
 import bisect
 import functools
 import struct
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -265,6 +266,7 @@ class Codec:
         self._aead: Any = None
         self._invalid_tag: type[Exception] = _NeverRaised
         self._ciphers: dict[bytes, Any] = {}  # key material -> its cipher (``_aes``)
+        self._scratches = threading.local()  # per thread: ``_scratch``
         if config.encrypt:
             self._load_cipher()
 
@@ -365,32 +367,38 @@ class Codec:
         ``ChunkCorrupted`` for a frame that fails its tag or CRC32C, does not decompress,
         or decodes to another length."""
         view = memoryview(stored).cast("B")
-        if len(view) != sum(frame.stored for frame in frames):
+        stop = None if length is None else cut + length
+        wanted = []  # (frame, stored body, where, start and end in the result) of each frame it needs
+        at = position = 0  # in the stored bytes, in the decoded frames
+        for frame in frames:
+            if position + frame.logical > cut and (stop is None or position < stop):
+                body = view[at : at + frame.stored]  # (else outside: fetched only as a neighbour's)
+                start = position - cut
+                wanted.append((frame, body, stored_offset + at, start, start + frame.logical))
+            at += frame.stored
+            position += frame.logical
+        if at != len(view):
             raise ChunkCorrupted(
-                f"chunk {chunk!r}: {len(view)} stored bytes at {stored_offset} for frames of"
-                f" {sum(frame.stored for frame in frames)}",
+                f"chunk {chunk!r}: {len(view)} stored bytes at {stored_offset} for frames of {at}",
                 chunk=chunk,
                 offset=stored_offset,
             )
-        logical = sum(frame.logical for frame in frames)
-        length = logical - cut if length is None else length
-        assert cut >= 0 and length >= 0 and cut + length <= logical, (cut, length, logical)
+        length = position - cut if length is None else length
+        assert cut >= 0 and length >= 0 and cut + length <= position, (cut, length, position)
         ciphers: dict[int, Any] = {}
-        wanted = []  # (stored body, where, start and end in the result) of each frame it needs
-        at = position = 0  # in the stored bytes, in the decoded frames
-        for frame in frames:
-            start, end = position - cut, position - cut + frame.logical
-            if end > 0 and start < length:  # else outside: fetched only as a neighbour's
-                wanted.append((frame, view[at : at + frame.stored], stored_offset + at, start, end))
-            at += frame.stored
-            position += frame.logical
+
+        if len(wanted) == 1 and (wanted[0][3] < 0 or wanted[0][4] > length):  # within one frame
+            frame, body, where, start, _ = wanted[0]
+            scratch = self._scratch(frame.logical)
+            self._decode_frame(body, frame, keys, ciphers, scratch, chunk, where)
+            return bytes(scratch[-start : length - start])
 
         def decode_into(out: memoryview, part: Sequence[tuple[Frame, memoryview, int, int, int]]) -> None:
             for frame, body, where, start, end in part:
                 if start >= 0 and end <= length:
                     self._decode_frame(body, frame, keys, ciphers, out[start:end], chunk, where)
                     continue
-                scratch = memoryview(bytearray(frame.logical))
+                scratch = self._scratch(frame.logical)
                 self._decode_frame(body, frame, keys, ciphers, scratch, chunk, where)
                 low, high = max(start, 0), min(end, length)
                 out[low:high] = scratch[low - start : high - start]
@@ -406,6 +414,15 @@ class Codec:
             run([functools.partial(decode_into, out, part) for part in parts_of])
 
         return filled_bytes(length, fill)
+
+    def _scratch(self, size: int) -> memoryview:
+        """This thread's scratch of ``size`` bytes (a frame a read cuts through is decoded
+        there whole, then the part wanted copied out): kept, so a random read does not
+        make and zero a frame's worth of memory each time."""
+        buffer: bytearray | None = getattr(self._scratches, "buffer", None)
+        if buffer is None or len(buffer) < size:
+            buffer = self._scratches.buffer = bytearray(max(size, self.config.frame_bytes))
+        return memoryview(buffer)[:size]
 
     def _decode_frame(
         self,
