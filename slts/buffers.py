@@ -19,26 +19,16 @@ turns the compiled one off).
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
-from types import ModuleType
+
+from slts.compiled import twin
 
 Fill = Callable[[memoryview], object]
 
 
-def _native() -> ModuleType | None:
-    if os.environ.get("SLTS_PURE_PYTHON") == "1":
-        return None
-    try:
-        from slts import _buffers  # optional: compiled at install
-    except ImportError:
-        return None
-    return _buffers
-
-
 #: The compiled twin, or None: the Python code does the work.
-NATIVE = _native()
+NATIVE = twin("slts._buffers")  # optional: compiled at install
 
 
 def filled_bytes_python(size: int, fill: Fill) -> bytes:

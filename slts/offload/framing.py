@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-import os
 import struct
 import sys
 from array import array
@@ -42,6 +41,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, NamedTuple
 
+from slts.compiled import twin
 from slts.errors import InvalidOffloadObject
 from slts.offload import formats
 
@@ -62,18 +62,14 @@ WALK_DONE, WALK_MORE, WALK_DAMAGED = 0, 1, 2
 
 
 def _native() -> ModuleType | None:
-    if os.environ.get("SLTS_PURE_PYTHON") == "1":
-        return None
-    try:
-        from slts.offload import _framing  # optional: compiled at install
-    except ImportError:
-        return None
-    assert (_framing.WALK_DONE, _framing.WALK_MORE, _framing.WALK_DAMAGED) == (
-        WALK_DONE,
-        WALK_MORE,
-        WALK_DAMAGED,
-    )
-    return _framing
+    compiled = twin("slts.offload._framing")  # optional: compiled at install
+    if compiled is not None:
+        assert (compiled.WALK_DONE, compiled.WALK_MORE, compiled.WALK_DAMAGED) == (
+            WALK_DONE,
+            WALK_MORE,
+            WALK_DAMAGED,
+        )
+    return compiled
 
 
 #: The compiled walk and copy (module doc), or None: the Python code does the work.

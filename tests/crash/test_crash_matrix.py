@@ -118,13 +118,18 @@ def run_child(folder: Path, operation: str, kill_at: int | None) -> subprocess.C
     )
 
 
-def contents(folder: Path) -> Observed:
-    with slts.open(
+def reader(folder: Path) -> slts.ChunkedSegmentStorage:
+    """The store in ``folder``, read-only (with its key ring where transforms are on)."""
+    return slts.open(
         f"file://{folder}/chunks",
         metadata=f"{folder}/metadata",
         read_only=True,
         key_ring=matrix_child.key_ring(str(folder)),
-    ) as storage:
+    )
+
+
+def contents(folder: Path) -> Observed:
+    with reader(folder) as storage:
         return observed(storage)
 
 
@@ -215,12 +220,7 @@ def test_every_kill_point_of_the_operation_leaves_a_consistent_store(
     assert total >= 2, f"{operation} changed nothing: the matrix would test nothing"
     after = contents(reference)
     if matrix_child.transformed():  # the matrix runs what it says: frames under data keys
-        with slts.open(
-            f"file://{reference}/chunks",
-            metadata=f"{reference}/metadata",
-            read_only=True,
-            key_ring=matrix_child.key_ring(str(reference)),
-        ) as storage:
+        with reader(reference) as storage:
             chunks = [chunk for name in storage.list() for _, chunk in storage.chunks(name)]
         assert chunks and all(chunk.transformed and chunk.data_keys for chunk in chunks)
     if operation in ("write", "concat", "truncate", "truncate_all", "delete_and_gc"):
