@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import pytest
+from slts.tools.simulation.checks import NonceLedger
 
 from . import writer
 
@@ -45,9 +46,12 @@ def run_until_killed(folder: str, rng: random.Random, acked: dict[str, int]) -> 
     assert child.returncode == -signal.SIGKILL
 
 
-def check(folder: str, acked: dict[str, int]) -> None:
+def check(folder: str, acked: dict[str, int], nonces: NonceLedger) -> None:
+    """Every acknowledged write reads back; and no frame stored since the run began shares
+    its data key and ordinal with another (``nonces``: kept across the kills and takeovers)."""
     storage = writer.open_storage(folder)
     try:
+        nonces.check(storage.context.store, storage.chunk_storage)
         for i in range(SEGMENTS):
             name = f"crash/{i}"
             if not storage.exists(name):
@@ -76,9 +80,10 @@ def test_acknowledged_writes_survive_sigkill(tmp_path, monkeypatch, seed: int, e
         monkeypatch.setenv(writer.KEY_RING_VARIABLE, ring.folder)  # the child inherits it
     rng = random.Random(seed)
     acked: dict[str, int] = {}
+    nonces = NonceLedger()
     for _ in range(ROUNDS):
         run_until_killed(folder, rng, acked)
-        check(folder, acked)
+        check(folder, acked, nonces)
     assert sum(acked.values()) > 0
 
     from slts.admin.verify import verify_container

@@ -11,6 +11,10 @@ After every step (faults off):
 * ``leak``: ``find_leaks`` finds nothing: no index entry, chunk record or GC entry that
   nothing can reach.
 
+* ``nonce_reuse`` (``NonceLedger``, a store with encryption on): no two different frames
+  were ever stored under one data key and ordinal (GCM's nonce) in the run, counting
+  frames whose chunks are gone since (docs/security.md, "Nonces never repeat under a key").
+
 After a full GC past its delay (and the batch lease): ``exact``: the chunk storage holds
 exactly the chunks the live segments reference, the GC queue and the tombstones are
 empty and every chunk record belongs to a live segment.
@@ -18,14 +22,17 @@ empty and every chunk record belongs to a live segment.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from slts.journal.system_names import system_prefix
 
 from slts.admin import verify as verify_module
-from slts.metadata.records import GcEntry
+from slts.errors import ChunkNotFound
+from slts.metadata.records import ChunkRecord, GcEntry
 from slts.metadata.schema import CHUNKS, DELETED, GC
 from slts.storage.chunked import ChunkedSegmentStorage
+from slts.transforms.frames import FrameMap
 
 from .model import State
 
@@ -103,6 +110,48 @@ def check_leaks(storage: ChunkedSegmentStorage) -> None:
     leaks = find_leaks(storage)
     if leaks:
         raise Violation("index_leak", "; ".join(leaks[:3]))
+
+
+class NonceLedger:
+    """Every (wrapped data key, ordinal) a frame of the run was stored under, with a digest
+    of the frame's stored bytes: a second, different frame under a pair is nonce reuse.
+    A chunk's frames are read once each (its record grows by appends: only new frames are
+    read), so the ledger keeps what deleted chunks held."""
+
+    def __init__(self) -> None:
+        self._frames: dict[tuple[bytes, int], bytes] = {}
+        self._read: dict[str, int] = {}  # chunk -> frames of it in the ledger
+
+    def check(self, store: Any, binding: Any) -> None:
+        """Add the frames of ``store``'s chunk records (their bytes read from ``binding``)."""
+        for versioned in store.dump()[CHUNKS].values():
+            chunk = ChunkRecord.decode(versioned.value)
+            if not chunk.data_keys or not chunk.frames:
+                continue
+            frames = FrameMap.unpack(chunk.frames)
+            first = self._read.get(chunk.name, 0)
+            if first >= len(frames):
+                continue
+            try:
+                handle = binding.open_read(chunk.name)
+                base = frames.stored_start(first)
+                stored = binding.read(handle, base, chunk.stored - base)
+            except ChunkNotFound:
+                continue  # verify reports a missing chunk
+            for index in range(first, len(frames)):
+                frame = frames[index]
+                if not frame.encrypted:
+                    continue
+                at = frames.stored_start(index) - base
+                pair = (bytes(chunk.data_keys[frame.key_index][1]), frame.ordinal)
+                digest = hashlib.sha256(stored[at : at + frame.stored]).digest()
+                if self._frames.setdefault(pair, digest) != digest:
+                    raise Violation(
+                        "nonce_reuse",
+                        f"chunk {chunk.name!r} frame {index}: ordinal {frame.ordinal} under data key"
+                        f" {frame.key_index} holds other bytes than a frame stored under them before",
+                    )
+            self._read[chunk.name] = len(frames)
 
 
 def segment_chunks(storage: ChunkedSegmentStorage, binding: Any) -> set[str]:

@@ -60,6 +60,7 @@ def _check(world: World) -> None:
     checks.check_content(world.observe(), world.model.state())
     checks.check_verify(world.s, len(world.model.segments))
     checks.check_leaks(world.s)
+    world.nonces.check(world.store, world.binding)
     world.remote.check()
     world.offload.check()
 

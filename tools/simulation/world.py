@@ -130,6 +130,8 @@ class World:
         self.remote = RemoteRoom(self, profile)
         #: The offload room (``offload_room``): Pulsar's ledger and streaming offload.
         self.offload = OffloadRoom(self, profile)
+        #: Every (data key, ordinal) a frame was stored under in the run (``checks``).
+        self.nonces = checks.NonceLedger()
 
     def _transforms(self, seed: int) -> dict[str, Any]:
         """Client-side transforms for a third of the seeds (docs/security.md): compression,
