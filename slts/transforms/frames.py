@@ -265,6 +265,7 @@ class Codec:
         # encrypted where new writes are not (and the other way round).
         self._aead: Any = None
         self._invalid_tag: type[Exception] = _NeverRaised
+        self._decrypts_into = False
         self._ciphers: dict[bytes, Any] = {}  # key material -> its cipher (``_aes``)
         self._scratches = threading.local()  # per thread: ``_scratch``
         if config.encrypt:
@@ -273,6 +274,7 @@ class Codec:
     def _load_cipher(self) -> None:
         self._aead = require("cryptography.hazmat.primitives.ciphers.aead")
         self._invalid_tag = require("cryptography.exceptions").InvalidTag
+        self._decrypts_into = hasattr(self._aead.AESGCM, "decrypt_into")  # cryptography >= 44
 
     def encode(
         self, data: bytes | memoryview, key: DataKey | None, key_index: int, first_ordinal: int
@@ -434,16 +436,26 @@ class Codec:
         chunk: str,
         where: int,
     ) -> None:
-        """Check and decode one frame's stored ``body`` into ``target`` (its logical size)."""
-        assert len(target) == frame.logical
-        if frame.encrypted:
-            cipher = ciphers.get(frame.key_index)
-            if cipher is None:
-                cipher = ciphers[frame.key_index] = self._cipher(keys, frame, chunk, where)
-            opened = self._decrypted(cipher, body, frame, target, chunk, where)
-            if opened is None:
-                return  # decrypted into place
-            body = opened
+        """Check and decode one frame's stored ``body`` into ``target`` (its logical size).
+        Runs per frame of every decoded read: an encrypted, uncompressed frame is decrypted
+        into place with no call but the cipher's."""
+        index = frame.key_index
+        if index != NO_KEY:
+            cipher = ciphers.get(index) or ciphers.setdefault(index, self._cipher(keys, frame, chunk, where))
+            nonce = _NONCE_PREFIX + frame.ordinal.to_bytes(8, "big")
+            aad = _AAD.pack(frame.ordinal, frame.logical, frame.compressed)
+            try:
+                if self._decrypts_into and not frame.compressed and len(body) == len(target) + TAG_BYTES:
+                    cipher.decrypt_into(nonce, body, aad, target)
+                    return
+                body = memoryview(cipher.decrypt(nonce, bytes(body), aad))  # (a cut frame fails here)
+            except self._invalid_tag:
+                raise ChunkCorrupted(
+                    f"chunk {chunk!r}: the frame at {where} fails its authentication tag"
+                    " (changed, cut, moved or not this chunk's)",
+                    chunk=chunk,
+                    offset=where,
+                ) from None
         elif crc32c.crc32c(body) != frame.check:
             raise ChunkCorrupted(
                 f"chunk {chunk!r}: the frame at {where} fails its CRC32C", chunk=chunk, offset=where
@@ -480,27 +492,6 @@ class Codec:
                 self._ciphers.clear()
             cipher = self._ciphers[key.material] = self._aead.AESGCM(key.material)
         return cipher
-
-    def _decrypted(
-        self, cipher: Any, body: memoryview, frame: Frame, target: memoryview, chunk: str, where: int
-    ) -> memoryview | None:
-        """``body`` decrypted: into ``target`` (None returned) where the frame is not
-        compressed and the library can, else as a view to decompress."""
-        nonce, aad = _nonce(frame.ordinal), _AAD.pack(frame.ordinal, frame.logical, frame.compressed)
-        try:
-            if not frame.compressed and hasattr(cipher, "decrypt_into"):
-                if len(body) != frame.logical + TAG_BYTES:
-                    raise self._invalid_tag
-                cipher.decrypt_into(nonce, body, aad, target)
-                return None
-            return memoryview(cipher.decrypt(nonce, bytes(body), aad))
-        except self._invalid_tag:
-            raise ChunkCorrupted(
-                f"chunk {chunk!r}: the frame at {where} fails its authentication tag"
-                " (changed, cut, moved or not this chunk's)",
-                chunk=chunk,
-                offset=where,
-            ) from None
 
 
 def _nonce(ordinal: int) -> bytes:
