@@ -357,8 +357,9 @@ class Codec:
     ) -> bytes:
         """The decoded bytes of ``frames``, consecutive in the stored bytes ``stored``
         (which start at ``stored_offset`` in chunk ``chunk``: for messages), from ``cut``
-        on, ``length`` of them (default: to the end). Every frame is checked whole, also
-        one the range covers in part. ``keys[i]`` is the chunk's data key ``i`` (None
+        on, ``length`` of them (default: to the end). Every frame the range overlaps is
+        checked whole, also one it covers in part (frames passed beside them, outside the
+        range, are not decoded). ``keys[i]`` is the chunk's data key ``i`` (None
         where it was not unwrapped: its frames cannot be decoded here). The result is
         decoded in place (``slts.buffers.filled_bytes``): frames inside the range straight
         into it, the (at most two) it cuts through into a frame's worth of scratch first.
