@@ -172,6 +172,11 @@ class FileSystemChunkStorage(ChunkStorage):
         if not root:
             raise InvalidConfig("filesystem binding needs a root folder")
         self.root = os.path.abspath(root)
+        if not self.root.strip(os.sep):  # "/", and "//", which paths keep apart
+            raise InvalidConfig(
+                "the filesystem binding's root must be a folder of its own, not the file system's"
+                " root / (file:/// names it): give a folder, e.g. file:///var/lib/slts/chunks"
+            )
         self.url = url or f"file://{self.root}"
         self._tmp = os.path.join(self.root, TMP_FOLDER)
         # Writers of one chunk in this process take the same stripe (flock alone is per

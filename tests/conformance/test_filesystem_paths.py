@@ -25,7 +25,7 @@ from slts.bindings import ConcatSource, from_url
 from slts.bindings.base import CHUNK_NAME_BYTES_MAX
 from slts.bindings.filesystem import TMP_AGE_S_MAX, FileSystemChunkStorage, chunk_relpath
 
-from slts.errors import ChunkStorageError, StorageUnavailable
+from slts.errors import ChunkStorageError, InvalidConfig, StorageUnavailable
 from tests.support.conformance import remove_tree
 
 from .test_names import HOSTILE_NAMES, LONGEST_NAMES
@@ -168,6 +168,17 @@ def test_file_url_reopens_the_same_root(fs):
     assert reopened.root == fs.root
     assert list(reopened.list()) == ["a/b"]
     assert reopened.read(reopened.open_read("a/b"), 0, 100) == b"payload"
+
+
+@pytest.mark.parametrize("url", ["file:///", "file:////", "file:///tmp/.."])
+def test_the_root_of_the_file_system_is_refused_before_anything_is_written(url, monkeypatch):
+    """``file:///`` would make every chunk, and the binding's temporary folder, a file
+    under ``/``: refused with ``InvalidConfig`` naming the fix, nothing created."""
+    made = []
+    monkeypatch.setattr(os, "makedirs", lambda *args, **kwargs: made.append(args))
+    with pytest.raises(InvalidConfig, match="root must be a folder of its own"):
+        from_url(url)
+    assert made == []
 
 
 def test_files_that_are_not_chunks_are_ignored(fs):
