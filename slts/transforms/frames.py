@@ -443,7 +443,7 @@ class Codec:
         index = frame.key_index
         if index != NO_KEY:
             cipher = ciphers.get(index) or ciphers.setdefault(index, self._cipher(keys, frame, chunk, where))
-            nonce = _NONCE_PREFIX + frame.ordinal.to_bytes(8, "big")
+            nonce = _nonce(frame.ordinal)
             aad = _AAD.pack(frame.ordinal, frame.logical, frame.compressed)
             try:
                 if self._decrypts_into and not frame.compressed and len(body) == len(target) + TAG_BYTES:
