@@ -106,23 +106,57 @@ def open_storage(args: argparse.Namespace, *, read_only: bool = False) -> Iterat
     config = resolve_config(args)  # a bad setting is refused before anything is opened
     ring = key_ring(args)
     check_key_ring(StorageConfig.from_mapping(config.fields()), ring)
+    created = [] if read_only else missing_folders(metadata)
     if read_only:
         require_chunk_storage(url)  # slts.open(read_only=True) checks the metadata folder
     elif file_url_path(url) is not None:
         os.makedirs(metadata, exist_ok=True)
-    storage = slts.open(
-        url,
-        metadata=metadata,
-        container_id=args.container,
-        read_only=read_only,
-        limiter=config.limiter(),
-        key_ring=ring,
-        **config.fields(),
-    )
+    try:
+        storage = slts.open(
+            url,
+            metadata=metadata,
+            container_id=args.container,
+            read_only=read_only,
+            limiter=config.limiter(),
+            key_ring=ring,
+            **config.fields(),
+        )
+    except BaseException:
+        remove_new_metadata(created)  # a refused store leaves no metadata folder behind
+        raise
     try:
         yield storage
     finally:
         storage.close()
+
+
+def missing_folders(path: str) -> list[str]:
+    """The folders up to ``path`` that do not exist yet, outermost first."""
+    missing = []
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing[::-1]
+
+
+def remove_new_metadata(created: list[str]) -> None:
+    """Undo the metadata folders an open that failed made (``created``, outermost first):
+    each is removed, with the files a new metadata folder gets, if it holds nothing else
+    (best effort: what cannot be removed stays, and the open's error is what is raised)."""
+    from slts.metadata.lmdb_file import DATA_FILE, MARKER_FILE
+
+    new_files = {DATA_FILE, "lock.mdb", MARKER_FILE}  # the LMDB files, the file check's marker
+    for folder in reversed(created):
+        with contextlib.suppress(OSError):
+            names = set(os.listdir(folder))
+            if names <= new_files:
+                for name in names:
+                    os.unlink(os.path.join(folder, name))
+                os.rmdir(folder)
 
 
 def key_ring(args: argparse.Namespace) -> Any:

@@ -97,3 +97,24 @@ def test_verify_reports_damaged_metadata_instead_of_crashing(store: list[str]) -
     assert result.returncode == command_line.EXIT_CORRUPT, result.stderr
     no_traceback(result)
     assert "slts restore" in result.stderr
+
+
+def test_a_refused_store_leaves_no_metadata_folder_behind(tmp_path: Path) -> None:
+    """A chunk storage refused at open (the file system's root) after the metadata folder
+    was named: the folders the call would have made, and the LMDB files in them, are gone;
+    a metadata folder that was there before stays, with what it held."""
+    source = tmp_path / "input"
+    source.write_bytes(b"abc")
+    new = tmp_path / "a" / "b" / "metadata"
+    result = slts("put", "n", str(source), "--store", "file:///", "--metadata", str(new))
+    assert result.returncode != 0
+    no_traceback(result)
+    assert "root" in result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["input"], "the refused open made folders"
+
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "note").write_text("the operator's")
+    result = slts("put", "n", str(source), "--store", "file:///", "--metadata", str(kept))
+    assert result.returncode != 0
+    assert sorted(os.listdir(kept)) == ["note"]
