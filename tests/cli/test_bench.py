@@ -9,7 +9,7 @@ from slts.tools import cli, command_line
 
 def test_bench_quick_json_shape(tmp_path, capsys) -> None:
     out_file = tmp_path / "bench.json"
-    only = ["write_4k", "concat_10", "defrag"]
+    only = ["write_4k", "concat_10", "defrag", "gc"]
     code = cli.main(
         ["bench", "--quick", "--only", *only, "--dir", str(tmp_path), "--json-file", str(out_file), "--json"]
     )
@@ -24,7 +24,7 @@ def test_bench_quick_json_shape(tmp_path, capsys) -> None:
         assert (
             figure["ratio"] > 0
             and figure["repetitions"] == 3
-            and figure["unit"] in ("writes/s", "ops/s", "MB/s")
+            and figure["unit"] in ("writes/s", "ops/s", "MB/s", "chunks/s")
         )
     assert [p.name for p in tmp_path.iterdir()] == ["bench.json"], "scratch folders are removed"
 

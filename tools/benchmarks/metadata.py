@@ -7,8 +7,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import lmdb
+from slts.bindings.filesystem import FileSystemChunkStorage
 from slts.tools.benchmarks.base import Benchmark, Folder, Workload
 
 from slts.metadata.lmdb_store import LmdbMetadataStore
@@ -118,8 +120,9 @@ def truncate(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload
 def garbage_collection(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
     """Subject: GC to the end of N chunks on the filesystem, both kinds of garbage: half
     dropped by a truncate (queue entries: claimed, deleted and removed in batches) and
-    half with the deleted segment (its tombstone's batches); baseline: unlink of N files
-    of the same size."""
+    half with the deleted segment (its tombstone's batches); baseline: the same N files
+    made as chunks are (the binding's durable ``create``: synced, linked, folder synced),
+    unlinked by as many threads as GC deletes with (``gc_delete_threads``)."""
     chunks = 500 if quick else 5000
     folder = Folder(parent)
     storage = open_storage(
@@ -143,18 +146,24 @@ def garbage_collection(parent: str, quick: bool) -> Iterator[tuple[str, Workload
 
     def baseline() -> float:
         raw = folder.sub(f"raw{runs}")
-        paths = [os.path.join(raw, str(i)) for i in range(chunks)]
-        for path in paths:
-            with open(path, "wb") as handle:
-                handle.write(bytes(64))
+        binding = FileSystemChunkStorage(raw)
+        try:
+            for i in range(chunks):
+                binding.create(f"g/{i}", bytes(64))
+        finally:
+            binding.close()
+        paths = [entry.path for entry in os.scandir(os.path.join(raw, "g%")) if entry.is_file()]
+        assert len(paths) == chunks, (len(paths), chunks)
         started = time.perf_counter()
-        for path in paths:
-            os.unlink(path)
+        with ThreadPoolExecutor(storage.config.gc_delete_threads) as pool:
+            for _ in pool.map(os.unlink, paths):
+                pass
         return time.perf_counter() - started
 
     try:
         yield (
-            f"GC of {chunks} chunks (half truncated away, half deleted) vs. unlink of {chunks} files",
+            f"GC of {chunks} chunks (half truncated away, half deleted) vs. unlink of {chunks} synced files"
+            f" on {storage.config.gc_delete_threads} threads",
             subject,
             baseline,
             float(chunks),
@@ -282,7 +291,9 @@ BENCHMARKS = {
         "create_delete", "create + delete of many segments vs. raw LMDB txns", create_delete
     ),
     "truncate": Benchmark("truncate", "truncate dropping many chunks vs. raw LMDB deletes", truncate),
-    "gc": Benchmark("gc", "GC rate vs. raw unlinks", garbage_collection),
+    "gc": Benchmark(
+        "gc", "GC rate vs. raw unlinks of the same synced files, as many threads", garbage_collection
+    ),
     "metadata_check": Benchmark(
         "metadata_check",
         "walk of the metadata file at open (1,000,000 records; 100,000 with --quick) vs. reading its records",
