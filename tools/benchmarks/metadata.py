@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import lmdb
-from slts.bindings.filesystem import FileSystemChunkStorage
+from slts.bindings.filesystem import FileSystemChunkStorage, chunk_relpath
 from slts.tools.benchmarks.base import Benchmark, Folder, Workload
 
 from slts.metadata.lmdb_store import LmdbMetadataStore
@@ -146,14 +146,14 @@ def garbage_collection(parent: str, quick: bool) -> Iterator[tuple[str, Workload
 
     def baseline() -> float:
         raw = folder.sub(f"raw{runs}")
+        names = [f"g/{i}" for i in range(chunks)]
         binding = FileSystemChunkStorage(raw)
         try:
-            for i in range(chunks):
-                binding.create(f"g/{i}", bytes(64))
+            for name in names:
+                binding.create(name, bytes(64))
         finally:
             binding.close()
-        paths = [entry.path for entry in os.scandir(os.path.join(raw, "g%")) if entry.is_file()]
-        assert len(paths) == chunks, (len(paths), chunks)
+        paths = [os.path.join(raw, chunk_relpath(name)) for name in names]
         started = time.perf_counter()
         with ThreadPoolExecutor(storage.config.gc_delete_threads) as pool:
             for _ in pool.map(os.unlink, paths):

@@ -31,6 +31,7 @@ from slts.admin import verify as verify_module
 from slts.errors import ChunkNotFound
 from slts.metadata.records import ChunkRecord, GcEntry
 from slts.metadata.schema import CHUNKS, DELETED, GC
+from slts.metadata.store import scan_all
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.transforms.frames import FrameMap
 
@@ -124,8 +125,10 @@ class NonceLedger:
 
     def check(self, store: Any, binding: Any) -> None:
         """Add the frames of ``store``'s chunk records (their bytes read from ``binding``)."""
-        for versioned in store.dump()[CHUNKS].values():
-            chunk = ChunkRecord.decode(versioned.value)
+        with store.snapshot() as view:
+            records = [stored.value for _, stored in scan_all(view, CHUNKS)]
+        for value in records:
+            chunk = ChunkRecord.decode(value)
             if not chunk.data_keys or not chunk.frames:
                 continue
             frames = FrameMap.unpack(chunk.frames)
