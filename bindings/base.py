@@ -393,7 +393,14 @@ def names_can_start_with(prefix: str) -> bool:
 def check_range(name: str, offset: int, length: int) -> None:
     """Reject negative or non-integer (``bool`` included) offsets and lengths with
     ``ChunkInvalidOffset``."""
-    if any(isinstance(value, bool) or not isinstance(value, int) or value < 0 for value in (offset, length)):
+    if not (type(offset) is int and type(length) is int and offset >= 0 and length >= 0) and not (
+        isinstance(offset, int)
+        and isinstance(length, int)  # int subclasses (not bool) are fine
+        and not isinstance(offset, bool)
+        and not isinstance(length, bool)
+        and offset >= 0
+        and length >= 0
+    ):
         raise ChunkInvalidOffset(
             f"chunk {name!r}: offset and length must be integers >= 0, got {offset!r}, {length!r}",
             chunk=name,

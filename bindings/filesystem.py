@@ -60,6 +60,8 @@ CODEC = PathCodec(
 )
 _COPY_BYTES = 8 << 20
 _LOCK_STRIPES = 64
+#: Reads up to this long are issued before the file's size is known (see ``_do_read``).
+_DIRECT_READ_BYTES_MAX = 1 << 20
 _LINK_ATTEMPTS_MAX = 16
 
 _RETRYABLE_ERRNOS = {errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT, errno.ESTALE, errno.EBUSY}
@@ -73,15 +75,24 @@ def chunk_relpath(name: str) -> str:
     return CODEC.relpath(name)
 
 
-@contextlib.contextmanager
-def _translated(name: str, binding: str) -> Iterator[None]:
-    """The one place where OS errors become typed chunk storage errors."""
-    try:
-        yield
-    except SltsError:
-        raise  # already typed (ChunkNotFound and ChunkReadOnly are OSErrors too)
-    except OSError as exc:
-        code = exc.errno
+class _translated:
+    """The one place where OS errors become typed chunk storage errors: ``with
+    _translated(name, binding):`` (a class, not a generator: every call of the binding
+    passes here)."""
+
+    __slots__ = ("binding", "name")
+
+    def __init__(self, name: str, binding: str) -> None:
+        self.name = name
+        self.binding = binding
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, trace: object) -> None:
+        if not isinstance(exc, OSError) or isinstance(exc, SltsError):
+            return  # none, not an OS error, or typed already (ChunkNotFound is an OSError too)
+        name, binding, code = self.name, self.binding, exc.errno
         if code == errno.ENOENT:
             raise ChunkNotFound(f"chunk {name!r} not found", chunk=name, binding=binding) from exc
         if code == errno.EEXIST:
@@ -172,6 +183,7 @@ class FileSystemChunkStorage(ChunkStorage):
         if not root:
             raise InvalidConfig("filesystem binding needs a root folder")
         self.root = os.path.abspath(root)
+        self._root_prefix = os.path.join(self.root, "")  # + a chunk's relpath: its path
         if not self.root.strip(os.sep):  # "/", and "//", which paths keep apart
             raise InvalidConfig(
                 "the filesystem binding's root must be a folder of its own, not the file system's"
@@ -200,9 +212,9 @@ class FileSystemChunkStorage(ChunkStorage):
     # -- paths and locks ----------------------------------------------------------------------
 
     def _path(self, name: str) -> str:
-        path = os.path.join(self.root, chunk_relpath(name))
-        assert path.startswith(os.path.join(self.root, "")), (name, path)  # no part of a relpath is ".."
-        return path
+        relpath = chunk_relpath(name)
+        assert ".." not in relpath.split("/"), (name, relpath)  # so the path stays under the root
+        return self._root_prefix + relpath
 
     def _lock(self, name: str) -> threading.Lock:
         return self._locks[zlib.crc32(name.encode("utf-8", "surrogatepass")) % _LOCK_STRIPES]
@@ -328,6 +340,12 @@ class FileSystemChunkStorage(ChunkStorage):
         with _translated(handle.name, self.url):
             fd = os.open(self._path(handle.name), os.O_RDONLY)
             try:
+                # A small read first reads, then asks the size only if it came back short
+                # (a read clipped at the end; no stat in the common case). A large one
+                # asks first: pread allocates all the length it is given.
+                data = os.pread(fd, length, offset) if 0 < length <= _DIRECT_READ_BYTES_MAX else b""
+                if data and len(data) == length:
+                    return data
                 size = os.fstat(fd).st_size
                 if offset > size:
                     raise ChunkInvalidOffset(
@@ -335,16 +353,15 @@ class FileSystemChunkStorage(ChunkStorage):
                         chunk=handle.name,
                         offset=offset,
                     )
-                want = min(length, size - offset)
-                pieces = []
-                while want > 0:
-                    piece = os.pread(fd, want, offset)
+                pieces = [data]
+                position, end = offset + len(data), offset + min(length, size - offset)
+                while position < end:  # a short read below the end (a signal, a file growing)
+                    piece = os.pread(fd, end - position, position)
                     if not piece:
                         break
                     pieces.append(piece)
-                    offset += len(piece)
-                    want -= len(piece)
-                return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+                    position += len(piece)
+                return b"".join(pieces)
             finally:
                 os.close(fd)
 

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import crc32c
 
@@ -72,6 +73,7 @@ from slts.storage.context import EngineContext, SegmentIds
 from slts.storage.gate import GatedChunkStorage
 from slts.storage.leaks import LeakReport, find_leaks
 from slts.storage.read_ahead import Plan, ReadAhead, ReadAheadStatistics
+from slts.storage.resolved_layouts import Extent, ResolvedLayouts
 from slts.storage.segment_names import check_segment_name, chunk_name
 from slts.storage.types import DefragResult, SegmentHandle, SegmentInfo, StorageStatistics
 from slts.transforms.keys import KeyRing
@@ -87,8 +89,7 @@ class _NewChunk:
     data: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class _ReadPiece:
+class _ReadPiece(NamedTuple):  # a tuple: every read makes one or more (cheaper than a dataclass)
     chunk: str
     chunk_offset: int
     length: int
@@ -313,6 +314,8 @@ class ChunkedSegmentStorage:
         self._pools: dict[str, ThreadPoolExecutor] = {}
         self._pool_lock = threading.Lock()
         self._read_ahead = self._new_read_ahead()
+        #: Chunk extents reads resolved, per segment record version (``_read_once``).
+        self._layouts = ResolvedLayouts(self.config.metadata_cache_entries)
         self._leaks: LeakReport | None = None  # the last check_leaks() report
         #: Without append every write creates a chunk: its intent rides in the previous
         #: write's commit (``slts.storage.ahead_intents``), one commit per write.
@@ -873,10 +876,13 @@ class ChunkedSegmentStorage:
         commit can succeed then)."""
         intents, intent_version = plan.intents, plan.intent_version
         for attempt in range(self.config.commit_retries_max + 1):
-            ops, expect = self._write_commit(record, version, previous, plan)
+            ops, expect, updated = self._write_commit(record, version, previous, plan)
             try:
                 with self.context.locks.layout(record.name):
-                    return self._ownership.commit(ops, expect)
+                    sequence = self._ownership.commit(ops, expect)
+                    # An append: the extents reads resolved stay, but the last chunk's.
+                    self._layouts.advance(record.name, version, sequence, updated)
+                    return sequence
             except VersionConflict as exc:
                 if intents and (lost := self.gc.lost(intents, intent_version)):
                     written = len(plan.appended) + sum(len(c.data) for c in plan.new_chunks)
@@ -921,8 +927,9 @@ class ChunkedSegmentStorage:
         version: int,
         last: tuple[ChunkRecord, int] | None,
         plan: _WritePlan,
-    ) -> tuple[builtins.list[Put | Delete], builtins.list[Expect]]:
-        """The operations and expectations that make the write ``plan`` readable.
+    ) -> tuple[builtins.list[Put | Delete], builtins.list[Expect], SegmentRecord]:
+        """The operations and expectations that make the write ``plan`` readable, and
+        the segment's record they commit.
 
         ``record``/``version``: the segment as read; ``last``: its last chunk (record,
         version) as read, which receives ``plan.appended`` and points at the new chunks."""
@@ -983,10 +990,11 @@ class ChunkedSegmentStorage:
             if record.first_chunk is None:
                 changes["first_chunk"] = new_chunks[0].name
                 changes["first_chunk_start_offset"] = new_chunks[0].start
-        ops.append(Put(SEGMENTS, name_key(record.name), record.replace(**changes).encode()))
+        updated = record.replace(**changes)
+        ops.append(Put(SEGMENTS, name_key(record.name), updated.encode()))
         ops += plan.also
         expect += plan.expect
-        return ops, expect
+        return ops, expect, updated
 
     # -- read -------------------------------------------------------------------------------------------
 
@@ -1028,9 +1036,10 @@ class ChunkedSegmentStorage:
         """``read`` and ``read_view``: the checks, the read, one retry over a changed layout."""
         self._check_open()
         handle = self._check_handle(handle, writable=False)
-        for value, what in ((offset, "offset"), (length, "length")):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InvalidOffset(f"{what} must be an integer >= 0, got {value!r}", segment=handle.name)
+        if not (type(offset) is int and type(length) is int and offset >= 0 and length >= 0):
+            for value, what in ((offset, "offset"), (length, "length")):
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise InvalidOffset(f"{what} must be an integer >= 0, got {value!r}", segment=handle.name)
         if length > self.config.read_bytes_max:
             raise InvalidArgument(
                 f"read of {length} bytes exceeds read_bytes_max {self.config.read_bytes_max}",
@@ -1045,6 +1054,7 @@ class ChunkedSegmentStorage:
             # missing then is missing (ChunkNotFound).
             self._ownership.check()
             self._store.clear()
+            self._layouts.clear()
             data = self._read_once(handle.name, offset, length, mapped)
         if len(data) != length:  # not an assert: wrong bytes must not reach a caller under -O
             raise InvariantViolated(
@@ -1052,33 +1062,69 @@ class ChunkedSegmentStorage:
                 segment=handle.name,
                 offset=offset,
             )
-        self.context.counters.add(reads=1, bytes_read=length)
+        self.context.counters.add_read(length)
         return data
 
     def _read_once(self, name: str, offset: int, length: int, mapped: bool) -> bytes | memoryview:
         """Check the range against the segment's record, resolve the pieces (and those
         to read ahead, ``slts.storage.read_ahead``) under the segment's lock, fetch them
-        without it (``mapped``: as views of the binding, ``read_view``)."""
+        without it (``mapped``: as views of the binding, ``read_view``).
+
+        A range whose chunks a read resolved before, at the version of the segment's
+        record the store has now, is resolved from those extents
+        (``slts.storage.resolved_layouts``): one record read, no index seek. Without
+        read-ahead to plan, such a read takes no lock: the extents are the layout at the
+        version it read, so it returns that committed state, as a read that ran just
+        before any later change would; the chunks of that layout are only deleted once
+        a later change dropped them and GC's delay passed (a read that finds one gone
+        reads again, ``_read``)."""
+        if self._read_ahead is None:  # nothing to plan: known extents need no lock (see below)
+            known = self._layouts.find(name, self.context.version(name), offset, length)
+            if known is not None:
+                self._check_range(known[0], offset, length)
+                return self._fetch(self._pieces(known[1], offset, length), length, mapped)
         ahead: Plan | None = None
         ahead_pieces: builtins.list[_ReadPiece] = []
         with self.context.locks.layout(name):
-            try:  # from the instance's cache, if no change of the segment commits meanwhile
-                record, version = self.context.load(name)
-                pieces = self._locate_checked(record, offset, length, self._store)
-                moved = self.context.version(name) != version
-            except MetadataCorrupted:  # a chunk record gone: a change committed meanwhile
-                moved = True
-            if not moved:
+            version = self.context.version(name)
+            known = self._layouts.find(name, version, offset, length)
+            if known is not None:
+                record, extents = known
+                self._check_range(record, offset, length)
+                pieces = self._pieces(extents, offset, length)
                 ahead, ahead_pieces = self._plan_ahead(record, offset, length, self._store)
-            else:  # a change by another instance or process: read one committed state
-                with self._store.snapshot() as view:
-                    record = self.context.load(name, view)[0]
-                    pieces = self._locate_checked(record, offset, length, view)
-                    ahead, ahead_pieces = self._plan_ahead(record, offset, length, view)
+            else:
+                pieces, ahead, ahead_pieces = self._resolve(name, offset, length)
         if ahead is not None:
             assert self._read_ahead is not None
             self._read_ahead.prefetch(ahead, ahead_pieces, self._fetch_range)
         return self._fetch(pieces, length, mapped)
+
+    def _resolve(
+        self, name: str, offset: int, length: int
+    ) -> tuple[builtins.list[_ReadPiece], Plan | None, builtins.list[_ReadPiece]]:
+        """``_read_once``'s pieces and read-ahead, resolved through the offset index and
+        the chunk records (caller holds the segment's layout lock). What it resolved is
+        kept for later reads if no change of the segment committed meanwhile."""
+        ahead: Plan | None = None
+        ahead_pieces: builtins.list[_ReadPiece] = []
+        try:  # from the instance's cache, if no change of the segment commits meanwhile
+            record, version = self.context.load(name)
+            self._check_range(record, offset, length)
+            extents = self._walk(record, offset, length, self._store)
+            moved = self.context.version(name) != version
+        except MetadataCorrupted:  # a chunk record gone: a change committed meanwhile
+            moved = True
+        if not moved:
+            self._layouts.learn(name, version, record, extents)
+            ahead, ahead_pieces = self._plan_ahead(record, offset, length, self._store)
+        else:  # a change by another instance or process: read one committed state
+            with self._store.snapshot() as view:
+                record = self.context.load(name, view)[0]
+                self._check_range(record, offset, length)
+                extents = self._walk(record, offset, length, view)
+                ahead, ahead_pieces = self._plan_ahead(record, offset, length, view)
+        return self._pieces(extents, offset, length), ahead, ahead_pieces
 
     def _plan_ahead(
         self, record: SegmentRecord, offset: int, length: int, source: RecordSource
@@ -1096,11 +1142,10 @@ class ChunkedSegmentStorage:
         except MetadataCorrupted:
             return None, []
 
-    def _locate_checked(
-        self, record: SegmentRecord, offset: int, length: int, source: RecordSource
-    ) -> builtins.list[_ReadPiece]:
-        """``_locate``, after checking the range against ``record``: ``SegmentTruncated``
-        below its start, ``InvalidOffset`` past its end."""
+    @staticmethod
+    def _check_range(record: SegmentRecord, offset: int, length: int) -> None:
+        """``SegmentTruncated`` if ``offset`` is below ``record``'s start, ``InvalidOffset``
+        if the range passes its end."""
         name = record.name
         if offset < record.start_offset:
             raise SegmentTruncated(
@@ -1114,42 +1159,67 @@ class ChunkedSegmentStorage:
                 segment=name,
                 offset=offset,
             )
-        return self._locate(record, offset, length, source) if length else []
 
     def _locate(
         self, record: SegmentRecord, offset: int, length: int, source: RecordSource
     ) -> builtins.list[_ReadPiece]:
-        """The chunk pieces holding ``[offset, offset+length)``, read from ``source`` (the
-        instance's store, or one snapshot's view): one O(log n) index lookup, then a walk
-        along ``next_chunk`` over the chunks the range covers only."""
+        """The chunk pieces holding ``[offset, offset+length)``, read from ``source``."""
+        return self._pieces(self._walk(record, offset, length, source), offset, length)
+
+    def _walk(
+        self, record: SegmentRecord, offset: int, length: int, source: RecordSource
+    ) -> builtins.list[Extent]:
+        """The chunks that hold ``[offset, offset+length)`` with their start offsets, read
+        from ``source`` (the instance's store, or one snapshot's view): one O(log n)
+        index lookup, then a walk along ``next_chunk`` over the chunks the range covers
+        only (none for an empty range)."""
+        if not length:
+            return []
         name: str | None
         name, chunk_start = index.resolve(source, record.segment_id, offset)
+        extents: builtins.list[Extent] = []
+        end = offset + length
+        while chunk_start < end:
+            if name is None:  # not an assert: a read must never come back short
+                raise MetadataCorrupted(
+                    f"chunk list of {record.name!r} ends before offset {chunk_start}", segment=record.name
+                )
+            chunk, _ = self.context.chunk(name, source)
+            extents.append((chunk_start, chunk))
+            chunk_start, name = chunk_start + chunk.length, chunk.next_chunk
+        return extents
+
+    def _pieces(self, extents: Sequence[Extent], offset: int, length: int) -> builtins.list[_ReadPiece]:
+        """The pieces of ``extents`` (chunks in segment order, the first holding
+        ``offset``) that ``[offset, offset+length)`` covers."""
+        verifying = self.config.verify_checksums_on_read
         pieces: builtins.list[_ReadPiece] = []
         end = offset + length
         position = offset
-        while position < end:
-            if name is None:  # not an assert: a read must never come back short
-                raise MetadataCorrupted(
-                    f"chunk list of {record.name!r} ends before offset {position}", segment=record.name
-                )
-            chunk, _ = self.context.chunk(name, source)
+        for chunk_start, chunk in extents:
             chunk_end = chunk_start + chunk.length
-            if chunk_end > position:
-                take = min(chunk_end, end) - position
-                verifying = self.config.verify_checksums_on_read
+            if chunk_end <= position:
+                continue  # an empty chunk, or one the range starts past
+            take = min(chunk_end, end) - position
+            name = chunk.name
+            if chunk.transformed:  # its frames check themselves, always
+                pieces.append(
+                    _ReadPiece(name, position - chunk_start, take, None, None, chunk.frames, chunk.data_keys)
+                )
+            else:
                 whole = position == chunk_start and take == chunk.length
-                if chunk.transformed:  # its frames check themselves, always
-                    pieces.append(
-                        _ReadPiece(
-                            name, position - chunk_start, take, None, None, chunk.frames, chunk.data_keys
-                        )
-                    )
-                else:
-                    blocks = chunk.blocks if verifying else None
-                    checksum = chunk.checksum if whole and verifying and blocks is None else None
-                    pieces.append(_ReadPiece(name, position - chunk_start, take, checksum, blocks))
-                position += take
-            chunk_start, name = chunk_end, chunk.next_chunk
+                blocks = chunk.blocks if verifying else None
+                checksum = chunk.checksum if whole and verifying and blocks is None else None
+                pieces.append(_ReadPiece(name, position - chunk_start, take, checksum, blocks))
+            position += take
+            if position == end:
+                break
+        if position != end:  # not an assert: a read must never come back short
+            raise InvariantViolated(
+                f"chunks {[chunk.name for _, chunk in extents]} cover [{offset}, {position}) of a read "
+                f"of {length} at {offset}",
+                offset=offset,
+            )
         return pieces
 
     def _fetch(self, pieces: builtins.list[_ReadPiece], length: int, mapped: bool) -> bytes | memoryview:
@@ -1193,7 +1263,7 @@ class ChunkedSegmentStorage:
         assert piece.chunk_offset <= chunk_offset, (piece, chunk_offset)
         assert chunk_offset + length <= piece.chunk_offset + piece.length, (piece, chunk_offset, length)
         data = self._fetch_stored(
-            replace(piece, chunk_offset=chunk_offset, length=length, whole_chunk_checksum=None)
+            piece._replace(chunk_offset=chunk_offset, length=length, whole_chunk_checksum=None)
         )
         assert isinstance(data, bytes), type(data)  # read ahead keeps copies: never views
         return data

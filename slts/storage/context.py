@@ -54,6 +54,12 @@ class Counters:
             for key, delta in deltas.items():
                 setattr(self, key, getattr(self, key) + delta)
 
+    def add_read(self, length: int) -> None:
+        """One read of ``length`` bytes (``add(reads=1, bytes_read=length)``, the hot path)."""
+        with self.lock:
+            self.reads += 1
+            self.bytes_read += length
+
 
 class SegmentIds:
     """Fresh segment ids of one epoch (thread-safe)."""

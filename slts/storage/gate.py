@@ -30,6 +30,7 @@ from slts.limiter import PriorityLimiter, TrafficClass, current_traffic_class
 from slts.usage import CALL_KINDS, UsageMeter
 
 T = TypeVar("T")
+R = TypeVar("R", bytes, memoryview)
 
 
 class GatedChunkStorage(WrappedChunkStorage):
@@ -107,11 +108,30 @@ class GatedChunkStorage(WrappedChunkStorage):
     def _do_get_info(self, name: str) -> ChunkInfo:
         return self._through("get_info", False, lambda: self.inner.get_info(name))
 
+    # Reads, the hot path: ``_through``'s steps written out, and the inner binding's hook
+    # called directly (``read`` checked the same arguments a moment ago, in this object).
     def _do_read(self, handle: ChunkHandle, offset: int, length: int) -> bytes:
-        return self._through("read", False, lambda: self.inner.read(handle, offset, length), paid=length)
+        return self._read(self.inner._do_read, handle, offset, length)  # noqa: SLF001
 
     def _do_read_view(self, handle: ChunkHandle, offset: int, length: int) -> memoryview:
-        return self._through("read", False, lambda: self.inner.read_view(handle, offset, length), paid=length)
+        return self._read(self.inner._do_read_view, handle, offset, length)  # noqa: SLF001
+
+    def _read(
+        self, hook: Callable[[ChunkHandle, int, int], R], handle: ChunkHandle, offset: int, length: int
+    ) -> R:
+        traffic = current_traffic_class(TrafficClass.READ)
+        if self.limiter is not None:
+            self.limiter.acquire(traffic, length)
+        request = None if self.counts_own_requests else CALL_KINDS["read"]
+        start = time.perf_counter()
+        try:
+            result = hook(handle, offset, length)
+        except BaseException as error:
+            self.meter.call(traffic, "read", time.perf_counter() - start, request=request, error=error)
+            raise
+        received = result.nbytes if isinstance(result, memoryview) else len(result)
+        self.meter.call(traffic, "read", time.perf_counter() - start, request=request, received=received)
+        return result
 
     def _do_write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
         return self._through(
