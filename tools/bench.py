@@ -9,19 +9,24 @@ the medians (subject / baseline, 1.0 = as fast as the raw limit).
 The benchmarks: the basic ones here (durable writes of 4 KiB and 1 MiB, concat of 10,
 1,000 and 100,000 chunks, in-process defrag) and the suites of ``slts.tools.benchmarks``
 (concurrency, reads, metadata, journal, Spark defrag, and S3 against an ``s3://`` store).
-``slts bench --help`` lists their names; docs/benchmarks.md has the last full run.
+An unknown name given to ``--only`` is refused with the list of names; docs/benchmarks.md
+has the last full run.
+
+The report, its text table and its JSON are in ``slts.tools.bench_report``; each figure's
+goal is in ``slts.tools.benchmarks.goals``; ``slts.tools.bench_html`` draws a report as one
+page.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
 
+from slts.tools.bench_report import TABLE_HEADER, Failure, Report, run_context, table_failure, table_row
+from slts.tools.benchmarks import goals
 from slts.tools.benchmarks.base import (
     Benchmark,
     Figure,
@@ -33,24 +38,6 @@ from slts.tools.benchmarks.base import (
 from slts.errors import InvalidArgument
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.factory import open as open_storage
-
-
-@dataclass(frozen=True, slots=True)
-class Failure:
-    """A benchmark that raised: its name, the error in one line, and the traceback."""
-
-    name: str
-    error: str
-    detail: str
-
-
-@dataclass(slots=True)
-class Report:
-    """What a run measured (``figures``) and which benchmarks failed (``failures``), in
-    the order they ran (filled in as the run goes)."""
-
-    figures: list[Figure]
-    failures: list[Failure]
 
 
 def _concat(
@@ -254,12 +241,10 @@ def run(
     With an ``s3://`` ``store`` the S3 benchmarks (``slts.tools.benchmarks.s3``) against
     it are available too, and are the default selection; otherwise they do not exist.
     """
-    _register_suites()
-    available = dict(BENCHMARKS)
     from slts.tools.benchmarks import s3
 
-    s3_benchmarks = s3.benchmarks(store) if store is not None and s3.is_s3_url(store) else {}
-    available.update(s3_benchmarks)
+    available = registry(store)
+    s3_benchmarks = [name for name in available if name not in BENCHMARKS]
     names = list(only) if only else list(s3_benchmarks or BENCHMARKS)
     unknown = [name for name in names if name not in available]
     if unknown:
@@ -269,26 +254,31 @@ def run(
     if not os.path.isdir(parent):
         raise InvalidArgument(f"the scratch folder {parent!r} is not an existing folder")
     repetitions = 3 if quick else 5
-    report = Report([], [])
-    out(
-        f"{'benchmark':<17} {'unit':<9} {'SLTS median':>12} {'(min-max)':>21} {'baseline median':>16} "
-        f"{'(min-max)':>21} {'ratio':>6}"
-    )
+    report = Report([], [], run_context(quick))
+    out(TABLE_HEADER)
     for name in names:
         try:
             figure = measure(available[name], parent, quick, repetitions)
         except Exception as exc:  # noqa: BLE001 - reported, and the run goes on
             failure = Failure(name, f"{type(exc).__name__}: {exc}", traceback.format_exc())
             report.failures.append(failure)
-            out(f"{name:<17} FAILED: {failure.error}")
+            out(table_failure(failure))
             continue
         report.figures.append(figure)
-        out(
-            f"{figure.name:<17} {figure.unit:<9} {figure.subject_median:>12.1f} "
-            f"{f'({figure.subject_min:.1f}-{figure.subject_max:.1f})':>21} {figure.baseline_median:>16.1f} "
-            f"{f'({figure.baseline_min:.1f}-{figure.baseline_max:.1f})':>21} {figure.ratio:>6.2f}"
-        )
+        out(table_row(figure, goals.verdict(figure, report.figures)))
     return report
+
+
+def registry(store: str | None = None) -> dict[str, Benchmark]:
+    """Every benchmark by name: the basic ones and the suites', and with an ``s3://``
+    ``store`` the S3 benchmarks against it (building them sends no request)."""
+    from slts.tools.benchmarks import s3
+
+    _register_suites()
+    available = dict(BENCHMARKS)
+    if store is not None and s3.is_s3_url(store):
+        available.update(s3.benchmarks(store))
+    return available
 
 
 def _register_suites() -> None:
@@ -299,15 +289,3 @@ def _register_suites() -> None:
     for suite in SUITES:
         for name, benchmark in suite.items():
             BENCHMARKS.setdefault(name, benchmark)
-
-
-def to_json(report: Report) -> str:
-    """The report as a JSON document (``--json-file FILE``): ``figures`` and ``failures``."""
-    return json.dumps(
-        {
-            "figures": [asdict(figure) for figure in report.figures],
-            "failures": [asdict(failure) for failure in report.failures],
-        },
-        indent=2,
-        sort_keys=True,
-    )

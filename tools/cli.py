@@ -37,7 +37,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from slts.tools import config_cli, keys_cli, metrics_cli, offload_cli, remote_cli
 from slts.tools.command_line import (
@@ -66,6 +66,9 @@ from slts.errors import (
     SltsError,
 )
 from slts.logs import FORMATS, LEVELS, LOGGER_NAME, configure_logging
+
+if TYPE_CHECKING:  # imported where used: the bench modules load every benchmark suite
+    from slts.tools.bench_report import Report
 
 # -- subcommands ---------------------------------------------------------------------------------
 
@@ -606,23 +609,77 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """Measure SLTS against raw baselines in the same run (see ``slts.tools.bench``)."""
-    from slts.tools import bench
+    """Measure SLTS against raw baselines in the same run (see ``slts.tools.bench``): a
+    table of the figures, each with its goal's verdict (met, missed, or - for none);
+    ``--json-file`` also writes them as JSON, ``--html`` as one self-contained page
+    (bars with min-max whiskers and the goal line per figure). ``--from-json FILE --html
+    OUT`` draws the page of a saved JSON report again, running nothing. Exit 1 when a
+    benchmark failed, 5 for bad input (nothing is then written)."""
+    from slts.tools import bench, bench_html, bench_report
 
-    report = bench.run(
-        args.only,
-        quick=args.quick,
-        directory=args.dir,
-        store=args.store,
-        out=(lambda _: None) if args.json else print,
-    )
-    document = bench.to_json(report)
+    for flag, path in (("--html", args.html), ("--json-file", args.json_file)):
+        if path is not None:
+            _check_output_file(flag, path)
+    if args.html and args.json_file and os.path.realpath(args.html) == os.path.realpath(args.json_file):
+        raise InvalidArgument("--html and --json-file name the same file")
+    if args.from_json is not None:
+        report = _saved_report(args)
+        code = EXIT_OK
+    else:
+        report = bench.run(
+            args.only,
+            quick=args.quick,
+            directory=args.dir,
+            store=args.store,
+            out=(lambda _: None) if args.json else print,
+        )
+        code = EXIT_ERROR if report.failures else EXIT_OK
+    document = bench_report.to_json(report)
     if args.json_file:
-        with open(args.json_file, "w") as handle:
+        with open(args.json_file, "w", encoding="utf-8") as handle:
             handle.write(document)
+    if args.html:
+        page = bench_html.render(report)
+        with open(args.html, "w", encoding="utf-8") as handle:
+            handle.write(page)
     if args.json:
         print(document)
-    return EXIT_ERROR if report.failures else EXIT_OK
+    return code
+
+
+def _saved_report(args: argparse.Namespace) -> Report:
+    """The report ``--from-json`` names, its table printed unless ``--json``. Refused
+    (``InvalidArgument``): the flags that only shape a run beside it, no ``--html``, an
+    ``--html`` that would overwrite it, a file missing, unreadable or malformed."""
+    from slts.tools import bench_report
+
+    run_flags = (
+        ("--only", args.only),
+        ("--quick", args.quick),
+        ("--dir", args.dir),
+        ("--json-file", args.json_file),
+    )
+    given = [flag for flag, value in run_flags if value]
+    if given:
+        raise InvalidArgument(f"--from-json runs no benchmark: {' '.join(given)} has no meaning beside it")
+    if args.html is None:
+        raise InvalidArgument("--from-json needs --html OUT (the page to draw)")
+    if os.path.realpath(args.html) == os.path.realpath(args.from_json):
+        raise InvalidArgument(f"--html {args.html!r} would overwrite the report --from-json reads")
+    report = bench_report.read_json(args.from_json)
+    if not args.json:
+        bench_report.print_table(report)
+    return report
+
+
+def _check_output_file(flag: str, path: str) -> None:
+    """Refuse (``InvalidArgument``) an output file whose folder does not exist or that is
+    a folder, before anything is run or written."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise InvalidArgument(f"{flag} {path!r}: the folder {folder!r} does not exist")
+    if os.path.isdir(path):
+        raise InvalidArgument(f"{flag} {path!r} is a folder")
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -836,6 +893,19 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--only", nargs="+", default=None, metavar="NAME", help="run only these benchmarks")
     bench.add_argument("--dir", default=None, help="scratch folder on the disk to measure (default: cwd)")
     bench.add_argument("--json-file", default=None, metavar="FILE", help="also write the figures as JSON")
+    bench.add_argument(
+        "--html",
+        default=None,
+        metavar="FILE",
+        help="also write one self-contained HTML page: per figure SLTS and baseline bars with min-max "
+        "whiskers, the ratio and the goal (met / missed)",
+    )
+    bench.add_argument(
+        "--from-json",
+        default=None,
+        metavar="FILE",
+        help="run nothing: read a report --json-file wrote and draw it again (with --html OUT)",
+    )
     simulate = add(
         "simulate", cmd_simulate, "random programs under faults against a model (--seed N: replay one)"
     )
