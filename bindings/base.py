@@ -189,6 +189,21 @@ class ChunkStorage(abc.ABC):
         check_range(check_handle(handle).name, offset, length)
         return self._do_read(handle, offset, length)
 
+    def read_into(self, handle: ChunkHandle, offset: int, view: memoryview) -> int:
+        """``read``'s bytes ``[offset, offset+len(view))`` written into ``view`` (a writable
+        memoryview of bytes), clipped at the chunk's end; returns how many were written
+        (fewer than ``len(view)`` only at the chunk's end). Same errors as ``read``;
+        ``InvalidArgument`` if ``view`` is not a writable byte view. Where the storage can,
+        the bytes land in ``view`` without an intermediate copy (filesystem: ``preadv``)."""
+        if not isinstance(view, memoryview) or view.readonly or view.itemsize != 1 or view.ndim != 1:
+            raise InvalidArgument(
+                f"read_into needs a writable one-dimensional byte memoryview, got {view!r:.80}"
+            )
+        check_range(check_handle(handle).name, offset, len(view))
+        done = self._do_read_into(handle, offset, view)
+        assert 0 <= done <= len(view), (done, len(view))
+        return done
+
     def read_view(self, handle: ChunkHandle, offset: int, length: int) -> memoryview:
         """``read``'s bytes as a read-only ``memoryview``, without a copy where the
         binding can (see module doc); same errors as ``read``. A view may keep resources
@@ -303,6 +318,13 @@ class ChunkStorage(abc.ABC):
     def _do_read_view(self, handle: ChunkHandle, offset: int, length: int) -> memoryview:
         """``read_view`` with integers ``offset, length >= 0``: by default a view of ``_do_read``'s bytes."""
         return memoryview(self._do_read(handle, offset, length))
+
+    def _do_read_into(self, handle: ChunkHandle, offset: int, view: memoryview) -> int:
+        """``read_into`` with an integer ``offset >= 0`` and a writable byte view: by
+        default ``_do_read``'s bytes copied into it."""
+        data = self._do_read(handle, offset, len(view))
+        view[: len(data)] = data
+        return len(data)
 
     @abc.abstractmethod
     def _do_write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:

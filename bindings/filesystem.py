@@ -353,7 +353,7 @@ class FileSystemChunkStorage(ChunkStorage):
                         chunk=handle.name,
                         offset=offset,
                     )
-                pieces = [data]
+                pieces = [data] if data else []
                 position, end = offset + len(data), offset + min(length, size - offset)
                 while position < end:  # a short read below the end (a signal, a file growing)
                     piece = os.pread(fd, end - position, position)
@@ -361,7 +361,27 @@ class FileSystemChunkStorage(ChunkStorage):
                         break
                     pieces.append(piece)
                     position += len(piece)
-                return b"".join(pieces)
+                return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            finally:
+                os.close(fd)
+
+    def _do_read_into(self, handle: ChunkHandle, offset: int, view: memoryview) -> int:
+        with _translated(handle.name, self.url):
+            fd = os.open(self._path(handle.name), os.O_RDONLY)
+            try:
+                done = 0
+                while done < len(view):
+                    count = os.preadv(fd, [view[done:]], offset + done)
+                    if not count:
+                        break
+                    done += count
+                if done < len(view) and offset > os.fstat(fd).st_size:
+                    raise ChunkInvalidOffset(
+                        f"chunk {handle.name!r}: read at {offset} past its end",
+                        chunk=handle.name,
+                        offset=offset,
+                    )
+                return done
             finally:
                 os.close(fd)
 

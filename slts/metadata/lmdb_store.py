@@ -177,7 +177,8 @@ class _Gate:
     """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
         self._shared = 0
         self._exclusive = False
         self._exclusive_waiting = 0
@@ -193,25 +194,33 @@ class _Gate:
         return _SharedEntry(self)
 
     def enter_shared(self) -> int:
-        """Take a shared entry; the depth to give back to ``leave_shared``."""
-        depth = getattr(self._local, "depth", 0)
+        """Take a shared entry; the depth to give back to ``leave_shared``. (The
+        condition's lock is taken directly: every read of the store passes here.)"""
+        local = self._local
+        depth = getattr(local, "depth", 0)
         if depth == 0:
-            with self._cond:
+            self._mutex.acquire()
+            try:
                 while self._exclusive or self._exclusive_waiting:
                     self._cond.wait()
                 self._shared += 1
-        self._local.depth = depth + 1
+            finally:
+                self._mutex.release()
+        local.depth = depth + 1
         return depth
 
     def leave_shared(self, depth: int) -> None:
         """Give back the shared entry that ``enter_shared`` returned ``depth`` for."""
         self._local.depth = depth
         if depth == 0:
-            with self._cond:
+            self._mutex.acquire()
+            try:
                 self._shared -= 1
                 assert self._shared >= 0
                 if self._shared == 0 and self._exclusive_waiting:
                     self._cond.notify_all()
+            finally:
+                self._mutex.release()
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -585,11 +594,16 @@ class _Environment:
 
     def last_transaction(self) -> int:
         """LMDB's id of the last committed write transaction of any process: read from the
-        meta page, without a read transaction."""
-        with self.gate.shared():
+        meta page, without a read transaction. (The gate's entry written out: every read
+        through the metadata cache asks this.)"""
+        gate = self.gate
+        depth = gate.enter_shared()
+        try:
             if self.closed:
                 raise StorageClosed("metadata store is closed", path=self.path)
             return int(self.env.info()["last_txnid"])
+        finally:
+            gate.leave_shared(depth)
 
     def close(self) -> None:
         """Close the LMDB environment once the writer and every reader of this process left."""

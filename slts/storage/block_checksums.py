@@ -93,6 +93,21 @@ def covering(blocks: bytes, offset: int, length: int) -> tuple[int, int, int, in
     return first, last + 1, ends[first - 1] if first else 0, ends[last]
 
 
+def runs(blocks: bytes, first: int, end: int, run_bytes: int) -> list[tuple[int, int, int, int]]:
+    """Blocks ``[first, end)`` cut into runs of consecutive blocks of at least
+    ``run_bytes`` each (the last may be shorter): (first block, end block, chunk offset of
+    the first, chunk offset of the end) per run, in order, together exactly the blocks."""
+    assert 0 <= first < end and run_bytes > 0, (first, end, run_bytes)
+    ends = _ends(blocks)
+    cuts: list[tuple[int, int, int, int]] = []
+    run_first, run_start = first, ends[first - 1] if first else 0
+    for block in range(first, end):
+        if ends[block] - run_start >= run_bytes or block == end - 1:
+            cuts.append((run_first, block + 1, run_start, ends[block]))
+            run_first, run_start = block + 1, ends[block]
+    return cuts
+
+
 def verify(blocks: bytes, first: int, end: int, data: bytes | memoryview, *, chunk: str, start: int) -> None:
     """Check ``data`` (the bytes of blocks ``[first, end)``, which begin at chunk offset
     ``start``) against the list. ``ChunkCorrupted`` naming the chunk and the offset of

@@ -36,6 +36,7 @@ from typing import NamedTuple
 import crc32c
 
 from slts.bindings.base import ChunkHandle, ChunkStorage
+from slts.buffers import filled_bytes
 from slts.config import INTEGER_MAX, StorageConfig
 from slts.errors import (
     ChunkCorrupted,
@@ -112,6 +113,10 @@ def _checksum(data: bytes | memoryview, previous: int = 0) -> int:
 #: about 0.08 ms per MiB here (two CRC32C passes: the chunk's and its blocks'), taken off
 #: the write's latency; below this size that is less than handing them over costs.
 PARALLEL_CHECKSUM_BYTES_MIN = 256 << 10
+#: From this many bytes of one chunk, a verified read is read and checked in parallel
+#: runs, one per core (``_read_checked``).
+OVERLAPPED_CHECK_BYTES_MIN = 2 << 20
+_CORES = os.cpu_count() or 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +173,18 @@ def _client_records(
                 segment=segment,
             )
     return also, expect
+
+
+def _without_frames(error: BaseException) -> BaseException:
+    """``error`` and the errors it chains to, without their tracebacks (whose frames
+    may hold views of a buffer that is gone once the error is raised on)."""
+    seen: set[int] = set()
+    link: BaseException | None = error
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        link.__traceback__ = None
+        link = link.__cause__ or link.__context__
+    return error
 
 
 def _exactly(data: bytes | memoryview, piece: _ReadPiece, how: str) -> bytes | memoryview:
@@ -1288,10 +1305,14 @@ class ChunkedSegmentStorage:
         fetch = self.chunk_storage.read_view if mapped else self.chunk_storage.read
         if piece.blocks is not None:  # read the blocks it touches whole, check them, cut the piece
             first, end, start, stop = block_checksums.covering(piece.blocks, piece.chunk_offset, piece.length)
-            data = fetch(handle, start, stop - start)
-            block_checksums.verify(piece.blocks, first, end, data, chunk=piece.chunk, start=start)
+            checked: bytes | memoryview
+            if not mapped and stop - start >= OVERLAPPED_CHECK_BYTES_MIN and _CORES > 1:
+                checked = self._read_checked(handle, piece.blocks, first, end, stop - start)
+            else:
+                checked = fetch(handle, start, stop - start)
+                block_checksums.verify(piece.blocks, first, end, checked, chunk=piece.chunk, start=start)
             cut = piece.chunk_offset - start
-            return data[cut : cut + piece.length] if cut or len(data) != piece.length else data
+            return checked[cut : cut + piece.length] if cut or len(checked) != piece.length else checked
         data = fetch(handle, piece.chunk_offset, piece.length)
         if len(data) != piece.length:
             raise ChunkCorrupted(
@@ -1301,6 +1322,57 @@ class ChunkedSegmentStorage:
         if piece.whole_chunk_checksum is not None and _checksum(data) != piece.whole_chunk_checksum:
             raise ChunkCorrupted(f"chunk {piece.chunk!r} fails its CRC32C checksum", chunk=piece.chunk)
         return data
+
+    def _read_checked(self, handle: ChunkHandle, blocks: bytes, first: int, end: int, length: int) -> bytes:
+        """Blocks ``[first, end)`` of ``handle``'s chunk (``length`` bytes), checked: cut
+        into as many runs of whole blocks as the machine has cores (up to
+        ``read_threads``), each run read straight into its part of the bytes returned and
+        checked by one thread (the caller's or the checksum pool's; reads and CRC32C
+        release the interpreter lock), so the check costs a read about nothing where
+        cores are free, with one hand-over per run. Every run has finished before this
+        returns or raises; the first bad run's error (in chunk order) is raised:
+        ``ChunkCorrupted`` for a bad block or a short chunk, else the read's own.
+
+        No view of the result outlives the fill (``filled_bytes``): each run's view is
+        released when its run ends, and errors pass on without their tracebacks' frames
+        (which hold views)."""
+        name = handle.name
+        parts = min(_CORES, self.config.read_threads)
+        runs = block_checksums.runs(blocks, first, end, -(-length // parts))
+        base = runs[0][2]
+
+        def fill(view: memoryview) -> None:
+            def run_checked(run: tuple[int, int, int, int]) -> BaseException | None:
+                run_first, run_end, run_start, run_stop = run
+                part = view[run_start - base : run_stop - base]
+                try:
+                    count = self.chunk_storage.read_into(handle, run_start, part)
+                    if count != len(part):
+                        raise ChunkCorrupted(
+                            f"chunk {name!r} holds {run_start + count} bytes where its blocks hold"
+                            f" {run_stop}: its bytes are not the ones written",
+                            chunk=name,
+                            offset=run_start + count,
+                        )
+                    block_checksums.verify(blocks, run_first, run_end, part, chunk=name, start=run_start)
+                except BaseException as error:  # noqa: BLE001 - handed to the caller, frames dropped
+                    return _without_frames(error)
+                finally:
+                    part.release()
+                return None
+
+            pool = self._thread_pool("slts-checksum")
+            others = [pool.submit(run_checked, run) for run in runs[1:]]
+            try:
+                failures = [run_checked(runs[0])]
+            finally:
+                wait(others)  # no run reads into the view after the fill
+            failures += [other.result() for other in others]
+            for failure in failures:
+                if failure is not None:
+                    raise failure
+
+        return filled_bytes(length, fill)
 
     def _decode_parts(self, length: int) -> tuple[Callable[[Sequence[Callable[[], None]]], None] | None, int]:
         """How a transformed piece of ``length`` decoded bytes is decoded: at least

@@ -30,7 +30,7 @@ from slts.limiter import PriorityLimiter, TrafficClass, current_traffic_class
 from slts.usage import CALL_KINDS, UsageMeter
 
 T = TypeVar("T")
-R = TypeVar("R", bytes, memoryview)
+R = TypeVar("R", bytes, memoryview, int)
 
 
 class GatedChunkStorage(WrappedChunkStorage):
@@ -116,6 +116,15 @@ class GatedChunkStorage(WrappedChunkStorage):
     def _do_read_view(self, handle: ChunkHandle, offset: int, length: int) -> memoryview:
         return self._read(self.inner._do_read_view, handle, offset, length)  # noqa: SLF001
 
+    def _do_read_into(self, handle: ChunkHandle, offset: int, view: memoryview) -> int:
+        inner = self.inner
+        return self._read(
+            lambda handle, offset, _: inner._do_read_into(handle, offset, view),  # noqa: SLF001
+            handle,
+            offset,
+            len(view),
+        )
+
     def _read(
         self, hook: Callable[[ChunkHandle, int, int], R], handle: ChunkHandle, offset: int, length: int
     ) -> R:
@@ -129,7 +138,13 @@ class GatedChunkStorage(WrappedChunkStorage):
         except BaseException as error:
             self.meter.call(traffic, "read", time.perf_counter() - start, request=request, error=error)
             raise
-        received = result.nbytes if isinstance(result, memoryview) else len(result)
+        received = (
+            result
+            if isinstance(result, int)
+            else result.nbytes
+            if isinstance(result, memoryview)
+            else len(result)
+        )
         self.meter.call(traffic, "read", time.perf_counter() - start, request=request, received=received)
         return result
 

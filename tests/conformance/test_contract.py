@@ -152,6 +152,29 @@ def test_read_view_returns_read_s_bytes_read_only(storage, offset, length):
         assert view.tobytes() == storage.read(handle, offset, length) == DATA[offset : offset + length]
 
 
+@pytest.mark.parametrize(("offset", "length"), [(0, 0), (0, 100), (10, 20), (99, 5), (100, 7), (50, 1000)])
+def test_read_into_writes_read_s_bytes_into_the_view(storage, offset, length):
+    writable = storage.create("c", DATA)
+    for handle in (writable, storage.open_read("c")):
+        buffer = bytearray(b"\xee" * length)
+        count = storage.read_into(handle, offset, memoryview(buffer))
+        expected = storage.read(handle, offset, length)
+        assert count == len(expected) and bytes(buffer[:count]) == expected
+        assert buffer[count:] == b"\xee" * (length - count), "nothing written past the chunk's end"
+
+
+def test_read_into_past_the_end_of_a_missing_chunk_or_into_a_bad_view_raises(storage):
+    handle = storage.create("c", DATA)
+    with pytest.raises(ChunkInvalidOffset):
+        storage.read_into(handle, len(DATA) + 1, memoryview(bytearray(1)))
+    for view in (memoryview(b"read-only"), bytearray(4), memoryview(bytearray(8)).cast("I")):
+        with pytest.raises(InvalidArgument, match="memoryview"):
+            storage.read_into(handle, 0, view)
+    storage.delete(handle)
+    with pytest.raises(ChunkNotFound):
+        storage.read_into(handle, 0, memoryview(bytearray(1)))
+
+
 def test_read_view_at_the_end_gives_nothing_and_past_it_or_of_a_missing_chunk_raises(storage):
     handle = storage.create("c", DATA)
     assert storage.read_view(handle, len(DATA), 10).tobytes() == b""
