@@ -9,7 +9,9 @@ Three kinds of goal, each judged on the figure's medians:
 * ``Subject``: the subject's median itself, in ``unit``, at least (or at most) ``bound``
   (``journal_boot`` >= 100 boots/s, whatever the baseline does).
 * ``Relative``: the subject's median no worse than another figure's subject median
-  divided by ``slower_max`` (``concat_100k`` at most 1.5x slower than ``concat_10``).
+  divided by ``slower_max`` (e.g. at most 1.5x slower than another figure of the run;
+  where one benchmark can time both sides alternately, a ``Ratio`` of them says it with
+  less noise, as ``concat_100k`` does).
 
 ``GOALS`` holds the goals in force: issue 29's table, and for the other figures the most
 recent goal docs/benchmarks.md states for them (its ``goal`` and ``target`` columns, and
@@ -168,7 +170,7 @@ GOALS: dict[str, Goal] = {
     "remote_fetch_first": Ratio(0.30, _ISSUE_29),
     "read_seq_verified": Ratio(0.70, _ISSUE_29),
     "write_4k_x8": Ratio(0.35, _ISSUE_29),
-    "concat_100k": Relative("concat_10", 1.5, _ISSUE_29),
+    "concat_100k": Ratio(1 / 1.5, _ISSUE_29, note="at most 1.5x slower than a 10-chunk concat"),
     # Issue 28, client-side transforms.
     "encrypt_write_1m": Ratio(0.85, _ISSUE_28),
     "encrypt_read_seq": Ratio(0.80, _ISSUE_28),
