@@ -175,12 +175,15 @@ class ChunkCache:
         one verified (invariant 2); else None (counted as a miss: the caller reads the
         chunk storage, and may ``offer`` what it got)."""
         assert offset >= 0 and length > 0, (offset, length)
-        ranges = list(self._ranges(offset, length))
-        found = self.index.lookup(key, ranges, self._clock())
+        # More than the cache can hold is never held whole (and may be a read clipped at
+        # the chunk's end, asking for far more than the chunk has).
+        found = None
+        if length <= self.capacity_bytes:
+            found = self.index.lookup(key, self._ranges(offset, length), self._clock())
         if found is not None:
             held, touch = found
             pieces: list[bytes] = []
-            for file, (_, start, end) in zip(held, ranges, strict=True):
+            for file, start, end in held:
                 try:
                     pieces.append(files.read_checked(file, start, end - start))
                 except CacheFileDamaged as exc:

@@ -83,24 +83,25 @@ class CacheIndex:
 
     def lookup(
         self, key: bytes, ranges: Iterable[tuple[int, int, int]], now_s: float
-    ) -> tuple[list[CacheFile], list[str]] | None:
-        """The files holding every (block, start, end) range of chunk ``key``, marked
-        recently used, and the paths whose modification time is due for an update
-        (``TOUCH_INTERVAL_S``); None if any range is not held whole."""
+    ) -> tuple[list[tuple[CacheFile, int, int]], list[str]] | None:
+        """For each (block, start, end) range of chunk ``key``, the file holding it whole
+        and the range (all marked recently used), and the paths whose modification time is
+        due for an update (``TOUCH_INTERVAL_S``); None at the first range not held whole
+        (``ranges`` is consumed no further)."""
         with self._lock:
-            found: list[_Entry] = []
+            found: list[tuple[_Entry, int, int]] = []
             for block, start, end in ranges:
                 entry = self._entries.get((key, block))
                 if entry is None or entry.file.start > start or entry.file.end < end:
                     return None
-                found.append(entry)
+                found.append((entry, start, end))
             touch = []
-            for entry in found:
+            for entry, _, _ in found:
                 self._entries.move_to_end((key, entry.file.block))
                 if now_s - entry.touched_s >= TOUCH_INTERVAL_S:
                     entry.touched_s = now_s
                     touch.append(entry.file.path)
-            return [entry.file for entry in found], touch
+            return [(entry.file, start, end) for entry, start, end in found], touch
 
     def current(self, key: bytes, block: int) -> CacheFile | None:
         """The file held for (``key``, ``block``), if any (its LRU place unchanged)."""
