@@ -170,3 +170,25 @@ def test_segment_changes_under_a_cached_reader_read_exactly(tmp_path) -> None:
         binding.cache.drain()
         live = {binding.cache.key_of(binding.url, name) for name in binding.inner.list("")}
         assert {file.key for file in binding.cache.index.files()} <= live  # deleted chunks left
+
+
+def test_the_cache_s_counters_are_exported_as_metrics(tmp_path) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from slts.metrics import SltsCollector
+
+    config = settings(tmp_path / "cache", read_ahead_bytes=0)
+    binding = with_chunk_cache(RemoteMemoryChunkStorage("memory://metrics"), config)
+    assert isinstance(binding, CachedChunkStorage)
+    with ChunkedSegmentStorage(0, None, binding, MemoryMetadataStore(TABLES), config) as storage:
+        storage.create("s")
+        storage.write(storage.open_write("s"), 0, b"x" * 1000)
+        storage.read(storage.open_read("s"), 0, 1000)
+        binding.cache.drain()
+        storage.read(storage.open_read("s"), 0, 1000)
+        registry = CollectorRegistry()
+        registry.register(SltsCollector(storage))
+        text = generate_latest(registry).decode()
+    assert 'slts_chunk_cache_hits_total{container="0"} 1.0' in text
+    assert 'slts_chunk_cache_corruptions_total{container="0"} 0.0' in text
+    assert 'slts_chunk_cache_capacity_bytes{container="0"} 4.194304e+06' in text
