@@ -16,6 +16,7 @@ Invariants (asserted; ``tests/chunk_cache/test_cache.py``):
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,7 +32,9 @@ class Filler:
         self.bytes_max = bytes_max
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="slts-chunk-cache")
+        self._pool = ThreadPoolExecutor(
+            threads, thread_name_prefix="slts-chunk-cache", initializer=_lower_priority
+        )
         self.pending_bytes = 0
         self._closed = False
 
@@ -72,3 +75,18 @@ class Filler:
             self._closed = True
         self._pool.shutdown(wait=True, cancel_futures=True)
         assert self.pending_bytes == 0, self.pending_bytes
+
+
+#: The niceness of fill threads (Linux schedules threads one by one): a fill yields the
+#: CPU to readers, to the engine's read-ahead and to everything else the machine runs;
+#: if it falls behind, later fills are dropped (``bytes_max``) rather than slow a read.
+FILL_NICENESS = 19
+
+
+def _lower_priority() -> None:
+    """In each fill thread as it starts: its own niceness to ``FILL_NICENESS`` (a no-op
+    where threads cannot be reniced one by one)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), FILL_NICENESS)
+    except (AttributeError, OSError):
+        pass
