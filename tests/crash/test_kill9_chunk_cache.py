@@ -23,8 +23,9 @@ import pytest
 from slts.bindings.base import ChunkHandle
 from slts.bindings.chunk_cache import files
 
-from . import cache_filler
 from tests.support.chunk_cache import RemoteMemoryChunkStorage, cached
+
+from . import cache_filler
 
 ROUNDS = 6
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -54,7 +55,7 @@ def run_until_killed(folder: str, seed: int, reads: int) -> None:
 def check(folder: str) -> int:
     """Open the cache on ``folder`` as a restarted process would; check it; return how
     many files it held."""
-    inner = RemoteMemoryChunkStorage("memory://crash-check")
+    inner = RemoteMemoryChunkStorage("memory://crash-cache")  # the child's URL: its keys
     names = {}
     for index in range(cache_filler.CHUNKS):
         inner.create(cache_filler.chunk_name(index), cache_filler.chunk_bytes(index))

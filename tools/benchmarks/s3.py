@@ -64,7 +64,7 @@ PARALLEL_GETS = 8
 CACHE_REREAD_BYTES = 1 << 30
 CACHE_REREAD_BYTES_QUICK = 64 << 20
 #: Most untimed passes that fill the cache before ``s3_cache_reread`` measures.
-CACHE_WARM_PASSES_MAX = 5
+CACHE_WARM_PASSES_MAX = 20
 
 
 def is_s3_url(store: str | None) -> bool:
