@@ -31,6 +31,7 @@ _ZERO_ALLOWED = (
     "usage_flush_interval_s",
     "read_ahead_bytes",
     "compression_level",
+    "chunk_cache_bytes",
 )
 #: The zstd levels ``compression_level`` may name (0: off).
 COMPRESSION_LEVEL_MAX = 22
@@ -76,6 +77,25 @@ class StorageConfig:
     #: chunk file shortened behind SLTS's back, ends the process with SIGBUS instead of
     #: raising an error, as with the metadata's own mapped LMDB file).
     read_mapped: bool = True
+    #: A folder on local disk for the chunk cache (``slts.bindings.chunk_cache``,
+    #: docs/chunk_cache.md): chunk bytes read from a binding with high-latency reads (S3,
+    #: HDFS) are kept there, checked by their own CRC32C, and served from there when read
+    #: again, by every reader of the process. One process at a time per folder.
+    chunk_cache_dir: str = ""
+    #: Most bytes the chunk cache keeps on disk (its files' sizes, never exceeded); 0: no
+    #: cache. Ignored, with a log line saying why, on bindings whose reads are local
+    #: (filesystem, memory). Needs ``chunk_cache_dir``.
+    chunk_cache_bytes: int = 0
+    #: The chunk cache keeps each chunk in blocks of this size (a block holds one run of
+    #: its bytes, cut at the block's bounds): the unit of eviction. Keep it a divisor of
+    #: ``read_ahead_part_bytes``, so each part read ahead fills whole blocks.
+    chunk_cache_block_bytes: int = 8 * MiB
+    #: Threads that write the chunk cache's files, in the background: a read never waits
+    #: for the cache to be filled.
+    chunk_cache_fill_threads: int = 2
+    #: Most bytes waiting to be written to the chunk cache, or being written; bytes read
+    #: while this is full are not cached (the read is served all the same).
+    chunk_cache_fill_bytes_max: int = 64 * MiB
     #: Entries in the write-through metadata cache.
     metadata_cache_entries: int = 100_000
     #: Before the LMDB metadata file is mapped, walk it in a child process when it may
@@ -160,6 +180,19 @@ class StorageConfig:
             check_field(field.name, getattr(self, field.name))
         if self.read_parallel_bytes_min > self.read_bytes_max:
             raise InvalidConfig("read_parallel_bytes_min must not exceed read_bytes_max")
+        if self.chunk_cache_bytes:
+            if not self.chunk_cache_dir:
+                raise InvalidConfig("chunk_cache_bytes > 0 needs chunk_cache_dir (a folder on local disk)")
+            if self.chunk_cache_bytes < 2 * self.chunk_cache_block_bytes:
+                raise InvalidConfig(
+                    f"chunk_cache_bytes ({self.chunk_cache_bytes}) must hold at least two blocks of "
+                    f"chunk_cache_block_bytes ({self.chunk_cache_block_bytes}), or be 0 (off)"
+                )
+            if self.chunk_cache_fill_bytes_max < self.chunk_cache_block_bytes:
+                raise InvalidConfig(
+                    "chunk_cache_fill_bytes_max must be at least chunk_cache_block_bytes "
+                    "(a block is written whole)"
+                )
         if self.read_ahead_bytes and self.read_ahead_part_bytes > self.read_ahead_bytes:
             raise InvalidConfig(
                 "read_ahead_part_bytes must not exceed read_ahead_bytes (0 turns read-ahead off)"
@@ -192,6 +225,10 @@ def check_field(name: str, value: Any) -> None:
     """``InvalidConfig`` naming ``name`` unless ``value`` is of the field's type and in its
     range (relations between fields are ``StorageConfig``'s own check)."""
     type_name = str(_FIELD_TYPES[name])
+    if "str" in type_name:
+        if not isinstance(value, str) or "\x00" in value:
+            raise InvalidConfig(f"{name} must be a text without NUL, got {value!r}")
+        return
     if "bool" in type_name:
         if not isinstance(value, bool):
             raise InvalidConfig(f"{name} must be true or false, got {value!r}")
@@ -215,6 +252,8 @@ def check_field(name: str, value: Any) -> None:
 def parse_value(type_name: str, raw: str) -> Any:
     """The text ``raw`` (an environment variable's, a flag's) as a value of the field type
     ``type_name``; ``ValueError`` if it is not one."""
+    if "str" in type_name:
+        return raw
     if "bool" in type_name:
         lowered = raw.strip().lower()
         if lowered in ("1", "true", "yes", "on"):

@@ -212,7 +212,9 @@ def _from_text(key: str, raw: str, source: str) -> Any:
 def _typed(key: str, value: Any, source: str) -> Any:
     """A TOML value of the field's type (an integer also for seconds), else ``InvalidConfig``."""
     type_name = str(_FIELDS[key].type)
-    if "bool" in type_name:
+    if "str" in type_name:
+        ok = isinstance(value, str)
+    elif "bool" in type_name:
         ok = isinstance(value, bool)
     elif "float" in type_name:
         ok = isinstance(value, int | float) and not isinstance(value, bool)

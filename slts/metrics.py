@@ -25,7 +25,11 @@ operators. Names follow Prometheus conventions (``slts_`` prefix, ``_total`` cou
   seconds throttled (counters);
 * the chunk storage, from the gate every binding call passes (``slts.usage``): requests by
   kind and traffic class, bytes sent, received and copied by class (counters), each binding
-  call's latency (a histogram by call) and its errors by call and error type (counters).
+  call's latency (a histogram by call) and its errors by call and error type (counters);
+* the chunk cache, when the binding reads through one (``slts.bindings.chunk_cache``):
+  hits, misses and their bytes, fills, dropped fills, fill errors, stale fills, evictions,
+  invalidations and corruptions (counters, of the process's cache: every container on it
+  reports the same), files and bytes held and the capacity (gauges).
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from slts.bindings.base import ChunkStorage, WrappedChunkStorage
+from slts.bindings.chunk_cache import CachedChunkStorage, ChunkCacheStatistics
 from slts.errors import InvalidArgument
 from slts.limiter import PriorityLimiter
 from slts.metadata.schema import CHUNKS, DELETED, GC, SEGMENTS
@@ -68,6 +74,7 @@ class SltsCollector(Collector):
         yield from self._leaks(statistics.leaks)
         yield from self._limiter()
         yield from self._chunk_storage()
+        yield from self._chunk_cache()
 
     # -- families -------------------------------------------------------------------------------
 
@@ -170,6 +177,52 @@ class SltsCollector(Collector):
                 family.add_metric([self._container, kind.name.lower()], getattr(values, field))
             yield family
 
+    def _chunk_cache(self) -> Iterator[Metric]:
+        statistics = chunk_cache_statistics(self.storage.chunk_storage)
+        if statistics is None:
+            return
+        for name, documentation, value in (
+            ("slts_chunk_cache_hits", "Reads served whole from the chunk cache.", statistics.hits),
+            ("slts_chunk_cache_hit_bytes", "Bytes served from the chunk cache.", statistics.hit_bytes),
+            (
+                "slts_chunk_cache_misses",
+                "Reads the chunk cache sent to the chunk storage.",
+                statistics.misses,
+            ),
+            ("slts_chunk_cache_miss_bytes", "Bytes of those reads.", statistics.miss_bytes),
+            ("slts_chunk_cache_fills", "Files written to the chunk cache.", statistics.fills),
+            ("slts_chunk_cache_fill_bytes", "Chunk bytes written to the chunk cache.", statistics.fill_bytes),
+            (
+                "slts_chunk_cache_fills_dropped",
+                "Runs not cached: the fills in flight were full, or their room was claimed.",
+                statistics.fills_dropped,
+            ),
+            ("slts_chunk_cache_fill_errors", "Fills that failed on a disk error.", statistics.fill_errors),
+            (
+                "slts_chunk_cache_stale_fills",
+                "Fills refused: their chunk changed after their read began.",
+                statistics.stale_fills,
+            ),
+            ("slts_chunk_cache_evictions", "Files evicted (least recently used).", statistics.evictions),
+            ("slts_chunk_cache_evicted_bytes", "Bytes of evicted files.", statistics.evicted_bytes),
+            (
+                "slts_chunk_cache_invalidations",
+                "Files dropped: their chunk was deleted or changed.",
+                statistics.invalidations,
+            ),
+            (
+                "slts_chunk_cache_corruptions",
+                "Files dropped: bytes failed their CRC32C.",
+                statistics.corruptions,
+            ),
+        ):
+            yield self._counter(name, documentation, value)
+        yield self._gauge("slts_chunk_cache_files", "Files in the chunk cache.", statistics.files)
+        yield self._gauge("slts_chunk_cache_bytes", "Bytes of the chunk cache's files.", statistics.bytes)
+        yield self._gauge(
+            "slts_chunk_cache_capacity_bytes", "Most bytes the chunk cache keeps.", statistics.capacity_bytes
+        )
+
     def _chunk_storage(self) -> Iterator[Metric]:
         meter = self.storage.meter
         labels = ["container", "class"]
@@ -219,3 +272,15 @@ class SltsCollector(Collector):
                 errors.add_metric([self._container, call, error], count)
         yield latency
         yield errors
+
+
+def chunk_cache_statistics(binding: ChunkStorage) -> ChunkCacheStatistics | None:
+    """The statistics of the chunk cache ``binding`` reads through (looked for along its
+    wrappers: the gate, a fault injector...), or None if it reads through none."""
+    for _ in range(100):  # wrappers are few; bounded all the same
+        if isinstance(binding, CachedChunkStorage):
+            return binding.chunk_cache_statistics()
+        if not isinstance(binding, WrappedChunkStorage):
+            return None
+        binding = binding.inner
+    return None

@@ -55,6 +55,7 @@ SLOW_TESTS: tuple[str, ...] = (
     "cli/test_damaged_metadata.py::",  # damaged LMDB files, each command in a child process
     "storage/test_consistent_layouts.py::",  # an owner beside threads that walk and scrub
     "simulation/test_simulate.py::test_an_observer_seeing_a_mix_of_layouts_is_caught",
+    "chunk_cache/test_model.py::",  # hypothesis programs through a cache against the binding
 )
 
 

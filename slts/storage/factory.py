@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from slts.bindings import from_url
+from slts.bindings import ChunkStorage, from_url
 from slts.config import StorageConfig
 from slts.errors import InvalidConfig, StoreNotFound
 from slts.limiter import PriorityLimiter
@@ -90,7 +90,7 @@ def open(
         metadata = MEMORY_METADATA
     if read_only and isinstance(metadata, (str, os.PathLike)) and metadata != MEMORY_METADATA:
         _check_existing(os.fspath(metadata))
-    binding = from_url(url)
+    binding = with_chunk_cache(from_url(url), settings)
     try:
         store = open_metadata(metadata, check="changed" if settings.metadata_check else "never")
     except BaseException:
@@ -125,6 +125,39 @@ def open(
         extra={"container": container_id, "epoch": storage.epoch, "read_only": read_only},
     )
     return storage
+
+
+def with_chunk_cache(binding: ChunkStorage, settings: StorageConfig) -> ChunkStorage:
+    """``binding`` read through the process's chunk cache in ``chunk_cache_dir``
+    (``slts.bindings.chunk_cache``, docs/chunk_cache.md) when ``chunk_cache_bytes`` > 0
+    and the binding's reads are remote (``high_latency_reads``: S3, HDFS); else
+    ``binding`` itself (a cache asked for on a local binding is ignored, and a log line
+    says why: its reads cost what a cache's would). On ``InvalidConfig`` (the folder
+    cannot be used, another process has it, or this process has it open with other
+    settings) ``binding`` is closed."""
+    if not settings.chunk_cache_bytes:
+        return binding
+    if not binding.high_latency_reads:
+        _log.info(
+            "chunk cache off for %s: its reads are local, a cache would only copy them",
+            binding.url,
+            extra={"chunk_cache_dir": settings.chunk_cache_dir},
+        )
+        return binding
+    from slts.bindings import chunk_cache
+
+    try:
+        cache = chunk_cache.acquire(
+            settings.chunk_cache_dir,
+            settings.chunk_cache_bytes,
+            settings.chunk_cache_block_bytes,
+            settings.chunk_cache_fill_threads,
+            settings.chunk_cache_fill_bytes_max,
+        )
+    except BaseException:
+        binding.close()
+        raise
+    return chunk_cache.CachedChunkStorage(binding, cache, shared=True)
 
 
 def _check_existing(folder: str) -> None:

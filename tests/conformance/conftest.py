@@ -120,12 +120,20 @@ def _faulty_memory(workdir: Path) -> BindingUnderTest:
     return BindingUnderTest("faulty-memory", storage, MemoryRaw(inner), reopen=lambda: storage)
 
 
+def cached_memory_binding(workdir: Path) -> BindingUnderTest:
+    from tests.support.chunk_cache import cached_memory_binding as build
+
+    return build(workdir)
+
+
 #: Every binding the suite runs, by test id. A new binding is one more entry.
 BINDINGS: dict[str, Callable[[Path], BindingUnderTest]] = {
     "memory": _memory,
     "memory-minimal": _memory_minimal,
     "filesystem": _filesystem,
     "faulty-memory": _faulty_memory,
+    # A chunk cache over memory (its fills land in the background while the tests go on).
+    "cached-memory": cached_memory_binding,
     "hdfs": hdfs_binding,  # the WebHDFS test server (tests/support/webhdfs_server.py)
     # A real cluster if SLTS_HDFS_URL is set (else tests/hdfs/test_real_cluster.py skips).
     **({"hdfs-real": hdfs_real_binding} if real_cluster_configured() else {}),

@@ -17,6 +17,18 @@ Each figure next to raw boto3 against the same server, bucket and run:
   same objects, whole, one after another (``s3_read_seq``), and the same GETs issued on
   ``PARALLEL_GETS`` threads at once (``s3_read_seq_parallel``). MB/s.
 
+* ``s3_cache_reread``: a warm chunk cache (``slts.bindings.chunk_cache``): a fresh
+  instance re-reads a 1 GiB range (64 MiB with ``--quick``) of a segment of 8 MiB chunks
+  on S3 in 1 MiB reads, every byte from the cache (filled by an earlier, untimed pass,
+  checked by the cache's CRC32C and the engine's block checksums). Baseline: ``pread`` of
+  the same bytes, 1 MiB at a time, from one local file in the same folder (warm in the
+  page cache, as the cache's files are). MB/s. ``s3_cache_reread_no_ahead``: the same
+  with the engine's read-ahead off (``read_ahead_bytes=0``): read-ahead's threads and
+  hand-over cost more than they save once the bytes are local (docs/chunk_cache.md).
+* ``s3_cache_first_read``: the first read of the ``s3_read_seq`` segment through an empty
+  chunk cache (its fills running in the background) vs. the same read without a cache.
+  MB/s; 1.0 means the cache costs a first read nothing.
+
 Credentials come from the usual AWS environment variables or profile (``?profile=``).
 Every object a benchmark writes is below ``<prefix>/slts-bench-<random>/`` and deleted
 afterwards.
@@ -48,6 +60,11 @@ READ_SEQ_SEGMENT_BYTES = 256 << 20
 READ_SEQ_SEGMENT_BYTES_QUICK = 64 << 20
 #: Threads of the parallel GET baseline (the engine's ``read_threads`` default).
 PARALLEL_GETS = 8
+#: ``s3_cache_reread``: the range re-read (full, ``--quick``).
+CACHE_REREAD_BYTES = 1 << 30
+CACHE_REREAD_BYTES_QUICK = 64 << 20
+#: Most untimed passes that fill the cache before ``s3_cache_reread`` measures.
+CACHE_WARM_PASSES_MAX = 20
 
 
 def is_s3_url(store: str | None) -> bool:
@@ -254,6 +271,138 @@ def _read_seq(url: str, parent: str, quick: bool, parallel: bool) -> Setup:
         target.clean()
 
 
+def _segment_of_8m_chunks(target: _Target, metadata: str, total: int, mirror: str | None = None) -> None:
+    """Write segment ``seq`` of ``total`` bytes in 8 MiB chunks (one object each), and the
+    same bytes to the local file ``mirror`` if given."""
+    writer: ChunkedSegmentStorage = open_storage(target.url, metadata=metadata, gc_interval_s=0.0)
+    try:
+        writer.create("seq", max_rolling_length=READ_SEQ_CHUNK_BYTES)
+        handle = writer.open_write("seq")
+        with open(mirror, "wb") if mirror else contextlib.nullcontext() as local:
+            for offset in range(0, total, READ_SEQ_CHUNK_BYTES):
+                data = os.urandom(READ_SEQ_CHUNK_BYTES)
+                writer.write(handle, offset, data)
+                if local is not None:
+                    local.write(data)
+        assert len(writer.chunks("seq")) == total // READ_SEQ_CHUNK_BYTES
+    finally:
+        writer.close()
+
+
+def _timed_reads(url: str, metadata: str, total: int, **config: Any) -> float:
+    """Seconds a fresh instance takes to read segment ``seq`` front to back in 1 MiB reads."""
+    reader: ChunkedSegmentStorage = open_storage(url, metadata=metadata, gc_interval_s=0.0, **config)
+    try:
+        segment = reader.open_read("seq")
+        started = time.perf_counter()
+        for offset in range(0, total, READ_SEQ_READ_BYTES):
+            reader.read(segment, offset, READ_SEQ_READ_BYTES)
+        return time.perf_counter() - started
+    finally:
+        reader.close()
+
+
+def _cache_settings(folder: str, total: int) -> dict[str, Any]:
+    """A chunk cache in ``folder`` with room for ``total`` bytes of 8 MiB blocks."""
+    return {"chunk_cache_dir": folder, "chunk_cache_bytes": total + total // 8 + (64 << 20)}
+
+
+def _cache_reread(url: str, parent: str, quick: bool, ahead: bool = True) -> Setup:
+    """Subject: a fresh instance re-reads the segment from a warm chunk cache; baseline:
+    ``pread`` of the same bytes from a local file (see the module doc)."""
+    from slts.bindings import chunk_cache
+
+    from slts.config import StorageConfig
+
+    total = CACHE_REREAD_BYTES_QUICK if quick else CACHE_REREAD_BYTES
+    target = _Target(url)
+    folder = Folder(parent)
+    metadata = folder.sub("metadata")
+    mirror = os.path.join(folder.sub("local"), "segment")
+    _segment_of_8m_chunks(target, metadata, total, mirror)
+    cached = _cache_settings(folder.sub("cache"), total)
+    defaults = StorageConfig(**cached)
+    reading = cached if ahead else {**cached, "read_ahead_bytes": 0}
+    # Held open across the runs: each reader instance shares it, none closes it.
+    cache = chunk_cache.acquire(
+        defaults.chunk_cache_dir,
+        defaults.chunk_cache_bytes,
+        defaults.chunk_cache_block_bytes,
+        defaults.chunk_cache_fill_threads,
+        defaults.chunk_cache_fill_bytes_max,
+    )
+    try:
+        # Fill the cache (not timed): reads faster than the fills can write drop the rest
+        # (``chunk_cache_fill_bytes_max``), so read again until every block is held.
+        for _ in range(CACHE_WARM_PASSES_MAX):
+            _timed_reads(target.url, metadata, total, **cached)
+            cache.drain()
+            if cache.statistics().bytes >= total:
+                break
+        filled = cache.statistics()
+        assert filled.bytes >= total, filled
+
+        def subject() -> float:
+            before = cache.statistics().miss_bytes
+            elapsed = _timed_reads(target.url, metadata, total, **reading)
+            # An instance's start reads the store's identity object (a few bytes, a read
+            # clipped at the object's end, which the cache never serves); no segment byte
+            # may come from S3.
+            missed = cache.statistics().miss_bytes - before
+            assert missed < READ_SEQ_READ_BYTES, f"a re-read missed the cache ({missed} bytes)"
+            return elapsed
+
+        def baseline() -> float:
+            fd = os.open(mirror, os.O_RDONLY)
+            try:
+                started = time.perf_counter()
+                for offset in range(0, total, READ_SEQ_READ_BYTES):
+                    os.pread(fd, READ_SEQ_READ_BYTES, offset)
+                return time.perf_counter() - started
+            finally:
+                os.close(fd)
+
+        yield (
+            f"re-read of a {total >> 20} MiB segment of 8 MiB chunks on S3 in 1 MiB reads from a warm chunk "
+            f"cache{'' if ahead else ', read-ahead off,'} vs. pread of the same bytes from a local file",
+            subject,
+            baseline,
+            total / 1e6,
+            "MB/s",
+        )
+    finally:
+        chunk_cache.release(cache)
+        folder.close()
+        target.clean()
+
+
+def _cache_first_read(url: str, parent: str, quick: bool) -> Setup:
+    """Subject: a fresh instance reads the segment through an empty chunk cache; baseline:
+    the same read without one."""
+    total = READ_SEQ_SEGMENT_BYTES_QUICK if quick else READ_SEQ_SEGMENT_BYTES
+    target = _Target(url)
+    folder = Folder(parent)
+    metadata = folder.sub("metadata")
+    _segment_of_8m_chunks(target, metadata, total)
+
+    def subject() -> float:
+        with folder.fresh("cache") as cache_folder:
+            return _timed_reads(target.url, metadata, total, **_cache_settings(cache_folder, total))
+
+    try:
+        yield (
+            f"cold sequential 1 MiB reads of a {total >> 20} MiB segment of 8 MiB chunks on S3 through an "
+            "empty chunk cache vs. without one",
+            subject,
+            lambda: _timed_reads(target.url, metadata, total),
+            total / 1e6,
+            "MB/s",
+        )
+    finally:
+        folder.close()
+        target.clean()
+
+
 def benchmarks(url: str) -> dict[str, Benchmark]:
     """The S3 benchmarks against the store at ``url``."""
     return {
@@ -286,5 +435,20 @@ def benchmarks(url: str) -> dict[str, Benchmark]:
             "s3_read_seq_parallel",
             f"cold sequential 1 MiB reads on S3: SLTS vs. the same GETs on {PARALLEL_GETS} threads",
             lambda p, q: _read_seq(url, p, q, parallel=True),
+        ),
+        "s3_cache_reread": Benchmark(
+            "s3_cache_reread",
+            "re-read of S3 segments from a warm chunk cache vs. pread of the same bytes from a local file",
+            lambda p, q: _cache_reread(url, p, q),
+        ),
+        "s3_cache_reread_no_ahead": Benchmark(
+            "s3_cache_reread_no_ahead",
+            "s3_cache_reread with the engine's read-ahead off",
+            lambda p, q: _cache_reread(url, p, q, ahead=False),
+        ),
+        "s3_cache_first_read": Benchmark(
+            "s3_cache_first_read",
+            "cold sequential reads on S3 through an empty chunk cache vs. without one",
+            lambda p, q: _cache_first_read(url, p, q),
         ),
     }

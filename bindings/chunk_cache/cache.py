@@ -1,0 +1,390 @@
+"""``ChunkCache``: chunk bytes on local disk, up to a size limit, least recently used out
+first, shared by every reader of the process (docs/chunk_cache.md).
+
+A chunk is cached in *blocks* of ``block_bytes`` (block ``b`` of a chunk is its bytes
+``[b * block_bytes, (b + 1) * block_bytes)``); a block's file holds one contiguous run of
+them (``files.CacheFile``). The cache is filled only from bytes readers fetched anyway:
+a read that misses gets its bytes from the chunk storage as before, and hands them to
+``offer``; background threads (``filler.Filler``) write each block's run, merged with the
+run the block held if the two touch. A read is served from the cache only when files
+hold every byte it asks for.
+
+Invariants (the index's and the files' modules list theirs; asserted there):
+
+1. **Never stale.** Bytes of a chunk below a length it once had never change while it
+   exists (the binding contract; chunk names are never reused), and every change that
+   could break that (``delete``, ``write``, ``truncate``, ``create``, a concat target,
+   a chunk found missing) goes through ``invalidate``, which drops the chunk's files and
+   refuses the fills of reads begun before it.
+2. **Never wrong.** Every byte served passed a CRC32C computed from the bytes as they
+   were received (``files.read_checked``); a file that fails is dropped and the read
+   goes to the chunk storage.
+3. **Bounded.** The cache's files never hold more than ``capacity_bytes`` on disk
+   (``index.CacheIndex``, invariant 1), the fills in flight never more than
+   ``fill_bytes_max`` (``filler.Filler``).
+4. **Errors stay inside.** A disk error while filling is counted (``fill_errors``) and
+   logged; the read it came from has its bytes already. A read of the cache that fails
+   becomes a miss.
+5. **One process per folder** (an exclusive ``flock`` on ``lock``): two processes never
+   evict each other's files or count each other's bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import functools
+import hashlib
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from slts.errors import InvalidConfig
+
+from . import files
+from .files import CacheFile, CacheFileDamaged
+from .filler import Filler
+from .index import CacheIndex, Token
+
+_log = logging.getLogger(__name__)
+
+LOCK_FILE = "lock"
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkCacheStatistics:
+    """Counters since the cache opened, and what it holds now (a frozen snapshot)."""
+
+    hits: int  # reads served whole from the cache
+    hit_bytes: int
+    misses: int  # reads that went to the chunk storage
+    miss_bytes: int
+    fills: int  # files written
+    fill_bytes: int  # chunk bytes in them
+    fills_dropped: int  # block runs not cached: fills in flight full, or no room free of claims
+    fill_errors: int  # fills that failed (disk errors): nothing cached, nothing raised
+    stale_fills: int  # fills refused: their chunk changed after their read began
+    evictions: int  # files removed to make room (least recently used first)
+    evicted_bytes: int
+    invalidations: int  # files dropped because their chunk was deleted or changed
+    corruptions: int  # files dropped because bytes failed their CRC32C
+    files: int  # files held now
+    bytes: int  # their size on disk now (data and trailers)
+    capacity_bytes: int
+
+
+_COUNTERS = (
+    "hits",
+    "hit_bytes",
+    "misses",
+    "miss_bytes",
+    "fills",
+    "fill_bytes",
+    "fills_dropped",
+    "fill_errors",
+    "stale_fills",
+    "evictions",
+    "evicted_bytes",
+    "invalidations",
+    "corruptions",
+)
+
+
+class ChunkCache:
+    """A chunk cache in folder ``root`` (see the module doc). Thread-safe.
+
+    ``capacity_bytes``: most bytes of files on disk; ``block_bytes``: the block size
+    (a run larger than a block is cut at block bounds); ``fill_threads`` and
+    ``fill_bytes_max`` bound the background fills. Opening rebuilds the index from the
+    folder (temporary and damaged files removed, least recently used order from the files'
+    modification times) and removes the oldest files while they exceed ``capacity_bytes``.
+
+    Raises ``InvalidConfig`` if ``root`` cannot be made or used as a folder, or if another
+    process has the cache open.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        capacity_bytes: int,
+        block_bytes: int,
+        *,
+        fill_threads: int = 2,
+        fill_bytes_max: int = 64 << 20,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        assert block_bytes > 0 and capacity_bytes >= block_bytes + files.trailer_bytes(block_bytes), (
+            capacity_bytes,
+            block_bytes,
+        )
+        self.root = os.path.abspath(root)
+        self.capacity_bytes = capacity_bytes
+        self.block_bytes = block_bytes
+        self._clock = clock
+        self._lock_fd = _lock_folder(self.root)
+        try:
+            files.prepare(self.root)
+            self.index = CacheIndex(capacity_bytes)
+            found = [(file, _mtime(file.path)) for file in files.scan(self.root)]
+            misplaced = [file for file, _ in found if not self._fits(file)]
+            for file in misplaced:  # cut with another block size
+                _unlink(file.path)
+            now = clock()
+            for file in self.index.load([pair for pair in found if self._fits(pair[0])], now):
+                _unlink(file.path)
+        except OSError as exc:
+            os.close(self._lock_fd)
+            raise InvalidConfig(f"chunk cache folder {self.root!r} cannot be used: {exc}") from exc
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        self._versions = itertools.count(max((file.version for file, _ in found), default=0) + 1)
+        self._filler = Filler(fill_threads, fill_bytes_max)
+        self._counts = dict.fromkeys(_COUNTERS, 0)
+        self._counts_lock = threading.Lock()
+        self._closed = False
+        _log.info(
+            "chunk cache %s opened: %d files, %d of %d bytes",
+            self.root,
+            len(self.index),
+            self.index.committed,
+            capacity_bytes,
+        )
+
+    # -- keys ----------------------------------------------------------------------------------
+
+    @staticmethod
+    def key_of(url: str, name: str) -> bytes:
+        """The cache key of chunk ``name`` of the binding at ``url``: two stores sharing a
+        cache folder never share a key."""
+        digest = hashlib.blake2b(digest_size=files.KEY_BYTES)
+        digest.update(url.encode("utf-8", "surrogatepass"))
+        digest.update(b"\x00")
+        digest.update(name.encode("utf-8", "surrogatepass"))
+        return digest.digest()
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def read(self, key: bytes, offset: int, length: int) -> bytes | None:
+        """Chunk bytes ``[offset, offset + length)`` if the cache holds all of them, every
+        one verified (invariant 2); else None (counted as a miss: the caller reads the
+        chunk storage, and may ``offer`` what it got)."""
+        assert offset >= 0 and length > 0, (offset, length)
+        # More than the cache can hold is never held whole (and may be a read clipped at
+        # the chunk's end, asking for far more than the chunk has).
+        found = None
+        if length <= self.capacity_bytes:
+            found = self.index.lookup(key, self._ranges(offset, length), self._clock())
+        if found is not None:
+            held, touch = found
+            pieces: list[bytes] = []
+            for file, start, end in held:
+                try:
+                    pieces.append(files.read_checked(file, start, end - start))
+                except CacheFileDamaged as exc:
+                    self._damaged(file, exc)
+                    break
+                except FileNotFoundError:  # evicted or dropped between the lookup and the read
+                    break
+            if len(pieces) == len(held):
+                for path in touch:  # the restart's LRU order (index.TOUCH_INTERVAL_S)
+                    with contextlib.suppress(OSError):
+                        os.utime(path)
+                self._count(hits=1, hit_bytes=length)
+                return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        self._count(misses=1, miss_bytes=length)
+        return None
+
+    def begin(self) -> Token:
+        """Call before reading the chunk storage for bytes to ``offer`` (then ``offer``
+        them, or ``end`` the token): invalidations from here on refuse them."""
+        return self.index.begin()
+
+    def end(self, token: Token) -> None:
+        self.index.end(token)
+
+    def offer(self, key: bytes, token: Token, offset: int, data: bytes | memoryview) -> None:
+        """Cache ``data``, chunk ``key``'s bytes from ``offset``, read after ``begin`` gave
+        ``token`` (which this ends): each block's run goes to a background fill, or is
+        dropped if the fills in flight are full. Never raises for the cache's sake."""
+        try:
+            view = memoryview(data)
+            for block, start, end in self._ranges(offset, len(view)):
+                if end > self.capacity_bytes:
+                    break  # a chunk larger than the cache: held whole it would flush all else
+                current = self.index.current(key, block)
+                if current is not None and current.start <= start and end <= current.end:
+                    continue  # held already
+                piece = view[start - offset : end - offset]
+                self.index.retain(token)
+                accepted = self._filler.submit(
+                    end - start,
+                    functools.partial(self._fill, key, block, start, piece, token),
+                    functools.partial(self.index.end, token),
+                )
+                if not accepted:
+                    self.index.end(token)
+                    self._count(fills_dropped=1)
+        finally:
+            self.index.end(token)
+
+    def invalidate(self, key: bytes) -> None:
+        """Chunk ``key`` was deleted or changed (or found missing): drop its files and
+        refuse the fills of reads begun before now (invariant 1)."""
+        dropped = self.index.invalidate(key)
+        if dropped:
+            self._count(invalidations=len(dropped))
+            self._remove(dropped)
+
+    # -- life cycle ----------------------------------------------------------------------------
+
+    def statistics(self) -> ChunkCacheStatistics:
+        with self._counts_lock:
+            counts = dict(self._counts)
+        return ChunkCacheStatistics(
+            **counts, files=len(self.index), bytes=self.index.committed, capacity_bytes=self.capacity_bytes
+        )
+
+    def drain(self) -> None:
+        """Wait until every fill offered so far has ended: its file written (or dropped).
+        For tests and benchmarks, which then know what the cache holds."""
+        self._filler.drain()
+
+    def close(self) -> None:
+        """Finish the running fills, drop the queued ones, release the folder. Files stay
+        for the next open. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._filler.close()
+        self.index.close()
+        os.close(self._lock_fd)
+
+    # -- inside --------------------------------------------------------------------------------
+
+    def _ranges(self, offset: int, length: int) -> Iterator[tuple[int, int, int]]:
+        """(block, start, end) of each block ``[offset, offset + length)`` touches."""
+        end = offset + length
+        block = offset // self.block_bytes
+        while block * self.block_bytes < end:
+            low = block * self.block_bytes
+            yield block, max(offset, low), min(end, low + self.block_bytes)
+            block += 1
+
+    def _fits(self, file: CacheFile) -> bool:
+        low = file.block * self.block_bytes
+        return low <= file.start and file.end <= low + self.block_bytes
+
+    def _fill(self, key: bytes, block: int, start: int, data: memoryview, token: Token) -> None:
+        """A fill thread: cache ``data`` (bytes ``[start, ...)`` of block ``block``),
+        merged with the run the block holds if they touch (the longer run wins if not)."""
+        end = start + len(data)
+        existing = self.index.current(key, block)
+        parts: list[bytes | memoryview] = [data]
+        low = start
+        if existing is not None:
+            if existing.start <= start and end <= existing.end:
+                return
+            if existing.start <= end and start <= existing.end:  # they touch: one run
+                try:
+                    if existing.start < start:
+                        parts.insert(0, files.read_checked(existing, existing.start, start - existing.start))
+                        low = existing.start
+                    if existing.end > end:
+                        parts.append(files.read_checked(existing, end, existing.end - end))
+                except CacheFileDamaged as exc:
+                    self._damaged(existing, exc)
+                    parts, low, existing = [data], start, None
+                except FileNotFoundError:
+                    parts, low, existing = [data], start, None
+            elif existing.length >= len(data):
+                return
+        length = sum(len(part) for part in parts)
+        size = length + files.trailer_bytes(length)
+        claim = self.index.claim(size)
+        if claim is None:
+            self._count(fills_dropped=1)
+            return
+        if claim.victims:
+            self._count(evictions=len(claim.victims), evicted_bytes=sum(v.size for v in claim.victims))
+            for victim in claim.victims:  # counted in the claim: no unclaim
+                _unlink(victim.path)
+        try:
+            file = files.write(self.root, key, block, low, parts, next(self._versions))
+        except OSError as exc:
+            self.index.abandon(claim)
+            self._count(fill_errors=1)
+            _log.warning("chunk cache %s: a fill failed, nothing cached: %s", self.root, exc)
+            return
+        assert file.size == size, (file.size, size)
+        accepted, stale = self.index.commit(file, token, claim, existing, self._clock())
+        if accepted:
+            self._count(fills=1, fill_bytes=length)
+        else:
+            self._count(stale_fills=1)
+        self._remove(stale)
+
+    def _damaged(self, file: CacheFile, error: CacheFileDamaged) -> None:
+        """Drop a file whose bytes failed their checks (invariant 2)."""
+        _log.warning("chunk cache %s: %s; file dropped, read from the chunk storage", self.root, error)
+        if self.index.drop(file):
+            self._count(corruptions=1)
+            self._remove([file])
+
+    def _remove(self, dropped: list[CacheFile]) -> None:
+        """Remove files the index handed out, then give back their bytes. A file that
+        cannot be removed (a disk error) is counted as gone all the same: it is no longer
+        in the index, so it is never served, and the next open removes or reuses it."""
+        for file in dropped:
+            _unlink(file.path)
+        if dropped:
+            self.index.unclaim(sum(file.size for file in dropped))
+
+    def _count(self, **increments: int) -> None:
+        with self._counts_lock:
+            for name, value in increments.items():
+                self._counts[name] += value
+
+
+def _lock_folder(root: str) -> int:
+    """An exclusive ``flock`` on ``root/lock`` (invariant 5): its descriptor, or
+    ``InvalidConfig`` naming the holder's pid."""
+    try:
+        os.makedirs(root, exist_ok=True)
+        fd = os.open(os.path.join(root, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise InvalidConfig(f"chunk cache folder {root!r} cannot be used: {exc}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise InvalidConfig(
+                f"chunk cache folder {root!r} is in use by another process (pid {holder}); "
+                "give each process its own chunk_cache_dir"
+            ) from exc
+        raise InvalidConfig(f"chunk cache folder {root!r} cannot be locked: {exc}") from exc
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        try:
+            os.unlink(path)
+        except OSError as exc:
+            _log.warning("chunk cache: could not remove %s: %s", path, exc)

@@ -1,0 +1,249 @@
+"""The chunk cache's files on disk: one file per cached run of a chunk block, checked.
+
+A *cache file* holds bytes ``[start, end)`` of one chunk, all inside one block of that
+chunk (block ``block`` covers chunk offsets ``[block * block_bytes, (block + 1) *
+block_bytes)``), followed by a trailer::
+
+    data (end - start bytes)
+    CRC32C of each check block of the data (4 bytes each, little-endian): the data cut
+        every ``CHECK_BYTES`` from its first byte, the last one possibly shorter
+    footer (``_FOOTER``): magic, format version, CHECK_BYTES, block, start, end,
+        the key (``KEY_BYTES``), the file's version
+    CRC32C of the check-block CRCs and the footer (4 bytes)
+
+Invariants (asserted; ``tests/chunk_cache/test_files.py`` cites them):
+
+1. **Whole or absent.** A file is written under a temporary name in ``tmp/`` and renamed
+   into ``blocks/`` once complete, so ``blocks/`` never holds a file being written; a
+   process killed mid-write leaves only a temporary file, which ``scan`` removes.
+2. **Checked on every serve.** ``read_checked`` verifies the CRC32C of every check block
+   it returns bytes of, against the CRCs taken from the bytes as they were received
+   (kept in memory by the index, read from the trailer after a restart); a mismatch
+   raises ``CacheFileDamaged`` and the caller drops the file. No fsync: a file torn or
+   zeroed by a power loss fails its trailer (``scan`` removes it) or its CRCs (dropped
+   when read); the checksums, not the order of writes, are what make a served byte right.
+3. **Self-describing.** The trailer names the key, block and range; ``scan`` rebuilds the
+   index from the trailers alone and drops any file whose trailer, name or size
+   disagree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import crc32c
+
+#: Check-block size: a serve reads and verifies whole check blocks around what it returns.
+CHECK_BYTES = 64 << 10
+#: Bytes of a cache key (a digest of the binding's URL and the chunk's name).
+KEY_BYTES = 16
+MAGIC = b"SLTSCCH1"
+FORMAT_VERSION = 1
+#: magic, format version, check bytes, block, start, end, key, file version.
+_FOOTER = struct.Struct(f"<8sHIQQQ{KEY_BYTES}sQ")
+_CRC = struct.Struct("<I")
+BLOCKS_FOLDER = "blocks"
+TMP_FOLDER = "tmp"
+#: Most entries ``scan`` looks at (a bound on its loop; far above any real cache).
+SCAN_FILES_MAX = 100_000_000
+
+
+class CacheFileDamaged(Exception):
+    """A cache file's bytes are not the ones written (or it is gone): drop it. Never
+    leaves the cache: a read then goes to the chunk storage."""
+
+
+@dataclass(frozen=True, slots=True)
+class CacheFile:
+    """What the index knows of one cache file (``scan`` reads it back from the trailer)."""
+
+    key: bytes
+    block: int
+    start: int  # chunk offset of the first data byte
+    end: int  # chunk offset after the last data byte
+    version: int  # unique among the cache's files, increasing
+    crcs: bytes  # the check blocks' CRC32C, packed little-endian
+    path: str
+    size: int  # the file's length: data and trailer
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+def trailer_bytes(length: int) -> int:
+    """The trailer's size for ``length`` data bytes."""
+    return 4 * check_blocks(length) + _FOOTER.size + _CRC.size
+
+
+def check_blocks(length: int) -> int:
+    return -(-length // CHECK_BYTES)
+
+
+def file_name(key: bytes, block: int, version: int) -> str:
+    """``<key hex>-<block>-<version>``: what ``scan`` parses back."""
+    return f"{key.hex()}-{block}-{version}"
+
+
+def block_path(root: str, key: bytes, block: int, version: int) -> str:
+    """Where the file of (``key``, ``block``) at ``version`` lives: 256 sub-folders."""
+    hexed = key.hex()
+    return os.path.join(root, BLOCKS_FOLDER, hexed[:2], file_name(key, block, version))
+
+
+def prepare(root: str) -> None:
+    """Make the folders a cache needs in ``root`` (``OSError`` if it cannot)."""
+    os.makedirs(os.path.join(root, TMP_FOLDER), exist_ok=True)
+    for index in range(256):
+        os.makedirs(os.path.join(root, BLOCKS_FOLDER, f"{index:02x}"), exist_ok=True)
+
+
+def write(
+    root: str, key: bytes, block: int, start: int, parts: Sequence[bytes | memoryview], version: int
+) -> CacheFile:
+    """Write ``parts`` (the bytes ``[start, start + total)`` of the chunk) as a cache file
+    (temporary name, then renamed, invariant 1); return it. ``OSError`` on a disk error
+    (the temporary file is removed)."""
+    length = sum(len(part) for part in parts)
+    assert length > 0 and start >= 0 and block >= 0, (length, start, block)
+    crcs = _checksums(parts)
+    footer = _FOOTER.pack(MAGIC, FORMAT_VERSION, CHECK_BYTES, block, start, start + length, key, version)
+    sealed = _CRC.pack(crc32c.crc32c(footer, crc32c.crc32c(crcs)))
+    temporary = os.path.join(root, TMP_FOLDER, f"{version}.tmp")
+    final = block_path(root, key, block, version)
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        try:
+            _write_all(fd, [*parts, crcs, footer, sealed])
+        finally:
+            os.close(fd)
+        os.rename(temporary, final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    size = length + len(crcs) + len(footer) + len(sealed)
+    assert size == length + trailer_bytes(length), size
+    return CacheFile(key, block, start, start + length, version, crcs, final, size)
+
+
+def read_checked(entry: CacheFile, offset: int, length: int) -> bytes:
+    """Chunk bytes ``[offset, offset + length)``, inside ``[entry.start, entry.end)``,
+    read from the entry's file with every check block they touch verified (invariant 2).
+    ``CacheFileDamaged`` if a CRC fails or the file is short; ``FileNotFoundError`` if
+    the file is gone (evicted meanwhile: not damage)."""
+    assert entry.start <= offset and offset + length <= entry.end and length > 0, (entry, offset, length)
+    first = (offset - entry.start) // CHECK_BYTES
+    stop = check_blocks(offset + length - entry.start)
+    low = first * CHECK_BYTES
+    high = min(stop * CHECK_BYTES, entry.length)
+    fd = os.open(entry.path, os.O_RDONLY)
+    try:
+        data = os.pread(fd, high - low, low)
+    finally:
+        os.close(fd)
+    if len(data) != high - low:
+        raise CacheFileDamaged(f"cache file {entry.path} is shorter than its trailer says")
+    view = memoryview(data)
+    expected = memoryview(entry.crcs).cast("I") if _LITTLE else None
+    for index in range(first, stop):
+        piece = view[(index - first) * CHECK_BYTES : (index - first + 1) * CHECK_BYTES]
+        want = expected[index] if expected is not None else _CRC.unpack_from(entry.crcs, 4 * index)[0]
+        if crc32c.crc32c(piece) != want:
+            raise CacheFileDamaged(f"cache file {entry.path}: check block {index} fails its CRC32C")
+    cut = offset - entry.start - low
+    return data if cut == 0 and len(data) == length else data[cut : cut + length]
+
+
+def scan(root: str) -> Iterator[CacheFile]:
+    """Every sound cache file under ``root`` (a restart): temporary files are removed, and
+    so is every file whose name, size or trailer is wrong (invariant 3). Data bytes are
+    not read here: ``read_checked`` verifies them when they are served."""
+    tmp = os.path.join(root, TMP_FOLDER)
+    with contextlib.suppress(FileNotFoundError), os.scandir(tmp) as entries:
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+    blocks = os.path.join(root, BLOCKS_FOLDER)
+    seen = 0
+    with contextlib.suppress(FileNotFoundError), os.scandir(blocks) as folders:
+        for folder in folders:
+            if not folder.is_dir(follow_symlinks=False):
+                continue
+            with os.scandir(folder.path) as files:
+                for entry in files:
+                    seen += 1
+                    assert seen <= SCAN_FILES_MAX, seen
+                    found = _read_trailer(entry.path, entry.name)
+                    if found is None:
+                        with contextlib.suppress(OSError):
+                            os.unlink(entry.path)
+                    else:
+                        yield found
+
+
+def _read_trailer(path: str, name: str) -> CacheFile | None:
+    """The file's description from its trailer, or None if anything disagrees."""
+    parts = name.split("-")
+    if len(parts) != 3:
+        return None
+    try:
+        key, block, version = bytes.fromhex(parts[0]), int(parts[1]), int(parts[2])
+        fd = os.open(path, os.O_RDONLY)
+    except (ValueError, OSError):
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        tail = _FOOTER.size + _CRC.size
+        if size < tail:
+            return None
+        footer = os.pread(fd, tail, size - tail)
+        magic, version_, check, block_, start, end, key_, file_version = _FOOTER.unpack_from(footer)
+        if (magic, version_, check) != (MAGIC, FORMAT_VERSION, CHECK_BYTES) or end <= start:
+            return None
+        if (key_, block_, file_version) != (key, block, version) or size != end - start + trailer_bytes(
+            end - start
+        ):
+            return None
+        crcs = os.pread(fd, 4 * check_blocks(end - start), end - start)
+        (sealed,) = _CRC.unpack_from(footer, _FOOTER.size)
+        if crc32c.crc32c(footer[: _FOOTER.size], crc32c.crc32c(crcs)) != sealed:
+            return None
+        return CacheFile(key, block, start, end, version, crcs, path, size)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _checksums(parts: Sequence[bytes | memoryview]) -> bytes:
+    """The packed CRC32C of each ``CHECK_BYTES`` of the concatenated ``parts``."""
+    crcs = bytearray()
+    running, filled = 0, 0
+    for part in parts:
+        view = memoryview(part)
+        while view:
+            take = min(len(view), CHECK_BYTES - filled)
+            running = crc32c.crc32c(view[:take], running)
+            filled += take
+            view = view[take:]
+            if filled == CHECK_BYTES:
+                crcs += _CRC.pack(running)
+                running, filled = 0, 0
+    if filled:
+        crcs += _CRC.pack(running)
+    return bytes(crcs)
+
+
+def _write_all(fd: int, parts: Sequence[bytes | memoryview]) -> None:
+    for part in parts:
+        view = memoryview(part)
+        while view:
+            view = view[os.write(fd, view) :]
+
+
+_LITTLE = struct.pack("=I", 1) == struct.pack("<I", 1)

@@ -1,0 +1,295 @@
+"""The chunk cache's index: which cache files exist, in LRU order, and the bytes they
+hold on disk. Memory only: it performs no I/O, and tells its caller which files to
+remove (``Victims``); thread-safe (one lock, held for dictionary work only).
+
+Byte accounting. Every byte of a cache file on disk is counted in ``committed`` (files in
+the index) or ``claimed`` (bytes a fill has reserved: its file being written, files it
+evicted to make room and has not removed yet, a file it made but may not keep, files
+dropped and not yet removed). A fill ``claim``s its file's size first, taking the room
+from free bytes and from the least recently used files (evicted: out of the index, their
+bytes moved into the claim until the caller has removed them); it writes its file only
+after removing them.
+
+Invariants (asserted after every change; ``tests/chunk_cache/test_index.py``):
+
+1. **Strict size limit.** ``committed + claimed <= capacity_bytes`` at all times, so the
+   files on disk (which are always counted, see above) never exceed it.
+2. **Never stale.** A fill reads its bytes from the chunk storage after ``begin`` gave it a
+   token; ``invalidate(key)`` (a delete, write, truncate... through the cache) drops the
+   key's files, and a fill whose token is older than the key's last invalidation is
+   refused at ``commit``. So no bytes read before a change of a chunk are ever served
+   after it.
+3. **One file per block.** At most one file per (key, block) is in the index; a fill that
+   finds another file committed for its block since it looked refuses its own.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .files import CacheFile
+
+#: Seconds between two updates of a file's modification time on hits: a restart orders
+#: files by it (least recently used first), so the order it rebuilds is this coarse.
+TOUCH_INTERVAL_S = 10.0
+#: Invalidation records kept before pruning those no open token needs.
+INVALIDATIONS_PRUNE_AT = 4096
+
+Slot = tuple[bytes, int]  # (key, block)
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """A fill's start: the invalidation sequence number when its read began."""
+
+    sequence: int
+
+
+@dataclass(slots=True)
+class Claim:
+    """Bytes reserved by one fill: ``bytes`` in all, some of them the ``victims``'
+    (evicted files the fill must remove before writing its own)."""
+
+    bytes: int
+    victims: list[CacheFile] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Entry:
+    file: CacheFile
+    touched_s: float
+
+
+class CacheIndex:
+    """LRU index of cache files with strict byte accounting (see the module doc)."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        assert capacity_bytes > 0, capacity_bytes
+        self.capacity_bytes = capacity_bytes
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[Slot, _Entry] = OrderedDict()  # least recently used first
+        self._blocks: dict[bytes, set[int]] = {}
+        self.committed = 0
+        self.claimed = 0
+        self._sequence = 0
+        self._invalidated: dict[bytes, int] = {}
+        self._open: Counter[int] = Counter()
+        self._closed = False
+
+    # -- lookups -----------------------------------------------------------------------------
+
+    def lookup(
+        self, key: bytes, ranges: Iterable[tuple[int, int, int]], now_s: float
+    ) -> tuple[list[tuple[CacheFile, int, int]], list[str]] | None:
+        """For each (block, start, end) range of chunk ``key``, the file holding it whole
+        and the range (all marked recently used), and the paths whose modification time is
+        due for an update (``TOUCH_INTERVAL_S``); None at the first range not held whole
+        (``ranges`` is consumed no further)."""
+        with self._lock:
+            found: list[tuple[_Entry, int, int]] = []
+            for block, start, end in ranges:
+                entry = self._entries.get((key, block))
+                if entry is None or entry.file.start > start or entry.file.end < end:
+                    return None
+                found.append((entry, start, end))
+            touch = []
+            for entry, _, _ in found:
+                self._entries.move_to_end((key, entry.file.block))
+                if now_s - entry.touched_s >= TOUCH_INTERVAL_S:
+                    entry.touched_s = now_s
+                    touch.append(entry.file.path)
+            return [(entry.file, start, end) for entry, start, end in found], touch
+
+    def current(self, key: bytes, block: int) -> CacheFile | None:
+        """The file held for (``key``, ``block``), if any (its LRU place unchanged)."""
+        with self._lock:
+            entry = self._entries.get((key, block))
+            return None if entry is None else entry.file
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def files(self) -> list[CacheFile]:
+        """Every file in the index, least recently used first."""
+        with self._lock:
+            return [entry.file for entry in self._entries.values()]
+
+    # -- tokens and invalidation -------------------------------------------------------------
+
+    def begin(self) -> Token:
+        """A token for a read about to fetch bytes from the chunk storage (invariant 2);
+        ``end`` it (each ``retain`` too) when no fill will use it any more."""
+        with self._lock:
+            token = Token(self._sequence)
+            self._open[token.sequence] += 1
+            return token
+
+    def retain(self, token: Token) -> None:
+        """One more user of ``token`` (a fill that will ``end`` it)."""
+        with self._lock:
+            assert self._open[token.sequence] > 0, token
+            self._open[token.sequence] += 1
+
+    def end(self, token: Token) -> None:
+        with self._lock:
+            assert self._open[token.sequence] > 0, token
+            self._open[token.sequence] -= 1
+            if not self._open[token.sequence]:
+                del self._open[token.sequence]
+            if not self._open:
+                self._invalidated.clear()  # no fill can be refused by them any more
+
+    def invalidate(self, key: bytes) -> list[CacheFile]:
+        """Drop every file of ``key`` and refuse fills begun before now (invariant 2).
+        Returns the dropped files: their bytes stay claimed until the caller removed
+        them and called ``unclaim``."""
+        with self._lock:
+            self._sequence += 1
+            if self._open:
+                self._invalidated[key] = self._sequence
+                if len(self._invalidated) > INVALIDATIONS_PRUNE_AT:
+                    oldest = min(self._open)
+                    self._invalidated = {k: s for k, s in self._invalidated.items() if s > oldest}
+            dropped = [self._remove((key, block)) for block in sorted(self._blocks.get(key, ()))]
+            self.claimed += sum(file.size for file in dropped)
+            self._check()
+            return dropped
+
+    # -- fills -------------------------------------------------------------------------------
+
+    def claim(self, size: int) -> Claim | None:
+        """Reserve ``size`` bytes for a fill, evicting least recently used files as needed
+        (``Claim.victims``: remove them before writing). None if the room is held by
+        other fills' claims (the fill is dropped)."""
+        assert 0 < size <= self.capacity_bytes, size
+        with self._lock:
+            if self._closed:
+                return None
+            free = self.capacity_bytes - self.committed - self.claimed
+            if free + self.committed < size:
+                return None
+            claim = Claim(0)
+            victim_bytes = 0
+            while free + victim_bytes < size:
+                slot, entry = next(iter(self._entries.items()))
+                self._remove(slot)
+                claim.victims.append(entry.file)
+                victim_bytes += entry.file.size
+            # The victims' bytes left ``committed``; they are part of the claim until removed.
+            claim.bytes = max(size, victim_bytes)
+            self.claimed += claim.bytes
+            self._check()
+            return claim
+
+    def commit(
+        self, file: CacheFile, token: Token, claim: Claim, replaced: CacheFile | None, now_s: float
+    ) -> tuple[bool, list[CacheFile]]:
+        """Put ``file`` (written under ``claim``, merging ``replaced`` if not None) in the
+        index as the most recently used, unless its key was invalidated since ``token``
+        or another file of its block came in meanwhile (invariants 2, 3). Returns whether
+        it went in and the files the caller must remove (and ``unclaim``): the one it
+        replaced, or itself."""
+        assert file.size <= claim.bytes, (file.size, claim.bytes)
+        slot = (file.key, file.block)
+        with self._lock:
+            current = self._entries.get(slot)
+            fresh = self._invalidated.get(file.key, -1) <= token.sequence
+            accepted = fresh and not self._closed and (current is None or current.file is replaced)
+            self.claimed -= claim.bytes
+            if not accepted:
+                self.claimed += file.size  # until the caller removed it
+                self._check()
+                return False, [file]
+            stale: list[CacheFile] = []
+            if current is not None:
+                stale.append(self._remove(slot))
+                self.claimed += current.file.size
+            self._entries[slot] = _Entry(file, now_s)
+            self._blocks.setdefault(file.key, set()).add(file.block)
+            self.committed += file.size
+            self._check()
+            return True, stale
+
+    def abandon(self, claim: Claim) -> None:
+        """Give back a claim whose fill made no file (its victims were removed)."""
+        with self._lock:
+            self.claimed -= claim.bytes
+            self._check()
+
+    def drop(self, file: CacheFile) -> bool:
+        """Take ``file`` out of the index (damaged): True if it was there; its bytes stay
+        claimed until the caller removed it and called ``unclaim``."""
+        with self._lock:
+            entry = self._entries.get((file.key, file.block))
+            if entry is None or entry.file is not file:
+                return False
+            self._remove((file.key, file.block))
+            self.claimed += file.size
+            self._check()
+            return True
+
+    def unclaim(self, size: int) -> None:
+        """The caller removed files of ``size`` bytes it was handed (or failed to, and
+        they are gone for good all the same: see ``ChunkCache._remove``)."""
+        with self._lock:
+            self.claimed -= size
+            self._check()
+
+    # -- restart and close -------------------------------------------------------------------
+
+    def load(self, files: Iterable[tuple[CacheFile, float]], now_s: float) -> list[CacheFile]:
+        """Fill the empty index from files found on disk, with their modification times:
+        oldest first in LRU order; of two files of one block the newer version wins.
+        Returns the files to remove (duplicates, and the oldest while over capacity),
+        which the caller removes before the cache is used (they are not counted: only
+        while a cache opens with less capacity than its files hold can the disk hold
+        more than ``capacity_bytes``)."""
+        with self._lock:
+            assert not self._entries and not self.committed and not self.claimed
+            ordered = sorted(files, key=lambda pair: (pair[1], pair[0].version))
+            best: dict[Slot, CacheFile] = {}
+            for file, _ in ordered:
+                slot = (file.key, file.block)
+                if slot not in best or best[slot].version < file.version:
+                    best[slot] = file
+            extra = [file for file, _ in ordered if best[(file.key, file.block)] is not file]
+            kept = [file for file, _ in ordered if best[(file.key, file.block)] is file]
+            total = sum(file.size for file in kept)
+            while kept and total > self.capacity_bytes:
+                oldest = kept.pop(0)
+                extra.append(oldest)
+                total -= oldest.size
+            for file in kept:
+                self._entries[(file.key, file.block)] = _Entry(file, now_s)
+                self._blocks.setdefault(file.key, set()).add(file.block)
+                self.committed += file.size
+            self._check()
+            return extra
+
+    def close(self) -> None:
+        """Refuse every later claim and commit."""
+        with self._lock:
+            self._closed = True
+
+    # -- inside (lock held) ------------------------------------------------------------------
+
+    def _remove(self, slot: Slot) -> CacheFile:
+        entry = self._entries.pop(slot)
+        blocks = self._blocks[slot[0]]
+        blocks.discard(slot[1])
+        if not blocks:
+            del self._blocks[slot[0]]
+        self.committed -= entry.file.size
+        return entry.file
+
+    def _check(self) -> None:
+        assert self.committed >= 0 and self.claimed >= 0, (self.committed, self.claimed)
+        assert self.committed + self.claimed <= self.capacity_bytes, (
+            self.committed,
+            self.claimed,
+            self.capacity_bytes,
+        )

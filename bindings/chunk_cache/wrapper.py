@@ -1,0 +1,149 @@
+"""``CachedChunkStorage``: a binding wrapper that reads through a ``ChunkCache``.
+
+Reads (``read``, ``read_view``) are served from the cache when it holds every byte asked
+for; otherwise from the inner binding, exactly as without the cache (same request, same
+errors), and the bytes received are offered to the cache, which writes them in the
+background. Every other call goes to the inner binding; those that may change a chunk's
+bytes or end its life invalidate the chunk in the cache *after* the inner call (also when
+it raised: a lost answer may hide a done change): ``create``, ``write``, ``truncate``,
+``delete``, a ``concat`` target, and any call that finds the chunk missing. Capability
+flags are the inner binding's, ``high_latency_reads`` included, so the engine keeps reading
+ahead for sequential readers, and those reads fill the cache with the chunks that follow
+(the prefetch of the next chunk).
+
+A zero-length read goes to the inner binding (it decides between ``b""`` and an offset
+past the end). A read is never served past what a file of the cache holds, so a read
+clipped at a chunk's end always goes to the inner binding: the cache need not know any
+chunk's length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
+
+from slts.errors import ChunkNotFound
+
+from ..base import ChunkHandle, ChunkInfo, ChunkStorage, ConcatSource, WrappedChunkStorage
+from .cache import ChunkCache, ChunkCacheStatistics
+from .shared import release
+
+T = TypeVar("T")
+
+
+class CachedChunkStorage(WrappedChunkStorage):
+    """``inner`` read through ``cache`` (see the module doc). ``close`` closes ``inner``
+    and gives back this wrapper's reference to a shared cache (``shared.acquire``) when
+    ``shared`` is true; otherwise the cache stays the caller's to close."""
+
+    def __init__(self, inner: ChunkStorage, cache: ChunkCache, *, shared: bool = False) -> None:
+        super().__init__(inner)
+        self.cache = cache
+        self._shared = shared
+        self._released = False
+
+    def chunk_cache_statistics(self) -> ChunkCacheStatistics:
+        """The cache's counters (shared by every wrapper on it)."""
+        return self.cache.statistics()
+
+    def close(self) -> None:
+        try:
+            self.inner.close()
+        finally:
+            if self._shared and not self._released:
+                self._released = True
+                release(self.cache)
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def _do_read(self, handle: ChunkHandle, offset: int, length: int) -> bytes:
+        if length == 0:
+            return self.inner.read(handle, offset, length)
+        key = self.cache.key_of(self.url, handle.name)
+        data = self.cache.read(key, offset, length)
+        if data is not None:
+            return data
+        fetched = self._fetch(key, lambda: self.inner.read(handle, offset, length), offset)
+        assert isinstance(fetched, bytes)
+        return fetched
+
+    def _do_read_view(self, handle: ChunkHandle, offset: int, length: int) -> memoryview:
+        if length == 0:
+            return self.inner.read_view(handle, offset, length)
+        key = self.cache.key_of(self.url, handle.name)
+        data = self.cache.read(key, offset, length)
+        if data is not None:
+            return memoryview(data)
+        view = self._fetch(key, lambda: self.inner.read_view(handle, offset, length), offset)
+        assert isinstance(view, memoryview)
+        return view
+
+    def _fetch(self, key: bytes, read: Callable[[], T], offset: int) -> T:
+        """``read()`` from the inner binding, its bytes offered to the cache."""
+        token = self.cache.begin()
+        try:
+            data = read()
+        except ChunkNotFound:
+            self.cache.end(token)
+            self.cache.invalidate(key)
+            raise
+        except BaseException:
+            self.cache.end(token)
+            raise
+        if len(data) == 0:  # type: ignore[arg-type]
+            self.cache.end(token)
+        else:
+            self.cache.offer(key, token, offset, data)  # type: ignore[arg-type]
+        return data
+
+    # -- everything else: the inner binding; changes invalidate ------------------------------------
+
+    def _invalidating(self, name: str, call: Callable[[], T]) -> T:
+        try:
+            return call()
+        finally:
+            self.cache.invalidate(self.cache.key_of(self.url, name))
+
+    def _probing(self, name: str, call: Callable[[], T]) -> T:
+        """A call that tells whether the chunk exists: a missing one leaves the cache."""
+        try:
+            return call()
+        except ChunkNotFound:
+            self.cache.invalidate(self.cache.key_of(self.url, name))
+            raise
+
+    def _do_exists(self, name: str) -> bool:
+        found = self.inner.exists(name)
+        if not found:
+            self.cache.invalidate(self.cache.key_of(self.url, name))
+        return found
+
+    def _do_create(self, name: str, data: bytes) -> ChunkHandle:
+        return self._invalidating(name, lambda: self.inner.create(name, data))
+
+    def _do_delete(self, handle: ChunkHandle) -> None:
+        self._invalidating(handle.name, lambda: self.inner.delete(handle))
+
+    def _do_open_read(self, name: str) -> ChunkHandle:
+        return self._probing(name, lambda: self.inner.open_read(name))
+
+    def _do_open_write(self, name: str) -> ChunkHandle:
+        return self._probing(name, lambda: self.inner.open_write(name))
+
+    def _do_get_info(self, name: str) -> ChunkInfo:
+        return self._probing(name, lambda: self.inner.get_info(name))
+
+    def _do_write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
+        return self._invalidating(handle.name, lambda: self.inner.write(handle, offset, data))
+
+    def _do_list(self, prefix: str) -> Iterator[str]:
+        return self.inner.list(prefix)
+
+    def _do_concat(self, target: str, sources: Sequence[ConcatSource]) -> ChunkInfo:
+        return self._invalidating(target, lambda: self.inner.concat(target, sources))
+
+    def _do_truncate(self, handle: ChunkHandle, length: int) -> None:
+        self._invalidating(handle.name, lambda: self.inner.truncate(handle, length))
+
+    def _do_set_readonly(self, handle: ChunkHandle, readonly: bool) -> None:
+        self._probing(handle.name, lambda: self.inner.set_readonly(handle, readonly))

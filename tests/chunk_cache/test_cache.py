@@ -1,0 +1,274 @@
+"""The chunk cache over a counting binding (``slts.bindings.chunk_cache``): what it serves,
+what it fetches, and what it drops. The inner binding is the memory binding behind the
+seeded ``FaultyChunkStorage`` with no rules, whose ``calls`` count what reaches it; fills
+are awaited with ``drain`` (no sleeps)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from slts.bindings.chunk_cache import CachedChunkStorage, ChunkCache, acquire, files, release
+from slts.bindings.chunk_cache.filler import Filler
+from slts.bindings.faulty import FaultyChunkStorage
+
+from slts.errors import ChunkNotFound, InvalidConfig
+from tests.support.chunk_cache import RemoteMemoryChunkStorage, cached
+from tests.support.conformance import pattern
+
+KiB = 1 << 10
+BLOCK = 64 * KiB
+DATA = pattern(5 * BLOCK + 1234)
+
+
+@pytest.fixture
+def inner() -> FaultyChunkStorage:
+    return FaultyChunkStorage(RemoteMemoryChunkStorage("memory://cache-test"), seed=7)
+
+
+@pytest.fixture
+def storage(inner: FaultyChunkStorage, tmp_path: Path) -> Iterator[CachedChunkStorage]:
+    with cached(inner, tmp_path / "cache", capacity_bytes=1 << 20, block_bytes=BLOCK) as wrapper:
+        yield wrapper  # type: ignore[misc]
+
+
+def reads_of(inner: FaultyChunkStorage) -> int:
+    return inner.calls["read"]
+
+
+def test_a_read_again_is_served_from_the_cache(storage, inner) -> None:
+    storage.create("c", DATA)
+    handle = storage.open_read("c")
+    assert storage.read(handle, 0, len(DATA)) == DATA  # a miss: from the binding, one read
+    assert reads_of(inner) == 1
+    storage.cache.drain()
+    for offset, length in [(0, len(DATA)), (1, 10), (BLOCK - 3, 7), (4 * BLOCK, BLOCK + 1234)]:
+        assert storage.read(handle, offset, length) == DATA[offset : offset + length]
+        assert storage.read_view(handle, offset, length).tobytes() == DATA[offset : offset + length]
+    assert reads_of(inner) == 1
+    statistics = storage.chunk_cache_statistics()
+    assert (statistics.hits, statistics.misses, statistics.fills) == (8, 1, 6)
+    assert statistics.bytes <= statistics.capacity_bytes
+
+
+def test_a_miss_sends_the_binding_exactly_the_read_it_would_get_without_the_cache(storage, inner) -> None:
+    storage.create("c", DATA)
+    handle = storage.open_read("c")
+    assert storage.read(handle, 100, 300) == DATA[100:400]
+    storage.cache.drain()
+    # Held: [100, 400) only. A read beyond it, and a read clipped at the chunk's end (the
+    # cache never knows a chunk's length), go to the binding, as they are.
+    assert storage.read(handle, 50, 100) == DATA[50:150]
+    assert storage.read(handle, len(DATA) - 5, 100) == DATA[-5:]
+    assert storage.read(handle, len(DATA), 10) == b""
+    assert reads_of(inner) == 4
+    storage.cache.drain()
+    assert storage.read(handle, 50, 350) == DATA[50:400]  # the two runs merged: [50, 400)
+    assert reads_of(inner) == 4
+
+
+def test_runs_that_touch_merge_and_a_sequential_reader_fills_whole_blocks(storage, inner) -> None:
+    storage.create("c", DATA)
+    handle = storage.open_read("c")
+    for offset in range(0, len(DATA), 10 * KiB):
+        storage.read(handle, offset, min(10 * KiB, len(DATA) - offset))
+        storage.cache.drain()
+    before = reads_of(inner)
+    assert storage.read(handle, 0, len(DATA)) == DATA
+    assert reads_of(inner) == before
+    assert [(file.start, file.end) for file in storage.cache.index.files()] == [
+        (block * BLOCK, min(len(DATA), (block + 1) * BLOCK)) for block in range(6)
+    ]
+
+
+def test_every_change_through_the_wrapper_drops_the_chunk(storage, inner) -> None:
+    """Invariant 1 of the cache: delete, append and truncate invalidate; a deleted chunk's
+    bytes are never served (its read is the binding's ChunkNotFound)."""
+    storage.create("c", DATA)
+    handle = storage.open_write("c")
+    for change in (
+        lambda: storage.write(handle, len(DATA), b"more"),
+        lambda: storage.truncate(handle, len(DATA)),
+        lambda: storage.delete(handle),
+    ):
+        storage.read(handle, 0, 1000)
+        storage.cache.drain()
+        assert storage.chunk_cache_statistics().files == 1
+        change()
+        assert storage.chunk_cache_statistics().files == 0
+    with pytest.raises(ChunkNotFound):
+        storage.read(handle, 0, 1000)
+    assert storage.chunk_cache_statistics().invalidations == 3
+
+
+def test_a_chunk_found_missing_leaves_the_cache(storage, inner) -> None:
+    """Deleted by another process (GC of a newer owner): an ``exists``, ``get_info`` or a
+    miss of the chunk that finds it gone drops what the cache holds of it."""
+    storage.create("c", DATA)
+    handle = storage.open_read("c")
+    storage.read(handle, 0, 1000)
+    storage.cache.drain()
+    inner.inner.delete(inner.inner.open_write("c"))  # behind the cache's back
+    assert storage.read(handle, 0, 1000) == DATA[:1000]  # names are never reused: still its bytes
+    assert not storage.exists("c")
+    assert storage.chunk_cache_statistics().files == 0
+
+
+def test_a_fill_begun_before_a_change_is_refused(storage, inner) -> None:
+    """Invariant 2 of the index: bytes read before a delete never land after it."""
+    storage.create("c", DATA)
+    cache = storage.cache
+    key = cache.key_of(storage.url, "c")
+    token = cache.begin()
+    cache.invalidate(key)  # the delete (or truncate) lands while the read is in flight
+    cache.offer(key, token, 0, DATA[:1000])
+    cache.drain()
+    assert cache.statistics().stale_fills == 1
+    assert cache.read(key, 0, 1000) is None
+
+
+def test_bytes_that_fail_their_checksum_are_never_served(storage, inner) -> None:
+    storage.create("c", DATA)
+    handle = storage.open_read("c")
+    storage.read(handle, 0, len(DATA))
+    storage.cache.drain()
+    victim = storage.cache.index.files()[2]
+    with open(victim.path, "r+b") as file:
+        file.seek(10)
+        byte = file.read(1)
+        file.seek(10)
+        file.write(bytes([byte[0] ^ 0x40]))
+    reads = reads_of(inner)
+    assert storage.read(handle, 0, len(DATA)) == DATA  # from the binding
+    assert reads_of(inner) == reads + 1
+    statistics = storage.chunk_cache_statistics()
+    assert statistics.corruptions == 1 and not os.path.exists(victim.path)
+
+
+def test_the_size_limit_holds_and_the_least_recently_used_go_first(inner, tmp_path) -> None:
+    capacity = 4 * (BLOCK + files.trailer_bytes(BLOCK))
+    with cached(inner, tmp_path / "small", capacity_bytes=capacity, block_bytes=BLOCK) as storage:
+        for name in "abcde":
+            storage.create(name, DATA[:BLOCK])
+        handles = {name: storage.open_read(name) for name in "abcde"}
+        for name in "abcd":
+            storage.read(handles[name], 0, BLOCK)
+            storage.cache.drain()
+        storage.read(handles["a"], 0, BLOCK)  # a hit: "a" is now the most recent
+        storage.read(handles["e"], 0, BLOCK)
+        storage.cache.drain()
+        statistics = storage.chunk_cache_statistics()
+        assert statistics.bytes <= capacity and statistics.evictions == 1
+        reads = reads_of(inner)
+        for name in "acde":
+            storage.read(handles[name], 0, BLOCK)
+        assert reads_of(inner) == reads  # "b" went
+        on_disk = sum(
+            entry.stat().st_size
+            for folder in os.scandir(tmp_path / "small" / files.BLOCKS_FOLDER)
+            for entry in os.scandir(folder.path)
+        )
+        assert on_disk == storage.chunk_cache_statistics().bytes <= capacity
+
+
+def test_a_chunk_larger_than_the_cache_is_not_cached(inner, tmp_path) -> None:
+    capacity = 2 * (BLOCK + files.trailer_bytes(BLOCK))
+    with cached(inner, tmp_path / "small", capacity_bytes=capacity, block_bytes=BLOCK) as storage:
+        storage.create("big", DATA)
+        storage.read(storage.open_read("big"), 0, len(DATA))
+        storage.cache.drain()
+        assert all(file.end <= capacity for file in storage.cache.index.files())
+
+
+def test_a_restart_serves_what_was_cached_and_drops_what_is_damaged(inner, tmp_path) -> None:
+    folder = tmp_path / "cache"
+    with cached(inner, folder, block_bytes=BLOCK) as storage:
+        storage.create("c", DATA)
+        storage.read(storage.open_read("c"), 0, len(DATA))
+        storage.cache.drain()
+        held = storage.cache.index.files()
+    os.truncate(held[0].path, 10)  # torn: dropped at the restart
+    (folder / files.TMP_FOLDER / "99.tmp").write_bytes(b"a fill the kill cut short")
+    with cached(inner, folder, block_bytes=BLOCK) as storage:
+        assert storage.chunk_cache_statistics().files == len(held) - 1
+        assert os.listdir(folder / files.TMP_FOLDER) == []
+        reads = reads_of(inner)
+        assert storage.read(storage.open_read("c"), BLOCK, len(DATA) - BLOCK) == DATA[BLOCK:]
+        assert reads_of(inner) == reads
+
+
+def test_a_restart_with_less_room_keeps_the_most_recently_used(inner, tmp_path) -> None:
+    """The restart's LRU order comes from the files' modification times."""
+    folder = tmp_path / "cache"
+    with cached(inner, folder, block_bytes=BLOCK) as storage:
+        for name in "abc":
+            storage.create(name, DATA[:BLOCK])
+            storage.read(storage.open_read(name), 0, BLOCK)
+            storage.cache.drain()
+        paths = {file.path: file for file in storage.cache.index.files()}
+    for age, path in enumerate(sorted(paths, key=lambda p: "bca".index(_name_of(paths[p], storage)))):
+        os.utime(path, (1_000_000 + age, 1_000_000 + age))  # b oldest, then c, a most recent
+    size = BLOCK + files.trailer_bytes(BLOCK)
+    with cached(inner, folder, capacity_bytes=2 * size, block_bytes=BLOCK) as storage:
+        keys = {file.key for file in storage.cache.index.files()}
+        assert keys == {storage.cache.key_of(storage.url, name) for name in "ca"}
+
+
+def _name_of(file: files.CacheFile, storage: CachedChunkStorage) -> str:
+    return next(name for name in "abc" if storage.cache.key_of(storage.url, name) == file.key)
+
+
+def test_one_process_per_folder_and_one_cache_per_folder_in_a_process(tmp_path) -> None:
+    folder = str(tmp_path / "cache")
+    first = acquire(folder, 1 << 20, BLOCK, 1, 1 << 20)
+    try:
+        assert acquire(folder, 1 << 20, BLOCK, 1, 1 << 20) is first
+        release(first)
+        with pytest.raises(InvalidConfig, match="open in this process with capacity"):
+            acquire(folder, 2 << 20, BLOCK, 1, 1 << 20)
+        # Another process: flock locks are per open file, so a second ChunkCache on the
+        # folder in this process meets the lock as another process would.
+        with pytest.raises(InvalidConfig, match="in use by another process"):
+            ChunkCache(folder, 1 << 20, BLOCK)
+    finally:
+        release(first)
+    ChunkCache(folder, 1 << 20, BLOCK).close()  # released with the last reference
+
+
+def test_a_folder_that_cannot_be_used_is_refused(tmp_path) -> None:
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(InvalidConfig, match="cannot be used"):
+        ChunkCache(str(tmp_path / "file" / "cache"), 1 << 20, BLOCK)
+
+
+def test_a_disk_error_while_filling_is_counted_and_the_read_unharmed(storage, inner, monkeypatch) -> None:
+    def full(*args: object, **kwargs: object) -> files.CacheFile:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files, "write", full)
+    storage.create("c", DATA)
+    assert storage.read(storage.open_read("c"), 0, 3 * BLOCK) == DATA[: 3 * BLOCK]
+    storage.cache.drain()
+    statistics = storage.chunk_cache_statistics()
+    assert (statistics.fill_errors, statistics.files, statistics.bytes) == (3, 0, 0)
+    assert storage.cache.index.claimed == 0
+
+
+def test_fills_beyond_the_bytes_in_flight_are_dropped_not_waited_for() -> None:
+    """The filler's invariants 1 and 2."""
+    filler = Filler(1, 100)
+    gate = threading.Event()
+    done: list[int] = []
+    assert filler.submit(60, gate.wait, lambda: done.append(1))
+    assert not filler.submit(50, lambda: None, lambda: done.append(2))  # 110 > 100: dropped
+    assert filler.submit(40, lambda: None, lambda: done.append(3))
+    assert not filler.submit(1, lambda: None, lambda: done.append(4))
+    gate.set()
+    filler.drain()
+    assert sorted(done) == [1, 3] and filler.pending_bytes == 0
+    filler.close()
+    assert not filler.submit(1, lambda: None, lambda: done.append(5))

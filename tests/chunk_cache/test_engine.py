@@ -1,0 +1,194 @@
+"""The chunk cache under the engine (``slts.open``'s wrapping, read-ahead's prefetch).
+
+* ``slts.open`` wraps a binding with remote reads when ``chunk_cache_bytes`` > 0, and
+  ignores the setting (a log line says why) on local ones; bad settings are refused;
+* a sequential reader's read-ahead reads the next chunk through the cache, so the cache
+  holds it before the reader asks: the prefetch of the next chunk;
+* a second instance (a restart) re-reads a segment from the cache: no read reaches the
+  binding; reads equal what was written, also after truncate and delete of the segment.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+from slts.bindings.chunk_cache import CachedChunkStorage
+from slts.bindings.faulty import FaultyChunkStorage
+
+import slts
+from slts.config import StorageConfig
+from slts.errors import InvalidConfig
+from slts.metadata.memory_store import MemoryMetadataStore
+from slts.metadata.schema import TABLES
+from slts.storage.chunked import ChunkedSegmentStorage
+from slts.storage.factory import with_chunk_cache
+from tests.support.chunk_cache import RemoteMemoryChunkStorage
+
+KiB = 1 << 10
+CHUNK = 256 * KiB
+PART = 64 * KiB
+
+
+def settings(folder: Path, **extra: object) -> StorageConfig:
+    values: dict[str, object] = {
+        "gc_interval_s": 0.0,
+        "metadata_log_flush_interval_s": 0.0,
+        "usage_flush_interval_s": 0.0,
+        "journal": False,
+        "chunk_cache_dir": str(folder),
+        "chunk_cache_bytes": 4 << 20,
+        "chunk_cache_block_bytes": PART,
+        "chunk_cache_fill_bytes_max": 4 << 20,
+        "read_ahead_bytes": 2 * PART,
+        "read_ahead_part_bytes": PART,
+        **extra,
+    }
+    return StorageConfig(**values)  # type: ignore[arg-type]
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(InvalidConfig, match="needs chunk_cache_dir"):
+        StorageConfig(chunk_cache_bytes=1 << 30)
+    with pytest.raises(InvalidConfig, match="at least two blocks"):
+        StorageConfig(chunk_cache_dir="/tmp/x", chunk_cache_bytes=8 << 20)
+    with pytest.raises(InvalidConfig, match="chunk_cache_fill_bytes_max"):
+        StorageConfig(chunk_cache_dir="/tmp/x", chunk_cache_bytes=1 << 30, chunk_cache_fill_bytes_max=1 << 20)
+    with pytest.raises(InvalidConfig, match="without NUL"):
+        StorageConfig(chunk_cache_dir="a\x00b")
+    assert StorageConfig.from_mapping(
+        {}, env={"SLTS_CHUNK_CACHE_DIR": "/var/cache/slts"}
+    ).chunk_cache_dir == ("/var/cache/slts")
+
+
+def test_only_bindings_with_remote_reads_are_cached(tmp_path: Path, caplog) -> None:
+    config = settings(tmp_path / "cache")
+    local = RemoteMemoryChunkStorage("memory://local")
+    local.high_latency_reads = False
+    with caplog.at_level(logging.INFO, logger="slts.storage"):
+        assert with_chunk_cache(local, config) is local
+    assert "chunk cache off for memory://local" in caplog.text
+    remote = with_chunk_cache(RemoteMemoryChunkStorage("memory://remote"), config)
+    assert isinstance(remote, CachedChunkStorage) and remote.high_latency_reads
+    remote.close()
+    assert with_chunk_cache(local, StorageConfig()) is local  # off by default
+    with slts.open(
+        "memory://factory-cache", chunk_cache_dir=str(tmp_path / "c2"), chunk_cache_bytes=1 << 30
+    ) as s:
+        assert not isinstance(s.chunk_storage.inner, CachedChunkStorage)  # memory: local reads
+
+
+def write_segment(binding, config: StorageConfig, chunks: int) -> bytes:
+    data = os.urandom(chunks * CHUNK)
+    store = MemoryMetadataStore(TABLES)
+    with ChunkedSegmentStorage(0, None, binding, store, config) as writer:
+        writer.create("s", max_rolling_length=CHUNK)
+        handle = writer.open_write("s")
+        for offset in range(0, len(data), CHUNK):
+            writer.write(handle, offset, data[offset : offset + CHUNK])
+    return data, store
+
+
+def test_read_ahead_of_a_sequential_reader_prefetches_the_next_chunk_into_the_cache(tmp_path) -> None:
+    counting = FaultyChunkStorage(RemoteMemoryChunkStorage("memory://prefetch"), seed=3)
+    config = settings(tmp_path / "cache")
+    data, store = write_segment(counting, config, chunks=3)
+    binding = with_chunk_cache(counting, config)
+    assert isinstance(binding, CachedChunkStorage)
+    with ChunkedSegmentStorage(0, None, binding, store, config, read_only=True) as reader:
+        handle = reader.open_read("s")
+        chunks = [chunk.name for _, chunk in reader.chunks("s")]
+        # Two sequential reads inside chunk 0 start a stream: read-ahead plans
+        # 2 parts past the second read, i.e. the rest of chunk 0 and the start of chunk 1.
+        read = CHUNK - PART - 16 * KiB
+        assert reader.read(handle, 0, 16 * KiB) == data[: 16 * KiB]
+        assert reader.read(handle, 16 * KiB, read) == data[16 * KiB : 16 * KiB + read]
+        assert reader.read_ahead_statistics().parts >= 1
+    binding.cache.drain()
+    next_chunk = binding.cache.key_of(binding.url, chunks[1])
+    held = [file for file in binding.cache.index.files() if file.key == next_chunk]
+    assert held and held[0].start == 0  # chunk 1's first part: never asked for by the reader
+    with ChunkedSegmentStorage(0, None, binding, store, config, read_only=True) as again:
+        # (Its start read the store's identity object: a read clipped at its end, which
+        # the cache never serves. From here on only segment reads.)
+        before = counting.calls["read"]
+        assert again.read(again.open_read("s"), CHUNK, held[0].length) == data[CHUNK : CHUNK + held[0].length]
+        assert counting.calls["read"] == before
+    binding.close()
+
+
+def test_a_restarted_reader_re_reads_from_the_cache_exactly(tmp_path) -> None:
+    counting = FaultyChunkStorage(RemoteMemoryChunkStorage("memory://reread"), seed=4)
+    config = settings(tmp_path / "cache", read_ahead_bytes=0)
+    data, store = write_segment(counting, config, chunks=4)
+    binding = with_chunk_cache(counting, config)
+    assert isinstance(binding, CachedChunkStorage)
+    with ChunkedSegmentStorage(0, None, binding, store, config, read_only=True) as first:
+        assert first.read(first.open_read("s"), 0, len(data)) == data
+    binding.cache.drain()
+    with ChunkedSegmentStorage(0, None, binding, store, config, read_only=True) as second:
+        handle = second.open_read("s")
+        reads = counting.calls["read"]
+        for offset in range(0, len(data), 100 * KiB):
+            length = min(100 * KiB, len(data) - offset)
+            assert second.read(handle, offset, length) == data[offset : offset + length]
+        assert counting.calls["read"] == reads
+    statistics = binding.chunk_cache_statistics()
+    assert statistics.hits > 0 and statistics.corruptions == 0
+    binding.close()
+
+
+def test_segment_changes_under_a_cached_reader_read_exactly(tmp_path) -> None:
+    """Truncate, delete and re-create, GC and defrag under an owner whose binding is
+    cached: every read equals the model (chunk names are never reused, GC's deletes go
+    through the cache)."""
+    config = settings(tmp_path / "cache", gc_delay_s=0.0, concat_merge_seam=False)
+    binding = with_chunk_cache(RemoteMemoryChunkStorage("memory://changes"), config)
+    with ChunkedSegmentStorage(0, None, binding, MemoryMetadataStore(TABLES), config) as owner:
+        model = os.urandom(3 * CHUNK)
+        owner.create("s", max_rolling_length=CHUNK // 4)
+        handle = owner.open_write("s")
+        for offset in range(0, len(model), CHUNK // 2):
+            owner.write(handle, offset, model[offset : offset + CHUNK // 2])
+        assert owner.read(handle, 0, len(model)) == model
+        owner.truncate(handle, CHUNK)
+        owner.gc.run_once()
+        assert owner.read(handle, CHUNK, 2 * CHUNK) == model[CHUNK:]
+        owner.seal(handle)
+        owner.defrag("s")
+        owner.gc.run_once()
+        assert owner.read(owner.open_read("s"), CHUNK, 2 * CHUNK) == model[CHUNK:]
+        owner.delete(owner.open_write("s"))
+        owner.gc.run_once()
+        owner.create("s")
+        again = os.urandom(CHUNK)
+        owner.write(owner.open_write("s"), 0, again)
+        assert owner.read(owner.open_read("s"), 0, CHUNK) == again
+        assert isinstance(binding, CachedChunkStorage)
+        binding.cache.drain()
+        live = {binding.cache.key_of(binding.url, name) for name in binding.inner.list("")}
+        assert {file.key for file in binding.cache.index.files()} <= live  # deleted chunks left
+
+
+def test_the_cache_s_counters_are_exported_as_metrics(tmp_path) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from slts.metrics import SltsCollector
+
+    config = settings(tmp_path / "cache", read_ahead_bytes=0)
+    binding = with_chunk_cache(RemoteMemoryChunkStorage("memory://metrics"), config)
+    assert isinstance(binding, CachedChunkStorage)
+    with ChunkedSegmentStorage(0, None, binding, MemoryMetadataStore(TABLES), config) as storage:
+        storage.create("s")
+        storage.write(storage.open_write("s"), 0, b"x" * 1000)
+        storage.read(storage.open_read("s"), 0, 1000)
+        binding.cache.drain()
+        storage.read(storage.open_read("s"), 0, 1000)
+        registry = CollectorRegistry()
+        registry.register(SltsCollector(storage))
+        text = generate_latest(registry).decode()
+    assert 'slts_chunk_cache_hits_total{container="0"} 1.0' in text
+    assert 'slts_chunk_cache_corruptions_total{container="0"} 0.0' in text
+    assert 'slts_chunk_cache_capacity_bytes{container="0"} 4.194304e+06' in text

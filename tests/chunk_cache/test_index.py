@@ -1,0 +1,137 @@
+"""The chunk cache's index (``slts.bindings.chunk_cache.index``), invariants 1-3, with a
+model of the files on disk: a random program of claims, commits, drops, invalidations,
+lookups and restarts never lets the counted bytes (and so the files) pass the limit."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from slts.bindings.chunk_cache.files import CacheFile
+from slts.bindings.chunk_cache.index import CacheIndex, Token
+
+KEYS = [bytes([k]) * 16 for k in range(3)]
+CAPACITY = 1000
+
+
+def make(key: bytes, block: int, start: int, end: int, version: int) -> CacheFile:
+    return CacheFile(key, block, start, end, version, b"", f"{key.hex()}-{block}-{version}", end - start + 20)
+
+
+class Disk:
+    """The files a correct caller would have on disk, driven through the index."""
+
+    def __init__(self, index: CacheIndex) -> None:
+        self.index = index
+        self.on_disk: dict[str, int] = {}
+        self.version = 0
+
+    def fill(self, key: bytes, block: int, length: int, token: Token, invalidate_first: bool) -> bool:
+        self.version += 1
+        replaced = self.index.current(key, block)
+        file = make(key, block, block * 100, block * 100 + length, self.version)
+        claim = self.index.claim(file.size)
+        if claim is None:
+            return False
+        for victim in claim.victims:
+            del self.on_disk[victim.path]
+        self.check()
+        self.on_disk[file.path] = file.size
+        self.check()
+        if invalidate_first:
+            self.remove(self.index.invalidate(key))
+        accepted, stale = self.index.commit(file, token, claim, replaced, 0.0)
+        self.check()
+        self.remove(stale)
+        return accepted
+
+    def remove(self, dropped: list[CacheFile]) -> None:
+        for file in dropped:
+            del self.on_disk[file.path]
+        self.index.unclaim(sum(file.size for file in dropped))
+        self.check()
+
+    def check(self) -> None:
+        """Invariant 1: what is on disk is counted, and the count is within the limit."""
+        assert sum(self.on_disk.values()) <= self.index.committed + self.index.claimed <= CAPACITY
+        held = {file.path for file in self.index.files()}
+        assert held <= set(self.on_disk)
+        assert self.index.committed == sum(self.on_disk[path] for path in held)
+
+
+operation = st.one_of(
+    st.tuples(st.just("fill"), st.integers(0, 2), st.integers(0, 9), st.integers(1, 400), st.booleans()),
+    st.tuples(st.just("invalidate"), st.integers(0, 2)),
+    st.tuples(st.just("drop"), st.integers(0, 2), st.integers(0, 9)),
+    st.tuples(st.just("lookup"), st.integers(0, 2), st.integers(0, 9)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(operation, max_size=60))
+def test_counted_bytes_never_pass_the_limit_and_stale_fills_are_refused(program) -> None:
+    index = CacheIndex(CAPACITY)
+    disk = Disk(index)
+    for step in program:
+        kind, key = step[0], KEYS[step[1]]
+        if kind == "fill":
+            _, _, block, length, invalidate_first = step
+            token = index.begin()
+            accepted = disk.fill(key, block, length, token, invalidate_first)
+            index.end(token)
+            if invalidate_first:
+                assert not accepted  # invariant 2
+            if accepted:
+                assert index.current(key, block) is not None  # invariant 3: it is the one
+        elif kind == "invalidate":
+            disk.remove(index.invalidate(key))
+            assert all(file.key != key for file in index.files())
+        elif kind == "drop":
+            file = index.current(key, step[2])
+            if file is not None:
+                assert index.drop(file)
+                disk.remove([file])
+        else:
+            block = step[2]
+            file = index.current(key, block)
+            found = index.lookup(key, [(block, block * 100, block * 100 + 1)], 100.0)
+            assert (found is None) == (file is None)
+            if file is not None:
+                assert index.files()[-1] is file  # now the most recently used
+    slots = [(file.key, file.block) for file in index.files()]
+    assert len(slots) == len(set(slots))  # invariant 3
+
+
+def test_eviction_takes_the_least_recently_used_first() -> None:
+    index = CacheIndex(300)
+    token = index.begin()
+    made = []
+    for block in range(3):
+        file = make(KEYS[0], block, block * 100, block * 100 + 80, block)
+        claim = index.claim(file.size)
+        assert claim is not None and not claim.victims
+        assert index.commit(file, token, claim, None, 0.0)[0]
+        made.append(file)
+    assert index.lookup(KEYS[0], [(0, 0, 10)], 0.0) is not None  # block 0 is now the most recent
+    claim = index.claim(100)
+    assert claim is not None and claim.victims == [made[1]]
+
+
+def test_a_restart_keeps_the_newest_version_and_the_most_recent_files_within_capacity() -> None:
+    index = CacheIndex(250)
+    old = make(KEYS[0], 0, 0, 80, 1)
+    newer = make(KEYS[0], 0, 0, 60, 2)  # a crash between a merge's rename and the old file's removal
+    a = make(KEYS[1], 0, 0, 80, 3)
+    b = make(KEYS[2], 0, 0, 80, 4)
+    removed = index.load([(old, 5.0), (a, 1.0), (newer, 6.0), (b, 7.0)], 0.0)
+    assert set(removed) == {old, a}  # the duplicate, then the least recently used over capacity
+    assert index.files() == [newer, b]
+    assert index.committed == newer.size + b.size and index.claimed == 0
+
+
+def test_a_claim_fails_rather_than_pass_the_limit_when_other_fills_hold_the_room() -> None:
+    index = CacheIndex(100)
+    first = index.claim(90)
+    assert first is not None
+    assert index.claim(50) is None
+    index.abandon(first)
+    assert index.claim(50) is not None
