@@ -204,6 +204,18 @@ class ChunkStorage(abc.ABC):
         assert 0 <= done <= len(view), (done, len(view))
         return done
 
+    def holds(self, name: str, offset: int, length: int) -> bool:
+        """A hint: whether chunk ``name``'s bytes ``[offset, offset+length)`` can be read
+        now without a request to the storage (a local cache holds them: the engine does
+        not read them ahead). False by default; never an error for a chunk it does not
+        know. ``ChunkNameInvalid``/``ChunkInvalidOffset`` for bad arguments."""
+        check_range(check_name(name), offset, length)
+        return self._do_holds(name, offset, length)
+
+    def _do_holds(self, name: str, offset: int, length: int) -> bool:
+        """``holds`` with checked arguments: no binding holds anything locally by default."""
+        return False
+
     def read_view(self, handle: ChunkHandle, offset: int, length: int) -> memoryview:
         """``read``'s bytes as a read-only ``memoryview``, without a copy where the
         binding can (see module doc); same errors as ``read``. A view may keep resources
@@ -373,6 +385,9 @@ class WrappedChunkStorage(ChunkStorage):
 
     def observe_requests(self, observer: RequestObserver | None) -> None:
         self.inner.observe_requests(observer)
+
+    def _do_holds(self, name: str, offset: int, length: int) -> bool:
+        return self.inner.holds(name, offset, length)
 
     def concat_bytes_through_client(self, sources: Sequence[ConcatSource]) -> int:
         return self.inner.concat_bytes_through_client(sources)

@@ -200,6 +200,46 @@ class ChunkCache:
         self._count(misses=1, miss_bytes=length)
         return None
 
+    def read_into(self, key: bytes, offset: int, view: memoryview) -> bool:
+        """``read``'s bytes written into ``view`` (``len(view)`` of them, at ``offset``):
+        True if the cache held and verified all of them; False (counted as a miss, and
+        ``view`` holds nothing the caller may use) otherwise."""
+        length = len(view)
+        assert offset >= 0 and length > 0, (offset, length)
+        found = None
+        if length <= self.capacity_bytes:
+            found = self.index.lookup(key, self._ranges(offset, length), self._clock())
+        if found is not None:
+            held, touch = found
+            served = 0
+            for file, start, end in held:
+                part = view[start - offset : end - offset]
+                try:
+                    files.read_checked_into(file, start, part)
+                except CacheFileDamaged as exc:
+                    self._damaged(file, exc)
+                    break
+                except FileNotFoundError:  # evicted or dropped between the lookup and the read
+                    break
+                finally:
+                    part.release()
+                served += 1
+            if served == len(held):
+                for path in touch:
+                    with contextlib.suppress(OSError):
+                        os.utime(path)
+                self._count(hits=1, hit_bytes=length)
+                return True
+        self._count(misses=1, miss_bytes=length)
+        return False
+
+    def holds(self, key: bytes, offset: int, length: int) -> bool:
+        """Whether the cache holds every byte of ``[offset, offset + length)`` now (a hint:
+        a later read may still miss, if the files are evicted meanwhile)."""
+        if length <= 0 or length > self.capacity_bytes:
+            return False
+        return self.index.covers(key, self._ranges(offset, length))
+
     def begin(self) -> Token:
         """Call before reading the chunk storage for bytes to ``offer`` (then ``offer``
         them, or ``end`` the token): invalidations from here on refuse them."""

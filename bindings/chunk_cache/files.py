@@ -159,6 +159,45 @@ def read_checked(entry: CacheFile, offset: int, length: int) -> bytes:
     return data if cut == 0 and len(data) == length else data[cut : cut + length]
 
 
+def read_checked_into(entry: CacheFile, offset: int, view: memoryview) -> None:
+    """``read_checked``'s bytes ``[offset, offset + len(view))`` written into ``view``:
+    the check blocks the range covers whole are read straight into it (one ``preadv``),
+    the partial ones at its edges through ``read_checked``; every block verified before
+    this returns. Same errors as ``read_checked``; on one, ``view`` holds unverified bytes
+    (the caller discards them)."""
+    length = len(view)
+    assert entry.start <= offset and offset + length <= entry.end and length > 0, (entry, offset, length)
+    relative = offset - entry.start
+    first = check_blocks(relative)  # the first check block that starts inside the range
+    end = relative + length
+    last = end // CHECK_BYTES if end < entry.length else check_blocks(end)  # blocks ending inside
+    low, high = first * CHECK_BYTES, min(last * CHECK_BYTES, entry.length)
+    if first >= last:  # no whole check block inside: the copying read
+        view[:] = read_checked(entry, offset, length)
+        return
+    if low > relative:
+        view[: low - relative] = read_checked(entry, offset, low - relative)
+    middle = view[low - relative : high - relative]
+    try:
+        fd = os.open(entry.path, os.O_RDONLY)
+        try:
+            got = os.preadv(fd, [middle], low)
+        finally:
+            os.close(fd)
+        if got != len(middle):
+            raise CacheFileDamaged(f"cache file {entry.path} is shorter than its trailer says")
+        expected = memoryview(entry.crcs).cast("I") if _LITTLE else None
+        for index in range(first, last):
+            piece = middle[(index - first) * CHECK_BYTES : (index - first + 1) * CHECK_BYTES]
+            want = expected[index] if expected is not None else _CRC.unpack_from(entry.crcs, 4 * index)[0]
+            if crc32c.crc32c(piece) != want:
+                raise CacheFileDamaged(f"cache file {entry.path}: check block {index} fails its CRC32C")
+    finally:
+        middle.release()
+    if high < end:
+        view[high - relative :] = read_checked(entry, entry.start + high, end - high)
+
+
 def scan(root: str) -> Iterator[CacheFile]:
     """Every sound cache file under ``root`` (a restart): temporary files are removed, and
     so is every file whose name, size or trailer is wrong (invariant 3). Data bytes are

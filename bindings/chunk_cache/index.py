@@ -103,6 +103,16 @@ class CacheIndex:
                     touch.append(entry.file.path)
             return [(entry.file, start, end) for entry, start, end in found], touch
 
+    def covers(self, key: bytes, ranges: Iterable[tuple[int, int, int]]) -> bool:
+        """Whether files hold every (block, start, end) range of chunk ``key`` whole (no
+        LRU change: a question, not a use)."""
+        with self._lock:
+            for block, start, end in ranges:
+                entry = self._entries.get((key, block))
+                if entry is None or entry.file.start > start or entry.file.end < end:
+                    return False
+            return True
+
     def current(self, key: bytes, block: int) -> CacheFile | None:
         """The file held for (``key``, ``block``), if any (its LRU place unchanged)."""
         with self._lock:

@@ -78,6 +78,20 @@ class CachedChunkStorage(WrappedChunkStorage):
         assert isinstance(view, memoryview)
         return view
 
+    def _do_read_into(self, handle: ChunkHandle, offset: int, view: memoryview) -> int:
+        if len(view) == 0:
+            return self.inner.read_into(handle, offset, view)
+        key = self.cache.key_of(self.url, handle.name)
+        if self.cache.read_into(key, offset, view):
+            return len(view)
+        data = self._fetch(key, lambda: self.inner.read(handle, offset, len(view)), offset)
+        view[: len(data)] = data
+        return len(data)
+
+    def _do_holds(self, name: str, offset: int, length: int) -> bool:
+        """Whether the cache holds chunk ``name``'s bytes ``[offset, offset+length)`` now."""
+        return self.cache.holds(self.cache.key_of(self.url, name), offset, length)
+
     def _fetch(self, key: bytes, read: Callable[[], T], offset: int) -> T:
         """``read()`` from the inner binding, its bytes offered to the cache."""
         token = self.cache.begin()

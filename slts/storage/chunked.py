@@ -1114,7 +1114,7 @@ class ChunkedSegmentStorage:
                 pieces, ahead, ahead_pieces = self._resolve(name, offset, length)
         if ahead is not None:
             assert self._read_ahead is not None
-            self._read_ahead.prefetch(ahead, ahead_pieces, self._fetch_range)
+            self._read_ahead.prefetch(ahead, ahead_pieces, self._fetch_range, self.chunk_storage.holds)
         return self._fetch(pieces, length, mapped)
 
     def _resolve(

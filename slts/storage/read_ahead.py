@@ -216,11 +216,19 @@ class ReadAhead:
                 return None  # less than a part to add: wait until there is
             return Plan(stream, start, stop)
 
-    def prefetch(self, plan: Plan, pieces: Sequence[P], fetch: Callable[[P, int, int], bytes]) -> None:
+    def prefetch(
+        self,
+        plan: Plan,
+        pieces: Sequence[P],
+        fetch: Callable[[P, int, int], bytes],
+        held: Callable[[str, int, int], bool] | None = None,
+    ) -> None:
         """Make the parts of ``pieces`` (the chunk pieces of ``plan``'s range, in order) the
         stream's pending parts and submit what the budget allows; ``fetch(piece, offset,
         length)`` reads and checks bytes ``[offset, offset + length)`` of the piece's
-        chunk, in the context (traffic class) of the caller."""
+        chunk, in the context (traffic class) of the caller. Parts that ``held(chunk,
+        offset, length)`` says are at hand locally (a binding's disk cache) are left out:
+        a read takes them from there as fast as from a part."""
         assert sum(piece.length for piece in pieces) == plan.end - plan.start, (plan, pieces)
         with self._lock:
             stream = plan.stream
@@ -232,6 +240,7 @@ class ReadAhead:
                 (piece, offset, length)
                 for piece in pieces
                 for offset, length in split(piece.chunk_offset, piece.length, self.part_bytes)
+                if held is None or not held(piece.chunk, offset, length)
             )
             stream.fetch = fetch
             stream.context = contextvars.copy_context()

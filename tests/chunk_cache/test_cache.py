@@ -273,3 +273,34 @@ def test_fills_beyond_the_bytes_in_flight_are_dropped_not_waited_for() -> None:
     assert sorted(done) == [1, 3] and filler.pending_bytes == 0
     filler.close()
     assert not filler.submit(1, lambda: None, lambda: done.append(5))
+
+
+@pytest.mark.parametrize(
+    ("offset", "length"), [(0, 5 * BLOCK), (100, BLOCK), (BLOCK - 5, 2 * BLOCK + 9), (3, 10)]
+)
+def test_read_into_serves_the_cached_bytes_straight_into_the_view(storage, inner, offset, length) -> None:
+    storage.create("c", DATA)
+    storage.read(storage.open_read("c"), 0, len(DATA))
+    storage.cache.drain()
+    reads = reads_of(inner)
+    assert storage.holds("c", offset, length) and not storage.holds("c", 0, len(DATA) + 1)
+    buffer = bytearray(length)
+    assert storage.read_into(storage.open_read("c"), offset, memoryview(buffer)) == length
+    assert bytes(buffer) == DATA[offset : offset + length]
+    assert reads_of(inner) == reads, "served from the cache"
+
+
+def test_read_into_of_a_damaged_file_reads_the_storage_and_drops_the_file(storage, inner) -> None:
+    storage.create("c", DATA)
+    storage.read(storage.open_read("c"), 0, len(DATA))
+    storage.cache.drain()
+    damaged = next(file for file in storage.cache.index.files() if file.start == BLOCK)
+    with open(damaged.path, "r+b") as file:
+        file.seek(100)
+        file.write(b"\x00\xff\x00")
+    reads = reads_of(inner)
+    buffer = bytearray(2 * BLOCK)
+    assert storage.read_into(storage.open_read("c"), BLOCK - 7, memoryview(buffer)) == 2 * BLOCK
+    assert bytes(buffer) == DATA[BLOCK - 7 : 3 * BLOCK - 7]
+    assert reads_of(inner) == reads + 1, "the damaged file was not served"
+    assert not storage.holds("c", BLOCK, 10)

@@ -195,3 +195,29 @@ def test_the_cache_s_counters_are_exported_as_metrics(tmp_path) -> None:
     assert 'slts_chunk_cache_hits_total{container="0"} 1.0' in text
     assert 'slts_chunk_cache_corruptions_total{container="0"} 0.0' in text
     assert 'slts_chunk_cache_capacity_bytes{container="0"} 3.3554432e+07' in text
+
+
+def test_read_ahead_leaves_out_what_the_cache_holds(tmp_path) -> None:
+    """A re-read of cached chunks reads them from the cache when asked for: read-ahead
+    plans no part of them (parts would read the same files one more time)."""
+    counting = FaultyChunkStorage(RemoteMemoryChunkStorage("memory://ahead-held"), seed=5)
+    config = settings(tmp_path / "cache")
+    data, store = write_segment(counting, config, chunks=3)
+    binding = with_chunk_cache(counting, config)
+    assert isinstance(binding, CachedChunkStorage)
+    with ChunkedSegmentStorage(0, None, binding, store, config, read_only=True) as first:
+        handle = first.open_read("s")
+        for offset in range(0, len(data), 64 * KiB):
+            assert first.read(handle, offset, 64 * KiB) == data[offset : offset + 64 * KiB]
+    binding.cache.drain()
+    with ChunkedSegmentStorage(0, None, binding, store, config, read_only=True) as again:
+        handle = again.open_read("s")
+        names = [chunk.name for _, chunk in again.chunks("s")]
+        assert all(binding.holds(name, 0, CHUNK) for name in names)
+        reads = counting.calls["read"]
+        for offset in range(0, len(data), 64 * KiB):
+            assert again.read(handle, offset, 64 * KiB) == data[offset : offset + 64 * KiB]
+        statistics = again.read_ahead_statistics()
+        assert statistics is not None and statistics.parts == 0, "nothing read ahead"
+        assert counting.calls["read"] == reads, "every read served by the cache"
+    binding.close()
