@@ -71,8 +71,11 @@ _NO_COPY_RANGE_ERRNOS = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSU
 
 @functools.lru_cache(maxsize=16384)  # every call of the binding maps a name: the codec's walk once per name
 def chunk_relpath(name: str) -> str:
-    """The path of chunk ``name`` relative to the root (see module doc)."""
-    return CODEC.relpath(name)
+    """The path of chunk ``name`` relative to the root (see module doc); no part of it is
+    ``..``, so the path stays under the root (checked once per name: the result is kept)."""
+    relpath = CODEC.relpath(name)
+    assert ".." not in relpath.split("/"), (name, relpath)
+    return relpath
 
 
 class _translated:
@@ -212,9 +215,7 @@ class FileSystemChunkStorage(ChunkStorage):
     # -- paths and locks ----------------------------------------------------------------------
 
     def _path(self, name: str) -> str:
-        relpath = chunk_relpath(name)
-        assert ".." not in relpath.split("/"), (name, relpath)  # so the path stays under the root
-        return self._root_prefix + relpath
+        return self._root_prefix + chunk_relpath(name)
 
     def _lock(self, name: str) -> threading.Lock:
         return self._locks[zlib.crc32(name.encode("utf-8", "surrogatepass")) % _LOCK_STRIPES]
