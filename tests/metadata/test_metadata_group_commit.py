@@ -205,3 +205,36 @@ def test_shared_syncs_a_failed_sync_fails_every_caller_it_covered() -> None:
     # 0 was made durable by the second run's own sync; 1 and 2 needed the failed sync.
     assert outcomes[0] == 0
     assert isinstance(outcomes[1], OSError) and isinstance(outcomes[2], OSError)
+
+
+def test_shared_syncs_under_contention_every_item_runs_once_and_is_acknowledged_durable() -> None:
+    """Many callers at once (the hand-over wakes only finished callers and one successor):
+    each item runs exactly once, in queue order within its group, and no caller learns
+    its outcome before its item is durable; nobody is left waiting."""
+    model = Durability()
+    committer: GroupCommitter[int, object] = GroupCommitter(
+        model.run_group, group_size_max=5, sync=model.sync
+    )
+    acknowledged: dict[int, object] = {}
+    lock = threading.Lock()
+
+    def caller(first: int) -> None:
+        for item in range(first, first + 40):
+            value = -item if item % 7 == 3 else item  # some items fail alone
+            try:
+                result: object = committer.submit(value)
+                assert value in model.durable, f"{value} acknowledged before it was durable"
+            except ValueError as exc:
+                result = exc
+            with lock:
+                acknowledged[value] = result
+
+    threads = [threading.Thread(target=caller, args=(1000 * (n + 1),)) for n in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT_S)
+        assert not thread.is_alive(), "a caller was left waiting"
+    assert len(acknowledged) == 16 * 40
+    assert sorted(model.applied) == sorted(item for item in acknowledged if item >= 0), "each once"
+    assert all(isinstance(result, ValueError) for item, result in acknowledged.items() if item < 0)
