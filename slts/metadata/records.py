@@ -288,6 +288,16 @@ class DecodedRecords:
         self._entries: OrderedDict[tuple[str, bytes], tuple[int, Record]] = OrderedDict()
         self._lock = threading.Lock()
 
+    def remember(self, table: str, key: bytes, version: int, record: Record) -> None:
+        """Keep ``record``, just committed under ``key`` at ``version`` (its encoding is
+        what the store holds there): the next read of it needs no decode."""
+        name = (table, key)
+        with self._lock:
+            self._entries[name] = (version, record)
+            self._entries.move_to_end(name)
+            while len(self._entries) > self._capacity:
+                self._entries.popitem(last=False)
+
     def decode(self, table: str, key: bytes, version: int, value: bytes, kind: type[R]) -> R:
         """``kind.decode(value)``, from the memo when ``version`` matches."""
         name = (table, key)

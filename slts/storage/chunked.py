@@ -893,13 +893,17 @@ class ChunkedSegmentStorage:
         commit can succeed then)."""
         intents, intent_version = plan.intents, plan.intent_version
         for attempt in range(self.config.commit_retries_max + 1):
-            ops, expect, updated = self._write_commit(record, version, previous, plan)
+            ops, expect, updated, last_after = self._write_commit(record, version, previous, plan)
             try:
                 with self.context.locks.layout(record.name):
                     sequence = self._ownership.commit(ops, expect)
                     # An append: the extents reads resolved stay, but the last chunk's.
                     self._layouts.advance(record.name, version, sequence, updated)
-                    return sequence
+                # The next write reads these two records: as committed, without a decode.
+                self.context.records.remember(SEGMENTS, name_key(record.name), sequence, updated)
+                if last_after is not None:
+                    self.context.records.remember(CHUNKS, name_key(last_after.name), sequence, last_after)
+                return sequence
             except VersionConflict as exc:
                 if intents and (lost := self.gc.lost(intents, intent_version)):
                     written = len(plan.appended) + sum(len(c.data) for c in plan.new_chunks)
@@ -944,15 +948,16 @@ class ChunkedSegmentStorage:
         version: int,
         last: tuple[ChunkRecord, int] | None,
         plan: _WritePlan,
-    ) -> tuple[builtins.list[Put | Delete], builtins.list[Expect], SegmentRecord]:
-        """The operations and expectations that make the write ``plan`` readable, and
-        the segment's record they commit.
+    ) -> tuple[builtins.list[Put | Delete], builtins.list[Expect], SegmentRecord, ChunkRecord | None]:
+        """The operations and expectations that make the write ``plan`` readable, the
+        segment's record they commit, and the last chunk's if they change it.
 
         ``record``/``version``: the segment as read; ``last``: its last chunk (record,
         version) as read, which receives ``plan.appended`` and points at the new chunks."""
         appended, new_chunks, sums = plan.appended, plan.new_chunks, plan.sums
         ops: builtins.list[Put | Delete] = []
         expect = [Expect(SEGMENTS, name_key(record.name), version)]
+        last_after: ChunkRecord | None = None
         if last is not None and (appended or new_chunks):
             previous, previous_version = last
             previous_name = previous.name
@@ -973,6 +978,7 @@ class ChunkedSegmentStorage:
                 previous = previous.replace(next_chunk=new_chunks[0].name)
             ops.append(Put(CHUNKS, name_key(previous_name), previous.encode()))
             expect.append(Expect(CHUNKS, name_key(previous_name), previous_version))
+            last_after = previous
         for i, chunk in enumerate(new_chunks):
             following = new_chunks[i + 1].name if i + 1 < len(new_chunks) else None
             checksum, blocks = sums.chunks[i] if sums is not None else (None, None)
@@ -1011,7 +1017,7 @@ class ChunkedSegmentStorage:
         ops.append(Put(SEGMENTS, name_key(record.name), updated.encode()))
         ops += plan.also
         expect += plan.expect
-        return ops, expect, updated
+        return ops, expect, updated, last_after
 
     # -- read -------------------------------------------------------------------------------------------
 
