@@ -54,7 +54,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 
@@ -529,7 +529,7 @@ class RemoteLogManager:
 
     def _batch_views(
         self, metadata: RemoteLogSegmentMetadata, offset: int, budget: int
-    ) -> Iterator[tuple[kf.BatchHeader, memoryview]]:
+    ) -> Iterable[tuple[kf.BatchHeader, memoryview]]:
         """The batches of ``metadata``'s log from one at or before the batch holding
         ``offset``, read in ranges sized to what the fetch needs: the offset index bounds
         that batch (``OffsetIndex.bounds``); when entries lie far enough apart for the
@@ -560,12 +560,10 @@ class RemoteLogManager:
             )
             first = next(views, None)
             if first is not None and first[0].base_offset <= offset:
-                yield first
-                yield from views
-                return
+                return itertools.chain((first,), views)
             views.close()
             stop = at  # the batch holding offset lies before the entry's
-        yield from kf.iter_batch_views(
+        return kf.iter_batch_views(
             read, size, low, min(size, max(stop, low + more)), more_bytes=more, segment=label
         )
 
