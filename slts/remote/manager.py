@@ -67,6 +67,7 @@ from slts.remote.lineage import LeaderEpochCache, filtered_epochs, segment_withi
 from slts.remote.local_log import LocalLog, LocalSegment, local_log
 from slts.remote.partition_views import PartitionView
 from slts.remote.records import (
+    OFFSET_MAX,
     PartitionDeleteState,
     RemoteLogSegmentMetadata,
     SegmentState,
@@ -407,8 +408,11 @@ class RemoteLogManager:
         lineage: naming partition and offset), ``InvalidArgument``, ``InvalidLogSegment``
         (the remote bytes or index do not parse: damage)."""
         _check_tp(tp)
-        check_offset(offset, f"{tp}: fetch offset")
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+        if type(offset) is not int or not 0 <= offset <= OFFSET_MAX:  # the message only on error
+            check_offset(offset, f"{tp}: fetch offset")
+        if (
+            type(max_bytes) is not int and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int))
+        ) or max_bytes < 1:
             raise InvalidArgument(f"{tp}: max_bytes {max_bytes!r} is not a positive integer")
         if not isinstance(min_one_message, bool):
             raise InvalidArgument(f"{tp}: min_one_message must be True or False")
