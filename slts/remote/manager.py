@@ -50,6 +50,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import time
@@ -555,18 +556,19 @@ class RemoteLogManager:
         stop = size if high is None else high
         more = min(budget, self.rsm.read_bytes)
 
-        def read(position: int, length: int) -> memoryview:
-            return self.rsm.read_log(metadata, position, length)
-
+        read = functools.partial(self.rsm.read_log, metadata)
         if at is not None and at - low >= SPECULATE_GAP_BYTES:
             views = kf.iter_batch_views(
                 read, size, at, min(size, max(stop, at + more)), more_bytes=more, segment=label
             )
-            first = next(views, None)
+            try:
+                first = next(views, None)
+            except InvalidLogSegment:
+                first = None  # damage there fails the fetch only if the fetch reaches it
             if first is not None and first[0].base_offset <= offset:
                 return itertools.chain((first,), views)
             views.close()
-            stop = at  # the batch holding offset lies before the entry's
+            stop = at  # the batch holding offset starts before the entry's
         return kf.iter_batch_views(
             read, size, low, min(size, max(stop, low + more)), more_bytes=more, segment=label
         )

@@ -6,6 +6,7 @@ hold the batch of every offset; damaged remote bytes fail a fetch with InvalidLo
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import subprocess
 import sys
@@ -403,6 +404,35 @@ def test_a_fetch_of_damaged_remote_bytes_is_invalid_log_segment(env: Env, tmp_pa
     assert caught.value.context["position"] == bad.position
     for good in (log.batches[0], log.batches[-1]):  # before it, and past the index entry after it
         assert decode_records(manager.fetch(TP, good.base_offset, 1).records)[0][0] == good.base_offset
+
+
+def test_damage_past_the_batch_of_a_fetch_does_not_fail_it(env: Env, tmp_path: Path) -> None:
+    """Batches above the index interval, indexed every other one (an older follower's
+    index, as Kafka accepts): a fetch in an unindexed batch first tries the batch at the
+    next entry, finds it damaged, and reads the stretch before it, which holds the
+    fetch's batch; a fetch of the damaged batch itself fails."""
+    log = build_log(0, 10, records_per_batch=4, seed=3, value_bytes=3000)
+    assert all(batch.size > kf.DEFAULT_INDEX_INTERVAL_BYTES for batch in log.batches)
+    sparse = kf.encode_offset_index(
+        [kf.OffsetIndexEntry(b.last_offset, b.position) for b in log.batches[2::2]], log.base_offset
+    )
+    folder = tmp_path / "payments-7"
+    write_log_dir(folder, dataclasses.replace(log, offset_index=sparse))
+    write_log_dir(folder, build_log(log.end_offset + 1, 2, records_per_batch=3, seed=2))
+    (folder / "leader-epoch-checkpoint").write_bytes(log.leader_epoch_checkpoint)
+    path = folder / f"{0:020d}.log"
+    data = bytearray(path.read_bytes())
+    damaged, holder = log.batches[4], log.batches[3]
+    data[damaged.position + damaged.size - 9] ^= 0x21
+    path.write_bytes(bytes(data))
+    from slts.remote.local_log import local_log
+
+    manager = RemoteLogManager(env.open(), validate=False)
+    manager.copy_rolled_segments(TP, local_log(folder))
+    result = manager.fetch(TP, holder.base_offset + 1, 1)
+    assert result.records == log.data[holder.position : holder.position + holder.size]
+    with pytest.raises(InvalidLogSegment, match="CRC"):
+        manager.fetch(TP, damaged.base_offset, 1)
 
 
 def test_read_log_ranges_and_a_deleted_log(env: Env, tmp_path: Path) -> None:
