@@ -37,7 +37,8 @@ Invariants:
   record's version does not cover them. Its lookups go to the store.
 * Bounded: at most ``VIEWS_MAX`` views (all dropped when full), at most
   ``INTERVALS_MAX`` intervals per view (an epoch's intervals dropped when its table is
-  full).
+  full), and about ``INTERVALS_TOTAL_MAX`` in all (every view dropped when they pass it:
+  each interval keeps a segment's metadata, about half a KiB).
 """
 
 from __future__ import annotations
@@ -54,6 +55,22 @@ from slts.remote.records import OFFSET_MAX, RemoteLogSegmentMetadata, RemotePart
 VIEWS_MAX = 4096
 #: Intervals learned per view (an epoch's are dropped when its table would pass it).
 INTERVALS_MAX = 4096
+#: Intervals learned by all the views of one RLMM (all views are dropped past it).
+INTERVALS_TOTAL_MAX = 65536
+
+
+class _Budget:
+    """The intervals learned by the views of one ``PartitionViews``."""
+
+    __slots__ = ("learned", "lock")
+
+    def __init__(self) -> None:
+        self.learned = 0
+        self.lock = threading.Lock()
+
+    def add(self, count: int) -> None:
+        with self.lock:
+            self.learned += count
 
 
 class StaleView(Exception):
@@ -83,6 +100,7 @@ class PartitionView:
     """``tp``'s partition record at ``version``, and the offset-map intervals learned at it."""
 
     __slots__ = (
+        "_budget",
         "_epochs",
         "_learned",
         "_lock",
@@ -103,8 +121,10 @@ class PartitionView:
         record: RemotePartitionRecord,
         version: int,
         marker: object,
+        budget: _Budget,
     ) -> None:
         self._store = store
+        self._budget = budget
         self.tp, self.key, self.record, self.version = tp, key, record, version
         #: The store's change marker when the view was last found current.
         self.marker = marker
@@ -162,21 +182,24 @@ class PartitionView:
             at = bisect_right(table.starts, start)
             if at and table.starts[at - 1] == start:
                 return  # another thread learned it
-            if self._learned >= INTERVALS_MAX:
-                self._learned -= len(table.starts)
+            learned = self._learned
+            if learned >= INTERVALS_MAX:
+                learned -= len(table.starts)
                 table = _EMPTY
                 at = 0
-                if self._learned >= INTERVALS_MAX:  # the other epochs hold them all
+                if learned >= INTERVALS_MAX:  # the other epochs hold them all
                     self._epochs.clear()
-                    self._learned = 0
+                    learned = 0
             self._epochs[epoch] = _Intervals(
                 [*table.starts[:at], start, *table.starts[at:]],
                 [*table.nexts[:at], following, *table.nexts[at:]],
                 [*table.ends[:at], end, *table.ends[at:]],
                 [*table.segments[:at], segment, *table.segments[at:]],
             )
-            self._learned += 1
-            assert 0 < self._learned <= INTERVALS_MAX, self._learned
+            learned += 1
+            assert 0 < learned <= INTERVALS_MAX, learned
+            self._budget.add(learned - self._learned)
+            self._learned = learned
 
 
 class PartitionViews:
@@ -185,6 +208,7 @@ class PartitionViews:
     def __init__(self, store: MetadataStore) -> None:
         self._store = store
         self._views: dict[TopicPartition, PartitionView] = {}
+        self._budget = _Budget()
 
     def view(self, tp: TopicPartition) -> PartitionView | None:
         """``tp``'s current view; None if the partition is unknown or marked for deletion
@@ -193,6 +217,8 @@ class PartitionViews:
         version decides, read after the marker (so any later commit moves the marker
         again, and the next call checks again)."""
         marker = self._store.change_marker
+        if self._budget.learned > INTERVALS_TOTAL_MAX:
+            self._drop_all()
         known = self._views.get(tp)
         if known is not None and known.marker == marker:
             return known
@@ -208,15 +234,22 @@ class PartitionViews:
         if record.delete_state is not None:
             self._views.pop(tp, None)
             return None
-        fresh = PartitionView(self._store, tp, key, record, stored.version, marker)
+        fresh = PartitionView(self._store, tp, key, record, stored.version, marker, self._budget)
         if len(self._views) >= VIEWS_MAX:
-            self._views.clear()
+            self._drop_all()
         self._views[tp] = fresh
         return fresh
 
     def forget(self, tp: TopicPartition) -> None:
         """Drop ``tp``'s view (it was found stale)."""
         self._views.pop(tp, None)
+
+    def _drop_all(self) -> None:
+        """Drop every view and start a new count (a view a lookup still holds counts in
+        the old one until it is let go). Views dropped one by one stay counted: the count
+        errs towards dropping sooner."""
+        self._views.clear()
+        self._budget = _Budget()
 
     def __len__(self) -> int:
         return len(self._views)

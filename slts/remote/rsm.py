@@ -372,7 +372,9 @@ class RemoteStorageManager:
         Kafka's contract says: files already gone (a retry after a partial delete, a
         segment never copied) are not an error. The chunks go to the GC queue.
         Raises ``InvalidArgument``, ``Fenced``, ``ReadOnlyInstance``, storage errors (retry)."""
+        _check_metadata(metadata)
         deleted = 0
+        self._log_handles.pop(metadata.segment_id, None)
         for kind in (LOG, *IndexType):
             name = self.segment_name(metadata, kind)
             try:

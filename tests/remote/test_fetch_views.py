@@ -212,6 +212,9 @@ def test_views_and_intervals_are_bounded(env: Env, monkeypatch: pytest.MonkeyPat
     for offset in range(0, 60, 3):
         assert rlmm.segment_in_view(view, offset).start_offset == offset // 10 * 10  # type: ignore[union-attr]
         assert view._learned <= 3
+    monkeypatch.setattr(partition_views, "INTERVALS_TOTAL_MAX", 2)
+    rlmm.view(TP)
+    assert rlmm.view(TP) is not view, "over the total: every view dropped"
     for number in range(3):
         tp = TopicPartition("other", number)
         rlmm.add_segment(
