@@ -28,6 +28,10 @@ offsets):
   continues into the next segment; the first batch is returned even if it exceeds ``max_bytes`` unless
   ``min_one_message=False``, which returns nothing then. A segment deleted under a
   fetch is resolved again: a fetch returns whole batches or ``RemoteOffsetOutOfRange``.
+  The log start offset and segments come from the partition's view in the RLMM; the
+  log is read in ranges the offset index bounds, sized to the budget, as views of the
+  engine's checked bytes, no stream between (``_batch_views``); the batches returned
+  are copied once.
 * ``enforce_retention(tp, log, retention_ms=..., retention_bytes=...)``: Kafka's
   expiration task: segments below the log start offset, then, walking the lineage's
   epochs oldest first, segments breached by time (largest timestamp at or before now -

@@ -50,6 +50,11 @@ Offset lookups are O(log n): one ``floor`` in the given epoch's map or, without 
 one per epoch whose copied range (lowest start to highest offset, kept in the partition
 record) spans the offset: one in a clean lineage, a few after unclean elections.
 
+A fetch asks through ``view(tp)`` and ``segment_in_view`` instead
+(``slts.remote.partition_views``): the partition record and the offset-map intervals
+lookups learned, kept in memory while the store's change marker, else the record's
+version, says nothing changed; the answers are the same, a stale view is never served.
+
 Two start offsets:
 
 * ``log_start_offset`` is the stored floor of the remote log: set by the first segment
