@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import uuid
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +39,25 @@ class OffsetIndex:
         entry at or below it, 0 if none (``kafka_formats.lookup_position``)."""
         index = bisect_right(self.offsets, offset)
         return self.positions[index - 1] if index else 0
+
+    def bounds(self, offset: int) -> tuple[int, int | None, int | None]:
+        """Where the batch holding ``offset`` can lie: ``(low, at, high)``, positions of
+        the last entry below ``offset`` (0 if none), of the first entry at or above it and
+        of the entry after that (None past the index's end).
+
+        An entry holds the last offset of a batch that starts at its position (or, from an
+        older follower, of a multi-batch append starting there), and the next entry's
+        batch starts past it (``kafka_formats.OffsetIndexCheck``). So the batch holding
+        ``offset`` lies in ``[low, high)`` (``high`` None: up to the log's end); when every
+        batch has its entry (batches above ``index.interval.bytes``) it is the one at
+        ``at``."""
+        index = bisect_left(self.offsets, offset)
+        positions = self.positions
+        count = len(positions)
+        low = positions[index - 1] if index else 0
+        at = positions[index] if index < count else None
+        high = positions[index + 1] if index + 1 < count else None
+        return low, at, high
 
 
 class OffsetIndexCache:

@@ -59,7 +59,7 @@ import os
 import re
 import struct
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO, NamedTuple
 
@@ -279,8 +279,79 @@ def iter_batches(
         position += header.size
 
 
+def iter_batch_views(
+    read: Callable[[int, int], bytes | memoryview],
+    size: int,
+    start: int,
+    first_end: int,
+    *,
+    more_bytes: int = 0,
+    segment: str = "",
+) -> Generator[tuple[BatchHeader, memoryview], None, None]:
+    """The batches of a log of ``size`` bytes from position ``start`` (a batch's first
+    byte), each header with a view of the batch's bytes in what ``read`` returned: for a
+    reader that knows where its batches lie (a fetch, through the offset index) and reads
+    no more than it needs, without a stream or a copy per batch.
+
+    ``read(position, length)`` returns exactly those bytes of the log (bytes or a view
+    of them). The first read is
+    ``[start, first_end)``; a batch (or header) that runs past what was read is completed
+    by one further read of what it lacks, or ``more_bytes`` if that is more (bounded by
+    the log's end). Checks as ``iter_batches`` does (headers, CRCs, increasing offsets;
+    ``InvalidLogSegment`` naming ``segment``, position and offset, also for a batch cut
+    by the log's end). Stops at the log's end. A view keeps its read's bytes alive."""
+    assert 0 <= start <= first_end <= size, (start, first_end, size)
+    data = memoryview(read(start, first_end - start)) if first_end > start else memoryview(b"")
+    base = start  # the log position of data[0]
+    at = 0  # where the next batch starts in data
+    previous_last: int | None = None
+    while True:
+        if len(data) - at < HEADER_SIZE:
+            data, base, at = _read_more(read, data, base, at, HEADER_SIZE, size, more_bytes)
+            if at == len(data):
+                return
+        header = parse_batch_header(data[at : at + HEADER_SIZE], base + at, segment=segment)
+        end = at + LOG_OVERHEAD + header.batch_length
+        if end > len(data):
+            data, base, at = _read_more(read, data, base, at, end - at, size, more_bytes)
+            end = at + LOG_OVERHEAD + header.batch_length
+            if end > len(data):
+                raise _invalid(
+                    f"truncated batch at position {base + at}: {len(data) - at} of {end - at} bytes",
+                    segment=segment,
+                    position=base + at,
+                    offset=header.base_offset,
+                )
+        batch = data[at:end]
+        _check_batch(header, batch, previous_last, segment, True)
+        yield header, batch
+        previous_last = header.base_offset + header.last_offset_delta
+        at = end
+
+
+def _read_more(
+    read: Callable[[int, int], bytes | memoryview],
+    data: memoryview,
+    base: int,
+    at: int,
+    need: int,
+    size: int,
+    more_bytes: int,
+) -> tuple[memoryview, int, int]:
+    """``iter_batch_views``'s bytes from ``at`` on, extended by one read to at least
+    ``need`` bytes (fewer only at the log's end), as (data, base, at)."""
+    rest = data[at:]
+    position = base + len(data)
+    length = min(size - position, max(need - len(rest), more_bytes))
+    if length <= 0:
+        return rest, base + at, 0
+    more = read(position, length)
+    assert len(more) == length, (len(more), length)
+    return memoryview(b"".join((rest, more)) if rest else more), base + at, 0
+
+
 def _check_batch(
-    header: BatchHeader, batch: bytes, previous_last: int | None, segment: str, verify_crc: bool
+    header: BatchHeader, batch: bytes | memoryview, previous_last: int | None, segment: str, verify_crc: bool
 ) -> None:
     """Raise InvalidLogSegment for a CRC mismatch or offsets that do not increase."""
     assert len(batch) == header.size

@@ -28,6 +28,10 @@ offsets):
   continues into the next segment; the first batch is returned even if it exceeds ``max_bytes`` unless
   ``min_one_message=False``, which returns nothing then. A segment deleted under a
   fetch is resolved again: a fetch returns whole batches or ``RemoteOffsetOutOfRange``.
+  The log start offset and segments come from the partition's view in the RLMM; the
+  log is read in ranges the offset index bounds, sized to the budget, as views of the
+  engine's checked bytes, no stream between (``_batch_views``); the batches returned
+  are copied once.
 * ``enforce_retention(tp, log, retention_ms=..., retention_bytes=...)``: Kafka's
   expiration task: segments below the log start offset, then, walking the lineage's
   epochs oldest first, segments breached by time (largest timestamp at or before now -
@@ -50,11 +54,12 @@ from __future__ import annotations
 import bisect
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 
@@ -65,7 +70,9 @@ from slts.remote.index_cache import OffsetIndexCache
 from slts.remote.inspection import InspectedLog
 from slts.remote.lineage import LeaderEpochCache, filtered_epochs, segment_within_lineage
 from slts.remote.local_log import LocalLog, LocalSegment, local_log
+from slts.remote.partition_views import PartitionView
 from slts.remote.records import (
+    OFFSET_MAX,
     PartitionDeleteState,
     RemoteLogSegmentMetadata,
     SegmentState,
@@ -84,6 +91,12 @@ logger = logging.getLogger(__name__)
 FETCH_MAX_BYTES_DEFAULT = 1 << 20
 #: Times a fetch resolves its first segment again when retention deleted it meanwhile.
 FETCH_ATTEMPTS = 3
+#: Offset-index entries at least this far apart: the batch at the first entry at or past
+#: a fetch's offset is read first, as the likely holder (see ``_batch_views``).
+SPECULATE_GAP_BYTES = 2 * kf.DEFAULT_INDEX_INTERVAL_BYTES
+#: Segment labels (for errors) and ids kept by one manager (all dropped when one more
+#: is needed).
+SEGMENT_NAMES_MAX = 4096
 
 __all__ = [
     "FETCH_MAX_BYTES_DEFAULT",
@@ -166,6 +179,7 @@ class RemoteLogManager:
         self.threads = threads
         self._locks = storage.context.locks
         self._clock = clock
+        self._segment_names: dict[bytes, tuple[str, uuid.UUID]] = {}
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -399,8 +413,11 @@ class RemoteLogManager:
         lineage: naming partition and offset), ``InvalidArgument``, ``InvalidLogSegment``
         (the remote bytes or index do not parse: damage)."""
         _check_tp(tp)
-        check_offset(offset, f"{tp}: fetch offset")
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+        if type(offset) is not int or not 0 <= offset <= OFFSET_MAX:  # the message only on error
+            check_offset(offset, f"{tp}: fetch offset")
+        if (
+            type(max_bytes) is not int and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int))
+        ) or max_bytes < 1:
             raise InvalidArgument(f"{tp}: max_bytes {max_bytes!r} is not a positive integer")
         if not isinstance(min_one_message, bool):
             raise InvalidArgument(f"{tp}: min_one_message must be True or False")
@@ -426,11 +443,13 @@ class RemoteLogManager:
         min_one_message: bool,
     ) -> FetchResult:
         """One attempt; raises ``RemoteSegmentNotFound`` if the first segment vanished.
-        The log start offset (one read) guards the segments retention is deleting; the
-        lookup finds nothing above the highest offset; the remote range is read for the
-        error only."""
-        start = self._log_start_offset(tp)
-        metadata = None if start is None or offset < start else self._segment_for(tp, offset, cache)
+        The log start offset guards the segments retention is deleting; the lookup finds
+        nothing above the highest offset; both come from the partition's view in the
+        RLMM (current as of this call: ``slts.remote.partition_views``), or the store if
+        there is none. The remote range is read for the error only."""
+        view = self.rlmm.view(tp)
+        start = self._log_start_offset(tp) if view is None else view.record.log_start_offset
+        metadata = None if start is None or offset < start else self._segment_for(tp, view, offset, cache)
         if metadata is None:
             earliest, highest = self._remote_range(tp)
             if earliest is None or highest is None or not earliest <= offset <= highest:
@@ -438,95 +457,137 @@ class RemoteLogManager:
             epoch = None if cache is None else cache.epoch_for_offset(offset)
             where = f" of leader epoch {epoch}" if cache is not None else ""
             raise _out_of_range(tp, offset, f"is in no remote segment{where}", earliest, highest)
-        records = bytearray()
+        batches: list[memoryview] = []
+        taken = 0
         segments: list[uuid.UUID] = []
         position = offset
         in_lineage = _lineage_holds(cache)
-        while metadata is not None and len(records) < max_bytes:
+        while metadata is not None and taken < max_bytes:
             try:
-                after, full = self._read_batches(
-                    metadata, position, max_bytes, records, min_one_message, in_lineage
+                after, full, taken = self._read_batches(
+                    metadata, position, max_bytes, batches, taken, min_one_message, in_lineage
                 )
             except RemoteSegmentNotFound:
-                if not segments and not records:
+                if not segments and not batches:
                     raise
                 break  # deleted under us: what was read is whole batches
             if after > position:
-                segments.append(metadata.id)
+                segments.append(self._names(metadata)[1])
                 position = after
             if full:
                 break
-            metadata = self._next_segment(tp, metadata, cache)
-        return FetchResult(bytes(records), offset, position, tuple(segments))
+            metadata = self._segment_for(tp, view, metadata.end_offset + 1, cache)  # Kafka's next segment
+        return FetchResult(_joined(batches), offset, position, tuple(segments))
 
     def _segment_for(
-        self, tp: TopicPartition, offset: int, cache: LeaderEpochCache | None
+        self, tp: TopicPartition, view: PartitionView | None, offset: int, cache: LeaderEpochCache | None
     ) -> RemoteLogSegmentMetadata | None:
+        """The segment holding ``offset`` in the lineage of ``cache`` (without: the
+        newest epoch's), from ``view`` if there is one, else from the store."""
+        epoch = None if cache is None else cache.epoch_for_offset(offset)
+        if cache is not None and epoch is None:
+            return None
         try:
-            if cache is None:
-                return self.rlmm.segment_for_offset(tp, offset)
-            epoch = cache.epoch_for_offset(offset)
-            return None if epoch is None else self.rlmm.segment_for_offset(tp, offset, epoch)
+            if view is not None:
+                return self.rlmm.segment_in_view(view, offset, epoch)
+            return self.rlmm.segment_for_offset(tp, offset, epoch)
         except RemoteSegmentNotFound:
             return None
-
-    def _next_segment(
-        self, tp: TopicPartition, metadata: RemoteLogSegmentMetadata, cache: LeaderEpochCache | None
-    ) -> RemoteLogSegmentMetadata | None:
-        """The segment after ``metadata`` in the lineage (Kafka's ``findNextSegmentMetadata``)."""
-        return self._segment_for(tp, metadata.end_offset + 1, cache)
 
     def _read_batches(
         self,
         metadata: RemoteLogSegmentMetadata,
         offset: int,
         max_bytes: int,
-        records: bytearray,
+        batches: list[memoryview],
+        taken: int,
         min_one_message: bool,
         in_lineage: Callable[[int, int], bool] | None = None,
-    ) -> tuple[int, bool]:
-        """Append to ``records`` the batches of ``metadata`` from the one holding ``offset``
-        while the budget allows (the first of the fetch even over it, if
-        ``min_one_message``); return the offset after the last batch appended (``offset``
-        if none) and whether the budget stopped it. With ``in_lineage`` (the fetch's
-        leader-epoch cache), a batch another leader wrote (its epoch is not the lineage's
-        at its offset: an unclean election truncated it) ends the fetch, and raises
-        ``RemoteOffsetOutOfRange`` if it would have been the fetch's first."""
-        label = f"{metadata.topic_partition} segment {metadata.id}"
+    ) -> tuple[int, bool, int]:
+        """Append to ``batches`` (``taken`` bytes so far) the batches of ``metadata`` from
+        the one holding ``offset`` while the budget allows (the first of the fetch even
+        over it, if ``min_one_message``); return the offset after the last batch appended
+        (``offset`` if none), whether the budget stopped it, and the bytes taken now.
+        With ``in_lineage`` (the fetch's leader-epoch cache), a batch another leader wrote
+        (its epoch is not the lineage's at its offset: an unclean election truncated it)
+        ends the fetch, and raises ``RemoteOffsetOutOfRange`` if it would have been the
+        fetch's first.
+
+        The log is read in ranges sized to the fetch (``_batch_views``), never more than
+        the budget or ``rsm.read_bytes`` past the batch holding ``offset``."""
+        for header, batch in self._batch_views(metadata, offset, max(max_bytes - taken, 1)):
+            if header.base_offset + header.last_offset_delta < offset:
+                continue
+            if in_lineage is not None and not in_lineage(header.partition_leader_epoch, header.base_offset):
+                if batches:
+                    return offset, True, taken
+                raise RemoteOffsetOutOfRange(
+                    f"{metadata.topic_partition}: offset {offset} is held remotely only by "
+                    f"leader epoch {header.partition_leader_epoch}, not in the lineage",
+                    partition=str(metadata.topic_partition),
+                    offset=offset,
+                )
+            if taken + len(batch) > max_bytes and (batches or not min_one_message):
+                return offset, True, taken
+            batches.append(batch)
+            taken += len(batch)
+            offset = header.base_offset + header.last_offset_delta + 1
+            if taken >= max_bytes:
+                return offset, True, taken
+        return offset, False, taken
+
+    def _batch_views(
+        self, metadata: RemoteLogSegmentMetadata, offset: int, budget: int
+    ) -> Iterable[tuple[kf.BatchHeader, memoryview]]:
+        """The batches of ``metadata``'s log from one at or before the batch holding
+        ``offset``, read in ranges sized to what the fetch needs: the offset index bounds
+        that batch (``OffsetIndex.bounds``); when entries lie far enough apart for the
+        batch at the first entry at or past ``offset`` to be the one (batches above
+        ``index.interval.bytes`` each have an entry), that batch alone is read first, and
+        only if it starts past ``offset`` is the stretch before it read; otherwise the
+        stretch between the entries around ``offset`` in one read. Each read reaches at
+        least ``budget`` bytes (at most ``rsm.read_bytes``) further, so a fetch of one
+        batch reads one batch and a fetch of many reads in few ranges."""
+        label, segment_id = self._names(metadata)
         index = self.offset_indexes.get(
-            metadata.id,
+            segment_id,
             metadata.start_offset,
             lambda: self.rsm.fetch_index(metadata, IndexType.OFFSET),
             segment=label,
         )
-        start = index.position_for(offset)
-        with self.rsm.fetch_log(metadata, start) as stream:
-            batches = kf.iter_batches(
-                stream.read,
-                segment=label,
-                start_position=start,
-                block_bytes=min(max(max_bytes - len(records), 1), kf.SCAN_BLOCK_BYTES),
+        size = metadata.size_bytes
+        low, at, high = index.bounds(offset)
+        stop = size if high is None else high
+        more = min(budget, self.rsm.read_bytes)
+
+        read = functools.partial(self.rsm.read_log, metadata)
+        if at is not None and at - low >= SPECULATE_GAP_BYTES:
+            views = kf.iter_batch_views(
+                read, size, at, min(size, max(stop, at + more)), more_bytes=more, segment=label
             )
-            for header, batch in batches:
-                if header.last_offset < offset:
-                    continue
-                epoch = header.partition_leader_epoch
-                if in_lineage is not None and not in_lineage(epoch, header.base_offset):
-                    if records:
-                        return offset, True
-                    raise RemoteOffsetOutOfRange(
-                        f"{metadata.topic_partition}: offset {offset} is held remotely only by "
-                        f"leader epoch {epoch}, not in the lineage",
-                        partition=str(metadata.topic_partition),
-                        offset=offset,
-                    )
-                if len(records) + len(batch) > max_bytes and (records or not min_one_message):
-                    return offset, True
-                records += batch
-                offset = header.last_offset + 1
-                if len(records) >= max_bytes:
-                    return offset, True
-        return offset, False
+            try:
+                first = next(views, None)
+            except InvalidLogSegment:
+                first = None  # damage there fails the fetch only if the fetch reaches it
+            if first is not None and first[0].base_offset <= offset:
+                return itertools.chain((first,), views)
+            views.close()
+            stop = at  # the batch holding offset starts before the entry's
+        return kf.iter_batch_views(
+            read, size, low, min(size, max(stop, low + more)), more_bytes=more, segment=label
+        )
+
+    def _names(self, metadata: RemoteLogSegmentMetadata) -> tuple[str, uuid.UUID]:
+        """``metadata``'s label (for errors) and id, kept per segment: not formatted or
+        built per fetch."""
+        names = self._segment_names.get(metadata.segment_id)
+        if names is None:
+            if len(self._segment_names) >= SEGMENT_NAMES_MAX:
+                self._segment_names.clear()
+            segment_id = metadata.id
+            names = (f"{metadata.topic_partition} segment {segment_id}", segment_id)
+            self._segment_names[metadata.segment_id] = names
+        return names
 
     # -- retention ------------------------------------------------------------------------------------
 
@@ -745,6 +806,16 @@ def _lineage_holds(cache: LeaderEpochCache | None) -> Callable[[int, int], bool]
         return at + 1 == len(epochs) or offset < ordered[at + 1][1]
 
     return holds
+
+
+def _joined(batches: list[memoryview]) -> bytes:
+    """The batches' bytes as one ``bytes``: the read's own bytes if one batch is all of
+    them (no copy), else one copy."""
+    if len(batches) == 1:
+        whole = batches[0].obj
+        if type(whole) is bytes and len(whole) == len(batches[0]):
+            return whole
+    return b"".join(batches)
 
 
 def _check_tp(tp: object) -> None:

@@ -50,6 +50,11 @@ Offset lookups are O(log n): one ``floor`` in the given epoch's map or, without 
 one per epoch whose copied range (lowest start to highest offset, kept in the partition
 record) spans the offset: one in a clean lineage, a few after unclean elections.
 
+A fetch asks through ``view(tp)`` and ``segment_in_view`` instead
+(``slts.remote.partition_views``): the partition record and the offset-map intervals
+lookups learned, kept in memory while the store's change marker, else the record's
+version, says nothing changed; the answers are the same, a stale view is never served.
+
 Two start offsets:
 
 * ``log_start_offset`` is the stored floor of the remote log: set by the first segment
@@ -72,6 +77,7 @@ from slts.errors import IllegalStateTransition, InvalidArgument, ReadOnlyInstanc
 from slts.metadata.schema import REMOTE_EPOCHS, REMOTE_OFFSETS, REMOTE_PARTITIONS, REMOTE_SEGMENTS
 from slts.metadata.store import Delete, Expect, Operation, Put, ReadView, prefix_stop, scan_all
 from slts.remote import keys
+from slts.remote.partition_views import PartitionView, PartitionViews, StaleView
 from slts.remote.records import (
     OFFSET_MAX,
     PartitionDeleteState,
@@ -117,6 +123,7 @@ class RemoteLogMetadataManager:
         self._ctx = storage.context
         self._store = storage.context.store
         self._decoded: dict[bytes, tuple[bytes, RemotePartitionRecord]] = {}
+        self._views = PartitionViews(self._store)
 
     # -- changes ---------------------------------------------------------------------------------
 
@@ -358,6 +365,28 @@ class RemoteLogMetadataManager:
                 if found is not None and offset <= found.epoch_end_offset(epoch):
                     return found
         return None
+
+    def view(self, tp: TopicPartition) -> PartitionView | None:
+        """``tp``'s record and lookups in memory, current as of this call
+        (``slts.remote.partition_views``: checked by the store's change marker, else by the
+        record's version); None if the partition is unknown or marked for deletion (ask
+        the store). A fetch takes its log start offset from ``view.record`` and its
+        segments from ``segment_in_view``. Raises ``InvalidArgument``."""
+        _check_partition(tp)
+        return self._views.view(tp)
+
+    def segment_in_view(
+        self, view: PartitionView, offset: int, leader_epoch: int | None = None
+    ) -> RemoteLogSegmentMetadata | None:
+        """``segment_for_offset`` answered by ``view`` (arguments checked by the caller):
+        from what it learned, else from one snapshot at its version; if that version is
+        gone from the store meanwhile, from the store as it is now (``RemoteSegmentNotFound``
+        if the partition was forgotten)."""
+        try:
+            return view.segment_for_offset(offset, leader_epoch)
+        except StaleView:
+            self._views.forget(view.tp)
+            return self.segment_for_offset(view.tp, offset, leader_epoch)
 
     def is_referenced(self, metadata: RemoteLogSegmentMetadata) -> bool:
         """Whether a COPY_SEGMENT_FINISHED segment still serves lookups under any of its

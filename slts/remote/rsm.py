@@ -64,6 +64,8 @@ from slts.storage.types import SegmentHandle
 WRITE_BYTES_DEFAULT = 8 << 20
 #: Bytes read per call by a fetch stream.
 READ_BYTES_DEFAULT = 1 << 20
+#: Read handles of logs kept for ``read_log`` (all dropped when one more is needed).
+LOG_HANDLES_MAX = 4096
 
 
 class IndexType(enum.Enum):
@@ -116,6 +118,7 @@ class RemoteStorageManager:
         self.write_bytes = write_bytes
         self.read_bytes = read_bytes
         self.threads = threads
+        self._log_handles: dict[bytes, SegmentHandle] = {}
 
     # -- names -----------------------------------------------------------------------------------
 
@@ -288,6 +291,61 @@ class RemoteStorageManager:
         raw = _SegmentStream(self.storage, metadata, handle, start_position, stop, self.read_bytes)
         return io.BufferedReader(raw, buffer_size=self.read_bytes)
 
+    def read_log(self, metadata: RemoteLogSegmentMetadata, position: int, length: int) -> memoryview:
+        """Bytes ``[position, position + length)`` of ``metadata``'s log, in one ranged
+        read of the engine (which reads and checks only the checksum blocks the range
+        touches): for a reader that knows the range it needs, the remote log manager's
+        fetch, with no stream between. The range lies within ``metadata.size_bytes`` (the
+        bytes copied). The log's read handle is kept from one call to the next.
+
+        A read-only view (``ChunkedSegmentStorage.read_view``): of the chunk file's own
+        pages where the binding maps its files (checked in place, not copied), else of
+        the bytes read. Whoever keeps bytes beyond the call copies what it keeps.
+
+        Raises ``InvalidArgument``; ``InvalidOffset`` (a range outside the log);
+        ``RemoteSegmentNotFound`` (never copied or deleted, before or under the read);
+        ``InvalidLogSegment`` (the stored log is shorter than the metadata says: damage);
+        the engine's read errors (``ChunkCorrupted``: bytes that fail their checksum)."""
+        handle = self._log_handles.get(metadata.segment_id)
+        if handle is None:
+            _check_metadata(metadata)
+            handle = self._open_log(metadata)
+        if not (type(position) is int and type(length) is int and 0 <= position <= position + length):
+            raise InvalidOffset(
+                f"remote segment {metadata.id}: no range of {length!r} bytes at {position!r}", offset=position
+            )
+        if position + length > metadata.size_bytes:
+            raise InvalidOffset(
+                f"remote segment {metadata.id}: a read of {length} at {position} passes the end of its "
+                f"log of {metadata.size_bytes} bytes",
+                segment=handle.name,
+                offset=position,
+            )
+        try:
+            return self.storage.read_view(handle, position, length)
+        except (SegmentNotFound, ChunkNotFound) as exc:
+            self._log_handles.pop(metadata.segment_id, None)
+            if isinstance(exc, ChunkNotFound) and self.storage.exists(handle.name):
+                raise  # a chunk missing under a segment that exists: data loss
+            raise _not_found(metadata, handle.name) from exc
+        except InvalidOffset as exc:
+            raise InvalidLogSegment(
+                f"remote segment {metadata.id} of {metadata.topic_partition}: its stored log is shorter "
+                f"than the {metadata.size_bytes} bytes its metadata records",
+                segment=handle.name,
+                position=position,
+                offset=None,
+            ) from exc
+
+    def _open_log(self, metadata: RemoteLogSegmentMetadata) -> SegmentHandle:
+        name = self.segment_name(metadata, LOG)
+        with _not_found_as_remote(self.storage, metadata, name):
+            handle = self.storage.open_read(name)
+        if len(self._log_handles) >= LOG_HANDLES_MAX:
+            self._log_handles.clear()
+        self._log_handles[metadata.segment_id] = handle
+        return handle
+
     def fetch_index(self, metadata: RemoteLogSegmentMetadata, index_type: IndexType) -> bytes:
         """The whole file ``index_type`` of ``metadata``, read ``read_bytes`` at a time.
 
@@ -314,7 +372,9 @@ class RemoteStorageManager:
         Kafka's contract says: files already gone (a retry after a partial delete, a
         segment never copied) are not an error. The chunks go to the GC queue.
         Raises ``InvalidArgument``, ``Fenced``, ``ReadOnlyInstance``, storage errors (retry)."""
+        _check_metadata(metadata)
         deleted = 0
+        self._log_handles.pop(metadata.segment_id, None)
         for kind in (LOG, *IndexType):
             name = self.segment_name(metadata, kind)
             try:

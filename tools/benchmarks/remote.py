@@ -118,9 +118,13 @@ def copy(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, fl
 
 def fetch_first(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
     """Subject: ``fetch(offset, max_bytes=1)`` (the one batch holding ``offset``) at random
-    offsets of a tiered partition: RLMM lookup, offset index read and searched, the log
-    read from the index's position up to the batch. Baseline: a ranged read of exactly
-    that batch from the chunk holding it, its position known (the same binding)."""
+    offsets of a tiered partition: the partition's RLMM view checked against the store,
+    the segment looked up in it, the offset index (kept) bounding the batch, one engine
+    read of that range (its checksum blocks verified), the batch's header and CRC
+    checked. Baseline: a ranged read of exactly that batch from the chunk holding it, its
+    position known (the same binding). The offsets are the same in every run: after the
+    first, each segment's lookup interval and offset index are in memory, as for a
+    consumer reading on through a segment."""
     segments, batches = (4, 200) if quick else (8, 500)
     folder = Folder(parent)
     log_dir = folder.sub(str(TP))
