@@ -162,6 +162,12 @@ class GarbageCollector:
         queued_ms = int(self._clock() * 1000)
         return [queue_entry(chunk, reason, queued_ms) for chunk in chunks]
 
+    def run_entry(self, chunks: Sequence[str], reason: GcReason) -> Put:
+        """One queue entry for all of ``chunks`` (at least one; a run a commit drops, at
+        most ``gc_batch_max``), queued now: one record however long the run."""
+        assert chunks, "a run entry needs a chunk"
+        return queue_entry(chunks[0], reason, int(self._clock() * 1000), tuple(chunks[1:]))
+
     def lost(self, intents: Sequence[Put], version: int) -> list[str]:
         """``lost_intents`` for intents made by ``entry`` and committed at ``version``."""
         return lost_intents(self._store, _intent_pairs(intents), version)
@@ -233,41 +239,51 @@ class GarbageCollector:
             return result
 
     def _collect_due(self, due_ms: int) -> tuple[int, int, int, int]:
-        """One batch of the due queue entries: (chunks deleted, entries kept, errors,
+        """One batch of the due queue entries: (chunks deleted, chunks kept, errors,
         chunks found gone).
 
-        1. One snapshot reads up to ``gc_batch_max`` due entries and, for each unclaimed
-           one, whether its chunk has a record.
-        2. One commit (``_commit_split``) drops the entries whose chunk has a record
-           (kept) and claims the others, each expecting its entry unchanged and its chunk
-           record absent. An entry whose expectation fails (a writer committed, another
-           collector moved first) is left out; the others still commit.
+        1. One snapshot reads due entries, up to ``gc_batch_max`` chunks (an entry of a run
+           counts its chunks; at least one entry), and, for each chunk of an unclaimed
+           entry, whether it has a record.
+        2. One commit (``_commit_split``) drops the entries whose chunks all have a record
+           (kept) and claims the others, each expecting its entry unchanged and its
+           claimed chunks' records absent (an entry of a run whose chunks are partly
+           recorded is rewritten to the others). An entry whose expectation fails (a
+           writer committed, another collector moved first) is left out; the others
+           still commit.
         3. One ``barrier`` for the newest claim; then the claimed chunks (newly claimed,
            and claimed by an earlier pass that did not finish) are deleted in parallel.
-        4. One commit removes the entries of the deleted chunks. A chunk whose delete
-           failed keeps its claimed entry: a later pass deletes it.
+        4. One commit removes the entries whose chunks are all deleted. An entry with a
+           chunk whose delete failed stays claimed: a later pass deletes its chunks again
+           (deletes are idempotent; those already gone count as gone).
 
         A crash anywhere leaves claimed entries, or none: the next pass finishes them.
         """
+        batch_max = self._config.gc_batch_max
         with self._store.snapshot() as view:
-            due = [
-                _Due(key, stored.version, GcEntry.decode(stored.value))
-                for key, stored in view.scan(GC, b"", gc_queued_stop(due_ms), limit=self._config.gc_batch_max)
-            ]
+            due: list[_Due] = []
+            chunks = 0
+            for key, stored in view.scan(GC, b"", gc_queued_stop(due_ms), limit=batch_max):
+                entry = GcEntry.decode(stored.value)
+                due.append(_Due(key, stored.version, entry))
+                chunks += len(entry.more) + 1
+                if chunks >= batch_max:
+                    break
             recorded = {
-                item.key
+                name
                 for item in due
-                if not item.entry.claimed and view.get(CHUNKS, name_key(item.entry.chunk))
+                if not item.entry.claimed
+                for name in item.entry.chunks
+                if view.get(CHUNKS, name_key(name))
             }
         # Claimed by a pass that did not finish: deleted with this batch's.
-        claimed = [_Claim(item.key, item.version, item.entry.chunk) for item in due if item.entry.claimed]
-        decisions = [_decide(item, item.key in recorded) for item in due if not item.entry.claimed]
+        claimed = [_Claim(item.key, item.version, item.entry.chunks) for item in due if item.entry.claimed]
+        decisions = [_decide(item, recorded) for item in due if not item.entry.claimed]
         kept = 0
         for change, sequence in self._commit_split(decisions):
-            if change.key in recorded:
-                kept += 1
-            else:
-                claimed.append(_Claim(change.key, sequence, change.chunk))
+            kept += change.kept
+            if change.chunks:
+                claimed.append(_Claim(change.key, sequence, change.chunks))
         if not claimed:
             return 0, kept, 0, 0
         # The claims prove the chunks unreferenced; tier-2's copy of the metadata must know it too.
@@ -275,13 +291,14 @@ class GarbageCollector:
             self.barrier(max(claim.version for claim in claimed))
         except ChunkStorageError:
             _log.warning("GC: the metadata copy on tier-2 is behind; deleting later", exc_info=True)
-            return 0, kept, len(claimed), 0
-        failed, missing = self._delete_chunks([claim.chunk for claim in claimed])
-        gone = [claim for claim in claimed if claim.chunk not in failed]
+            return 0, kept, sum(len(claim.chunks) for claim in claimed), 0
+        failed, missing = self._delete_chunks([name for claim in claimed for name in claim.chunks])
+        done = [claim for claim in claimed if failed.isdisjoint(claim.chunks)]
         self._commit_split(
-            [_Change(c.key, c.chunk, (Delete(GC, c.key),), (Expect(GC, c.key, c.version),)) for c in gone]
-        )  # an entry another collector removed first is left out: the chunk is gone either way
-        return len(gone) - missing, kept, len(failed), missing
+            [_Change(c.key, c.chunks, 0, (Delete(GC, c.key),), (Expect(GC, c.key, c.version),)) for c in done]
+        )  # an entry another collector removed first is left out: the chunks are gone either way
+        total = sum(len(claim.chunks) for claim in claimed)
+        return total - len(failed) - missing, kept, len(failed), missing
 
     def _commit_split(self, changes: Sequence[_Change]) -> list[tuple[_Change, int]]:
         """Commit every change in one commit; if it conflicts, each half on its own,
@@ -422,37 +439,45 @@ class _Due:
 
 @dataclass(frozen=True, slots=True)
 class _Claim:
-    """A claimed queue entry: its key, the version its claim gave it, its chunk."""
+    """A claimed queue entry: its key, the version its claim gave it, its chunks."""
 
     key: bytes
     version: int
-    chunk: str
+    chunks: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class _Change:
-    """One queue entry's part of a batch commit: its operations and what they expect."""
+    """One queue entry's part of a batch commit: its operations and what they expect;
+    the chunks it claims (none: the entry goes) and how many of its chunks are kept."""
 
     key: bytes
-    chunk: str
+    chunks: tuple[str, ...]
+    kept: int
     ops: tuple[Operation, ...]
     expect: tuple[Expect, ...]
 
 
-def _decide(item: _Due, recorded: bool) -> _Change:
-    """The verdict on an unclaimed entry: kept (its chunk has a record: drop the entry)
-    or claimed (expecting the entry unchanged and the chunk record still absent)."""
-    chunk, current = item.entry.chunk, Expect(GC, item.key, item.version)
-    if recorded:
-        return _Change(item.key, chunk, (Delete(GC, item.key),), (current,))
-    claim = Put(GC, item.key, item.entry.replace(claimed=True).encode())
-    return _Change(item.key, chunk, (claim,), (current, Expect(CHUNKS, name_key(chunk), 0)))
+def _decide(item: _Due, recorded: set[str]) -> _Change:
+    """The verdict on an unclaimed entry, chunk by chunk: a chunk with a record is kept
+    (it leaves the entry), the others are claimed, expecting the entry unchanged and
+    their records still absent. Every chunk kept: the entry is dropped."""
+    current = Expect(GC, item.key, item.version)
+    names = item.entry.chunks
+    free = tuple(name for name in names if name not in recorded)
+    kept = len(names) - len(free)
+    if not free:
+        return _Change(item.key, (), kept, (Delete(GC, item.key),), (current,))
+    entry = item.entry.replace(claimed=True, chunk=free[0], more=free[1:])
+    absent = tuple(Expect(CHUNKS, name_key(name), 0) for name in free)
+    return _Change(item.key, free, kept, (Put(GC, item.key, entry.encode()),), (current, *absent))
 
 
-def queue_entry(chunk: str, reason: GcReason, queued_ms: int) -> Put:
-    """The queue entry for ``chunk`` as an operation, keyed by ``queued_ms``: it becomes
-    due ``gc_delay_s`` after that (a lease queues an intent in the future)."""
-    return Put(GC, gc_key(queued_ms, chunk), GcEntry(chunk, reason, queued_ms, False).encode())
+def queue_entry(chunk: str, reason: GcReason, queued_ms: int, more: tuple[str, ...] = ()) -> Put:
+    """The queue entry for ``chunk`` (and the ``more`` chunks of its run) as an
+    operation, keyed by ``queued_ms`` and the first chunk: it becomes due ``gc_delay_s``
+    after that (a lease queues an intent in the future)."""
+    return Put(GC, gc_key(queued_ms, chunk), GcEntry(chunk, reason, queued_ms, False, more).encode())
 
 
 def lost_intents(store: MetadataStore, intents: Sequence[tuple[bytes, str]], version: int) -> list[str]:

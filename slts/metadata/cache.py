@@ -24,8 +24,9 @@ Conditional commits are always checked by the inner store as well, and on
 Invariants (asserted):
 
 * ``len(_entries) <= capacity``.
-* A key with a commit in flight through this cache (``_writing``) has no entry and no
-  fill token: until every such commit has finished, its reads go to the inner store.
+* A key with a commit in flight through this cache (``_writing``), or inside the span of
+  a ``DeleteRange`` in flight (``_ranges``), has no entry and no fill token: until every
+  such commit has finished, its reads go to the inner store.
 * A miss may fill its key only while its token is still current (``_fills``); starting a
   commit on the key, ``invalidate``, ``clear`` and conflict eviction withdraw the token,
   so a read that raced with a commit never caches a value older than the commit's.
@@ -49,6 +50,8 @@ from slts.metadata import _checks
 from slts.metadata.store import (
     SCAN_LIMIT_DEFAULT,
     Change,
+    CommitOp,
+    DeleteRange,
     Expect,
     MetadataStore,
     Operation,
@@ -59,6 +62,12 @@ from slts.metadata.store import (
 )
 
 _Key = tuple[str, bytes]
+_Range = tuple[str, bytes, bytes]  # a DeleteRange's table, start, stop
+
+
+def _in_range(name: _Key, span: _Range) -> bool:
+    table, start, stop = span
+    return name[0] == table and start <= name[1] < stop
 
 
 class _Flight:
@@ -95,6 +104,7 @@ class CachedMetadataStore(MetadataStore):
         self._entries: OrderedDict[_Key, Versioned | None] = OrderedDict()
         self._fills: dict[_Key, object] = {}  # key -> token of the one miss allowed to fill it
         self._writing: dict[_Key, _Flight] = {}
+        self._ranges: list[_Range] = []  # DeleteRange spans of commits in flight (cached tables)
         self._hits = 0
         self._misses = 0
         self._closed = False
@@ -132,7 +142,7 @@ class CachedMetadataStore(MetadataStore):
                 self._hits += 1
                 return self._entries[name]
             self._misses += 1
-            if name not in self._writing:
+            if name not in self._writing and not self._ranged(name):
                 token = object()
                 self._fills[name] = token
         try:
@@ -218,19 +228,30 @@ class CachedMetadataStore(MetadataStore):
 
     # -- commits ---------------------------------------------------------------------------
 
-    def commit(self, ops: Sequence[Operation], expect: Sequence[Expect] = ()) -> int:
+    def commit(self, ops: Sequence[CommitOp], expect: Sequence[Expect] = ()) -> int:
         """Commit through the inner store, then cache what was written (see module doc)."""
         _checks.check_commit(self.tables, ops, expect)
         self._check_open()
         written: dict[_Key, bytes | None] = {}  # the last op per key wins; None: deleted
+        ranges: list[_Range] = []  # of cached tables
         for op in ops:
-            if op.table not in self.uncached_tables:
+            if op.table in self.uncached_tables:
+                continue
+            if isinstance(op, DeleteRange):
+                ranges.append((op.table, op.start, op.stop))
+                for name in written:  # what the commit wrote before the range, it removes
+                    if _in_range(name, ranges[-1]):
+                        written[name] = None
+            else:
                 written[(op.table, op.key)] = op.value if isinstance(op, Put) else None
         with self._lock:
             for name in written:
                 self._entries.pop(name, None)
                 self._fills.pop(name, None)
                 self._writing.setdefault(name, _Flight()).count += 1
+            for span in ranges:
+                self._ranges.append(span)
+                self._forget_range(span)
         outcome_known = False
         sequence = 0
         try:
@@ -249,6 +270,8 @@ class CachedMetadataStore(MetadataStore):
         finally:
             with self._lock:
                 self._land(written, sequence, outcome_known)
+                for span in ranges:
+                    self._land_range(span, sequence)
         return sequence
 
     def replicate(
@@ -306,8 +329,40 @@ class CachedMetadataStore(MetadataStore):
             if flight.count == 0:
                 del self._writing[name]
                 assert name not in self._entries and name not in self._fills
-                if flight.newest and not flight.unknown:
+                if flight.newest and not flight.unknown and not self._ranged(name):
                     self._insert(name, flight.value)
+
+    def _ranged(self, name: _Key) -> bool:
+        """Is ``name`` inside a ``DeleteRange`` in flight? Lock held."""
+        return any(_in_range(name, span) for span in self._ranges)
+
+    def _forget_range(self, span: _Range) -> None:
+        """Drop the cached values and fill tokens of every key in ``span`` (a walk over
+        the cache: O(capacity), paid by commits with a ``DeleteRange`` on a cached table
+        only; the engine's ranges are on uncached tables). Lock held."""
+        for name in [name for name in self._entries if _in_range(name, span)]:
+            del self._entries[name]
+        for name in [name for name in self._fills if _in_range(name, span)]:
+            del self._fills[name]
+
+    def _land_range(self, span: _Range, sequence: int) -> None:
+        """A commit with the ``DeleteRange`` ``span`` finished (``sequence`` 0: not
+        applied). While it was in flight no key of the span was filled (see ``get``);
+        now, if it applied, a value cached meanwhile by a commit ordered before it in the
+        store goes, and flights still open on keys of the span end uncached (whichever
+        of them the store ordered first, the cache cannot tell). Lock held."""
+        self._ranges.remove(span)
+        if not sequence:
+            return
+        for name in [
+            name
+            for name, value in self._entries.items()
+            if _in_range(name, span) and value is not None and value.version < sequence
+        ]:
+            del self._entries[name]
+        for name, flight in self._writing.items():
+            if _in_range(name, span):
+                flight.unknown = True
 
     # -- cache management ------------------------------------------------------------------
 

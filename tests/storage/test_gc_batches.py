@@ -81,10 +81,9 @@ def is_removal(ops: Sequence[Operation]) -> bool:
 
 
 def queue(env: Env) -> dict[str, GcEntry]:
-    """The GC queue, by chunk name."""
-    return {
-        entry.chunk: entry for entry in map(GcEntry.decode, (v.value for v in env.store.dump()[GC].values()))
-    }
+    """The GC queue, by chunk name (every chunk of an entry of a run maps to the entry)."""
+    entries = map(GcEntry.decode, (v.value for v in env.store.dump()[GC].values()))
+    return {name: entry for entry in entries for name in entry.chunks}
 
 
 def settle(env: Env, storage: ChunkedSegmentStorage) -> None:
