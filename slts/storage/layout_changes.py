@@ -214,7 +214,8 @@ def _truncate_batch(ctx: EngineContext, name: str, new_start: int) -> bool:
             return False
     names = [chunk for _, chunk in dropped]
     ops.extend(Delete(CHUNKS, name_key(chunk)) for chunk in names)
-    ops.extend(ctx.gc.entries(names, GcReason.DROPPED))
+    if names:
+        ops.append(ctx.gc.run_entry(names, GcReason.DROPPED))
     changes: dict[str, object] = {
         "start_offset": new_start,
         "chunk_count": record.chunk_count - len(dropped),
