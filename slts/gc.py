@@ -5,23 +5,26 @@ Two sources of garbage:
 * **Queue entries** (table ``gc``, keyed by the time queued, then chunk name). A writer puts an
   ``intent`` entry *before* it creates a chunk and deletes the entry in the same commit
   that makes the chunk part of a segment; changes that drop chunks from a layout put
-  ``dropped`` entries in the commit that drops them. So a chunk on the storage is
-  always either referenced by a chunk record or named by a queue entry: leak-free by
-  construction, whatever crashes when.
+  ``dropped`` entries in the commit that drops them (a truncate batch puts one entry
+  for its whole run, ``GcEntry.more``: one record however many chunks it drops). So a
+  chunk on the storage is always either referenced by a chunk record or named by a
+  queue entry: leak-free by construction, whatever crashes when.
 * **Tombstones** (table ``deleted``): a deleted segment's header, kept until the
   collector has walked its chunk list, in bounded batches.
 
-The verdict comes from metadata, never from the queue's reason: an entry whose chunk
-has a record is kept (the entry is dropped), anything else is deleted. Deleting is a
+The verdict comes from metadata, never from the queue's reason: a queued chunk that
+has a record is kept (it leaves its entry), anything else is deleted. Deleting is a
 two-step protocol so that it can never race a writer's commit: the collector first
 *claims* the entry (a commit expecting the entry unchanged and the chunk record
 absent), and only then deletes the chunk; the writer's commit expects its intent entry
 unchanged, so exactly one of the two wins. A crash after the claim leaves a claimed
 entry that the next run finishes (deletes are idempotent).
 
-The collector works in batches of up to ``gc_batch_max`` due entries: one commit claims
-them all (each claim keeps its own expectations; if the commit conflicts, it is split in
-halves down to the single entries that conflict, which are left for a later pass), one
+The collector works in batches of due entries holding up to ``gc_batch_max`` chunks
+(at least one entry, whatever its run's length): one commit claims them all (each
+claim keeps its own expectations; if the commit conflicts, it is split in halves down
+to the single entries that conflict, which are left for a later pass: an entry of a run
+waits as a whole, see ``_collect_due``), one
 ``barrier`` makes the claims durable on tier-2, the chunks are deleted in parallel (at
 most ``delete_threads`` at once), and one commit removes the entries. A tombstone
 batch is one barrier, parallel deletes and one commit. So a batch costs two commits and
@@ -63,7 +66,7 @@ class GcStatistics:
     """What one ``run_once`` did."""
 
     chunks_deleted: int = 0  # removed from the chunk storage by this pass (found gone: not counted)
-    entries_kept: int = 0
+    entries_kept: int = 0  # queued chunks found with a record: kept, and out of the queue (counts chunks)
     tombstones_finished: int = 0
     errors: int = 0  # chunks not deleted (the chunk storage or the barrier failed): a later pass retries
     index_keys_deleted: int = 0  # of deleted segments' namespaces (after their chunks)
@@ -157,10 +160,11 @@ class GarbageCollector:
         ``gc_delay_s`` (as configured when collecting) after that."""
         return queue_entry(chunk, reason, int(self._clock() * 1000))
 
-    def entries(self, chunks: Sequence[str], reason: GcReason) -> list[Put]:
-        """``entry`` for each of ``chunks``, all queued at the same moment (now)."""
-        queued_ms = int(self._clock() * 1000)
-        return [queue_entry(chunk, reason, queued_ms) for chunk in chunks]
+    def run_entry(self, chunks: Sequence[str], reason: GcReason) -> Put:
+        """One queue entry for all of ``chunks`` (at least one; a run a commit drops, at
+        most ``gc_batch_max``), queued now: one record however long the run."""
+        assert chunks, "a run entry needs a chunk"
+        return queue_entry(chunks[0], reason, int(self._clock() * 1000), tuple(chunks[1:]))
 
     def lost(self, intents: Sequence[Put], version: int) -> list[str]:
         """``lost_intents`` for intents made by ``entry`` and committed at ``version``."""
@@ -233,41 +237,61 @@ class GarbageCollector:
             return result
 
     def _collect_due(self, due_ms: int) -> tuple[int, int, int, int]:
-        """One batch of the due queue entries: (chunks deleted, entries kept, errors,
+        """One batch of the due queue entries: (chunks deleted, chunks kept, errors,
         chunks found gone).
 
-        1. One snapshot reads up to ``gc_batch_max`` due entries and, for each unclaimed
-           one, whether its chunk has a record.
-        2. One commit (``_commit_split``) drops the entries whose chunk has a record
-           (kept) and claims the others, each expecting its entry unchanged and its chunk
-           record absent. An entry whose expectation fails (a writer committed, another
-           collector moved first) is left out; the others still commit.
+        1. One snapshot reads due entries, up to ``gc_batch_max`` chunks (an entry of a run
+           counts its chunks; the first entry is taken whatever its length: a truncate
+           made it at most ``gc_batch_max`` long, as configured then), and, for each
+           chunk of an unclaimed entry, whether it has a record.
+        2. One commit (``_commit_split``) drops the entries whose chunks all have a record
+           (kept) and claims the others, each expecting its entry unchanged and its
+           claimed chunks' records absent (an entry of a run whose chunks are partly
+           recorded is rewritten to the others). An entry whose expectation fails (a
+           writer committed, another collector moved first) is left out; the others
+           still commit.
         3. One ``barrier`` for the newest claim; then the claimed chunks (newly claimed,
            and claimed by an earlier pass that did not finish) are deleted in parallel.
-        4. One commit removes the entries of the deleted chunks. A chunk whose delete
-           failed keeps its claimed entry: a later pass deletes it.
+        4. One commit removes the entries whose chunks are all deleted, and narrows an
+           entry of a run some of whose deletes failed to those chunks (still claimed):
+           a later pass deletes only them (deletes are idempotent; a chunk found gone
+           counts as gone). If that commit fails or does not happen, the claims stay
+           as they were and a later pass deletes their chunks again.
+
+        An entry of a run is claimed or left out as a whole: if anything it expects
+        changed under the batch (a record appeared for one of its chunks, the entry was
+        rewritten), none of its chunks is claimed by this pass. The next pass reads the
+        entry again and decides afresh (a chunk with a record leaves the entry, the
+        others are claimed), so a run waits at most for the next pass after its
+        writers stop racing it, and never loses a chunk.
 
         A crash anywhere leaves claimed entries, or none: the next pass finishes them.
         """
+        batch_max = self._config.gc_batch_max
         with self._store.snapshot() as view:
-            due = [
-                _Due(key, stored.version, GcEntry.decode(stored.value))
-                for key, stored in view.scan(GC, b"", gc_queued_stop(due_ms), limit=self._config.gc_batch_max)
-            ]
+            due: list[_Due] = []
+            chunks = 0
+            for key, stored in view.scan(GC, b"", gc_queued_stop(due_ms), limit=batch_max):
+                entry = GcEntry.decode(stored.value)
+                if due and chunks + len(entry.chunks) > batch_max:
+                    break  # the next batch takes it
+                due.append(_Due(key, stored.version, entry))
+                chunks += len(entry.chunks)
             recorded = {
-                item.key
+                name
                 for item in due
-                if not item.entry.claimed and view.get(CHUNKS, name_key(item.entry.chunk))
+                if not item.entry.claimed
+                for name in item.entry.chunks
+                if view.get(CHUNKS, name_key(name))
             }
         # Claimed by a pass that did not finish: deleted with this batch's.
-        claimed = [_Claim(item.key, item.version, item.entry.chunk) for item in due if item.entry.claimed]
-        decisions = [_decide(item, item.key in recorded) for item in due if not item.entry.claimed]
+        claimed = [_Claim(item.key, item.version, item.entry) for item in due if item.entry.claimed]
+        decisions = [_decide(item, recorded) for item in due if not item.entry.claimed]
         kept = 0
         for change, sequence in self._commit_split(decisions):
-            if change.key in recorded:
-                kept += 1
-            else:
-                claimed.append(_Claim(change.key, sequence, change.chunk))
+            kept += change.kept
+            if change.claim is not None:
+                claimed.append(_Claim(change.key, sequence, change.claim))
         if not claimed:
             return 0, kept, 0, 0
         # The claims prove the chunks unreferenced; tier-2's copy of the metadata must know it too.
@@ -275,13 +299,15 @@ class GarbageCollector:
             self.barrier(max(claim.version for claim in claimed))
         except ChunkStorageError:
             _log.warning("GC: the metadata copy on tier-2 is behind; deleting later", exc_info=True)
-            return 0, kept, len(claimed), 0
-        failed, missing = self._delete_chunks([claim.chunk for claim in claimed])
-        gone = [claim for claim in claimed if claim.chunk not in failed]
+            return 0, kept, sum(len(claim.chunks) for claim in claimed), 0
+        failed, missing = self._delete_chunks([name for claim in claimed for name in claim.chunks])
         self._commit_split(
-            [_Change(c.key, c.chunk, (Delete(GC, c.key),), (Expect(GC, c.key, c.version),)) for c in gone]
-        )  # an entry another collector removed first is left out: the chunk is gone either way
-        return len(gone) - missing, kept, len(failed), missing
+            [_finish(claim, failed) for claim in claimed if not failed.issuperset(claim.chunks)]
+        )
+        # An entry another collector removed or narrowed first is left out: its chunks
+        # are gone either way, or claimed still.
+        total = sum(len(claim.chunks) for claim in claimed)
+        return total - len(failed) - missing, kept, len(failed), missing
 
     def _commit_split(self, changes: Sequence[_Change]) -> list[tuple[_Change, int]]:
         """Commit every change in one commit; if it conflicts, each half on its own,
@@ -422,37 +448,62 @@ class _Due:
 
 @dataclass(frozen=True, slots=True)
 class _Claim:
-    """A claimed queue entry: its key, the version its claim gave it, its chunk."""
+    """A claimed queue entry: its key, the version its claim gave it, the entry."""
 
     key: bytes
     version: int
-    chunk: str
+    entry: GcEntry
+
+    @property
+    def chunks(self) -> tuple[str, ...]:
+        return self.entry.chunks
 
 
 @dataclass(frozen=True, slots=True)
 class _Change:
-    """One queue entry's part of a batch commit: its operations and what they expect."""
+    """One queue entry's part of a batch commit: its operations and what they expect;
+    the claimed entry it writes (None: the entry goes, or is not claimed by it) and how
+    many of its chunks are kept."""
 
     key: bytes
-    chunk: str
+    claim: GcEntry | None
+    kept: int
     ops: tuple[Operation, ...]
     expect: tuple[Expect, ...]
 
 
-def _decide(item: _Due, recorded: bool) -> _Change:
-    """The verdict on an unclaimed entry: kept (its chunk has a record: drop the entry)
-    or claimed (expecting the entry unchanged and the chunk record still absent)."""
-    chunk, current = item.entry.chunk, Expect(GC, item.key, item.version)
-    if recorded:
-        return _Change(item.key, chunk, (Delete(GC, item.key),), (current,))
-    claim = Put(GC, item.key, item.entry.replace(claimed=True).encode())
-    return _Change(item.key, chunk, (claim,), (current, Expect(CHUNKS, name_key(chunk), 0)))
+def _decide(item: _Due, recorded: set[str]) -> _Change:
+    """The verdict on an unclaimed entry, chunk by chunk: a chunk with a record is kept
+    (it leaves the entry), the others are claimed, expecting the entry unchanged and
+    their records still absent. Every chunk kept: the entry is dropped."""
+    current = Expect(GC, item.key, item.version)
+    names = item.entry.chunks
+    free = tuple(name for name in names if name not in recorded)
+    kept = len(names) - len(free)
+    if not free:
+        return _Change(item.key, None, kept, (Delete(GC, item.key),), (current,))
+    entry = item.entry.replace(claimed=True, chunk=free[0], more=free[1:])
+    absent = tuple(Expect(CHUNKS, name_key(name), 0) for name in free)
+    return _Change(item.key, entry, kept, (Put(GC, item.key, entry.encode()),), (current, *absent))
 
 
-def queue_entry(chunk: str, reason: GcReason, queued_ms: int) -> Put:
-    """The queue entry for ``chunk`` as an operation, keyed by ``queued_ms``: it becomes
-    due ``gc_delay_s`` after that (a lease queues an intent in the future)."""
-    return Put(GC, gc_key(queued_ms, chunk), GcEntry(chunk, reason, queued_ms, False).encode())
+def _finish(claim: _Claim, failed: set[str]) -> _Change:
+    """After the deletes of ``claim``'s chunks (``failed``: those that failed, not all
+    of its chunks): remove the entry, or narrow it to its failed chunks, still claimed
+    (an entry of a run). Either expects the entry as claimed."""
+    current = (Expect(GC, claim.key, claim.version),)
+    left = tuple(name for name in claim.chunks if name in failed)
+    if not left:
+        return _Change(claim.key, None, 0, (Delete(GC, claim.key),), current)
+    narrowed = claim.entry.replace(chunk=left[0], more=left[1:])
+    return _Change(claim.key, None, 0, (Put(GC, claim.key, narrowed.encode()),), current)
+
+
+def queue_entry(chunk: str, reason: GcReason, queued_ms: int, more: tuple[str, ...] = ()) -> Put:
+    """The queue entry for ``chunk`` (and the ``more`` chunks of its run) as an
+    operation, keyed by ``queued_ms`` and the first chunk: it becomes due ``gc_delay_s``
+    after that (a lease queues an intent in the future)."""
+    return Put(GC, gc_key(queued_ms, chunk), GcEntry(chunk, reason, queued_ms, False, more).encode())
 
 
 def lost_intents(store: MetadataStore, intents: Sequence[tuple[bytes, str]], version: int) -> list[str]:

@@ -46,7 +46,7 @@ def reconcile(storage: ChunkedSegmentStorage, *, dry_run: bool = False, limit: i
     ``dry_run``, ``Fenced`` if a newer epoch owns the container.
     """
     store = storage.context.store
-    queued = {GcEntry.decode(stored.value).chunk for _, stored in store.iterate(GC)}
+    queued = {name for _, stored in store.iterate(GC) for name in GcEntry.decode(stored.value).chunks}
     report = OrphanReport()
     system = system_prefix(storage.container_id)
     for name in storage.chunk_storage.list(chunk_prefix(storage.container_id)):

@@ -145,7 +145,7 @@ def verify_container(storage: ChunkedSegmentStorage, *, checksums: bool = False)
     for _, stored in store.iterate(DELETED):
         tombstone = SegmentRecord.decode(stored.value)
         referenced.update(chunk.name for _, chunk in walk_chunks(store, tombstone)[0])
-    queued = {GcEntry.decode(stored.value).chunk for _, stored in store.iterate(GC)}
+    queued = {name for _, stored in store.iterate(GC) for name in GcEntry.decode(stored.value).chunks}
     report.chunks = len(referenced)
     system = system_prefix(storage.container_id)
     unaccounted = [
@@ -156,7 +156,11 @@ def verify_container(storage: ChunkedSegmentStorage, *, checksums: bool = False)
     # Gathered before the listing, the references miss chunks created since (each
     # registered with GC before its creation): a chunk is a leak only if, after the
     # listing, it has neither a record nor a GC entry.
-    queued_now = {GcEntry.decode(s.value).chunk for _, s in store.iterate(GC)} if unaccounted else set()
+    queued_now = (
+        {name for _, s in store.iterate(GC) for name in GcEntry.decode(s.value).chunks}
+        if unaccounted
+        else set()
+    )
     for chunk in unaccounted:
         if store.get(CHUNKS, name_key(chunk)) is None and chunk not in queued_now:
             report.problems.append(

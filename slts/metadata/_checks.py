@@ -8,7 +8,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from slts.errors import InvalidArgument, VersionConflict
-from slts.metadata.store import KEY_BYTES_MAX, SEQUENCE_MAX, Delete, Expect, Operation, Put
+from slts.metadata.store import (
+    KEY_BYTES_MAX,
+    SEQUENCE_MAX,
+    CommitOp,
+    Delete,
+    DeleteRange,
+    Expect,
+    Operation,
+    Put,
+)
 
 #: Table names starting with this are reserved for a store's own bookkeeping.
 RESERVED_TABLE_PREFIX = "__slts"
@@ -96,9 +105,9 @@ def check_scan(start: object, stop: object, limit: object) -> None:
     check_limit(limit)
 
 
-def check_commit(tables: Iterable[str], ops: Sequence[Operation], expect: Sequence[Expect]) -> None:
+def check_commit(tables: Iterable[str], ops: Sequence[CommitOp], expect: Sequence[Expect]) -> None:
     """Everything ``commit`` checks before it looks at the store."""
-    if isinstance(ops, (Put, Delete)) or isinstance(expect, Expect):
+    if isinstance(ops, (Put, Delete, DeleteRange)) or isinstance(expect, Expect):
         raise InvalidArgument("ops and expect must be sequences, not a single item")
     if len(ops) + len(expect) > COMMIT_ITEMS_MAX:
         raise InvalidArgument(f"at most {COMMIT_ITEMS_MAX} operations and expectations per commit")
@@ -109,6 +118,8 @@ def check_commit(tables: Iterable[str], ops: Sequence[Operation], expect: Sequen
                 raise InvalidArgument("value must be bytes", table=op.table, key=op.key)
         elif isinstance(op, Delete):
             check_key(check_table(tables, op.table), op.key)
+        elif isinstance(op, DeleteRange):
+            check_range(tables, op)
         else:
             raise InvalidArgument(f"not an operation: {op!r}")
     for condition in expect:
@@ -122,6 +133,17 @@ def check_commit(tables: Iterable[str], ops: Sequence[Operation], expect: Sequen
             )
 
 
+def check_range(tables: Iterable[str], op: DeleteRange) -> None:
+    """A ``DeleteRange``: a known table, bytes bounds, ``start < stop``."""
+    check_table(tables, op.table)
+    check_bound("start", op.start)
+    check_bound("stop", op.stop)
+    if not op.start < op.stop:
+        raise InvalidArgument(
+            "a DeleteRange needs start < stop", table=op.table, start=op.start[:64], stop=op.stop[:64]
+        )
+
+
 def check_replicate(
     tables: Iterable[str],
     sequence: object,
@@ -129,8 +151,12 @@ def check_replicate(
     versions: Sequence[int] | None,
 ) -> tuple[int, ...]:
     """Everything ``replicate`` checks before it looks at the store (all but ``sequence >=
-    last_sequence``); the version each op writes (``sequence`` where none was given)."""
+    last_sequence``); the version each op writes (``sequence`` where none was given).
+    Replication applies captured changes, which hold per-key operations only: a
+    ``DeleteRange`` is refused."""
     check_commit(tables, ops, ())
+    if any(isinstance(op, DeleteRange) for op in ops):
+        raise InvalidArgument("replicate applies per-key operations (a captured change), not a DeleteRange")
     if not _is_int(sequence) or not 1 <= sequence <= SEQUENCE_MAX:  # type: ignore[operator]
         raise InvalidArgument(f"replicated sequence must be an int in [1, {SEQUENCE_MAX}]", sequence=sequence)
     assert isinstance(sequence, int)

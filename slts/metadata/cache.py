@@ -2,7 +2,8 @@
 
 ``get`` is served from an LRU map of at most ``capacity`` entries (absent keys are cached
 too); a miss reads the inner store and fills the cache. ``commit`` goes to the inner store
-and, on success, caches what it wrote at the returned sequence (a delete caches "absent").
+and, on success, caches what it wrote at the returned sequence (a delete caches "absent",
+unless the commit is a bulk delete, below).
 ``floor``, ``scan``, ``count`` and ``snapshot`` always read the inner store. Change capture
 (``enable_change_capture``, ``changes``, ``discard_changes``) is the inner store's;
 ``replicate`` goes to the inner store and leaves the keys it wrote uncached.
@@ -11,6 +12,16 @@ and, on success, caches what it wrote at the returned sequence (a delete caches 
 inner store, and commits do not cache what they write there. For tables that are written
 on every change but read by scans and floors (the engine's GC queue and offset index),
 so that their keys do not push the records that ``get`` serves out of the LRU.
+
+**Bulk deletes.** A commit that deletes at least ``bulk_deletes_min`` keys of cached
+tables (a truncate batch drops up to ``gc_batch_max`` chunk records) evicts those keys
+instead of caching "absent" for each: what a bulk delete removes is rarely read again,
+and thousands of "absent" entries would push the live records out of the LRU. Its keys
+are kept out of the cache while it is in flight as one set (``_bulk``: no fill, no
+caching by another commit's landing), not as one flight each, so the cache's work per
+deleted key is two dictionary pops and a set lookup. When it ends, flights still open on
+its keys end uncached (the cache cannot tell which of the two the store ordered first).
+The commit's puts, and the deletes of a smaller commit, are cached as before.
 
 **Other writers.** Every ``get`` first compares the inner store's latest sequence with
 the last one it saw: if a commit that did not go through this cache landed in between
@@ -24,14 +35,18 @@ Conditional commits are always checked by the inner store as well, and on
 Invariants (asserted):
 
 * ``len(_entries) <= capacity``.
-* A key with a commit in flight through this cache (``_writing``) has no entry and no
-  fill token: until every such commit has finished, its reads go to the inner store.
+* A key with a commit in flight through this cache (``_writing``), inside the span of a
+  ``DeleteRange`` in flight (``_ranges``), or deleted by a bulk delete in flight
+  (``_bulk``), has no entry and no fill token: until every such commit has finished,
+  its reads go to the inner store.
 * A miss may fill its key only while its token is still current (``_fills``); starting a
   commit on the key, ``invalidate``, ``clear`` and conflict eviction withdraw the token,
   so a read that raced with a commit never caches a value older than the commit's.
 * When the last in-flight commit on a key finishes, the key is cached at the highest
   sequence committed through this cache during the flight, and only if every commit of
-  the flight had a known outcome (applied, or refused by a conflict). A ``replicate`` on
+  the flight had a known outcome (applied, or refused by a conflict) and no range or
+  bulk delete that may have been ordered after it covers the key. A bulk delete caches
+  nothing. A ``replicate`` on
   the key counts as a flight member without a known outcome: its versions are not its
   sequence, and a commit racing it may have landed on either side of it.
 """
@@ -49,6 +64,8 @@ from slts.metadata import _checks
 from slts.metadata.store import (
     SCAN_LIMIT_DEFAULT,
     Change,
+    CommitOp,
+    DeleteRange,
     Expect,
     MetadataStore,
     Operation,
@@ -59,6 +76,15 @@ from slts.metadata.store import (
 )
 
 _Key = tuple[str, bytes]
+_Range = tuple[str, bytes, bytes]  # a DeleteRange's table, start, stop
+
+#: Default ``bulk_deletes_min``: below it a commit's deletes are cached as "absent".
+BULK_DELETES_MIN_DEFAULT = 64
+
+
+def _in_range(name: _Key, span: _Range) -> bool:
+    table, start, stop = span
+    return name[0] == table and start <= name[1] < stop
 
 
 class _Flight:
@@ -77,10 +103,16 @@ class CachedMetadataStore(MetadataStore):
     """``inner`` with a bounded LRU cache of ``get`` results; closing it closes ``inner``."""
 
     def __init__(
-        self, inner: MetadataStore, capacity: int, uncached_tables: frozenset[str] = frozenset()
+        self,
+        inner: MetadataStore,
+        capacity: int,
+        uncached_tables: frozenset[str] = frozenset(),
+        bulk_deletes_min: int = BULK_DELETES_MIN_DEFAULT,
     ) -> None:
         if not isinstance(capacity, int) or capacity < 1:
             raise InvalidArgument("cache capacity must be an int >= 1", capacity=capacity)
+        if not isinstance(bulk_deletes_min, int) or bulk_deletes_min < 1:
+            raise InvalidArgument("bulk_deletes_min must be an int >= 1", bulk_deletes_min=bulk_deletes_min)
         if not isinstance(uncached_tables, frozenset) or not uncached_tables <= set(inner.tables):
             raise InvalidArgument(
                 "uncached_tables must be a frozenset of the store's tables",
@@ -90,11 +122,14 @@ class CachedMetadataStore(MetadataStore):
         self.tables = inner.tables
         self.capacity = capacity
         self.uncached_tables = uncached_tables
+        self.bulk_deletes_min = bulk_deletes_min
         self._inner = inner
         self._lock = threading.Lock()
         self._entries: OrderedDict[_Key, Versioned | None] = OrderedDict()
         self._fills: dict[_Key, object] = {}  # key -> token of the one miss allowed to fill it
         self._writing: dict[_Key, _Flight] = {}
+        self._ranges: list[_Range] = []  # DeleteRange spans of commits in flight (cached tables)
+        self._bulk: list[frozenset[_Key]] = []  # keys of bulk deletes in flight (see module doc)
         self._hits = 0
         self._misses = 0
         self._closed = False
@@ -132,7 +167,7 @@ class CachedMetadataStore(MetadataStore):
                 self._hits += 1
                 return self._entries[name]
             self._misses += 1
-            if name not in self._writing:
+            if name not in self._writing and not self._blocked(name):
                 token = object()
                 self._fills[name] = token
         try:
@@ -218,19 +253,42 @@ class CachedMetadataStore(MetadataStore):
 
     # -- commits ---------------------------------------------------------------------------
 
-    def commit(self, ops: Sequence[Operation], expect: Sequence[Expect] = ()) -> int:
+    def commit(self, ops: Sequence[CommitOp], expect: Sequence[Expect] = ()) -> int:
         """Commit through the inner store, then cache what was written (see module doc)."""
         _checks.check_commit(self.tables, ops, expect)
         self._check_open()
         written: dict[_Key, bytes | None] = {}  # the last op per key wins; None: deleted
+        ranges: list[_Range] = []  # of cached tables
         for op in ops:
-            if op.table not in self.uncached_tables:
+            if op.table in self.uncached_tables:
+                continue
+            if isinstance(op, DeleteRange):
+                ranges.append((op.table, op.start, op.stop))
+                for name in written:  # what the commit wrote before the range, it removes
+                    if _in_range(name, ranges[-1]):
+                        written[name] = None
+            else:
                 written[(op.table, op.key)] = op.value if isinstance(op, Put) else None
+        bulk: frozenset[_Key] = frozenset()
+        if len(written) >= self.bulk_deletes_min:
+            bulk = frozenset(name for name, value in written.items() if value is None)
+            if len(bulk) >= self.bulk_deletes_min:
+                written = {name: value for name, value in written.items() if value is not None}
+            else:
+                bulk = frozenset()
         with self._lock:
             for name in written:
                 self._entries.pop(name, None)
                 self._fills.pop(name, None)
                 self._writing.setdefault(name, _Flight()).count += 1
+            if bulk:
+                self._bulk.append(bulk)
+                for name in bulk:
+                    self._entries.pop(name, None)
+                    self._fills.pop(name, None)
+            for span in ranges:
+                self._ranges.append(span)
+                self._forget_range(span)
         outcome_known = False
         sequence = 0
         try:
@@ -248,7 +306,11 @@ class CachedMetadataStore(MetadataStore):
             raise
         finally:
             with self._lock:
+                if bulk:
+                    self._land_bulk(bulk, sequence, outcome_known)
                 self._land(written, sequence, outcome_known)
+                for span in ranges:
+                    self._land_range(span, sequence, outcome_known)
         return sequence
 
     def replicate(
@@ -306,8 +368,58 @@ class CachedMetadataStore(MetadataStore):
             if flight.count == 0:
                 del self._writing[name]
                 assert name not in self._entries and name not in self._fills
-                if flight.newest and not flight.unknown:
+                if flight.newest and not flight.unknown and not self._blocked(name):
                     self._insert(name, flight.value)
+
+    def _blocked(self, name: _Key) -> bool:
+        """Is ``name`` inside a ``DeleteRange`` in flight, or deleted by a bulk delete in
+        flight? Lock held."""
+        return any(name in keys for keys in self._bulk) or any(_in_range(name, span) for span in self._ranges)
+
+    def _land_bulk(self, bulk: frozenset[_Key], sequence: int, known: bool) -> None:
+        """A bulk delete of ``bulk`` finished (``sequence`` 0: not applied, or the outcome
+        is unknown if not ``known``). While it was in flight no key of it was filled or
+        cached (see ``get``, ``_land``), so none has an entry; unless it was surely not
+        applied, flights still open on its keys end uncached (whichever of them the store
+        ordered first, the cache cannot tell). Lock held."""
+        self._bulk.remove(bulk)
+        if known and not sequence:
+            return
+        if len(self._writing) < len(bulk):  # the smaller side: usually no flight is open
+            open_flights = [flight for name, flight in self._writing.items() if name in bulk]
+        else:
+            open_flights = [flight for name in bulk if (flight := self._writing.get(name)) is not None]
+        for flight in open_flights:
+            flight.unknown = True
+
+    def _forget_range(self, span: _Range) -> None:
+        """Drop the cached values and fill tokens of every key in ``span`` (a walk over
+        the cache: O(capacity), paid by commits with a ``DeleteRange`` on a cached table
+        only; the engine's ranges are on uncached tables). Lock held."""
+        for name in [name for name in self._entries if _in_range(name, span)]:
+            del self._entries[name]
+        for name in [name for name in self._fills if _in_range(name, span)]:
+            del self._fills[name]
+
+    def _land_range(self, span: _Range, sequence: int, known: bool) -> None:
+        """A commit with the ``DeleteRange`` ``span`` finished (``sequence`` 0: not
+        applied, or the outcome is unknown if not ``known``). While it was in flight no
+        key of the span was filled (see ``get``); now, unless it was surely not applied,
+        a value cached meanwhile by a commit ordered before it in the store goes, and
+        flights still open on keys of the span end uncached (whichever of them the store
+        ordered first, the cache cannot tell). Lock held."""
+        self._ranges.remove(span)
+        if known and not sequence:
+            return
+        for name in [
+            name
+            for name, value in self._entries.items()
+            if _in_range(name, span) and value is not None and (not known or value.version < sequence)
+        ]:
+            del self._entries[name]
+        for name, flight in self._writing.items():
+            if _in_range(name, span):
+                flight.unknown = True
 
     # -- cache management ------------------------------------------------------------------
 

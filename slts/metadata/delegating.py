@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 
-from slts.metadata.store import Change, Expect, MetadataStore, Operation, ReadView, StoreStatistics
+from slts.metadata.store import Change, CommitOp, Expect, MetadataStore, Operation, ReadView, StoreStatistics
 
 
 class DelegatingStore(MetadataStore):
@@ -26,7 +26,7 @@ class DelegatingStore(MetadataStore):
     def count(self, table: str) -> int:
         return self.inner.count(table)
 
-    def commit(self, ops: Sequence[Operation], expect: Sequence[Expect] = ()) -> int:
+    def commit(self, ops: Sequence[CommitOp], expect: Sequence[Expect] = ()) -> int:
         return self.inner.commit(ops, expect)
 
     @property

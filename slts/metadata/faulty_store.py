@@ -52,6 +52,7 @@ from slts.metadata.delegating import DelegatingStore
 from slts.metadata.store import (
     SCAN_LIMIT_DEFAULT,
     Change,
+    CommitOp,
     Expect,
     MetadataStore,
     Operation,
@@ -79,7 +80,7 @@ class _Countdown:
     nth: int
     table: str | None = None
 
-    def reached(self, call: str, ops: Sequence[Operation]) -> bool:
+    def reached(self, call: str, ops: Sequence[CommitOp]) -> bool:
         """Count this call if it matches; True if it is the one."""
         if call != self.call or (self.table is not None and all(op.table != self.table for op in ops)):
             return False
@@ -104,7 +105,7 @@ class FaultyMetadataStore(DelegatingStore):
         self._crash: tuple[_Countdown, bool] | None = None  # (countdown, landed)
         self._hooks: list[tuple[_Countdown, Callable[[], None]]] = []
         self.on_crash: Callable[[], None] | None = None
-        self.before_commit: Callable[[Sequence[Operation], Sequence[Expect]], None] | None = None
+        self.before_commit: Callable[[Sequence[CommitOp], Sequence[Expect]], None] | None = None
         self.on_read: Callable[[str, str, bytes], None] | None = None
 
     # -- rules ----------------------------------------------------------------------------------
@@ -156,7 +157,7 @@ class FaultyMetadataStore(DelegatingStore):
             self._crash = None
             self._hooks.clear()
 
-    def _enter(self, call: str, ops: Sequence[Operation] = ()) -> None:
+    def _enter(self, call: str, ops: Sequence[CommitOp] = ()) -> None:
         """A call begins: run the hooks it reaches, then raise if the process is dead."""
         with self._lock:
             due = [action for countdown, action in self._hooks if countdown.reached(call, ops)]
@@ -170,7 +171,7 @@ class FaultyMetadataStore(DelegatingStore):
 
     # -- the store ------------------------------------------------------------------------------
 
-    def commit(self, ops: Sequence[Operation], expect: Sequence[Expect] = ()) -> int:
+    def commit(self, ops: Sequence[CommitOp], expect: Sequence[Expect] = ()) -> int:
         self._enter("commit", ops)
         if self.before_commit is not None:
             self.before_commit(ops, expect)

@@ -31,7 +31,7 @@ from typing import Protocol
 from slts.errors import MetadataCorrupted
 from slts.metadata.records import ChunkRecord
 from slts.metadata.schema import INDEX, index_key, index_key_offset, index_prefix
-from slts.metadata.store import Delete, Put, ReadView, Versioned
+from slts.metadata.store import Delete, DeleteRange, Put, ReadView, Versioned
 
 #: First byte of a link entry's value (chunk names never contain NUL).
 LINK_TAG = b"\x00"
@@ -173,6 +173,76 @@ def clear_ops(view: ReadView, segment_id: int, low: int, high: int, limit: int) 
                 end = index_key_offset(entries[i + 1][0]) if i + 1 < len(entries) else hi
                 pending.append((link[0], link[1], link[1] + end - start, depth + 1))
     return deletes
+
+
+#: A stretch of one namespace a walk (``head_walk``) went through: namespace, first and
+#: end offset (namespace coordinates, end excluded), and the shift to the segment's
+#: coordinates (segment offset == namespace offset + shift).
+Span = tuple[int, int, int, int]
+
+
+def head_walk(
+    view: ReadView, segment_id: int, low: int, high: int, limit: int
+) -> tuple[list[tuple[int, str]], list[Span]]:
+    """The chunks of the segment whose start lies in ``[low, high]`` (segment offsets;
+    ``low`` a chunk boundary), in offset order, at most ``limit``: (start, name) each,
+    read from the index alone (no chunk record), following links at any depth. With them,
+    the spans of every namespace the walk went through, so that ``clear_range_ops`` can
+    drop the keys serving a prefix of it with one ``DeleteRange`` per span.
+
+    Reads about one index entry per chunk, so a truncate learns the names of the chunks it
+    drops, and the first one it keeps, without decoding a chunk record.
+    """
+    assert limit >= 1 and low <= high, (low, high, limit)
+    chunks: list[tuple[int, str]] = []
+    spans: list[Span] = []
+
+    def visit(namespace: int, lo: int, end: int, shift: int, depth: int) -> None:
+        """Walk namespace offsets ``[lo, end)``."""
+        if depth > LINK_DEPTH_MAX:
+            raise MetadataCorrupted(f"index links of segment {segment_id} deeper than {LINK_DEPTH_MAX}")
+        spans.append((namespace, lo, end, shift))
+        entries = view.scan(
+            INDEX, index_key(namespace, lo), index_key(namespace, end), limit=limit - len(chunks) + 1
+        )
+        first = index_key_offset(entries[0][0]) if entries else end
+        if first > lo:  # the stretch before the first key: a link below ``lo`` maps it
+            found = view.floor(INDEX, index_key(namespace, lo), index_prefix(namespace))
+            if found is not None:
+                start = index_key_offset(found[0])
+                _, link = parse_value(found[1].value)
+                if link is not None:
+                    target, at = link
+                    visit(target, at + lo - start, at + first - start, shift + start - at, depth + 1)
+        for i, (key, stored) in enumerate(entries):
+            if len(chunks) >= limit:
+                return
+            start = index_key_offset(key)
+            name, link = parse_value(stored.value)
+            if name is not None:
+                chunks.append((start + shift, name))
+                continue
+            assert link is not None
+            target, at = link
+            stop = index_key_offset(entries[i + 1][0]) if i + 1 < len(entries) else end
+            visit(target, at, at + stop - start, shift + start - at, depth + 1)
+
+    visit(segment_id, low, high + 1, 0, 0)
+    return chunks, spans
+
+
+def clear_range_ops(spans: list[Span], low: int, high: int) -> list[DeleteRange]:
+    """``clear_ops(view, segment_id, low, high, ...)`` as ranges: one ``DeleteRange`` per
+    stretch of a namespace that ``head_walk`` went through (from ``low``, to ``high`` or
+    beyond) that serves offsets of ``[low, high)``. Removes exactly the keys ``clear_ops``
+    removes; offsets at and above ``high`` that stay readable need
+    ``split_ops(view, segment_id, high)`` in the same commit, before these."""
+    ops: list[DeleteRange] = []
+    for namespace, lo, end, shift in spans:
+        first, stop = max(lo, low - shift), min(end, high - shift)
+        if first < stop:
+            ops.append(DeleteRange(INDEX, index_key(namespace, first), index_key(namespace, stop)))
+    return ops
 
 
 def concat_link(target_id: int, target_offset: int, source_id: int, source_offset: int) -> Put:

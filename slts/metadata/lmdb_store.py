@@ -62,6 +62,7 @@ from slts.metadata.store import (
     SCAN_LIMIT_DEFAULT,
     SEQUENCE_MAX,
     Change,
+    CommitOp,
     Delete,
     Expect,
     MetadataStore,
@@ -122,14 +123,6 @@ def _read_sequence(txn: lmdb.Transaction[bytes], internal: lmdb._Database | None
     if len(raw) != _VERSION.size:
         raise MetadataCorrupted("stored sequence is not 8 bytes", length=len(raw))
     return int(_VERSION.unpack(raw)[0])
-
-
-def _encode_ops(ops: Sequence[Operation]) -> bytes:
-    """A change-log value: msgpack ``[[table, key, value or nil], ...]``."""
-    return msgpack.packb(
-        [[op.table, op.key, op.value if isinstance(op, Put) else None] for op in ops],
-        use_bin_type=True,
-    )
 
 
 def _decode_change(raw_key: bytes, raw: bytes) -> Change:
@@ -264,7 +257,7 @@ class _Pending:
     """One commit waiting for its group."""
 
     store: LmdbMetadataStore
-    ops: Sequence[Operation]
+    ops: Sequence[CommitOp]
     expect: Sequence[Expect]
 
 
@@ -494,16 +487,22 @@ class _Environment:
                         results.append(failed)
                         continue
                     sequence += 1
+                    captured: list[list[object]] = []  # the change's [table, key, value or nil] items
                     for op in pending.ops:
                         db = self.dbs[op.table]
                         if isinstance(op, Put):
                             txn.put(op.key, _frame(sequence, op.value), db=db)
-                        else:
+                            captured.append([op.table, op.key, op.value])
+                        elif isinstance(op, Delete):
                             txn.delete(op.key, db=db)
+                            captured.append([op.table, op.key, None])
+                        else:  # a range is recorded as the keys it removed
+                            removed = _delete_range(txn, db, op.start, op.stop)
+                            captured.extend([op.table, key, None] for key in removed)
                     if capture:
                         added = txn.put(
                             _VERSION.pack(sequence),
-                            _encode_ops(pending.ops),
+                            msgpack.packb(captured, use_bin_type=True),
                             db=self.changes,
                             overwrite=False,
                         )
@@ -825,6 +824,25 @@ class _LmdbView(ReadView):
         self._txn = None
 
 
+def _delete_range(
+    txn: lmdb.Transaction[bytes], db: lmdb._Database | None, start: bytes, stop: bytes
+) -> list[bytes]:
+    """Delete every key ``start <= k < stop`` of ``db`` with one cursor walk; the keys
+    deleted, ascending (what the change log records for a ``DeleteRange``)."""
+    removed: list[bytes] = []
+    with txn.cursor(db) as cursor:
+        positioned = _seek(cursor, start)
+        while positioned:
+            key = cursor.key()
+            if key >= stop:
+                break
+            removed.append(key)
+            deleted = cursor.delete()  # moves to the next entry, if any
+            assert deleted
+            positioned = bool(cursor.key())
+    return removed
+
+
 def _seek(cursor: lmdb.Cursor[bytes], bound: bytes) -> bool:
     """Position ``cursor`` at the first key >= ``bound`` (any length); False if none."""
     if not bound:
@@ -955,7 +973,7 @@ class LmdbMetadataStore(MetadataStore):
 
     # -- commits ---------------------------------------------------------------------------
 
-    def commit(self, ops: Sequence[Operation], expect: Sequence[Expect] = ()) -> int:
+    def commit(self, ops: Sequence[CommitOp], expect: Sequence[Expect] = ()) -> int:
         """Queue the commit for the next group (run at once when no group is running)."""
         _checks.check_commit(self.tables, ops, expect)
         self._check_writable("commit")

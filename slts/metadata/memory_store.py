@@ -32,7 +32,9 @@ from slts.metadata.store import (
     SCAN_LIMIT_DEFAULT,
     SEQUENCE_MAX,
     Change,
+    CommitOp,
     Delete,
+    DeleteRange,
     Expect,
     MetadataStore,
     Operation,
@@ -214,7 +216,7 @@ class MemoryMetadataStore(MetadataStore):
                 self._conflicts += 1
                 raise _checks.conflict(condition, actual)
 
-    def commit(self, ops: Sequence[Operation], expect: Sequence[Expect] = ()) -> int:
+    def commit(self, ops: Sequence[CommitOp], expect: Sequence[Expect] = ()) -> int:
         """Check every expectation, then apply every operation under one new sequence."""
         _checks.check_commit(self.tables, ops, expect)
         self._check_not_in_snapshot("commit")
@@ -222,18 +224,26 @@ class MemoryMetadataStore(MetadataStore):
             self._check_open()
             self._check_expectations(expect)
             sequence = self._sequence + 1
+            applied: list[Operation] = []  # what a capture records: a range as its keys
             for op in ops:
                 data = self._writable(op.table)
                 if isinstance(op, Put):
                     data[op.key] = Versioned(sequence, op.value)
-                else:
-                    assert isinstance(op, Delete)
+                    applied.append(op)
+                elif isinstance(op, Delete):
                     data.pop(op.key, None)
+                    applied.append(op)
+                else:
+                    assert isinstance(op, DeleteRange)
+                    keys = list(data.irange(op.start, op.stop, inclusive=(True, False)))
+                    for key in keys:
+                        del data[key]
+                    applied.extend(Delete(op.table, key) for key in keys)
             assert sequence > self._sequence
             self._sequence = sequence
             if self._capture:
                 assert not self._changes or self._changes.peekitem(-1)[0] < sequence
-                self._changes[sequence] = Change(sequence, tuple(ops))
+                self._changes[sequence] = Change(sequence, tuple(applied))
             self._commits += 1
             return sequence
 

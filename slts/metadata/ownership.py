@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from slts.errors import Fenced, InvalidArgument, InvalidConfig, ReadOnlyInstance, VersionConflict
 from slts.metadata.records import ContainerRecord
 from slts.metadata.schema import CONTAINER, CONTAINER_KEY
-from slts.metadata.store import Expect, MetadataStore, Operation, Put, Versioned
+from slts.metadata.store import CommitOp, Expect, MetadataStore, Put, Versioned
 
 _START_ATTEMPTS_MAX = 8
 #: Largest epoch (and container id): chunk names and segment ids carry them.
@@ -88,7 +88,7 @@ class Ownership:
             epoch=self.epoch,
         )
 
-    def commit(self, ops: Sequence[Operation], expect: Sequence[Expect] = ()) -> int:
+    def commit(self, ops: Sequence[CommitOp], expect: Sequence[Expect] = ()) -> int:
         """Commit ``ops`` if ``expect`` holds and this instance still owns the container.
 
         Raises ``Fenced`` if it does not (nothing applied), ``VersionConflict`` if only
@@ -135,7 +135,7 @@ class ReadOnlyOwnership:
     def check(self) -> None:
         """Nothing to check: a read-only instance cannot be fenced."""
 
-    def commit(self, ops: Sequence[Operation], expect: Sequence[Expect] = ()) -> int:
+    def commit(self, ops: Sequence[CommitOp], expect: Sequence[Expect] = ()) -> int:
         """Always ``ReadOnlyInstance``."""
         raise ReadOnlyInstance(f"container {self.container_id} was opened read-only")
 

@@ -260,7 +260,10 @@ _GC_REASONS = frozenset(GcReason)
 
 @dataclass(frozen=True, slots=True)
 class GcEntry(Record):
-    """A chunk waiting in the GC queue. ``claimed`` once the collector decided to delete it."""
+    """Chunks waiting in the GC queue: ``chunk`` and, for a run of chunks dropped by one
+    commit (a truncate's batch), the ``more`` chunks of that run. ``claimed`` once the
+    collector decided to delete them. An entry of one chunk is the common case; an entry
+    of a run costs one record for the whole run."""
 
     KIND: ClassVar[str] = "gc"
 
@@ -268,10 +271,22 @@ class GcEntry(Record):
     reason: str
     queued_ms: int
     claimed: bool
+    #: The run's other chunks (added after the kind first shipped: older entries have none).
+    more: tuple[str, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.more, list):  # as msgpack decodes it
+            object.__setattr__(self, "more", tuple(self.more))
+
+    @property
+    def chunks(self) -> tuple[str, ...]:
+        """Every chunk of the entry: ``chunk``, then ``more``."""
+        return (self.chunk, *self.more)
 
     def check(self) -> None:
         assert self.chunk and self.reason in _GC_REASONS, self
+        assert isinstance(self.more, tuple) and all(isinstance(n, str) and n for n in self.more), self
 
 
 class DecodedRecords:

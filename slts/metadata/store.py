@@ -13,7 +13,9 @@ before returning (when the store is durable). If any expectation fails it raises
 
 **Keys** are 1 to ``KEY_BYTES_MAX`` bytes (LMDB's limit, enforced by every store so
 that the memory store accepts nothing LMDB would refuse); values are any ``bytes``.
-Read bounds (``floor``'s key, ``scan``'s start and stop) may be any ``bytes``.
+Read bounds (``floor``'s key, ``scan``'s start and stop) may be any ``bytes``, and so
+may a ``DeleteRange``'s bounds: the one operation that removes every key of a range
+(the offset index keys of a truncated head, in one cursor walk).
 
 **Reads** are consistent per call; ``snapshot()`` gives a read view in which several
 reads see one committed state. Keep snapshots short (an LMDB read transaction pins
@@ -78,12 +80,36 @@ class Delete:
     key: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class DeleteRange:
+    """Remove every key ``k`` of ``table`` with ``start <= k < stop`` (``start < stop``;
+    bounds are any ``bytes``, as ``scan``'s). A range that holds no key does nothing.
+
+    One operation, however many keys it removes: the store walks the range with a cursor
+    in the commit's own transaction (LMDB) or slices its sorted keys (memory). The caller
+    bounds how many keys a range holds (``Expect`` cannot name keys it does not know, so
+    a range is for keys the caller has just read in a snapshot whose state the commit's
+    expectations pin). Captured as the per-key ``Delete`` of each key it removed, in its
+    place among the commit's operations (see ``Change``)."""
+
+    table: str
+    start: bytes
+    stop: bytes
+
+
+#: What a ``Change`` holds, and what ``replicate`` applies: operations on one key each.
 Operation = Put | Delete
+
+#: What ``commit`` applies: ``Operation`` or a ``DeleteRange``.
+CommitOp = Put | Delete | DeleteRange
 
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    """One captured commit: its sequence and its operations, in commit order."""
+    """One captured commit: its sequence and its operations, in commit order. A
+    ``DeleteRange`` of the commit is captured as one ``Delete`` per key it removed, in its
+    place: replaying the change (``replicate``) on the state before the commit gives
+    exactly the state after it, and readers of the log see only per-key operations."""
 
     sequence: int
     ops: tuple[Operation, ...]
@@ -163,12 +189,16 @@ class MetadataStore(abc.ABC):
         """A consistent read view, valid inside the ``with`` block only."""
 
     @abc.abstractmethod
-    def commit(self, ops: Sequence[Operation], expect: Sequence[Expect] = ()) -> int:
+    def commit(self, ops: Sequence[CommitOp], expect: Sequence[Expect] = ()) -> int:
         """Apply ``ops`` atomically if every ``expect`` holds; return the commit's sequence.
+
+        Operations apply in order (a ``Put`` after a ``DeleteRange`` that covers its key
+        stays; one before it is removed).
 
         Raises ``VersionConflict`` (nothing applied) if an expectation fails,
         ``InvalidArgument`` for an unknown table, a non-bytes key/value, a key of 0 or
-        more than ``KEY_BYTES_MAX`` bytes, or a call inside this thread's open
+        more than ``KEY_BYTES_MAX`` bytes, a ``DeleteRange`` whose bounds are not bytes
+        or whose ``start`` is not below its ``stop``, or a call inside this thread's open
         ``snapshot()`` block, ``StorageClosed`` after ``close``. Durable on return for
         durable stores.
         """

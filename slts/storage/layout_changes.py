@@ -28,7 +28,7 @@ from slts.errors import (
 from slts.metadata import index
 from slts.metadata.records import ChunkRecord, GcReason, SegmentRecord
 from slts.metadata.schema import CHUNKS, GC, SEGMENTS, name_key
-from slts.metadata.store import Delete, Expect, Operation, Put, ReadView
+from slts.metadata.store import CommitOp, Delete, Expect, Operation, Put
 from slts.storage import defrag as defrag_runs
 from slts.storage.context import EngineContext
 from slts.storage.segment_names import chunk_name
@@ -182,31 +182,40 @@ def _truncate_batch(ctx: EngineContext, name: str, new_start: int) -> bool:
     """One bounded commit of a truncate (lock held; see ``EngineContext.retry_conflicts``):
     move the start, drop up to ``gc_batch_max`` chunks. False if there was nothing to do.
 
-    Everything the commit depends on (the segment, the dropped chunks, the index keys to
-    clear) is read in one snapshot, so the expectations describe one committed state."""
+    The dropped run is read from the offset index (``index.head_walk``: names and starts,
+    no chunk record decoded) and dropped as a range: the index keys that served it by one
+    ``DeleteRange`` per namespace stretch, the chunk records by key, and one GC queue
+    entry for the whole run. Everything is read in one snapshot and the commit expects the
+    segment record as read: every change to a segment's chunk list (write, concat,
+    defrag, truncate) commits its segment record, so that one expectation pins the list
+    and the index the snapshot showed (the dropped chunks' records need none of their
+    own: a chunk of the dropped run changed by anything else than a list change, such as
+    a re-wrap of its data keys, is dropped all the same)."""
     key = name_key(name)
+    limit = ctx.config.gc_batch_max
     with ctx.store.snapshot() as view:
         record, version = ctx.load(name, view)
-        dropped, kept, start = _head_below(view, record, new_start, ctx.config.gc_batch_max)
+        dropped: list[tuple[int, str]] = []
+        kept: str | None = None
+        start = record.first_chunk_start_offset
+        ops: list[CommitOp] = []
+        if record.first_chunk is not None and start <= new_start:
+            walked, spans = index.head_walk(view, record.segment_id, start, new_start, limit + 1)
+            dropped, kept, start = _head_run(record, walked, new_start, limit)
+            if dropped:
+                # Every key serving the dropped range goes (the chunks' own entries and the
+                # links that led to them, at any depth); what stays readable keeps its keys
+                # (split first, as index.split_ops requires).
+                if kept is not None:
+                    ops.extend(index.split_ops(view, record.segment_id, start))
+                end = start if kept is not None else record.length + 1
+                ops.extend(index.clear_range_ops(spans, record.first_chunk_start_offset, end))
         if not dropped and new_start == record.start_offset:
             return False
-        ops: list[Operation] = []
-        if dropped:
-            # Every key serving the dropped range goes (the chunks' own entries and the links
-            # that led to them, at any depth); what stays readable keeps its keys (split).
-            bound = index.clear_bound(len(dropped))
-            first = record.first_chunk_start_offset
-            if kept is not None:
-                ops.extend(index.split_ops(view, record.segment_id, start))
-                ops.extend(index.clear_ops(view, record.segment_id, first, start, bound))
-            else:
-                ops.extend(index.clear_ops(view, record.segment_id, first, record.length + 1, bound))
-    expect = [Expect(SEGMENTS, key, version)]
-    for chunk, chunk_version in dropped:
-        chunk_key = name_key(chunk.name)
-        ops.append(Delete(CHUNKS, chunk_key))
-        expect.append(Expect(CHUNKS, chunk_key, chunk_version))
-    ops.extend(ctx.gc.entries([chunk.name for chunk, _ in dropped], GcReason.DROPPED))
+    names = [chunk for _, chunk in dropped]
+    ops.extend(Delete(CHUNKS, name_key(chunk)) for chunk in names)
+    if names:
+        ops.append(ctx.gc.run_entry(names, GcReason.DROPPED))
     changes: dict[str, object] = {
         "start_offset": new_start,
         "chunk_count": record.chunk_count - len(dropped),
@@ -219,30 +228,42 @@ def _truncate_batch(ctx: EngineContext, name: str, new_start: int) -> bool:
             changes["last_chunk"] = None
             changes["last_chunk_start_offset"] = new_start
     ops.append(Put(SEGMENTS, key, record.replace(**changes).encode()))
-    ctx.ownership.commit(ops, expect)
-    ctx.tainted.difference_update(chunk.name for chunk, _ in dropped)
+    ctx.ownership.commit(ops, [Expect(SEGMENTS, key, version)])
+    ctx.tainted.difference_update(names)
     return True
 
 
-def _head_below(
-    view: ReadView, record: SegmentRecord, new_start: int, limit: int
-) -> tuple[list[tuple[ChunkRecord, int]], str | None, int]:
-    """The chunks at the head of ``record``'s list that end at or below ``new_start``, at
-    most ``limit``, each with its version; then the first chunk that stays (None: no
-    chunk is left) and the offset it starts at. ``MetadataCorrupted`` if the list names
-    a chunk without a record."""
-    dropped: list[tuple[ChunkRecord, int]] = []
-    kept, start = record.first_chunk, record.first_chunk_start_offset
-    while kept is not None and len(dropped) < limit:
-        stored = view.get(CHUNKS, name_key(kept))
-        if stored is None:
-            raise MetadataCorrupted(f"chunk record {kept!r} is referenced but missing", chunk=kept)
-        chunk = ChunkRecord.decode(stored.value)  # dropped: not worth a place in the memo
-        if start + chunk.length > new_start:
-            break
-        dropped.append((chunk, stored.version))
-        start += chunk.length
-        kept = chunk.next_chunk
+def _head_run(
+    record: SegmentRecord, walked: list[tuple[int, str]], new_start: int, limit: int
+) -> tuple[list[tuple[int, str]], str | None, int]:
+    """From ``walked`` (``index.head_walk``: the chunks starting in
+    ``[first_chunk_start_offset, new_start]``, at most ``limit + 1``): the chunks at the
+    head of the list that end at or below ``new_start``, at most ``limit``; then the first
+    chunk that stays (None: no chunk is left) and the offset it starts at.
+
+    A chunk ends where the next one starts, so every walked chunk but the last is
+    dropped; the last is dropped too only if it is the segment's last chunk and
+    ``new_start`` is the segment's length. What the index says is checked against the
+    segment record (its first chunk, its chunk count): ``MetadataCorrupted`` if they
+    disagree, and nothing is dropped."""
+    if not walked or walked[0] != (record.first_chunk_start_offset, record.first_chunk):
+        raise MetadataCorrupted(
+            f"segment {record.name!r}: the offset index does not start its list at chunk "
+            f"{record.first_chunk!r} (offset {record.first_chunk_start_offset})",
+            segment=record.name,
+        )
+    kept: str | None
+    dropped, kept, start = walked[:-1], walked[-1][1], walked[-1][0]
+    if len(walked) > limit:
+        dropped, kept, start = walked[:limit], walked[limit][1], walked[limit][0]
+    elif kept == record.last_chunk and new_start == record.length:
+        dropped, kept, start = walked, None, new_start
+    if (len(dropped) == record.chunk_count) != (kept is None) or len(dropped) > record.chunk_count:
+        raise MetadataCorrupted(
+            f"segment {record.name!r}: its offset index lists {len(walked)} chunk(s) below "
+            f"{new_start}, its record counts {record.chunk_count} in all",
+            segment=record.name,
+        )
     return dropped, kept, start
 
 

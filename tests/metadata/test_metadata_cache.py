@@ -17,6 +17,7 @@ from slts.errors import InvalidArgument, StorageClosed, VersionConflict
 from slts.metadata import (
     CachedMetadataStore,
     Delete,
+    DeleteRange,
     Expect,
     MemoryMetadataStore,
     MetadataStore,
@@ -336,3 +337,142 @@ def test_close_closes_the_inner_store(cache: CachedMetadataStore, hooked: Hooked
         hooked.inner.get(T, b"k")
     with pytest.raises(StorageClosed):
         cache.get(T, b"k")
+
+
+# -- bulk deletes ------------------------------------------------------------------------------
+
+
+BULK = 4  # bulk_deletes_min of the caches below
+
+
+def bulk_cache(hooked: HookedStore, capacity: int = 16) -> CachedMetadataStore:
+    return CachedMetadataStore(hooked, capacity=capacity, bulk_deletes_min=BULK)
+
+
+def test_a_bulk_delete_evicts_its_keys_and_keeps_the_live_records(hooked: HookedStore) -> None:
+    cache = bulk_cache(hooked, capacity=8)
+    live = cache.commit([Put(T, b"live%d" % i, b"v") for i in range(4)])
+    dropped = [b"d%02d" % i for i in range(20)]
+    cache.commit([Put(T, key, b"x") for key in dropped])  # cached, pushing nothing live out yet
+    cache.clear()
+    for i in range(4):
+        cache.get(T, b"live%d" % i)
+    for key in dropped[:4]:
+        cache.get(T, key)
+    assert cache.cached_entries == 8
+    done = cache.commit([*(Delete(T, key) for key in dropped), Put(T, b"seg", b"new")])
+    assert cache.cached_entries == 5, "the deleted keys left; the put is cached; no 'absent' entry"
+    for i in range(4):
+        assert served_from_cache(cache, hooked, b"live%d" % i) == Versioned(live, b"v")
+    assert served_from_cache(cache, hooked, b"seg") == Versioned(done, b"new")
+    before = hooked.gets
+    assert cache.get(T, dropped[0]) is None and hooked.gets == before + 1, "read from the inner store"
+    assert served_from_cache(cache, hooked, dropped[0]) is None, "and cached by that miss"
+
+
+def test_deletes_below_the_bulk_threshold_are_cached_as_absent(hooked: HookedStore) -> None:
+    cache = bulk_cache(hooked)
+    cache.commit([Put(T, b"k%d" % i, b"v") for i in range(BULK - 1)])
+    cache.commit([Delete(T, b"k%d" % i) for i in range(BULK - 1)])
+    assert cache.cached_entries == BULK - 1
+    for i in range(BULK - 1):
+        assert served_from_cache(cache, hooked, b"k%d" % i) is None
+
+
+def test_a_racing_fill_never_caches_what_a_bulk_delete_removed(hooked: HookedStore) -> None:
+    cache = bulk_cache(hooked)
+    keys = [b"k%d" % i for i in range(BULK)]
+    old = cache.commit([Put(T, key, b"old") for key in keys])
+    cache.clear()
+    with Parking() as parking:
+        hooked.after_get = parking
+        reader, result = in_thread(lambda: cache.get(T, keys[0]))  # misses, reads "old", parks
+        assert parking.arrived.wait(WAIT_S)
+        cache.commit([Delete(T, key) for key in keys])
+    reader.join(WAIT_S)
+    assert result == [Versioned(old, b"old")]
+    hooked.after_get = None
+    assert cache.cached_entries == 0
+    assert cache.get(T, keys[0]) is None
+
+
+def test_reads_during_a_bulk_delete_in_flight_fill_nothing(hooked: HookedStore) -> None:
+    cache = bulk_cache(hooked)
+    keys = [b"k%d" % i for i in range(BULK)]
+    cache.commit([Put(T, key, b"old") for key in keys])
+    with Parking() as parking:
+        hooked.after_commit = parking
+        writer, _ = in_thread(lambda: cache.commit([Delete(T, key) for key in keys]))
+        assert parking.arrived.wait(WAIT_S)  # applied in the inner store, not landed in the cache
+        assert cache.get(T, keys[1]) is None
+        assert cache.cached_entries == 0, "no fill while the bulk delete flies"
+    writer.join(WAIT_S)
+    assert cache.cached_entries == 0
+
+
+@pytest.mark.parametrize("first", ["bulk delete", "put"])
+def test_a_put_racing_a_bulk_delete_on_its_key_is_not_cached(hooked: HookedStore, first: str) -> None:
+    """Whichever of the two the store applied first, and whichever lands first in the
+    cache, the key ends uncached and the next get reads what the store holds."""
+    cache = bulk_cache(hooked)
+    keys = [b"k%d" % i for i in range(BULK)]
+    cache.commit([Put(T, key, b"old") for key in keys])
+    bulk = [Delete(T, key) for key in keys]
+    put = [Put(T, keys[2], b"new")]
+    with Parking() as parking:
+        hooked.after_commit = parking
+        parked, _ = in_thread(lambda: cache.commit(bulk if first == "bulk delete" else put))
+        assert parking.arrived.wait(WAIT_S)
+        cache.commit(put if first == "bulk delete" else bulk)  # applied second, lands first
+        assert cache.get(T, keys[2]) == hooked.inner.get(T, keys[2])
+    parked.join(WAIT_S)
+    before = hooked.gets
+    assert cache.get(T, keys[2]) == hooked.inner.get(T, keys[2])
+    assert hooked.gets == before + 1, "the raced key was not cached"
+
+
+def test_a_bulk_delete_with_unknown_outcome_leaves_racing_flights_uncached(hooked: HookedStore) -> None:
+    cache = bulk_cache(hooked)
+    keys = [b"k%d" % i for i in range(BULK)]
+    cache.commit([Put(T, key, b"old") for key in keys])
+    with Parking() as parking:
+        hooked.after_commit = parking
+        writer, _ = in_thread(lambda: cache.commit([Put(T, keys[0], b"new")]))  # parks, applied
+        assert parking.arrived.wait(WAIT_S)
+
+        def fail(sequence: int) -> None:
+            raise RuntimeError("connection lost after the write")
+
+        hooked.after_commit = fail
+        with pytest.raises(RuntimeError):
+            cache.commit([Delete(T, key) for key in keys])
+        hooked.after_commit = None
+    writer.join(WAIT_S)
+    assert cache.cached_entries == 0
+    assert cache.get(T, keys[0]) is None  # what the store holds
+
+
+def test_a_delete_range_with_unknown_outcome_leaves_racing_flights_uncached(hooked: HookedStore) -> None:
+    cache = CachedMetadataStore(hooked, capacity=16)
+    cache.commit([Put(T, b"k", b"old")])
+    with Parking() as parking:
+        hooked.after_commit = parking
+        writer, _ = in_thread(lambda: cache.commit([Put(T, b"k", b"new")]))  # parks, applied
+        assert parking.arrived.wait(WAIT_S)
+
+        def fail(sequence: int) -> None:
+            raise RuntimeError("connection lost after the write")
+
+        hooked.after_commit = fail
+        with pytest.raises(RuntimeError):
+            cache.commit([DeleteRange(T, b"a", b"z")])
+        hooked.after_commit = None
+    writer.join(WAIT_S)
+    assert cache.cached_entries == 0
+    assert cache.get(T, b"k") is None  # what the store holds
+
+
+def test_bulk_deletes_min_must_be_positive(hooked: HookedStore) -> None:
+    for value in (0, -1, 1.5):
+        with pytest.raises(InvalidArgument, match="bulk_deletes_min"):
+            CachedMetadataStore(hooked, capacity=2, bulk_deletes_min=value)  # type: ignore[arg-type]

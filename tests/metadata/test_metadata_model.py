@@ -1,9 +1,10 @@
 """Every store against a plain-dict model, by a Hypothesis state machine.
 
-Rules: conditional commits whose expectations are current, absent, stale or wrong (so both
-outcomes happen), reads (get, floor with a lower bound, scan both ways with limits), and
-reopening (LMDB: close and open the folder again; a cache: drop it). After every step the
-store's dump and last sequence equal the model's. Runs are derandomized (replayable).
+Rules: conditional commits (puts, deletes and range deletes) whose expectations are
+current, absent, stale or wrong (so both outcomes happen), reads (get, floor with a lower
+bound, scan both ways with limits), and reopening (LMDB: close and open the folder again;
+a cache: drop it). After every step the store's dump and last sequence equal the model's.
+Runs are derandomized (replayable).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from slts.errors import VersionConflict
 from slts.metadata import (
     CachedMetadataStore,
     Delete,
+    DeleteRange,
     Expect,
     LmdbMetadataStore,
     MemoryMetadataStore,
@@ -41,9 +43,15 @@ tables = st.sampled_from(TABLES)
 keys = st.lists(st.sampled_from(ALPHABET), min_size=1, max_size=3).map(b"".join)
 bounds = st.lists(st.sampled_from(ALPHABET), min_size=0, max_size=4).map(b"".join)
 values = st.binary(max_size=6)
+ranges = st.builds(
+    lambda table, pair: DeleteRange(table, *sorted(pair)),
+    tables,
+    st.tuples(bounds, bounds).filter(lambda pair: pair[0] != pair[1]),
+)
 operations = st.one_of(
     st.builds(Put, tables, keys, values),
     st.builds(Delete, tables, keys),
+    ranges,
 )
 expectation_kinds = st.sampled_from(["current", "current", "current", "absent", "stale", "wrong"])
 
@@ -93,6 +101,9 @@ class StoreMachine(RuleBasedStateMachine):
             for op in ops:
                 if isinstance(op, Put):
                     self.model[op.table][op.key] = Versioned(sequence, op.value)
+                elif isinstance(op, DeleteRange):
+                    for key in [k for k in self.model[op.table] if op.start <= k < op.stop]:
+                        del self.model[op.table][key]
                 else:
                     self.model[op.table].pop(op.key, None)
         else:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from slts.metadata.faulty_store import FaultyMetadataStore
 from slts.metadata.records import SegmentRecord
 from slts.metadata.schema import SEGMENTS, name_key
-from slts.metadata.store import Expect, MetadataStore, Operation
+from slts.metadata.store import CommitOp, Expect, MetadataStore
 from slts.storage.context import walk_chunks
 
 #: A segment's layout as the oracle compares it: (start offset, length, ((chunk start,
@@ -54,7 +54,7 @@ class Layouts:
         self.store, self.name = store, name
         self.seen: list[Layout] = [layout_of(store, name)]
 
-    def record(self, ops: Sequence[Operation], expect: Sequence[Expect]) -> None:
+    def record(self, ops: Sequence[CommitOp], expect: Sequence[Expect]) -> None:
         current = layout_of(self.store, self.name)
         if current != self.seen[-1]:
             self.seen.append(current)

@@ -34,7 +34,7 @@ from slts.errors import SegmentNotFound, SegmentTruncated, SltsError
 from slts.metadata.faulty_store import FaultyMetadataStore
 from slts.metadata.memory_store import MemoryMetadataStore
 from slts.metadata.schema import SEGMENTS, TABLES, name_key
-from slts.metadata.store import Expect, MetadataStore, Operation
+from slts.metadata.store import CommitOp, Expect, MetadataStore
 from slts.storage import batch_defrag
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.transforms.keys import MemoryKeyRing
@@ -931,8 +931,9 @@ class World:
         key = name_key(segment)
         ended: list[str] = []
 
-        def land(ops: Sequence[Operation], expect: Sequence[Expect]) -> None:
-            if not ended and any(x.table == SEGMENTS and x.key == key for x in (*ops, *expect)):
+        def land(ops: Sequence[CommitOp], expect: Sequence[Expect]) -> None:
+            touched = (x for x in (*ops, *expect) if x.table == SEGMENTS)  # ranges are on other tables
+            if not ended and any(getattr(x, "key", None) == key for x in touched):
                 ended.extend(batch_defrag._end(driver, item, outcome) for item, outcome in mine)  # noqa: SLF001
 
         store = self.owner.store
