@@ -121,7 +121,11 @@ class SltsCollector(Collector):
         oldest_ms = _QUEUED_MS.unpack_from(oldest[0][0])[0] if oldest else None
         yield self._gauge("slts_segments", "Segments (the system segments are the journal's).", segments)
         yield self._gauge("slts_chunks", "Chunk records in the metadata.", chunks)
-        yield self._gauge("slts_gc_queue_entries", "Chunks queued for GC.", depth)
+        yield self._gauge(
+            "slts_gc_queue_entries",
+            "GC queue entries: one per chunk queued alone, one per truncate commit for its run of chunks.",
+            depth,
+        )
         yield self._gauge(
             "slts_gc_deleted_segments", "Deleted segments whose chunks GC has yet to delete.", deleted
         )
