@@ -33,8 +33,8 @@ import msgpack
 from slts.errors import InvalidArgument, MetadataCorrupted
 from slts.transforms.sealed import MARKER, RecordSeal
 
-_HEADER = struct.Struct(">II")
-HEADER_BYTES = _HEADER.size
+HEADER = struct.Struct(">II")
+HEADER_BYTES = HEADER.size
 #: Largest payload one record may hold.
 RECORD_BYTES_MAX = 64 << 20
 
@@ -52,7 +52,7 @@ def encode_record(payload: Mapping[str, Any], seal: RecordSeal | None = None) ->
         body = seal.seal(body)
     if len(body) > RECORD_BYTES_MAX:
         raise InvalidArgument(f"journal record of {len(body)} bytes exceeds {RECORD_BYTES_MAX}")
-    return _HEADER.pack(len(body), crc32c.crc32c(body)) + body
+    return HEADER.pack(len(body), crc32c.crc32c(body)) + body
 
 
 @dataclass
@@ -66,17 +66,22 @@ class ReadResult:
     end: int = 0  # offset just past the last whole record (valid or skipped)
 
 
-def read_records(data: bytes, seal: RecordSeal | None = None) -> ReadResult:
-    """Every whole, valid record in ``data``, in order (see module doc).
+def read_records(
+    data: bytes, seal: RecordSeal | None = None, start: int = 0, frames_max: int | None = None
+) -> ReadResult:
+    """Every whole, valid record in ``data``, in order (see module doc); from offset
+    ``start`` on, and at most ``frames_max`` frames (valid or skipped) when given.
 
     One pass over ``data``: per frame, the header, the CRC of the payload and one msgpack
-    decode of it (a slice of ``data``, no copy beyond the slice). This loop is most of a
-    boot's replay, so it binds what it calls to locals."""
+    decode of it (a slice of ``data``, no copy beyond the slice). Offsets (of records,
+    ``end``...) count from the start of ``data``."""
     result = ReadResult()
     records = result.records
-    header_at, checksum_of, decode = _HEADER.unpack_from, crc32c.crc32c, msgpack.unpackb
-    offset, size, corrupt = 0, len(data), 0
-    while offset < size:
+    header_at, checksum_of, decode = HEADER.unpack_from, crc32c.crc32c, msgpack.unpackb
+    offset, size, corrupt = start, len(data), 0
+    frames_left = -1 if frames_max is None else frames_max
+    while offset < size and frames_left:
+        frames_left -= 1
         if size - offset < HEADER_BYTES:
             result.torn_at = offset
             break
@@ -123,7 +128,7 @@ def iter_records_strict(pieces: Iterable[bytes], seal: RecordSeal | None = None)
         buffer += piece
         offset = 0
         while len(buffer) - offset >= HEADER_BYTES:
-            length, checksum = _HEADER.unpack_from(buffer, offset)
+            length, checksum = HEADER.unpack_from(buffer, offset)
             if length > RECORD_BYTES_MAX:
                 raise MetadataCorrupted(f"impossible record length {length} at offset {consumed + offset}")
             stop = offset + HEADER_BYTES + length

@@ -1,0 +1,492 @@
+/* The compiled twin of slts.journal.system_layout.appends_python (see that function).
+ *
+ * `appends(data, offset, segment, chunk, length, epoch, last, attrs)` walks the framed
+ * journal records of `data` from `offset` and applies those that are plain appends to the
+ * last chunk of one system segment, as `SystemLayout.apply` would, without making a Python
+ * object per record: per frame the header, the CRC32C of the payload, and one pass over the
+ * msgpack map that checks every field. It stops at the first frame that is anything else
+ * (another kind, another segment or epoch, a duplicate id, a torn or CRC-bad frame, a sealed
+ * payload, an unknown or repeated key, a value of another type, bytes after the map...) and
+ * returns `(offset, length, last, count)`: where it stopped, the segment's new length, the
+ * last record number applied and how many records it applied. `attrs` (the segment's
+ * attribute dict) gets each applied record's attributes, in order. The caller handles the
+ * frame it stopped at with the reference code (framing.read_records + SystemLayout.apply),
+ * which decides what that frame means; this walk only ever takes frames whose meaning is
+ * plain, so taking or leaving one never changes the outcome.
+ *
+ * It keeps no Python object past the call; the pure-Python twin is the reference and
+ * tests/journal/test_replay_native.py runs both on the same inputs.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <nmmintrin.h>
+#define HAVE_SSE42_PATH 1
+#endif
+
+#define HEADER_BYTES 8
+#define RECORD_BYTES_MAX (64u << 20)
+#define SEALED_MARKER 0xc1
+#define ATTRS_MAX 8
+
+/* -- CRC32C (Castagnoli), as the crc32c package computes it ------------------------------- */
+
+static uint32_t crc_table[256];
+static int crc_hardware;
+
+static void crc_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t value = i;
+        for (int bit = 0; bit < 8; bit++) {
+            value = (value & 1) ? (value >> 1) ^ 0x82F63B78u : value >> 1;
+        }
+        crc_table[i] = value;
+    }
+#ifdef HAVE_SSE42_PATH
+    __builtin_cpu_init();
+    crc_hardware = __builtin_cpu_supports("sse4.2");
+#endif
+}
+
+static uint32_t crc_software(const unsigned char *data, size_t size)
+{
+    uint32_t crc = 0xFFFFFFFFu;
+    for (size_t i = 0; i < size; i++) {
+        crc = crc_table[(crc ^ data[i]) & 0xFF] ^ (crc >> 8);
+    }
+    return crc ^ 0xFFFFFFFFu;
+}
+
+#ifdef HAVE_SSE42_PATH
+__attribute__((target("sse4.2"))) static uint32_t crc_sse42(const unsigned char *data, size_t size)
+{
+    uint64_t crc = 0xFFFFFFFFu;
+    while (size >= 8) {
+        uint64_t word;
+        memcpy(&word, data, 8);
+        crc = _mm_crc32_u64(crc, word);
+        data += 8;
+        size -= 8;
+    }
+    uint32_t small = (uint32_t)crc;
+    while (size--) {
+        small = _mm_crc32_u8(small, *data++);
+    }
+    return small ^ 0xFFFFFFFFu;
+}
+#endif
+
+static uint32_t crc32c(const unsigned char *data, size_t size)
+{
+#ifdef HAVE_SSE42_PATH
+    if (crc_hardware) {
+        return crc_sse42(data, size);
+    }
+#endif
+    return crc_software(data, size);
+}
+
+/* -- a reader of the few msgpack types an append record holds ----------------------------- */
+
+typedef struct {
+    const unsigned char *at;
+    const unsigned char *end;
+} Reader;
+
+static int read_big_endian(Reader *r, int size, uint64_t *out)
+{
+    if (r->end - r->at < size) {
+        return 0;
+    }
+    uint64_t value = 0;
+    for (int i = 0; i < size; i++) {
+        value = (value << 8) | r->at[i];
+    }
+    r->at += size;
+    *out = value;
+    return 1;
+}
+
+/* A msgpack integer (not a bool, not beyond int64): 1 and *out set, else 0. */
+static int read_int(Reader *r, int64_t *out)
+{
+    if (r->at >= r->end) {
+        return 0;
+    }
+    unsigned char tag = *r->at++;
+    uint64_t raw;
+    if (tag <= 0x7f) {
+        *out = tag;
+        return 1;
+    }
+    if (tag >= 0xe0) {
+        *out = (int64_t)(int8_t)tag;
+        return 1;
+    }
+    switch (tag) {
+    case 0xcc:
+    case 0xcd:
+    case 0xce:
+    case 0xcf:
+        if (!read_big_endian(r, 1 << (tag - 0xcc), &raw) || raw > (uint64_t)INT64_MAX) {
+            return 0;
+        }
+        *out = (int64_t)raw;
+        return 1;
+    case 0xd0:
+        if (!read_big_endian(r, 1, &raw)) {
+            return 0;
+        }
+        *out = (int8_t)raw;
+        return 1;
+    case 0xd1:
+        if (!read_big_endian(r, 2, &raw)) {
+            return 0;
+        }
+        *out = (int16_t)raw;
+        return 1;
+    case 0xd2:
+        if (!read_big_endian(r, 4, &raw)) {
+            return 0;
+        }
+        *out = (int32_t)raw;
+        return 1;
+    case 0xd3:
+        if (!read_big_endian(r, 8, &raw)) {
+            return 0;
+        }
+        *out = (int64_t)raw;
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* A msgpack str: 1 with its bytes in *text, *size, else 0 (bin is not a str). */
+static int read_str(Reader *r, const unsigned char **text, Py_ssize_t *size)
+{
+    if (r->at >= r->end) {
+        return 0;
+    }
+    unsigned char tag = *r->at++;
+    uint64_t length;
+    if (tag >= 0xa0 && tag <= 0xbf) {
+        length = tag & 0x1f;
+    } else if (tag == 0xd9 || tag == 0xda || tag == 0xdb) {
+        if (!read_big_endian(r, 1 << (tag - 0xd9), &length)) {
+            return 0;
+        }
+    } else {
+        return 0;
+    }
+    if ((uint64_t)(r->end - r->at) < length) {
+        return 0;
+    }
+    *text = r->at;
+    *size = (Py_ssize_t)length;
+    r->at += length;
+    return 1;
+}
+
+/* A msgpack map or array header of the given family: 1 with its count, else 0. */
+static int read_count(Reader *r, unsigned char fix_low, unsigned char fix_high, unsigned char tag16, uint64_t *count)
+{
+    if (r->at >= r->end) {
+        return 0;
+    }
+    unsigned char tag = *r->at++;
+    if (tag >= fix_low && tag <= fix_high) {
+        *count = tag & 0x0f;
+        return 1;
+    }
+    if (tag == tag16) {
+        return read_big_endian(r, 2, count);
+    }
+    if (tag == tag16 + 1) {
+        return read_big_endian(r, 4, count);
+    }
+    return 0;
+}
+
+static int same(const unsigned char *text, Py_ssize_t size, const char *expected, Py_ssize_t expected_size)
+{
+    return size == expected_size && memcmp(text, expected, (size_t)size) == 0;
+}
+
+enum {
+    KEY_K = 1,
+    KEY_SEG = 2,
+    KEY_CHUNK = 4,
+    KEY_OFFSET = 8,
+    KEY_LENGTH = 16,
+    KEY_ID = 32,
+    KEY_ATTRS = 64,
+    KEYS_REQUIRED = KEY_K | KEY_SEG | KEY_CHUNK | KEY_OFFSET | KEY_LENGTH | KEY_ID,
+};
+
+typedef struct {
+    const char *segment;
+    Py_ssize_t segment_size;
+    const char *chunk;
+    Py_ssize_t chunk_size;
+    int64_t epoch;
+} Expected;
+
+/* One payload: 1 if it is a plain append that fits (length, last and the attributes to set
+ * filled in, attrs[] holding new references), 0 otherwise (nothing held). -1: a Python error. */
+static int parse_append(
+    const unsigned char *payload,
+    Py_ssize_t size,
+    const Expected *expected,
+    int64_t length,
+    int64_t last,
+    int64_t *added,
+    int64_t *number,
+    PyObject **attrs,
+    int *attr_count)
+{
+    Reader r = {payload, payload + size};
+    uint64_t fields;
+    int seen = 0;
+    int held = 0;
+    if (!read_count(&r, 0x80, 0x8f, 0xde, &fields) || fields < 6 || fields > 7) {
+        return 0;
+    }
+    for (uint64_t i = 0; i < fields; i++) {
+        const unsigned char *key;
+        Py_ssize_t key_size;
+        const unsigned char *text;
+        Py_ssize_t text_size;
+        int64_t value;
+        int bit;
+        if (!read_str(&r, &key, &key_size)) {
+            goto no;
+        }
+        if (same(key, key_size, "k", 1)) {
+            bit = KEY_K;
+        } else if (same(key, key_size, "seg", 3)) {
+            bit = KEY_SEG;
+        } else if (same(key, key_size, "chunk", 5)) {
+            bit = KEY_CHUNK;
+        } else if (same(key, key_size, "offset", 6)) {
+            bit = KEY_OFFSET;
+        } else if (same(key, key_size, "length", 6)) {
+            bit = KEY_LENGTH;
+        } else if (same(key, key_size, "id", 2)) {
+            bit = KEY_ID;
+        } else if (same(key, key_size, "attrs", 5)) {
+            bit = KEY_ATTRS;
+        } else {
+            goto no; /* a key the walk does not know: the reference decides */
+        }
+        if (seen & bit) {
+            goto no; /* a repeated key */
+        }
+        seen |= bit;
+        if (bit == KEY_K) {
+            if (!read_str(&r, &text, &text_size) || !same(text, text_size, "append", 6)) {
+                goto no;
+            }
+        } else if (bit == KEY_SEG) {
+            if (!read_str(&r, &text, &text_size)
+                || !same(text, text_size, expected->segment, expected->segment_size)) {
+                goto no;
+            }
+        } else if (bit == KEY_CHUNK) {
+            if (!read_str(&r, &text, &text_size)
+                || !same(text, text_size, expected->chunk, expected->chunk_size)) {
+                goto no;
+            }
+        } else if (bit == KEY_OFFSET) {
+            if (!read_int(&r, &value) || value != length) {
+                goto no;
+            }
+        } else if (bit == KEY_LENGTH) {
+            if (!read_int(&r, &value) || value < 0 || value > INT64_MAX - length) {
+                goto no;
+            }
+            *added = value;
+        } else if (bit == KEY_ID) {
+            uint64_t items;
+            int64_t epoch;
+            if (!read_count(&r, 0x90, 0x9f, 0xdc, &items) || items != 2 || !read_int(&r, &epoch)
+                || epoch != expected->epoch || !read_int(&r, &value) || value <= last) {
+                goto no;
+            }
+            *number = value;
+        } else if (r.at < r.end && *r.at == 0xc0) { /* attrs nil: no attributes */
+            r.at++;
+        } else {
+            uint64_t count;
+            const char *names[ATTRS_MAX];
+            Py_ssize_t name_sizes[ATTRS_MAX];
+            if (!read_count(&r, 0x80, 0x8f, 0xde, &count) || count > ATTRS_MAX) {
+                goto no;
+            }
+            for (uint64_t j = 0; j < count; j++) {
+                if (!read_str(&r, &text, &text_size) || !read_int(&r, &value)) {
+                    goto no;
+                }
+                for (uint64_t other = 0; other < j; other++) { /* a repeated name */
+                    if (same(text, text_size, names[other], name_sizes[other])) {
+                        goto no;
+                    }
+                }
+                names[j] = (const char *)text;
+                name_sizes[j] = text_size;
+                PyObject *name = PyUnicode_DecodeUTF8((const char *)text, text_size, "strict");
+                if (name == NULL) {
+                    PyErr_Clear(); /* not UTF-8: the reference decides what that means */
+                    goto no;
+                }
+                PyObject *number_object = PyLong_FromLongLong(value);
+                if (number_object == NULL) {
+                    Py_DECREF(name);
+                    goto error;
+                }
+                attrs[held++] = name;
+                attrs[held++] = number_object;
+            }
+        }
+    }
+    if ((seen & KEYS_REQUIRED) != KEYS_REQUIRED || r.at != r.end) {
+        goto no;
+    }
+    *attr_count = held / 2;
+    return 1;
+no:
+    while (held > 0) {
+        Py_DECREF(attrs[--held]);
+    }
+    return 0;
+error:
+    while (held > 0) {
+        Py_DECREF(attrs[--held]);
+    }
+    return -1;
+}
+
+static PyObject *appends(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 8) {
+        return PyErr_Format(PyExc_TypeError, "appends() takes 8 arguments (%zd given)", nargs);
+    }
+    PyObject *attrs_dict = args[7];
+    if (!PyDict_CheckExact(attrs_dict)) {
+        return PyErr_Format(PyExc_TypeError, "appends(): attrs must be a dict");
+    }
+    if (!PyUnicode_Check(args[2]) || !PyUnicode_Check(args[3])) {
+        return PyErr_Format(PyExc_TypeError, "appends(): segment and chunk must be str");
+    }
+    Py_ssize_t offset = PyLong_AsSsize_t(args[1]);
+    if (offset == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Expected expected;
+    expected.segment = PyUnicode_AsUTF8AndSize(args[2], &expected.segment_size);
+    expected.chunk = PyUnicode_AsUTF8AndSize(args[3], &expected.chunk_size);
+    if (expected.segment == NULL || expected.chunk == NULL) {
+        return NULL;
+    }
+    int overflow = 0;
+    int64_t length = PyLong_AsLongLongAndOverflow(args[4], &overflow);
+    int64_t epoch = overflow ? 0 : PyLong_AsLongLongAndOverflow(args[5], &overflow);
+    int64_t last = overflow ? 0 : PyLong_AsLongLongAndOverflow(args[6], &overflow);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (overflow || length < 0 || offset < 0) {
+        /* beyond what the walk handles (or nonsense): take nothing, the reference decides */
+        return Py_BuildValue("(nOOn)", offset, args[4], args[6], (Py_ssize_t)0);
+    }
+    expected.epoch = epoch;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) != 0) {
+        return NULL;
+    }
+    const unsigned char *data = view.buf;
+    Py_ssize_t size = view.len;
+    Py_ssize_t count = 0;
+    PyObject *attrs[2 * ATTRS_MAX];
+    while (offset <= size - HEADER_BYTES) {
+        const unsigned char *header = data + offset;
+        uint32_t payload_size = ((uint32_t)header[0] << 24) | ((uint32_t)header[1] << 16)
+                                | ((uint32_t)header[2] << 8) | header[3];
+        uint32_t checksum = ((uint32_t)header[4] << 24) | ((uint32_t)header[5] << 16)
+                            | ((uint32_t)header[6] << 8) | header[7];
+        if (payload_size == 0 || payload_size > RECORD_BYTES_MAX
+            || (Py_ssize_t)payload_size > size - offset - HEADER_BYTES) {
+            break;
+        }
+        const unsigned char *payload = header + HEADER_BYTES;
+        if (payload[0] == SEALED_MARKER || crc32c(payload, payload_size) != checksum) {
+            break;
+        }
+        int64_t added = 0, number = 0;
+        int attr_count = 0;
+        int parsed = parse_append(payload, payload_size, &expected, length, last, &added, &number, attrs, &attr_count);
+        if (parsed < 0) {
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+        if (parsed == 0) {
+            break;
+        }
+        int failed = 0;
+        for (int i = 0; i < attr_count; i++) {
+            if (!failed && PyDict_SetItem(attrs_dict, attrs[2 * i], attrs[2 * i + 1]) != 0) {
+                failed = 1;
+            }
+            Py_DECREF(attrs[2 * i]);
+            Py_DECREF(attrs[2 * i + 1]);
+        }
+        if (failed) {
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+        length += added;
+        last = number;
+        offset += HEADER_BYTES + (Py_ssize_t)payload_size;
+        count++;
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(nLLn)", offset, (long long)length, (long long)last, count);
+}
+
+static PyObject *checksum(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) != 0) {
+        return NULL;
+    }
+    uint32_t value = crc32c(view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(value);
+}
+
+static PyMethodDef methods[] = {
+    {"appends", (PyCFunction)(void (*)(void))appends, METH_FASTCALL,
+     "appends(data, offset, segment, chunk, length, epoch, last, attrs) -> (offset, length, last, count)"},
+    {"crc32c", checksum, METH_O, "crc32c(data) -> int: the CRC32C of data (as the crc32c package computes it)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef definition = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "slts.journal._replay",
+    .m_doc = "The compiled twin of slts.journal.system_layout.appends_python (optional; see it).",
+    .m_size = -1,
+    .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__replay(void)
+{
+    crc_init();
+    return PyModule_Create(&definition);
+}
