@@ -4,7 +4,7 @@
  * journal records of `data` from `offset` and applies those that are plain appends to the
  * last chunk of one system segment, as `SystemLayout.apply` would, without making a Python
  * object per record: per frame the header, the CRC32C of the payload, and one pass over the
- * msgpack map that checks every field. It stops at the first frame that is anything else
+ * msgpack map that checks every field; the attributes are folded by name and set once. It stops at the first frame that is anything else
  * (another kind, another segment or epoch, a duplicate id, a torn or CRC-bad frame, a sealed
  * payload, an unknown or repeated key, a value of another type, bytes after the map...) and
  * returns `(offset, length, last, count)`: where it stopped, the segment's new length, the
@@ -236,8 +236,15 @@ typedef struct {
     int64_t epoch;
 } Expected;
 
-/* One payload: 1 if it is a plain append that fits (length, last and the attributes to set
- * filled in, attrs[] holding new references), 0 otherwise (nothing held). -1: a Python error. */
+/* An attribute of a record: its name's bytes (in the frame) and its value. */
+typedef struct {
+    const unsigned char *name;
+    Py_ssize_t size;
+    int64_t value;
+} RawAttr;
+
+/* One payload: 1 if it is a plain append that fits (*added, *number and the record's
+ * attributes, attrs[0..*attr_count), filled in), 0 otherwise. */
 static int parse_append(
     const unsigned char *payload,
     Py_ssize_t size,
@@ -246,7 +253,7 @@ static int parse_append(
     int64_t last,
     int64_t *added,
     int64_t *number,
-    PyObject **attrs,
+    RawAttr *attrs,
     int *attr_count)
 {
     Reader r = {payload, payload + size};
@@ -264,7 +271,7 @@ static int parse_append(
         int64_t value;
         int bit;
         if (!read_str(&r, &key, &key_size)) {
-            goto no;
+            return 0;
         }
         if (same(key, key_size, "k", 1)) {
             bit = KEY_K;
@@ -281,33 +288,33 @@ static int parse_append(
         } else if (same(key, key_size, "attrs", 5)) {
             bit = KEY_ATTRS;
         } else {
-            goto no; /* a key the walk does not know: the reference decides */
+            return 0; /* a key the walk does not know: the reference decides */
         }
         if (seen & bit) {
-            goto no; /* a repeated key */
+            return 0; /* a repeated key */
         }
         seen |= bit;
         if (bit == KEY_K) {
             if (!read_str(&r, &text, &text_size) || !same(text, text_size, "append", 6)) {
-                goto no;
+                return 0;
             }
         } else if (bit == KEY_SEG) {
             if (!read_str(&r, &text, &text_size)
                 || !same(text, text_size, expected->segment, expected->segment_size)) {
-                goto no;
+                return 0;
             }
         } else if (bit == KEY_CHUNK) {
             if (!read_str(&r, &text, &text_size)
                 || !same(text, text_size, expected->chunk, expected->chunk_size)) {
-                goto no;
+                return 0;
             }
         } else if (bit == KEY_OFFSET) {
             if (!read_int(&r, &value) || value != length) {
-                goto no;
+                return 0;
             }
         } else if (bit == KEY_LENGTH) {
             if (!read_int(&r, &value) || value < 0 || value > INT64_MAX - length) {
-                goto no;
+                return 0;
             }
             *added = value;
         } else if (bit == KEY_ID) {
@@ -315,59 +322,121 @@ static int parse_append(
             int64_t epoch;
             if (!read_count(&r, 0x90, 0x9f, 0xdc, &items) || items != 2 || !read_int(&r, &epoch)
                 || epoch != expected->epoch || !read_int(&r, &value) || value <= last) {
-                goto no;
+                return 0;
             }
             *number = value;
         } else if (r.at < r.end && *r.at == 0xc0) { /* attrs nil: no attributes */
             r.at++;
         } else {
             uint64_t count;
-            const char *names[ATTRS_MAX];
-            Py_ssize_t name_sizes[ATTRS_MAX];
             if (!read_count(&r, 0x80, 0x8f, 0xde, &count) || count > ATTRS_MAX) {
-                goto no;
+                return 0;
             }
             for (uint64_t j = 0; j < count; j++) {
                 if (!read_str(&r, &text, &text_size) || !read_int(&r, &value)) {
-                    goto no;
+                    return 0;
                 }
-                for (uint64_t other = 0; other < j; other++) { /* a repeated name */
-                    if (same(text, text_size, names[other], name_sizes[other])) {
-                        goto no;
+                for (int other = 0; other < held; other++) { /* a repeated name */
+                    if (same(text, text_size, (const char *)attrs[other].name, attrs[other].size)) {
+                        return 0;
                     }
                 }
-                names[j] = (const char *)text;
-                name_sizes[j] = text_size;
-                PyObject *name = PyUnicode_DecodeUTF8((const char *)text, text_size, "strict");
-                if (name == NULL) {
-                    PyErr_Clear(); /* not UTF-8: the reference decides what that means */
-                    goto no;
-                }
-                PyObject *number_object = PyLong_FromLongLong(value);
-                if (number_object == NULL) {
-                    Py_DECREF(name);
-                    goto error;
-                }
-                attrs[held++] = name;
-                attrs[held++] = number_object;
+                attrs[held].name = text;
+                attrs[held].size = text_size;
+                attrs[held].value = value;
+                held++;
             }
         }
     }
     if ((seen & KEYS_REQUIRED) != KEYS_REQUIRED || r.at != r.end) {
-        goto no;
+        return 0;
     }
-    *attr_count = held / 2;
+    *attr_count = held;
     return 1;
-no:
-    while (held > 0) {
-        Py_DECREF(attrs[--held]);
+}
+
+/* The attributes a run set so far, by name (first seen first): each record's are folded
+ * in here, and the segment's dict gets them once, when the run ends (``flush``). The
+ * result is the dict sequential updates make: the same keys, in the same order, with
+ * the last values. A name is checked to be UTF-8 once, when first seen. */
+#define RUN_ATTRS_MAX 32
+
+typedef struct {
+    const unsigned char *name;
+    Py_ssize_t size;
+    PyObject *key; /* the decoded name (a new reference) */
+    int64_t value;
+} RunAttr;
+
+typedef struct {
+    RunAttr attrs[RUN_ATTRS_MAX];
+    int count;
+} RunAttrs;
+
+static int run_attrs_flush(RunAttrs *run, PyObject *dict)
+{
+    int failed = 0;
+    for (int i = 0; i < run->count; i++) {
+        if (!failed) {
+            PyObject *value = PyLong_FromLongLong(run->attrs[i].value);
+            if (value == NULL || PyDict_SetItem(dict, run->attrs[i].key, value) != 0) {
+                failed = 1;
+            }
+            Py_XDECREF(value);
+        }
+        Py_DECREF(run->attrs[i].key);
     }
-    return 0;
-error:
-    while (held > 0) {
-        Py_DECREF(attrs[--held]);
+    run->count = 0;
+    return failed ? -1 : 0;
+}
+
+/* Fold one record's attributes in: 1 done, 0 a name is not UTF-8 (nothing changed), -1 a
+ * Python error. */
+static int run_attrs_fold(RunAttrs *run, PyObject *dict, const RawAttr *attrs, int count)
+{
+    int index[ATTRS_MAX];
+    int fresh = 0;
+    for (int i = 0; i < count; i++) {
+        index[i] = -1;
+        for (int j = 0; j < run->count; j++) {
+            if (same(attrs[i].name, attrs[i].size, (const char *)run->attrs[j].name, run->attrs[j].size)) {
+                index[i] = j;
+                break;
+            }
+        }
+        fresh += index[i] < 0;
     }
-    return -1;
+    if (fresh && run->count + fresh > RUN_ATTRS_MAX && run_attrs_flush(run, dict) != 0) {
+        return -1;
+    }
+    if (fresh && run->count == 0) {
+        for (int i = 0; i < count; i++) {
+            index[i] = -1;
+        }
+    }
+    int first_new = run->count;
+    for (int i = 0; i < count; i++) {
+        if (index[i] >= 0) {
+            continue;
+        }
+        PyObject *key = PyUnicode_DecodeUTF8((const char *)attrs[i].name, attrs[i].size, "strict");
+        if (key == NULL) {
+            PyErr_Clear(); /* not UTF-8: the reference decides what that means */
+            while (run->count > first_new) {
+                Py_DECREF(run->attrs[--run->count].key);
+            }
+            return 0;
+        }
+        RunAttr *slot = &run->attrs[run->count];
+        slot->name = attrs[i].name;
+        slot->size = attrs[i].size;
+        slot->key = key;
+        index[i] = run->count++;
+    }
+    for (int i = 0; i < count; i++) {
+        run->attrs[index[i]].value = attrs[i].value;
+    }
+    return 1;
 }
 
 static PyObject *appends(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -412,7 +481,9 @@ static PyObject *appends(PyObject *module, PyObject *const *args, Py_ssize_t nar
     const unsigned char *data = view.buf;
     Py_ssize_t size = view.len;
     Py_ssize_t count = 0;
-    PyObject *attrs[2 * ATTRS_MAX];
+    RawAttr attrs[ATTRS_MAX];
+    RunAttrs run;
+    run.count = 0;
     while (offset <= size - HEADER_BYTES) {
         const unsigned char *header = data + offset;
         uint32_t payload_size = ((uint32_t)header[0] << 24) | ((uint32_t)header[1] << 16)
@@ -429,32 +500,28 @@ static PyObject *appends(PyObject *module, PyObject *const *args, Py_ssize_t nar
         }
         int64_t added = 0, number = 0;
         int attr_count = 0;
-        int parsed = parse_append(payload, payload_size, &expected, length, last, &added, &number, attrs, &attr_count);
-        if (parsed < 0) {
-            PyBuffer_Release(&view);
-            return NULL;
-        }
-        if (parsed == 0) {
+        if (!parse_append(payload, payload_size, &expected, length, last, &added, &number, attrs, &attr_count)) {
             break;
         }
-        int failed = 0;
-        for (int i = 0; i < attr_count; i++) {
-            if (!failed && PyDict_SetItem(attrs_dict, attrs[2 * i], attrs[2 * i + 1]) != 0) {
-                failed = 1;
-            }
-            Py_DECREF(attrs[2 * i]);
-            Py_DECREF(attrs[2 * i + 1]);
-        }
-        if (failed) {
+        int folded = attr_count ? run_attrs_fold(&run, attrs_dict, attrs, attr_count) : 1;
+        if (folded < 0) {
+            run_attrs_flush(&run, attrs_dict);
             PyBuffer_Release(&view);
             return NULL;
+        }
+        if (folded == 0) {
+            break;
         }
         length += added;
         last = number;
         offset += HEADER_BYTES + (Py_ssize_t)payload_size;
         count++;
     }
+    int flushed = run_attrs_flush(&run, attrs_dict); /* before the view goes: names point into it */
     PyBuffer_Release(&view);
+    if (flushed != 0) {
+        return NULL;
+    }
     return Py_BuildValue("(nLLn)", offset, (long long)length, (long long)last, count);
 }
 

@@ -67,7 +67,7 @@ class ReadResult:
 
 
 def read_records(
-    data: bytes, seal: RecordSeal | None = None, start: int = 0, frames_max: int | None = None
+    data: bytes | memoryview, seal: RecordSeal | None = None, start: int = 0, frames_max: int | None = None
 ) -> ReadResult:
     """Every whole, valid record in ``data``, in order (see module doc); from offset
     ``start`` on, and at most ``frames_max`` frames (valid or skipped) when given.
@@ -110,10 +110,10 @@ def read_records(
     return result
 
 
-def _opened(body: bytes, seal: RecordSeal | None) -> bytes:
+def _opened(body: bytes | memoryview, seal: RecordSeal | None) -> bytes | memoryview:
     """A payload's msgpack bytes: opened if sealed (``KeyUnavailable`` without a key)."""
     if body and body[0] == MARKER:
-        return (seal or RecordSeal(None, sealing=False)).open(body)
+        return (seal or RecordSeal(None, sealing=False)).open(bytes(body))
     return body
 
 

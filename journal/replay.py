@@ -74,6 +74,14 @@ def read_object(binding: ChunkStorage, name: str) -> bytes:
     return binding.read(ChunkHandle(name, readonly=True), 0, length) if length else b""
 
 
+def read_view(binding: ChunkStorage, name: str) -> memoryview:
+    """``read_object``'s bytes as a read-only view: no copy where the binding maps its
+    objects (``ChunkStorage.read_view``; a journal file's bytes below its length never
+    change), a view of a copy elsewhere. Replay reads journal files this way."""
+    length = binding.get_info(name).length
+    return binding.read_view(ChunkHandle(name, readonly=True), 0, length) if length else memoryview(b"")
+
+
 def read_single_record(
     binding: ChunkStorage, name: str, seal: RecordSeal | None = None
 ) -> dict[str, Any] | None:
@@ -171,7 +179,7 @@ def replay(
         if (numbered.epoch, numbered.number) <= result.covered:
             continue
         try:
-            data = read_object(binding, numbered.name)
+            data = read_view(binding, numbered.name)
         except ChunkNotFound:
             result.vanished += 1
             continue
@@ -190,7 +198,7 @@ def replay(
 
 
 def _apply_file_in_runs(
-    result: Replay, numbered: system_names.Numbered, data: bytes, seal: RecordSeal | None
+    result: Replay, numbered: system_names.Numbered, data: memoryview, seal: RecordSeal | None
 ) -> None:
     """Apply one journal file's records as ``read_records`` + ``_apply_all`` would, with
     the runs of plain appends (most of a journal) taken by ``SystemLayout.apply_appends``

@@ -338,7 +338,9 @@ class SystemLayout:
         self.last_ids[epoch] = number
         return True
 
-    def apply_appends(self, data: bytes, offset: int, epoch: int, segment: str) -> tuple[int, int]:
+    def apply_appends(
+        self, data: bytes | memoryview, offset: int, epoch: int, segment: str
+    ) -> tuple[int, int]:
         """Apply the run of plain ``append`` records of ``epoch`` to ``segment``'s last chunk
         that starts at ``offset`` of the framed journal bytes ``data``; return where the run
         ends and how many records it applied (see ``appends_python``). The frame it ends at
@@ -427,7 +429,7 @@ def _int64(value: Any) -> bool:
 
 
 def appends_python(
-    data: bytes,
+    data: bytes | memoryview,
     offset: int,
     segment: str,
     chunk: str,

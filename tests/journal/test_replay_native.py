@@ -93,6 +93,7 @@ def _frame(body: bytes) -> bytes:
 #: Ways one frame can differ from a plain append (``plain``: it does not).
 VARIANTS = [
     "plain", "plain", "plain", "plain", "attrs_nil", "attrs_empty", "no_attrs", "wide", "key_order",
+    "attrs_names", "attrs_names", "attrs_names",
     "kind", "segment", "chunk", "offset", "length_negative", "length_huge", "id_duplicate", "id_epoch",
     "id_three", "id_uint64", "extra_key", "repeated_key", "attrs_many", "attrs_bool", "attrs_huge",
     "attrs_repeated", "attrs_array", "attrs_not_utf8", "segment_bin", "chunk_not_utf8", "sealed",
@@ -133,6 +134,9 @@ def _variant_frame(variant: str, length: int, number: int, rng: random.Random) -
         "attrs_array": ("attrs", [1, 2]),
         "segment_bin": ("seg", SEGMENT.encode()),
     }
+    if variant == "attrs_names":  # many names over a run: the compiled walk's fold of them fills up
+        names = rng.sample([f"name{i}" for i in range(50)], rng.randint(1, 8))
+        replace["attrs_names"] = ("attrs", {name: rng.randrange(-(1 << 63), 1 << 63) for name in names})
     if variant in replace:
         key, value = replace[variant]
         fields = [(k, value if k == key else v) for k, v in fields]
@@ -170,7 +174,7 @@ def _variant_frame(variant: str, length: int, number: int, rng: random.Random) -
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.sampled_from(VARIANTS), min_size=1, max_size=12), st.integers(0, 2**32))
+@given(st.lists(st.sampled_from(VARIANTS), min_size=1, max_size=30), st.integers(0, 2**32))
 def test_the_compiled_walk_gives_the_answers_of_its_twin(variants: list[str], seed: int) -> None:
     built = _require_built()
     rng = random.Random(seed)
@@ -200,7 +204,7 @@ def test_each_variant_after_plain_appends_gives_the_same_answer(walker: str, var
     data = b"".join(frames)
     attrs: dict[str, int] = {}
     stop, _, _, count = system_layout.NATIVE.appends(data, 0, SEGMENT, CHUNK, 0, EPOCH, 0, attrs)
-    plain = variant in {"plain", "attrs_nil", "attrs_empty", "no_attrs", "wide", "key_order"}
+    plain = variant in {"plain", "attrs_nil", "attrs_empty", "no_attrs", "wide", "key_order", "attrs_names"}
     assert count == (4 if plain else 3)
     assert stop == (len(data) if plain else len(data) - len(frames[-1]))
     expected = appends_python(data, 0, SEGMENT, CHUNK, 0, EPOCH, 0, {})
@@ -325,3 +329,24 @@ def test_a_layout_without_the_segment_takes_no_run() -> None:
     layout = SystemLayout()
     frame, _, _ = _variant_frame("plain", 0, 0, random.Random(2))
     assert layout.apply_appends(frame, 0, EPOCH, SEGMENT) == (0, 0)
+
+
+@pytest.mark.parametrize("ending", ["plain", "attrs_not_utf8", "torn"])
+def test_a_long_run_of_many_attribute_names_gives_the_twin_s_attributes(ending: str) -> None:
+    """The compiled walk folds a run's attributes by name and sets them once; with more
+    names than it folds at a time (32), and with a run that ends at a bad name, the
+    attributes are still those of updates record by record, in the same order."""
+    built = _require_built()
+    rng = random.Random(ending)
+    length, number, frames = 0, 0, []
+    for name in ["attrs_names"] * 80 + [ending]:
+        frame, length, number = _variant_frame(name, length, number, rng)
+        frames.append(frame)
+    data = b"".join(frames)
+    native_attrs: dict[str, int] = {"name7": 0, "kept": 1}
+    python_attrs = dict(native_attrs)
+    args = (data, 0, SEGMENT, CHUNK, 0, EPOCH, 0)
+    found = built.appends(*args, native_attrs)
+    assert found == appends_python(*args, python_attrs)
+    assert found[3] == (81 if ending == "plain" else 80)
+    assert list(native_attrs.items()) == list(python_attrs.items())
