@@ -31,13 +31,14 @@ every transaction in a ``with``; read transactions short; never across ``fork()`
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import itertools
 import os
 import stat
 import struct
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -68,6 +69,7 @@ from slts.metadata.store import (
     Operation,
     Put,
     ReadView,
+    Row,
     StoreStatistics,
     Versioned,
 )
@@ -166,6 +168,32 @@ def _unframe(raw: bytes, table: str, key: bytes) -> Versioned:
     if version < 1:
         raise MetadataCorrupted("stored value has version 0", table=table, key=key)
     return Versioned(version, raw[_VERSION.size :])
+
+
+def _load_rows(txn: lmdb.Transaction[bytes], db: lmdb._Database, rows: Sequence[Row]) -> None:
+    """Apply a table's checked rows, sorted by distinct keys (``replicate_rows``): deletes
+    one by one, then the puts in two ``putmulti`` calls: those up to the table's last key
+    (LMDB finds each one's page), and those past it appended (MDB_APPEND: each goes to
+    the end, no search; a restore's rows are mostly past it, the tables start empty)."""
+    pack = _VERSION.pack
+    puts = [(key, pack(version) + value) for key, version, value in rows if value is not None]
+    if len(puts) < len(rows):
+        for key, _, value in rows:
+            if value is None:
+                txn.delete(key, db=db)
+    if not puts:
+        return
+    cursor = txn.cursor(db)
+    split = bisect.bisect_right(puts, cursor.key(), key=_first) if cursor.last() else 0
+    if split:
+        cursor.putmulti(puts[:split])
+    if split < len(puts):
+        _, added = cursor.putmulti(puts[split:] if split else puts, append=True)
+        assert added == len(puts) - split, "appended keys are sorted, distinct and past the last one"
+
+
+def _first(pair: tuple[bytes, bytes]) -> bytes:
+    return pair[0]
 
 
 class _Gate:
@@ -972,6 +1000,23 @@ class LmdbMetadataStore(MetadataStore):
                 else:
                     txn.delete(op.key, db=db)
             txn.put(SEQUENCE_KEY, _VERSION.pack(sequence), db=self._env.internal)
+
+        self._env.write(apply)
+
+    def replicate_rows(self, sequence: int, rows: Mapping[str, Sequence[Row]]) -> None:
+        """``replicate`` of many rows in one write transaction (see ``MetadataStore``): the
+        rows of each table sorted by key, those past the table's last key appended
+        (``_load_rows``)."""
+        checked_sequence, checked = _checks.check_replicate_rows(self.tables, sequence, rows)
+        self._check_writable("replicate_rows")
+
+        def apply(txn: lmdb.Transaction[bytes]) -> None:
+            _checks.check_replicate_order(checked_sequence, _read_sequence(txn, self._env.internal))
+            for table, table_rows in checked:
+                db = self._env.dbs[table]
+                assert db is not None, "a writable store opened every table"
+                _load_rows(txn, db, table_rows)
+            txn.put(SEQUENCE_KEY, _VERSION.pack(checked_sequence), db=self._env.internal)
 
         self._env.write(apply)
 
