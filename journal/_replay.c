@@ -1,4 +1,5 @@
-/* The compiled twin of slts.journal.system_layout.appends_python (see that function).
+/* The compiled twins of slts.journal.system_layout.appends_python (journal replay) and
+ * slts.journal.metadata_copy.changes_python (restore's metadata log); see those functions.
  *
  * `appends(data, offset, segment, chunk, length, epoch, last, attrs)` walks the framed
  * journal records of `data` from `offset` and applies those that are plain appends to the
@@ -14,8 +15,13 @@
  * which decides what that frame means; this walk only ever takes frames whose meaning is
  * plain, so taking or leaving one never changes the outcome.
  *
- * It keeps no Python object past the call; the pure-Python twin is the reference and
- * tests/journal/test_replay_native.py runs both on the same inputs.
+ * `changes(data, offset, sequence, tables, ops_max)` does the same for the metadata log in a
+ * restore: it walks runs of plain commit records and puts their operations into the
+ * window `tables` (table -> key -> (key, sequence, value or None)) without a msgpack
+ * decode: a bytes object per key and value, a tuple per operation.
+ *
+ * They keep no Python object past the call; the pure-Python twins are the reference and
+ * tests/journal/test_replay_native.py and test_restore_native.py run both on the same inputs.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -525,6 +531,247 @@ static PyObject *appends(PyObject *module, PyObject *const *args, Py_ssize_t nar
     return Py_BuildValue("(nLLn)", offset, (long long)length, (long long)last, count);
 }
 
+/* -- the metadata log: runs of plain commits into a restore's window ----------------------- */
+
+#define TABLES_MAX 128
+
+typedef struct {
+    const char *name;
+    Py_ssize_t size;
+    PyObject *rows; /* the table's dict in the window (borrowed) */
+} Table;
+
+/* A msgpack bin: 1 with its bytes, else 0. */
+static int read_bin(Reader *r, const unsigned char **bytes, Py_ssize_t *size)
+{
+    if (r->at >= r->end) {
+        return 0;
+    }
+    unsigned char tag = *r->at++;
+    uint64_t length;
+    if (tag < 0xc4 || tag > 0xc6 || !read_big_endian(r, 1 << (tag - 0xc4), &length)) {
+        return 0;
+    }
+    if ((uint64_t)(r->end - r->at) < length) {
+        return 0;
+    }
+    *bytes = r->at;
+    *size = (Py_ssize_t)length;
+    r->at += length;
+    return 1;
+}
+
+/* One operation [table, key, value or nil]: 1 (its table's index, key and value set;
+ * *value NULL for nil), else 0. */
+static int read_operation(
+    Reader *r, const Table *tables, int table_count, int *table, const unsigned char **key,
+    Py_ssize_t *key_size, const unsigned char **value, Py_ssize_t *value_size)
+{
+    uint64_t items;
+    const unsigned char *name;
+    Py_ssize_t name_size;
+    if (!read_count(r, 0x90, 0x9f, 0xdc, &items) || items != 3 || !read_str(r, &name, &name_size)) {
+        return 0;
+    }
+    *table = -1;
+    for (int i = 0; i < table_count; i++) {
+        if (same(name, name_size, tables[i].name, tables[i].size)) {
+            *table = i;
+            break;
+        }
+    }
+    if (*table < 0 || !read_bin(r, key, key_size)) {
+        return 0;
+    }
+    if (r->at < r->end && *r->at == 0xc0) {
+        r->at++;
+        *value = NULL;
+        *value_size = 0;
+        return 1;
+    }
+    return read_bin(r, value, value_size);
+}
+
+/* A log record's payload: 1 if it is a plain commit {"s": int, "o": [operation, ...]}
+ * (its sequence, the count and where the operations start set), else 0. */
+static int parse_change(
+    const unsigned char *payload, Py_ssize_t size, const Table *tables, int table_count, int64_t *sequence,
+    uint64_t *count, const unsigned char **operations)
+{
+    Reader r = {payload, payload + size};
+    uint64_t fields;
+    int seen = 0;
+    if (!read_count(&r, 0x80, 0x8f, 0xde, &fields) || fields != 2) {
+        return 0;
+    }
+    for (int i = 0; i < 2; i++) {
+        const unsigned char *key;
+        Py_ssize_t key_size;
+        if (!read_str(&r, &key, &key_size)) {
+            return 0;
+        }
+        if (same(key, key_size, "s", 1) && !(seen & 1)) {
+            seen |= 1;
+            if (!read_int(&r, sequence)) {
+                return 0;
+            }
+        } else if (same(key, key_size, "o", 1) && !(seen & 2)) {
+            seen |= 2;
+            if (!read_count(&r, 0x90, 0x9f, 0xdc, count)) {
+                return 0;
+            }
+            *operations = r.at;
+            for (uint64_t j = 0; j < *count; j++) {
+                int table;
+                const unsigned char *k, *v;
+                Py_ssize_t k_size, v_size;
+                if (!read_operation(&r, tables, table_count, &table, &k, &k_size, &v, &v_size)) {
+                    return 0;
+                }
+            }
+        } else {
+            return 0;
+        }
+    }
+    return r.at == r.end;
+}
+
+/* Put a checked record's operations into the window: rows[key] = (key, sequence, value). */
+static int apply_change(
+    const unsigned char *operations, const unsigned char *end, uint64_t count, const Table *tables,
+    int table_count, PyObject *sequence)
+{
+    Reader r = {operations, end};
+    for (uint64_t j = 0; j < count; j++) {
+        int table;
+        const unsigned char *k, *v;
+        Py_ssize_t k_size, v_size;
+        int read = read_operation(&r, tables, table_count, &table, &k, &k_size, &v, &v_size);
+        assert(read);
+        (void)read;
+        PyObject *key = PyBytes_FromStringAndSize((const char *)k, k_size);
+        if (key == NULL) {
+            return -1;
+        }
+        PyObject *value = v == NULL ? Py_NewRef(Py_None) : PyBytes_FromStringAndSize((const char *)v, v_size);
+        if (value == NULL) {
+            Py_DECREF(key);
+            return -1;
+        }
+        PyObject *row = PyTuple_Pack(3, key, sequence, value);
+        Py_DECREF(value);
+        if (row == NULL) {
+            Py_DECREF(key);
+            return -1;
+        }
+        int failed = PyDict_SetItem(tables[table].rows, key, row);
+        Py_DECREF(key);
+        Py_DECREF(row);
+        if (failed) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *changes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 5) {
+        return PyErr_Format(PyExc_TypeError, "changes() takes 5 arguments (%zd given)", nargs);
+    }
+    PyObject *tables_dict = args[3];
+    if (!PyDict_CheckExact(tables_dict) || PyDict_GET_SIZE(tables_dict) > TABLES_MAX) {
+        return PyErr_Format(PyExc_TypeError, "changes(): tables must be a dict of at most %d tables", TABLES_MAX);
+    }
+    Py_ssize_t offset = PyLong_AsSsize_t(args[1]);
+    if (offset == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_ssize_t ops_max = PyLong_AsSsize_t(args[4]);
+    if (ops_max == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    int overflow = 0;
+    int64_t sequence = PyLong_AsLongLongAndOverflow(args[2], &overflow);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (overflow || sequence < 0 || offset < 0) {
+        return Py_BuildValue("(nOnnO)", offset, args[2], (Py_ssize_t)0, (Py_ssize_t)0, Py_False);
+    }
+    Table tables[TABLES_MAX];
+    int table_count = 0;
+    Py_ssize_t position = 0;
+    PyObject *name, *rows;
+    while (PyDict_Next(tables_dict, &position, &name, &rows)) {
+        if (!PyUnicode_Check(name) || !PyDict_CheckExact(rows)) {
+            return PyErr_Format(PyExc_TypeError, "changes(): tables must map str to dict");
+        }
+        tables[table_count].name = PyUnicode_AsUTF8AndSize(name, &tables[table_count].size);
+        if (tables[table_count].name == NULL) {
+            return NULL;
+        }
+        tables[table_count].rows = rows;
+        table_count++;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) != 0) {
+        return NULL;
+    }
+    const unsigned char *data = view.buf;
+    Py_ssize_t size = view.len;
+    Py_ssize_t records = 0, ops = 0;
+    int full = 0;
+    while (offset <= size - HEADER_BYTES) {
+        const unsigned char *header = data + offset;
+        uint32_t payload_size = ((uint32_t)header[0] << 24) | ((uint32_t)header[1] << 16)
+                                | ((uint32_t)header[2] << 8) | header[3];
+        uint32_t checksum = ((uint32_t)header[4] << 24) | ((uint32_t)header[5] << 16)
+                            | ((uint32_t)header[6] << 8) | header[7];
+        if (payload_size == 0 || payload_size > RECORD_BYTES_MAX
+            || (Py_ssize_t)payload_size > size - offset - HEADER_BYTES) {
+            break;
+        }
+        const unsigned char *payload = header + HEADER_BYTES;
+        if (payload[0] == SEALED_MARKER || crc32c(payload, payload_size) != checksum) {
+            break;
+        }
+        int64_t record_sequence = 0;
+        uint64_t count = 0;
+        const unsigned char *operations = payload;
+        if (!parse_change(payload, payload_size, tables, table_count, &record_sequence, &count, &operations)) {
+            break;
+        }
+        if (record_sequence > sequence) {
+            if (record_sequence != sequence + 1) {
+                break; /* a gap: the reference says so */
+            }
+            if (ops > 0 && (uint64_t)ops + count > (uint64_t)ops_max) {
+                full = 1; /* the next window's */
+                break;
+            }
+            PyObject *sequence_object = PyLong_FromLongLong(record_sequence);
+            if (sequence_object == NULL) {
+                PyBuffer_Release(&view);
+                return NULL;
+            }
+            int failed = apply_change(operations, payload + payload_size, count, tables, table_count, sequence_object);
+            Py_DECREF(sequence_object);
+            if (failed) {
+                PyBuffer_Release(&view);
+                return NULL;
+            }
+            sequence = record_sequence;
+            records++;
+            ops += (Py_ssize_t)count;
+        } /* else covered by the snapshot: passed over */
+        offset += HEADER_BYTES + (Py_ssize_t)payload_size;
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(nLnnO)", offset, (long long)sequence, records, ops, full ? Py_True : Py_False);
+}
+
 static PyObject *checksum(PyObject *module, PyObject *arg)
 {
     (void)module;
@@ -540,6 +787,8 @@ static PyObject *checksum(PyObject *module, PyObject *arg)
 static PyMethodDef methods[] = {
     {"appends", (PyCFunction)(void (*)(void))appends, METH_FASTCALL,
      "appends(data, offset, segment, chunk, length, epoch, last, attrs) -> (offset, length, last, count)"},
+    {"changes", (PyCFunction)(void (*)(void))changes, METH_FASTCALL,
+     "changes(data, offset, sequence, tables, ops_max) -> (offset, sequence, records, ops, full)"},
     {"crc32c", checksum, METH_O, "crc32c(data) -> int: the CRC32C of data (as the crc32c package computes it)."},
     {NULL, NULL, 0, NULL},
 };

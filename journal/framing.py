@@ -117,7 +117,36 @@ def _opened(body: bytes | memoryview, seal: RecordSeal | None) -> bytes | memory
     return body
 
 
-def iter_records_strict(pieces: Iterable[bytes], seal: RecordSeal | None = None) -> Iterator[dict[str, Any]]:
+def read_record_strict(
+    data: bytes | memoryview, offset: int, seal: RecordSeal | None = None
+) -> tuple[int, dict[str, Any]] | None:
+    """The record whose frame starts at ``offset`` of ``data`` and where its frame ends, or
+    None if ``data`` ends before the frame does. For bytes that must hold whole, valid
+    records (``iter_records_strict``): ``MetadataCorrupted`` on an impossible length, a
+    CRC mismatch, or a payload that is not a msgpack map."""
+    if len(data) - offset < HEADER_BYTES:
+        return None
+    length, checksum = HEADER.unpack_from(data, offset)
+    if length > RECORD_BYTES_MAX:
+        raise MetadataCorrupted(f"impossible record length {length} at offset {offset}")
+    stop = offset + HEADER_BYTES + length
+    if stop > len(data):
+        return None
+    body = bytes(data[offset + HEADER_BYTES : stop])
+    if crc32c.crc32c(body) != checksum:
+        raise MetadataCorrupted(f"record at offset {offset} fails its CRC")
+    try:
+        payload = msgpack.unpackb(_opened(body, seal), raw=False, strict_map_key=False)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise MetadataCorrupted(f"record at offset {offset} is not msgpack") from exc
+    if not isinstance(payload, dict):
+        raise MetadataCorrupted(f"record at offset {offset} is not a map")
+    return stop, payload
+
+
+def iter_records_strict(
+    pieces: Iterable[bytes | memoryview], seal: RecordSeal | None = None
+) -> Iterator[dict[str, Any]]:
     """The records of a byte stream given as ``pieces`` that must hold only whole, valid
     records (a system segment's journaled range: its length is known to be durable, so
     a bad record there is real damage). Raises ``MetadataCorrupted`` on a CRC mismatch,

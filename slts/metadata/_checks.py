@@ -6,6 +6,7 @@ Each check raises ``InvalidArgument`` naming what was wrong; none touches a stor
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from operator import itemgetter
 
 from slts.errors import InvalidArgument, VersionConflict
 from slts.metadata.store import KEY_BYTES_MAX, SEQUENCE_MAX, Delete, Expect, Operation, Put, Row
@@ -185,7 +186,9 @@ def sorted_rows(tables: Iterable[str], rows: object) -> list[tuple[str, list[Row
         total += len(table_rows)
         if total > COMMIT_ITEMS_MAX:
             raise InvalidArgument(f"at most {COMMIT_ITEMS_MAX} rows per replicate_rows")
-        ordered = sorted(table_rows, key=_row_key) if table_rows else []
+        ordered = sorted_by_key(table_rows)
+        if ordered is None:
+            ordered = sorted(table_rows, key=_row_key)  # raises what is wrong
         previous = None
         for row in ordered:
             key, version, value = row
@@ -196,6 +199,24 @@ def sorted_rows(tables: Iterable[str], rows: object) -> list[tuple[str, list[Row
             previous = key
         checked.append((table, ordered))
     return checked
+
+
+def sorted_by_key(rows: Sequence[Row]) -> list[Row] | None:
+    """``rows`` sorted by key if each is a 3-item tuple or list and the keys sort (all
+    bytes, say); None otherwise (``sorted_rows`` then says what is wrong). C-speed passes:
+    restore sorts every row it loads."""
+    if not rows:
+        return []
+    if not _ROW_TYPES.issuperset(map(type, rows)) or set(map(len, rows)) != {3}:
+        return None
+    try:
+        return sorted(rows, key=_FIRST)
+    except TypeError:
+        return None
+
+
+_ROW_TYPES = frozenset((tuple, list))
+_FIRST = itemgetter(0)
 
 
 def _row_key(row: object) -> bytes:
@@ -212,7 +233,7 @@ def _row_key(row: object) -> bytes:
 def _refuse_row(table: str, row: Row, previous: bytes | None) -> None:
     """Raise the ``InvalidArgument`` that says what is wrong with ``row`` (module doc)."""
     key, version, value = row
-    check_key(table, bytes(key))
+    check_key(table, key)
     if key == previous:
         raise InvalidArgument(f"key {key!r} given twice in the rows of {table!r}", table=table, key=key)
     if value is not None and not isinstance(value, bytes):
