@@ -138,13 +138,13 @@ def _load_snapshot(
             raise MetadataCorrupted(
                 f"metadata snapshot says sequence {header_sequence}, journal says {sequence}"
             )
+        if batched and batched + len(rows) > SNAPSHOT_ROWS_PER_LOAD:
+            _replicate_rows(target, sequence, batch)
+            batch, batched = {}, 0
         if rows:
             batch.setdefault(table, []).extend(rows)
             batched += len(rows)
             entries += len(rows)
-        if batched >= SNAPSHOT_ROWS_PER_LOAD:
-            _replicate_rows(target, sequence, batch)
-            batch, batched = {}, 0
     if batched or target.last_sequence < sequence:  # an empty snapshot still sets the sequence
         _replicate_rows(target, sequence, batch)
     return sequence, entries, pieces.bytes

@@ -1,10 +1,10 @@
 /* The compiled twin of slts.metadata.lmdb_store.frame_rows_python (see that function).
  *
- * `frame_rows(rows, sequence, key_bytes_max)` takes one table's rows of replicate_rows,
- * sorted by key, and returns (puts, deletes): puts as (key, stored value) pairs, the stored
- * value being the 8-byte big-endian version and the value (LMDB's layout, lmdb_store), and
- * the deleted keys; or None as soon as a row is anything but plain (a key that is not
- * exactly bytes, empty, too long or equal to the one before; a version that is not exactly
+ * `frame_rows(rows, sequence, key_bytes_max)` takes one table's rows of replicate_rows
+ * and returns (puts, deletes): puts as (key, stored value) pairs, the stored value being
+ * the 8-byte big-endian version and the value (LMDB's layout, lmdb_store), and the deleted
+ * keys; or None as soon as a row is anything but plain (a key that is not exactly bytes,
+ * empty, too long or not greater than the one before; a version that is not exactly
  * an int, or outside [1, sequence] for a put; a value that is neither exactly bytes nor
  * None), for the shared checks to say what is wrong. One loop in C instead of one in
  * Python: a restore loads every entry of a store through it.
@@ -52,9 +52,12 @@ static PyObject *frame_rows(PyObject *module, PyObject *args)
             || !PyLong_CheckExact(version)) {
             goto unusual;
         }
-        if (previous != NULL && PyBytes_GET_SIZE(previous) == PyBytes_GET_SIZE(key)
-            && memcmp(PyBytes_AS_STRING(previous), PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key)) == 0) {
-            goto unusual; /* a repeated key */
+        if (previous != NULL) { /* keys strictly ascending: sorted and distinct */
+            Py_ssize_t before = PyBytes_GET_SIZE(previous), size = PyBytes_GET_SIZE(key);
+            int order = memcmp(PyBytes_AS_STRING(previous), PyBytes_AS_STRING(key), (size_t)(before < size ? before : size));
+            if (order > 0 || (order == 0 && before >= size)) {
+                goto unusual;
+            }
         }
         previous = key;
         if (value == Py_None) {

@@ -187,12 +187,15 @@ def _framed_rows(
         if table not in tables or type(table_rows) not in (list, tuple):
             return None
         total += len(table_rows)
-        ordered = _checks.sorted_by_key(table_rows)
-        if ordered is None or total > _checks.COMMIT_ITEMS_MAX:
+        if total > _checks.COMMIT_ITEMS_MAX:
             return None
-        found = frame(ordered, sequence, KEY_BYTES_MAX)
+        rows_list = table_rows if type(table_rows) is list else list(table_rows)
+        found = frame(rows_list, sequence, KEY_BYTES_MAX)  # rows often come sorted (a snapshot's)
         if found is None:
-            return None
+            ordered = _checks.sorted_by_key(rows_list)
+            found = frame(ordered, sequence, KEY_BYTES_MAX) if ordered is not None else None
+            if found is None:
+                return None
         framed.append((table, *found))
     return framed
 
@@ -200,11 +203,12 @@ def _framed_rows(
 def frame_rows_python(
     rows: list[Row], sequence: int, key_bytes_max: int
 ) -> tuple[list[tuple[bytes, bytes]], list[bytes]] | None:
-    """One table's rows of ``replicate_rows``, sorted by key, checked and framed in one
-    pass: (puts as (key, stored value), deleted keys), the stored value being the 8-byte
-    version and the value; None as soon as a row is other than plain: not a 3-item tuple
-    or list, a key not exactly bytes or empty or longer than ``key_bytes_max`` or equal to
-    the one before, a version not exactly an int or (for a put) outside [1, sequence], a
+    """One table's rows of ``replicate_rows`` checked and framed in one pass: (puts as
+    (key, stored value), deleted keys), the stored value being the 8-byte version and
+    the value; None as soon as a row is other than plain: not a 3-item tuple or list, a
+    key not exactly bytes or empty or longer than ``key_bytes_max`` or not greater than
+    the one before (rows sorted by distinct keys), a version not exactly an int or (for a
+    put) outside [1, sequence], a
     value neither exactly bytes nor None. As strict as ``_checks.check_replicate_rows``
     (which then says what is wrong), in one loop instead of three; the reference of the
     compiled ``slts.metadata._rows.frame_rows`` (``ROWS_NATIVE``)."""
@@ -216,9 +220,9 @@ def frame_rows_python(
         if type(row) not in (tuple, list) or len(row) != 3:
             return None
         key, version, value = row
-        if type(key) is not bytes or not 0 < len(key) <= key_bytes_max or key == previous:
+        if type(key) is not bytes or not 0 < len(key) <= key_bytes_max:
             return None
-        if type(version) is not int:
+        if (previous is not None and key <= previous) or type(version) is not int:
             return None
         previous = key
         if value is None:
