@@ -132,7 +132,7 @@ def read_record_strict(
     stop = offset + HEADER_BYTES + length
     if stop > len(data):
         return None
-    body = bytes(data[offset + HEADER_BYTES : stop])
+    body = data[offset + HEADER_BYTES : stop]  # a view of a view: no copy
     if crc32c.crc32c(body) != checksum:
         raise MetadataCorrupted(f"record at offset {offset} fails its CRC")
     try:
@@ -150,31 +150,60 @@ def iter_records_strict(
     """The records of a byte stream given as ``pieces`` that must hold only whole, valid
     records (a system segment's journaled range: its length is known to be durable, so
     a bad record there is real damage). Raises ``MetadataCorrupted`` on a CRC mismatch,
-    a payload that is not a map, or bytes left over at the end."""
-    buffer = bytearray()
-    consumed = 0
+    a payload that is not a map, or bytes left over at the end.
+
+    Records are read in place from each piece (a view stays a view: no copy of the
+    stream); only a record cut across two pieces is put together."""
+    carry = b""
+    consumed = 0  # stream offset of the start of ``carry`` (or of the piece, without carry)
     for piece in pieces:
-        buffer += piece
         offset = 0
-        while len(buffer) - offset >= HEADER_BYTES:
-            length, checksum = HEADER.unpack_from(buffer, offset)
-            if length > RECORD_BYTES_MAX:
-                raise MetadataCorrupted(f"impossible record length {length} at offset {consumed + offset}")
-            stop = offset + HEADER_BYTES + length
-            if stop > len(buffer):
+        if carry:
+            whole, offset = completed(carry, piece, consumed)
+            if whole is None:
+                carry += bytes(piece)
+                continue
+            found = _strict(whole, 0, seal, consumed)
+            assert found is not None, "a completed record is whole"
+            yield found[1]
+            consumed += len(whole)
+            carry = b""
+        size = len(piece)
+        while size - offset >= HEADER_BYTES:
+            found = _strict(piece, offset, seal, consumed)
+            if found is None:
                 break
-            body = bytes(buffer[offset + HEADER_BYTES : stop])
-            if crc32c.crc32c(body) != checksum:
-                raise MetadataCorrupted(f"record at offset {consumed + offset} fails its CRC")
-            try:
-                payload = msgpack.unpackb(_opened(body, seal), raw=False, strict_map_key=False)
-            except (ValueError, msgpack.UnpackException) as exc:
-                raise MetadataCorrupted(f"record at offset {consumed + offset} is not msgpack") from exc
-            if not isinstance(payload, dict):
-                raise MetadataCorrupted(f"record at offset {consumed + offset} is not a map")
+            stop, payload = found
             yield payload
+            consumed += stop - offset
             offset = stop
-        del buffer[:offset]
-        consumed += offset
-    if buffer:
-        raise MetadataCorrupted(f"{len(buffer)} bytes of a partial record at offset {consumed}")
+        carry = bytes(piece[offset:])
+    if carry:
+        raise MetadataCorrupted(f"{len(carry)} bytes of a partial record at offset {consumed}")
+
+
+def _strict(
+    data: bytes | memoryview, offset: int, seal: RecordSeal | None, at: int
+) -> tuple[int, dict[str, Any]] | None:
+    """``read_record_strict`` with ``at`` as the stream offset its errors name."""
+    try:
+        return read_record_strict(data, offset, seal)
+    except MetadataCorrupted as exc:
+        raise MetadataCorrupted(f"{exc} (stream offset {at})") from exc
+
+
+def completed(carry: bytes, piece: bytes | memoryview, at: int = 0) -> tuple[bytes | None, int]:
+    """The record ``carry`` starts, completed from the start of ``piece``, and how many
+    bytes of ``piece`` it took; (None, 0) if ``piece`` ends before the record does.
+    ``MetadataCorrupted`` for an impossible length (``at``: its stream offset)."""
+    missing = HEADER_BYTES - len(carry)
+    head = carry + bytes(piece[:missing]) if missing > 0 else carry
+    if len(head) < HEADER_BYTES:
+        return None, 0
+    length = HEADER.unpack_from(head)[0]
+    if length > RECORD_BYTES_MAX:
+        raise MetadataCorrupted(f"impossible record length {length} at offset {at}")
+    taken = HEADER_BYTES + length - len(carry)
+    if taken > len(piece):
+        return None, 0
+    return carry + bytes(piece[:taken]), taken

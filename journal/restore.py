@@ -42,7 +42,6 @@ from slts.journal.identity import carry_over
 from slts.journal.metadata_copy import (
     SNAPSHOT_END,
     SNAPSHOT_SEQUENCE,
-    changes_python,
     decode_change,
     iter_snapshot,
 )
@@ -187,28 +186,33 @@ class _LogWindow:
 
     def flush(self) -> None:
         if self.ops or self.sequence > self.target.last_sequence:
-            rows = {table: list(rows.values()) for table, rows in self.tables.items() if rows}
+            # Sorted here (keys are distinct: tuples compare by key alone), so that the
+            # store takes them as they come.
+            rows = {table: sorted(rows.values()) for table, rows in self.tables.items() if rows}
             _replicate_rows(self.target, self.sequence, rows)
         self.tables = {table: {} for table in self.tables}
         self.ops = 0
 
     def feed(self, data: bytes | memoryview, offset: int, seal: RecordSeal | None) -> int:
-        """Gather the records of ``data`` from ``offset``: runs of plain records by the walk
-        (compiled where built), every other record one by one; return where the frame that
-        ``data`` ends inside starts (``len(data)`` if none)."""
-        walk = metadata_copy.NATIVE.changes if metadata_copy.NATIVE is not None else changes_python
+        """Gather the records of ``data`` from ``offset``: runs of plain records by the
+        compiled walk where it was built, every other record (all of them without it) one
+        by one; return where the frame that ``data`` ends inside starts (``len(data)`` if
+        none). (``changes_python``, the walk's twin, is a reference for tests: without the
+        compiled walk, one by one is as fast.)"""
+        walk = metadata_copy.NATIVE.changes if metadata_copy.NATIVE is not None else None
         size = len(data)
         while offset < size:
-            offset, self.sequence, records, ops, full = walk(
-                data, offset, self.sequence, self.tables, LOG_OPS_PER_WINDOW
-            )
-            self.records += records
-            self.ops += ops
-            if full:
-                self.flush()
-                continue
-            if offset >= size:
-                break
+            if walk is not None:
+                offset, self.sequence, records, ops, full = walk(
+                    data, offset, self.sequence, self.tables, LOG_OPS_PER_WINDOW
+                )
+                self.records += records
+                self.ops += ops
+                if full:
+                    self.flush()
+                    continue
+                if offset >= size:
+                    break
             found = framing.read_record_strict(data, offset, seal)
             if found is None:
                 break  # the frame goes on in the next piece
@@ -246,7 +250,7 @@ def _replay_log(
     for piece in pieces:
         offset = 0
         if carry:
-            frame, offset = _completed(carry, piece)
+            frame, offset = framing.completed(carry, piece)
             if frame is None:
                 carry += bytes(piece)
                 continue
@@ -259,22 +263,6 @@ def _replay_log(
         raise MetadataCorrupted(f"{len(carry)} bytes of a partial record at the end of the metadata log")
     window.flush()
     return window.records, pieces.bytes, window.sequence
-
-
-def _completed(carry: bytes, piece: bytes | memoryview) -> tuple[bytes | None, int]:
-    """The frame ``carry`` starts, completed from the start of ``piece``, and how many bytes
-    of ``piece`` it took; (None, 0) if ``piece`` ends before the frame does."""
-    missing = framing.HEADER_BYTES - len(carry)
-    head = carry + bytes(piece[:missing]) if missing > 0 else carry
-    if len(head) < framing.HEADER_BYTES:
-        return None, 0
-    length = framing.HEADER.unpack_from(head)[0]
-    if length > framing.RECORD_BYTES_MAX:
-        raise MetadataCorrupted(f"impossible record length {length} in the metadata log")
-    taken = framing.HEADER_BYTES + length - len(carry)
-    if taken > len(piece):
-        return None, 0
-    return carry + bytes(piece[:taken]), taken
 
 
 @contextlib.contextmanager

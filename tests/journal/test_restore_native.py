@@ -95,14 +95,22 @@ def _written(env: Env, seed: int) -> dict[str, Any]:
     return source
 
 
-CONFIGURATIONS = [("native", 20_000, None), ("native", 3, 97), ("python", 20_000, None), ("python", 1, 13)]
+CONFIGURATIONS = [
+    ("native", 20_000, None),
+    ("native", 3, 97),
+    ("python", 20_000, None),
+    ("python", 1, 13),
+    ("none", 20_000, None),  # no walk: every record one by one
+    ("none", 2, 31),
+]
 
 
 @pytest.mark.parametrize(("walker", "window", "piece"), CONFIGURATIONS)
 def test_restore_in_bulk_gives_the_one_by_one_restore(
     env: Env, monkeypatch: pytest.MonkeyPatch, walker: str, window: int, piece: int | None
 ) -> None:
-    monkeypatch.setattr(metadata_copy, "NATIVE", _require_built() if walker == "native" else PYTHON)
+    walkers = {"python": PYTHON, "none": None}
+    monkeypatch.setattr(metadata_copy, "NATIVE", _require_built() if walker == "native" else walkers[walker])
     monkeypatch.setattr(restore, "LOG_OPS_PER_WINDOW", window)
     monkeypatch.setattr(restore, "SNAPSHOT_ROWS_PER_LOAD", max(window, 2))
     if piece is not None:  # records cut across pieces, also on a binding that maps its objects
@@ -140,12 +148,13 @@ def _replace(env: Env, name: str, data: bytes) -> None:
     env.binding.create(name, data)
 
 
-@pytest.mark.parametrize("walker", ["native", "python"])
+@pytest.mark.parametrize("walker", ["native", "python", "none"])
 @pytest.mark.parametrize("damage", ["flip", "cut", "gap"])
 def test_a_damaged_log_raises_metadata_corrupted(
     env: Env, monkeypatch: pytest.MonkeyPatch, walker: str, damage: str
 ) -> None:
-    monkeypatch.setattr(metadata_copy, "NATIVE", _require_built() if walker == "native" else PYTHON)
+    walkers = {"python": PYTHON, "none": None}
+    monkeypatch.setattr(metadata_copy, "NATIVE", _require_built() if walker == "native" else walkers[walker])
     _written(env, seed=5)
     name, data = _log_chunk(env)
     frames, offset = [], 0
