@@ -76,8 +76,13 @@ def read_object(binding: ChunkStorage, name: str) -> bytes:
 
 def read_view(binding: ChunkStorage, name: str) -> memoryview:
     """``read_object``'s bytes as a read-only view: no copy where the binding maps its
-    objects (``ChunkStorage.read_view``; a journal file's bytes below its length never
-    change), a view of a copy elsewhere. Replay reads journal files this way."""
+    objects (``ChunkStorage.read_view``), a view of a copy elsewhere.
+
+    Replay reads a journal file this way only when a newer file of its epoch exists: no
+    instance appends to it any more, so its length is final. The newest file of an epoch
+    is read by copy: its writer (or a zombie) may be appending, its length may count
+    bytes of an append that then fails and is cut back, and a mapped page cut off a file
+    ends the process (SIGBUS) where a copy just holds a torn record."""
     length = binding.get_info(name).length
     return binding.read_view(ChunkHandle(name, readonly=True), 0, length) if length else memoryview(b"")
 
@@ -179,7 +184,10 @@ def replay(
         if (numbered.epoch, numbered.number) <= result.covered:
             continue
         try:
-            data = read_view(binding, numbered.name)
+            if numbered.number < result.max_file[numbered.epoch]:
+                data: bytes | memoryview = read_view(binding, numbered.name)
+            else:  # its epoch's newest file: an instance of that epoch may still append to it
+                data = read_object(binding, numbered.name)
         except ChunkNotFound:
             result.vanished += 1
             continue
@@ -198,7 +206,7 @@ def replay(
 
 
 def _apply_file_in_runs(
-    result: Replay, numbered: system_names.Numbered, data: memoryview, seal: RecordSeal | None
+    result: Replay, numbered: system_names.Numbered, data: bytes | memoryview, seal: RecordSeal | None
 ) -> None:
     """Apply one journal file's records as ``read_records`` + ``_apply_all`` would, with
     the runs of plain appends (most of a journal) taken by ``SystemLayout.apply_appends``

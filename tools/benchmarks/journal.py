@@ -26,7 +26,7 @@ from slts.bindings.base import ChunkStorage
 from slts.journal import framing, system_names
 from slts.journal.journal import JournalSettings, SystemJournal
 from slts.journal.metadata_copy import SNAPSHOT_END
-from slts.journal.replay import read_object, read_view, replay
+from slts.journal.replay import read_object, replay
 from slts.journal.restore import restore
 from slts.journal.system_segments import SystemSegments
 from slts.tools.benchmarks.base import Benchmark, Folder, Workload
@@ -73,15 +73,16 @@ def _raw_read(binding: ChunkStorage, files: list[str]) -> float:
 def _decoded(binding: ChunkStorage, files: list[str]) -> float:
     """Seconds to read ``files`` through the binding and msgpack-decode every record's
     payload: the least work that yields the decoded records a replay starts from. The
-    files are read as replay reads them (``read_view``: the filesystem binding's mapping,
-    no copy), then one ``msgpack.Unpacker`` per file, each 8-byte frame header skipped
-    with ``read_bytes``; no CRC check, no validation, nothing applied. (Of the ways
-    tried, this and the same with a copying read were the fastest: ``msgpack.unpackb`` of
-    each payload's slice took 5-15% longer.)"""
+    files are read by the binding's read (replay maps the files no writer can still
+    append to, ``read_view``; the newest file of an epoch, which here holds every record,
+    it reads so too), then one ``msgpack.Unpacker`` per file, each 8-byte frame header
+    skipped with ``read_bytes``; no CRC check, no validation, nothing applied. (Of the
+    ways tried, this and the same with a mapped read were the fastest: ``msgpack.unpackb``
+    of each payload's slice took 5-15% longer.)"""
     started = time.perf_counter()
     decoded = 0
     for name in files:
-        data = read_view(binding, name)
+        data = read_object(binding, name)
         unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max(len(data), 1))
         unpacker.feed(data)
         skip, unpack, tell = unpacker.read_bytes, unpacker.unpack, unpacker.tell
