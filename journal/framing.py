@@ -33,8 +33,8 @@ import msgpack
 from slts.errors import InvalidArgument, MetadataCorrupted
 from slts.transforms.sealed import MARKER, RecordSeal
 
-_HEADER = struct.Struct(">II")
-HEADER_BYTES = _HEADER.size
+HEADER = struct.Struct(">II")
+HEADER_BYTES = HEADER.size
 #: Largest payload one record may hold.
 RECORD_BYTES_MAX = 64 << 20
 
@@ -52,7 +52,7 @@ def encode_record(payload: Mapping[str, Any], seal: RecordSeal | None = None) ->
         body = seal.seal(body)
     if len(body) > RECORD_BYTES_MAX:
         raise InvalidArgument(f"journal record of {len(body)} bytes exceeds {RECORD_BYTES_MAX}")
-    return _HEADER.pack(len(body), crc32c.crc32c(body)) + body
+    return HEADER.pack(len(body), crc32c.crc32c(body)) + body
 
 
 @dataclass
@@ -66,17 +66,22 @@ class ReadResult:
     end: int = 0  # offset just past the last whole record (valid or skipped)
 
 
-def read_records(data: bytes, seal: RecordSeal | None = None) -> ReadResult:
-    """Every whole, valid record in ``data``, in order (see module doc).
+def read_records(
+    data: bytes | memoryview, seal: RecordSeal | None = None, start: int = 0, frames_max: int | None = None
+) -> ReadResult:
+    """Every whole, valid record in ``data``, in order (see module doc); from offset
+    ``start`` on, and at most ``frames_max`` frames (valid or skipped) when given.
 
     One pass over ``data``: per frame, the header, the CRC of the payload and one msgpack
-    decode of it (a slice of ``data``, no copy beyond the slice). This loop is most of a
-    boot's replay, so it binds what it calls to locals."""
+    decode of it (a slice of ``data``, no copy beyond the slice). Offsets (of records,
+    ``end``...) count from the start of ``data``."""
     result = ReadResult()
     records = result.records
-    header_at, checksum_of, decode = _HEADER.unpack_from, crc32c.crc32c, msgpack.unpackb
-    offset, size, corrupt = 0, len(data), 0
-    while offset < size:
+    header_at, checksum_of, decode = HEADER.unpack_from, crc32c.crc32c, msgpack.unpackb
+    offset, size, corrupt = start, len(data), 0
+    frames_left = -1 if frames_max is None else frames_max
+    while offset < size and frames_left:
+        frames_left -= 1
         if size - offset < HEADER_BYTES:
             result.torn_at = offset
             break
@@ -105,42 +110,100 @@ def read_records(data: bytes, seal: RecordSeal | None = None) -> ReadResult:
     return result
 
 
-def _opened(body: bytes, seal: RecordSeal | None) -> bytes:
+def _opened(body: bytes | memoryview, seal: RecordSeal | None) -> bytes | memoryview:
     """A payload's msgpack bytes: opened if sealed (``KeyUnavailable`` without a key)."""
     if body and body[0] == MARKER:
-        return (seal or RecordSeal(None, sealing=False)).open(body)
+        return (seal or RecordSeal(None, sealing=False)).open(bytes(body))
     return body
 
 
-def iter_records_strict(pieces: Iterable[bytes], seal: RecordSeal | None = None) -> Iterator[dict[str, Any]]:
+def read_record_strict(
+    data: bytes | memoryview, offset: int, seal: RecordSeal | None = None
+) -> tuple[int, dict[str, Any]] | None:
+    """The record whose frame starts at ``offset`` of ``data`` and where its frame ends, or
+    None if ``data`` ends before the frame does. For bytes that must hold whole, valid
+    records (``iter_records_strict``): ``MetadataCorrupted`` on an impossible length, a
+    CRC mismatch, or a payload that is not a msgpack map."""
+    if len(data) - offset < HEADER_BYTES:
+        return None
+    length, checksum = HEADER.unpack_from(data, offset)
+    if length > RECORD_BYTES_MAX:
+        raise MetadataCorrupted(f"impossible record length {length} at offset {offset}")
+    stop = offset + HEADER_BYTES + length
+    if stop > len(data):
+        return None
+    body = data[offset + HEADER_BYTES : stop]  # a view of a view: no copy
+    if crc32c.crc32c(body) != checksum:
+        raise MetadataCorrupted(f"record at offset {offset} fails its CRC")
+    try:
+        payload = msgpack.unpackb(_opened(body, seal), raw=False, strict_map_key=False)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise MetadataCorrupted(f"record at offset {offset} is not msgpack") from exc
+    if not isinstance(payload, dict):
+        raise MetadataCorrupted(f"record at offset {offset} is not a map")
+    return stop, payload
+
+
+def iter_records_strict(
+    pieces: Iterable[bytes | memoryview], seal: RecordSeal | None = None
+) -> Iterator[dict[str, Any]]:
     """The records of a byte stream given as ``pieces`` that must hold only whole, valid
     records (a system segment's journaled range: its length is known to be durable, so
     a bad record there is real damage). Raises ``MetadataCorrupted`` on a CRC mismatch,
-    a payload that is not a map, or bytes left over at the end."""
-    buffer = bytearray()
-    consumed = 0
+    a payload that is not a map, or bytes left over at the end.
+
+    Records are read in place from each piece (a view stays a view: no copy of the
+    stream); only a record cut across two pieces is put together."""
+    carry = b""
+    consumed = 0  # stream offset of the start of ``carry`` (or of the piece, without carry)
     for piece in pieces:
-        buffer += piece
         offset = 0
-        while len(buffer) - offset >= HEADER_BYTES:
-            length, checksum = _HEADER.unpack_from(buffer, offset)
-            if length > RECORD_BYTES_MAX:
-                raise MetadataCorrupted(f"impossible record length {length} at offset {consumed + offset}")
-            stop = offset + HEADER_BYTES + length
-            if stop > len(buffer):
+        if carry:
+            whole, offset = completed(carry, piece, consumed)
+            if whole is None:
+                carry += bytes(piece)
+                continue
+            found = _strict(whole, 0, seal, consumed)
+            assert found is not None, "a completed record is whole"
+            yield found[1]
+            consumed += len(whole)
+            carry = b""
+        size = len(piece)
+        while size - offset >= HEADER_BYTES:
+            found = _strict(piece, offset, seal, consumed)
+            if found is None:
                 break
-            body = bytes(buffer[offset + HEADER_BYTES : stop])
-            if crc32c.crc32c(body) != checksum:
-                raise MetadataCorrupted(f"record at offset {consumed + offset} fails its CRC")
-            try:
-                payload = msgpack.unpackb(_opened(body, seal), raw=False, strict_map_key=False)
-            except (ValueError, msgpack.UnpackException) as exc:
-                raise MetadataCorrupted(f"record at offset {consumed + offset} is not msgpack") from exc
-            if not isinstance(payload, dict):
-                raise MetadataCorrupted(f"record at offset {consumed + offset} is not a map")
+            stop, payload = found
             yield payload
+            consumed += stop - offset
             offset = stop
-        del buffer[:offset]
-        consumed += offset
-    if buffer:
-        raise MetadataCorrupted(f"{len(buffer)} bytes of a partial record at offset {consumed}")
+        carry = bytes(piece[offset:])
+    if carry:
+        raise MetadataCorrupted(f"{len(carry)} bytes of a partial record at offset {consumed}")
+
+
+def _strict(
+    data: bytes | memoryview, offset: int, seal: RecordSeal | None, at: int
+) -> tuple[int, dict[str, Any]] | None:
+    """``read_record_strict`` with ``at`` as the stream offset its errors name."""
+    try:
+        return read_record_strict(data, offset, seal)
+    except MetadataCorrupted as exc:
+        raise MetadataCorrupted(f"{exc} (stream offset {at})") from exc
+
+
+def completed(carry: bytes, piece: bytes | memoryview, at: int = 0) -> tuple[bytes | None, int]:
+    """The record ``carry`` starts, completed from the start of ``piece``, and how many
+    bytes of ``piece`` it took; (None, 0) if ``piece`` ends before the record does.
+    ``MetadataCorrupted`` for an impossible length (``at``: its stream offset)."""
+    missing = HEADER_BYTES - len(carry)
+    head = carry + bytes(piece[:missing]) if missing > 0 else carry
+    if len(head) < HEADER_BYTES:
+        return None, 0
+    length = HEADER.unpack_from(head)[0]
+    if length > RECORD_BYTES_MAX:
+        raise MetadataCorrupted(f"impossible record length {length} at offset {at}")
+    taken = HEADER_BYTES + length - len(carry)
+    if taken > len(piece):
+        return None, 0
+    return carry + bytes(piece[:taken]), taken

@@ -27,15 +27,19 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import IO, Any
 
+import crc32c
+import msgpack
 from slts.journal import framing
 from slts.journal.system_names import METADATA_LOG, METADATA_SNAPSHOTS
 from slts.journal.system_segments import SystemSegments, iter_range
 
+from slts.compiled import twin
 from slts.errors import MetadataCorrupted
-from slts.metadata.store import Delete, MetadataStore, Operation, Put
-from slts.transforms.sealed import RecordSeal
+from slts.metadata.store import Delete, MetadataStore, Operation, Put, Row
+from slts.transforms.sealed import MARKER, RecordSeal
 
 SNAPSHOT_KIND = "metadata-snapshot"
 END_KIND = "end"
@@ -82,6 +86,102 @@ def decode_change(record: dict[str, Any]) -> tuple[int, list[Operation]]:
     except (KeyError, TypeError, ValueError) as exc:
         raise MetadataCorrupted(f"malformed metadata log record: {exc!r}") from exc
     return sequence, ops
+
+
+# -- the batch path of restore: runs of plain log records into a window ------------------------
+
+#: The integers ``changes_python`` handles (the compiled twin works in signed 64 bits).
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+class _Pairs(list[Any]):
+    """A msgpack map as its (key, value) pairs: repeated keys stay visible."""
+
+
+def changes_python(
+    data: bytes | memoryview,
+    offset: int,
+    sequence: int,
+    tables: dict[str, dict[bytes, Row]],
+    ops_max: int,
+) -> tuple[int, int, int, int, bool]:
+    """The reference of the compiled ``changes`` (``_replay.c``): walk the log records of
+    ``data`` from ``offset`` while each is a plain commit, and put the operations of those
+    after ``sequence`` into the window ``tables`` (table -> key -> ``(key, sequence,
+    value or None)``: the last operation on a key wins, with its commit's sequence);
+    return ``(offset, sequence, records, ops, full)``: where the walk stopped, the last
+    sequence taken, how many records and operations it took, and whether it stopped
+    because the next record would take the window past ``ops_max``.
+
+    A plain commit is a whole frame whose CRC holds, whose payload is not sealed and is
+    exactly the map ``{"s": sequence, "o": [[table, key, value or nil], ...]}`` (each key
+    once, the sequence within 64 bits, ``table`` a str naming a table of ``tables``, key
+    and value bin). One at or below ``sequence`` (covered by the snapshot) is passed
+    over; one after it must be ``sequence + 1``, and is left for the next window when it
+    would take the window past ``ops_max`` operations (an empty window takes any). Anything
+    else stops the walk: ``restore`` reads that frame one by one (``_one_record``), which
+    raises for damage or a gap, or opens a sealed record."""
+    if offset < 0 or type(sequence) is not int or not 0 <= sequence <= _INT64_MAX:
+        return offset, sequence, 0, 0, False
+    records = ops = 0
+    full = False
+    size = len(data)
+    while offset <= size - framing.HEADER_BYTES:
+        payload_bytes, checksum = framing.HEADER.unpack_from(data, offset)
+        stop = offset + framing.HEADER_BYTES + payload_bytes
+        if not 0 < payload_bytes <= framing.RECORD_BYTES_MAX or stop > size:
+            break
+        body = bytes(data[offset + framing.HEADER_BYTES : stop])
+        if body[0] == MARKER or crc32c.crc32c(body) != checksum:
+            break
+        change = _plain_change(body, tables)
+        if change is None:
+            break
+        record_sequence, operations = change
+        if record_sequence > sequence:
+            if record_sequence != sequence + 1:
+                break
+            if ops and ops + len(operations) > ops_max:
+                full = True
+                break
+            for table, key, value in operations:
+                tables[table][key] = (key, record_sequence, value)
+            sequence = record_sequence
+            records += 1
+            ops += len(operations)
+        offset = stop
+    return offset, sequence, records, ops, full
+
+
+def _plain_change(body: bytes, tables: dict[str, Any]) -> tuple[int, list[tuple[str, bytes, Any]]] | None:
+    """(sequence, operations) of a plain commit's payload (see ``changes_python``), or None."""
+    try:
+        pairs = msgpack.unpackb(body, raw=False, strict_map_key=False, object_pairs_hook=_Pairs)
+    except (ValueError, msgpack.UnpackException):
+        return None
+    if type(pairs) is not _Pairs or len(pairs) != 2 or any(type(key) is not str for key, _ in pairs):
+        return None
+    if {key for key, _ in pairs} != {"s", "o"}:
+        return None
+    fields = dict(pairs)
+    sequence, operations = fields["s"], fields["o"]
+    if type(sequence) is not int or not _INT64_MIN <= sequence <= _INT64_MAX or type(operations) is not list:
+        return None
+    for operation in operations:
+        if not (
+            type(operation) is list
+            and len(operation) == 3
+            and type(operation[0]) is str
+            and operation[0] in tables
+            and type(operation[1]) is bytes
+            and (operation[2] is None or type(operation[2]) is bytes)
+        ):
+            return None
+    return sequence, operations
+
+
+#: The compiled ``changes`` (``slts.journal._replay``), or None: ``changes_python`` walks.
+NATIVE = twin("slts.journal._replay")
 
 
 class MetadataLog:
@@ -200,11 +300,16 @@ def _dump(store: MetadataStore, out: IO[bytes], seal: RecordSeal | None) -> tupl
 
 
 def iter_snapshot(
-    pieces: Iterable[bytes], seal: RecordSeal | None = None
-) -> Iterator[tuple[int, str, list[tuple[bytes, int, bytes]]]]:
+    pieces: Iterable[bytes | memoryview], seal: RecordSeal | None = None, *, raw_rows: bool = False
+) -> Iterator[tuple[int, str, list[Any]]]:
     """(sequence, table, rows) for each page of a snapshot stream, after one
     ``(sequence, "", [])`` for the header; the header and trailer are checked.
-    Raises ``MetadataCorrupted`` for anything but one whole snapshot."""
+    Raises ``MetadataCorrupted`` for anything but one whole snapshot.
+
+    Rows are ``(key, version, value)`` tuples of bytes, int and bytes; with ``raw_rows``
+    they are the page's rows as decoded (lists), only checked to have a value that is not
+    nil: for ``MetadataStore.replicate_rows``, which checks the rest (the restore then
+    turns what it refuses into ``MetadataCorrupted``)."""
     records = framing.iter_records_strict(pieces, seal)
     header = next(records, None)
     if header is None or header.get("k") != SNAPSHOT_KIND or not isinstance(header.get("sequence"), int):
@@ -222,16 +327,26 @@ def iter_snapshot(
             ended = True
             continue
         try:
-            table, rows = str(record["t"]), [(bytes(k), int(v), bytes(value)) for k, v, value in record["e"]]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise MetadataCorrupted(f"malformed metadata snapshot page: {exc!r}") from exc
+            if raw_rows:
+                table, rows = record["t"], record["e"]
+                if type(table) is not str or type(rows) is not list or None in map(_VALUE, rows):
+                    raise TypeError(f"page of {table!r}: a row without a value")
+            else:
+                table = str(record["t"])
+                rows = [(bytes(k), int(v), bytes(value)) for k, v, value in record["e"]]
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise MetadataCorrupted(f"malformed metadata snapshot page: {exc!r}"[:300]) from exc
         entries += len(rows)
         yield sequence, table, rows
     if not ended:
         raise MetadataCorrupted("metadata snapshot has no trailer (cut short)")
 
 
-def check_snapshot(pieces: Iterable[bytes], seal: RecordSeal | None = None) -> tuple[int, int]:
+#: A row's value (the store checks the rest of each row: ``raw_rows``).
+_VALUE = itemgetter(2)
+
+
+def check_snapshot(pieces: Iterable[bytes | memoryview], seal: RecordSeal | None = None) -> tuple[int, int]:
     """(sequence, entries) of a whole, valid snapshot stream (``MetadataCorrupted`` if not)."""
     last_sequence, entries = 0, 0
     for sequence, _, rows in iter_snapshot(pieces, seal):

@@ -12,6 +12,9 @@ tier-2 alone. It is what a booting owner, a restore and ``slts journal show`` sh
    newer than the last applied of its epoch: a retried write that had landed), records
    that do not fit the layout, files that vanished between listing and reading, gaps
    in file numbering (a failed create).
+   Within a file, runs of plain appends are applied in one call each
+   (``SystemLayout.apply_appends``, compiled where built), every other frame one by one;
+   with ``on_record``, or without the compiled walk, every record one by one.
 3. **Zombies** need no special case: every epoch's journal starts with a full
    ``snapshot`` record (the boot record), and epochs replay in order, so whatever an
    older epoch appended after a newer one booted is replaced by the newer one's boot
@@ -26,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slts.bindings.base import ChunkHandle, ChunkStorage
-from slts.journal import framing, system_names
+from slts.journal import framing, system_layout, system_names
 from slts.journal.system_layout import SNAPSHOT, InconsistentRecord, SystemLayout, record_id
 
 from slts.errors import ChunkCorrupted, ChunkNotFound
@@ -69,6 +72,19 @@ def read_object(binding: ChunkStorage, name: str) -> bytes:
     ``open_read`` would only check again that the object exists (a HEAD on S3)."""
     length = binding.get_info(name).length
     return binding.read(ChunkHandle(name, readonly=True), 0, length) if length else b""
+
+
+def read_view(binding: ChunkStorage, name: str) -> memoryview:
+    """``read_object``'s bytes as a read-only view: no copy where the binding maps its
+    objects (``ChunkStorage.read_view``), a view of a copy elsewhere.
+
+    Replay reads a journal file this way only when a newer file of its epoch exists: no
+    instance appends to it any more, so its length is final. The newest file of an epoch
+    is read by copy: its writer (or a zombie) may be appending, its length may count
+    bytes of an append that then fails and is cut back, and a mapped page cut off a file
+    ends the process (SIGBUS) where a copy just holds a torn record."""
+    length = binding.get_info(name).length
+    return binding.read_view(ChunkHandle(name, readonly=True), 0, length) if length else memoryview(b"")
 
 
 def read_single_record(
@@ -168,12 +184,18 @@ def replay(
         if (numbered.epoch, numbered.number) <= result.covered:
             continue
         try:
-            data = read_object(binding, numbered.name)
+            if numbered.number < result.max_file[numbered.epoch]:
+                data: bytes | memoryview = read_view(binding, numbered.name)
+            else:  # its epoch's newest file: an instance of that epoch may still append to it
+                data = read_object(binding, numbered.name)
         except ChunkNotFound:
             result.vanished += 1
             continue
         result.bytes_read += len(data)
         result.files.append(numbered.name)
+        if on_record is None and system_layout.NATIVE is not None:
+            _apply_file_in_runs(result, numbered, data, seal)
+            continue
         framed = framing.read_records(data, seal)
         result.corrupt += framed.corrupt
         result.torn += framed.torn_at is not None or framed.unframeable_at is not None
@@ -181,6 +203,41 @@ def replay(
     # Every applied record (and the base snapshot) raised its epoch's last id in the layout.
     result.max_record = dict(result.layout.last_ids)
     return result
+
+
+def _apply_file_in_runs(
+    result: Replay, numbered: system_names.Numbered, data: bytes | memoryview, seal: RecordSeal | None
+) -> None:
+    """Apply one journal file's records as ``read_records`` + ``_apply_all`` would, with
+    the runs of plain appends (most of a journal) taken by ``SystemLayout.apply_appends``
+    and every other frame read and applied one by one. A run continues the segment and
+    epoch of the record applied before it (a file's records are its epoch's)."""
+    layout = result.layout
+    offset, size = 0, len(data)
+    segment: str | None = None
+    epoch = numbered.epoch
+    torn = False
+    while offset < size:
+        if segment is not None:
+            offset, taken = layout.apply_appends(data, offset, epoch, segment)
+            result.records += taken
+            if offset >= size:
+                break
+        framed = framing.read_records(data, seal, start=offset, frames_max=1)
+        result.corrupt += framed.corrupt
+        if framed.torn_at is not None or framed.unframeable_at is not None:
+            torn = True
+            break
+        if framed.records:
+            record = framed.records[0][1]
+            applied = result.records
+            _apply_all(result, numbered.name, framed.records, None)
+            if result.records > applied:
+                seg = record.get("seg")
+                segment = seg if type(seg) is str else None
+                epoch = record_id(record)[0]
+        offset = framed.end
+    result.torn += torn
 
 
 def _apply_all(

@@ -9,6 +9,15 @@
 3. the metadata log after the snapshot: each commit is applied with its own sequence,
    in order; a gap in the sequence is damage and stops the restore.
 
+Both are bulk loads (``MetadataStore.replicate_rows``, one write transaction per batch):
+the snapshot's pages in batches of ``SNAPSHOT_ROWS_PER_LOAD`` rows, the log in windows of
+``LOG_OPS_PER_WINDOW`` operations where the last operation on a key wins (a key put and
+deleted within a window costs the store one delete). The log's records are walked
+straight from the bytes, CRC and fields checked, by a compiled walk where it was built
+(``metadata_copy.changes_python`` is its reference); the few it leaves (sealed records,
+damage) are read one by one. Segments are read as views (no copy where the binding maps
+its objects).
+
 Finally the container record's epoch is raised to the newest epoch found in the
 journal (in a commit of its own), so the instance that starts on the restored store
 takes an epoch no earlier instance ever wrote with.
@@ -19,15 +28,23 @@ reads byte-identical to the source up to it (``slts verify`` proves it).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from slts.bindings.base import ChunkStorage
-from slts.journal import framing, system_names
+from slts.journal import framing, metadata_copy, system_names
 from slts.journal.identity import carry_over
-from slts.journal.metadata_copy import SNAPSHOT_END, SNAPSHOT_SEQUENCE, decode_change, iter_snapshot
+from slts.journal.metadata_copy import (
+    SNAPSHOT_END,
+    SNAPSHOT_SEQUENCE,
+    decode_change,
+    iter_snapshot,
+)
 from slts.journal.replay import Replay, replay
 from slts.journal.system_layout import SystemLayout
 from slts.journal.system_names import METADATA_LOG, METADATA_SNAPSHOTS
@@ -37,7 +54,7 @@ from slts.chunk_names import leaf_offset
 from slts.errors import ChunkNotFound, ChunkStorageError, InvalidArgument, MetadataCorrupted
 from slts.metadata.records import ContainerRecord
 from slts.metadata.schema import CONTAINER, CONTAINER_KEY
-from slts.metadata.store import MetadataStore, Operation, Put
+from slts.metadata.store import MetadataStore, Put, Row
 from slts.transforms.sealed import RecordSeal
 
 
@@ -79,8 +96,9 @@ def restore(
         raise MetadataCorrupted(
             f"no system journal of container {container_id} on {binding.url or binding!r}"
         )
-    snapshot_sequence, entries, read = _load_snapshot(binding, found, target, seal)
-    records, log_read, sequence = _replay_log(binding, found, target, snapshot_sequence, seal)
+    with _collector_paused():
+        snapshot_sequence, entries, read = _load_snapshot(binding, found, target, seal)
+        records, log_read, sequence = _replay_log(binding, found, target, snapshot_sequence, seal)
     epoch = _raise_epoch(target, container_id, found.max_epoch, sequence)
     carry_over(binding, container_id, target, target.last_sequence)  # the restored metadata is this store's
     return RestoreReport(
@@ -95,6 +113,14 @@ def restore(
     )
 
 
+#: Rows of the metadata snapshot loaded per ``replicate_rows`` (one write transaction).
+SNAPSHOT_ROWS_PER_LOAD = 20_000
+#: Operations of log records one window gathers before it is replicated (one write
+#: transaction, ``replicate_rows``; the last operation on each key wins, so the window
+#: holds at most this many rows, or one record's operations).
+LOG_OPS_PER_WINDOW = 20_000
+
+
 def _load_snapshot(
     binding: ChunkStorage, found: Replay, target: MetadataStore, seal: RecordSeal | None
 ) -> tuple[int, int, int]:
@@ -103,70 +129,155 @@ def _load_snapshot(
         return 0, 0, 0  # no snapshot yet: the log starts at the first commit
     sequence, end = layout.attrs[SNAPSHOT_SEQUENCE], layout.attrs[SNAPSHOT_END]
     entries = 0
-    pieces = _Counted(iter_range(binding, layout, layout.start_offset, end))
-    for header_sequence, table, rows in iter_snapshot(pieces, seal):
+    pieces = _Counted(iter_range(binding, layout, layout.start_offset, end, views=True))
+    batch: dict[str, list[Any]] = {}
+    batched = 0
+    for header_sequence, table, rows in iter_snapshot(pieces, seal, raw_rows=True):
         if header_sequence != sequence:
             raise MetadataCorrupted(
                 f"metadata snapshot says sequence {header_sequence}, journal says {sequence}"
             )
+        if batched and batched + len(rows) > SNAPSHOT_ROWS_PER_LOAD:
+            _replicate_rows(target, sequence, batch)
+            batch, batched = {}, 0
         if rows:
-            target.replicate(
-                sequence,
-                [Put(table, key, value) for key, _, value in rows],
-                [version for _, version, _ in rows],
-            )
+            batch.setdefault(table, []).extend(rows)
+            batched += len(rows)
             entries += len(rows)
-    if target.last_sequence < sequence:  # an empty snapshot still sets the sequence
-        target.replicate(sequence, [])
+    if batched or target.last_sequence < sequence:  # an empty snapshot still sets the sequence
+        _replicate_rows(target, sequence, batch)
     return sequence, entries, pieces.bytes
+
+
+def _replicate_rows(target: MetadataStore, sequence: int, rows: dict[str, Any]) -> None:
+    """``target.replicate_rows``; rows it refuses came from tier-2 (restore made the
+    sequences and the target is fresh), so they are damage: ``MetadataCorrupted``."""
+    try:
+        target.replicate_rows(sequence, rows)
+    except InvalidArgument as exc:
+        raise MetadataCorrupted(f"restored rows refused at sequence {sequence}: {exc}") from exc
 
 
 class _Counted:
     """Pieces of a byte stream, counting the bytes that went by."""
 
-    def __init__(self, pieces: Iterator[bytes]) -> None:
+    def __init__(self, pieces: Iterator[bytes | memoryview]) -> None:
         self._pieces = pieces
         self.bytes = 0
 
-    def __iter__(self) -> Iterator[bytes]:
+    def __iter__(self) -> Iterator[bytes | memoryview]:
         for piece in self._pieces:
             self.bytes += len(piece)
             yield piece
 
 
-#: Log commits applied per ``replicate`` call (one write transaction) during restore.
-LOG_OPS_PER_REPLICATE = 5000
+class _LogWindow:
+    """The log records being restored, gathered for one ``replicate_rows``: per table, key
+    -> (key, sequence, value or None), the last operation on each key winning. Applying
+    it at the last sequence gathered leaves the store as applying each commit in turn,
+    each put with its own commit's sequence as version, would."""
+
+    def __init__(self, target: MetadataStore, after: int) -> None:
+        self.target = target
+        self.sequence = after  # the last commit gathered (or applied)
+        self.records = 0
+        self.ops = 0
+        self.tables: dict[str, dict[bytes, Row]] = {table: {} for table in target.tables}
+
+    def flush(self) -> None:
+        if self.ops or self.sequence > self.target.last_sequence:
+            # Sorted here (keys are distinct: tuples compare by key alone), so that the
+            # store takes them as they come.
+            rows = {table: sorted(rows.values()) for table, rows in self.tables.items() if rows}
+            _replicate_rows(self.target, self.sequence, rows)
+        self.tables = {table: {} for table in self.tables}
+        self.ops = 0
+
+    def feed(self, data: bytes | memoryview, offset: int, seal: RecordSeal | None) -> int:
+        """Gather the records of ``data`` from ``offset``: runs of plain records by the
+        compiled walk where it was built, every other record (all of them without it) one
+        by one; return where the frame that ``data`` ends inside starts (``len(data)`` if
+        none). (``changes_python``, the walk's twin, is a reference for tests: without the
+        compiled walk, one by one is as fast.)"""
+        walk = metadata_copy.NATIVE.changes if metadata_copy.NATIVE is not None else None
+        size = len(data)
+        while offset < size:
+            if walk is not None:
+                offset, self.sequence, records, ops, full = walk(
+                    data, offset, self.sequence, self.tables, LOG_OPS_PER_WINDOW
+                )
+                self.records += records
+                self.ops += ops
+                if full:
+                    self.flush()
+                    continue
+                if offset >= size:
+                    break
+            found = framing.read_record_strict(data, offset, seal)
+            if found is None:
+                break  # the frame goes on in the next piece
+            offset, record = found
+            self._gather(record)
+        return offset
+
+    def _gather(self, record: dict[str, Any]) -> None:
+        """One record read one by one (sealed, or not plain: damage raises here)."""
+        change_sequence, change = decode_change(record)
+        if change_sequence <= self.sequence:
+            return  # covered by the snapshot (the log is truncated at batch boundaries)
+        if change_sequence != self.sequence + 1:
+            raise MetadataCorrupted(f"metadata log jumps from {self.sequence} to {change_sequence}")
+        if self.ops and self.ops + len(change) > LOG_OPS_PER_WINDOW:
+            self.flush()
+        for op in change:
+            value = op.value if isinstance(op, Put) else None
+            self.tables.setdefault(op.table, {})[op.key] = (op.key, change_sequence, value)
+        self.sequence = change_sequence
+        self.records += 1
+        self.ops += len(change)
 
 
 def _replay_log(
     binding: ChunkStorage, found: Replay, target: MetadataStore, after: int, seal: RecordSeal | None
 ) -> tuple[int, int, int]:
-    """Apply the log's commits after ``after`` in order. Runs of consecutive commits go
-    to ``replicate`` together, each operation with its own commit's sequence as its
-    version: the same records and versions as one call per commit, in far fewer write
-    transactions."""
+    """Apply the log's commits after ``after`` in order, in windows (``_LogWindow``): the
+    same records and versions as one ``replicate`` per commit, in few write transactions.
+    A record that spans two pieces of the segment is put together from both."""
     layout = found.layout.segment(METADATA_LOG)
-    records = 0
-    sequence = after
-    pieces = _Counted(iter_range(binding, layout, layout.start_offset, layout.length))
-    ops: list[Operation] = []
-    versions: list[int] = []
-    for record in framing.iter_records_strict(pieces, seal):
-        change_sequence, change = decode_change(record)
-        if change_sequence <= sequence:
-            continue  # covered by the snapshot (the log is truncated at batch boundaries)
-        if change_sequence != sequence + 1:
-            raise MetadataCorrupted(f"metadata log jumps from {sequence} to {change_sequence}")
-        ops.extend(change)
-        versions.extend([change_sequence] * len(change))
-        sequence = change_sequence
-        records += 1
-        if len(ops) >= LOG_OPS_PER_REPLICATE:
-            target.replicate(sequence, ops, versions)
-            ops, versions = [], []
-    if sequence > target.last_sequence:
-        target.replicate(sequence, ops, versions)
-    return records, pieces.bytes, sequence
+    pieces = _Counted(iter_range(binding, layout, layout.start_offset, layout.length, views=True))
+    window = _LogWindow(target, after)
+    carry = b""
+    for piece in pieces:
+        offset = 0
+        if carry:
+            frame, offset = framing.completed(carry, piece)
+            if frame is None:
+                carry += bytes(piece)
+                continue
+            if window.feed(frame, 0, seal) != len(frame):
+                raise AssertionError("a completed frame is whole")
+            carry = b""
+        stop = window.feed(piece, offset, seal)
+        carry = bytes(piece[stop:])
+    if carry:
+        raise MetadataCorrupted(f"{len(carry)} bytes of a partial record at the end of the metadata log")
+    window.flush()
+    return window.records, pieces.bytes, window.sequence
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a restore decodes: it makes a tuple per
+    operation, and the collector would scan the window's hundreds of thousands of them
+    again and again (restore makes no cycles; msgpack's docs give the same advice for
+    large unpacks). The window bounds what is alive meanwhile."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _raise_epoch(target: MetadataStore, container_id: int, journal_epoch: int, sequence: int) -> int:

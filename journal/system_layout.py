@@ -23,6 +23,15 @@ one applied for its epoch is a duplicate):
   state. A snapshot record heads every epoch's journal (the boot record) and is the
   content of every journal snapshot object.
 
+**Replay in runs.** Most of a journal is appends to the metadata log's last chunk.
+``SystemLayout.apply_appends`` takes a run of them straight from the framed bytes: the
+compiled walk (``slts.journal._replay``, optional) checks each frame's CRC and every
+field in one pass over its bytes and makes no Python object per record, where decoding a
+record alone costs more than a microsecond. It takes only records whose meaning is plain
+(``appends_python``, its pure-Python twin and reference, says which) and stops at any
+other frame, which replay then reads and applies one by one; so both paths give the
+same state, and the tests hold them to it.
+
 ``add``, ``append`` and ``truncate`` may carry ``attrs``: small integer attributes of
 the segment (the metadata log's last durable sequence, where the latest metadata
 snapshot starts and ends). Lengths come only from these records, never from the
@@ -36,7 +45,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import crc32c
+import msgpack
+from slts.journal import framing
+
+from slts.compiled import twin
 from slts.errors import MetadataCorrupted
+from slts.transforms.sealed import MARKER
 
 RecordId = tuple[int, int]
 
@@ -110,6 +125,11 @@ class SystemSegmentLayout:
         ends = [*self._starts[1:], self.length]
         lengths = [end - start for start, end in zip(self._starts, ends, strict=True)]
         return tuple(map(SystemChunk, self._names, self._starts, lengths))
+
+    @property
+    def last_chunk_name(self) -> str | None:
+        """The name of the last chunk (None if none), without making a ``SystemChunk``."""
+        return self._names[-1] if self._names else None
 
     @property
     def last_chunk(self) -> SystemChunk | None:
@@ -318,6 +338,32 @@ class SystemLayout:
         self.last_ids[epoch] = number
         return True
 
+    def apply_appends(
+        self, data: bytes | memoryview, offset: int, epoch: int, segment: str
+    ) -> tuple[int, int]:
+        """Apply the run of plain ``append`` records of ``epoch`` to ``segment``'s last chunk
+        that starts at ``offset`` of the framed journal bytes ``data``; return where the run
+        ends and how many records it applied (see ``appends_python``). The frame it ends at
+        is for ``framing.read_records`` and ``apply``: the run takes only records whose
+        meaning is plain, so the state is what ``apply`` makes of the same records.
+
+        Replay's batch path: on the compiled twin (``NATIVE``) a record costs a CRC and one
+        pass over its bytes, no Python object; without it the pure-Python twin (a test
+        reference, as slow as ``apply``) does the same."""
+        layout = self.segments.get(segment)
+        chunk = layout.last_chunk_name if layout is not None else None
+        if layout is None or chunk is None:
+            return offset, 0
+        walk = NATIVE.appends if NATIVE is not None else appends_python
+        last_number = self.last_ids.get(epoch, 0)
+        stop, length, last, count = walk(
+            data, offset, segment, chunk, layout.length, epoch, last_number, layout.attrs
+        )
+        if count:
+            layout.length = length
+            self.last_ids[epoch] = last
+        return stop, count
+
     def _apply_snapshot(self, raw: Mapping[str, Any], epoch: int, number: int) -> None:
         layouts = {}
         for name, encoded in raw.items():
@@ -362,3 +408,121 @@ def record_id(record: Mapping[str, Any]) -> RecordId:
         if type(epoch) is int and type(number) is int:
             return epoch, number
     raise InconsistentRecord(f"journal record without a valid id: {raw!r}")
+
+
+# -- the batch path of replay: runs of plain appends ------------------------------------------------
+
+#: The integers ``appends`` handles (the compiled twin works in signed 64 bits).
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+#: The most attributes a record ``appends`` takes may carry.
+APPEND_ATTRS_MAX = 8
+_APPEND_KEYS = frozenset(("k", "seg", "chunk", "offset", "length", "id", "attrs"))
+_APPEND_REQUIRED = _APPEND_KEYS - {"attrs"}
+
+
+class _Pairs(list[Any]):
+    """A msgpack map as its (key, value) pairs: repeated keys stay visible."""
+
+
+def _int64(value: Any) -> bool:
+    return type(value) is int and _INT64_MIN <= value <= _INT64_MAX
+
+
+def appends_python(
+    data: bytes | memoryview,
+    offset: int,
+    segment: str,
+    chunk: str,
+    length: int,
+    epoch: int,
+    last: int,
+    attrs: dict[str, int],
+) -> tuple[int, int, int, int]:
+    """The reference of the compiled ``appends`` (``_replay.c``): walk the frames of
+    ``data`` from ``offset`` while each is a plain append to ``chunk``, the last chunk of
+    ``segment`` (whose length is ``length``), by ``epoch``, newer than record ``last``;
+    return ``(offset, length, last, count)``: where the walk stopped, the new length, the
+    last record number taken, and how many records it took. ``attrs`` gets each taken
+    record's attributes, in order.
+
+    A plain append is a whole frame whose CRC holds, whose payload is not sealed and is
+    exactly one msgpack map of the keys ``k`` ("append"), ``seg`` (== ``segment``),
+    ``chunk`` (== ``chunk``), ``offset`` (== the length so far), ``length`` (>= 0), ``id``
+    ([``epoch``, number > the last one]) and optionally ``attrs`` (nil, or a map of at
+    most ``APPEND_ATTRS_MAX`` distinct strings to integers), each once, integers within
+    64 bits. ``SystemLayout.apply`` does to such a record exactly what this does; anything
+    else stops the walk, and ``apply`` decides what it is."""
+    if offset < 0 or not (_int64(length) and length >= 0 and _int64(epoch) and _int64(last)):
+        return offset, length, last, 0
+    count, size = 0, len(data)
+    while offset <= size - framing.HEADER_BYTES:
+        payload_bytes, checksum = framing.HEADER.unpack_from(data, offset)
+        stop = offset + framing.HEADER_BYTES + payload_bytes
+        if not 0 < payload_bytes <= framing.RECORD_BYTES_MAX or stop > size:
+            break
+        body = bytes(data[offset + framing.HEADER_BYTES : stop])
+        if body[0] == MARKER or crc32c.crc32c(body) != checksum:
+            break
+        taken = _plain_append(body, segment, chunk, length, epoch, last)
+        if taken is None:
+            break
+        added, last, pairs = taken
+        attrs.update(pairs)
+        length += added
+        offset = stop
+        count += 1
+    return offset, length, last, count
+
+
+def _plain_append(
+    body: bytes, segment: str, chunk: str, length: int, epoch: int, last: int
+) -> tuple[int, int, list[tuple[str, int]]] | None:
+    """(bytes added, record number, attributes) of a plain append payload (see
+    ``appends_python``), or None."""
+    try:
+        pairs = msgpack.unpackb(body, raw=False, strict_map_key=False, object_pairs_hook=_Pairs)
+    except (ValueError, msgpack.UnpackException):
+        return None
+    if type(pairs) is not _Pairs or not 6 <= len(pairs) <= 7 or any(type(key) is not str for key, _ in pairs):
+        return None
+    fields = dict(pairs)
+    if len(fields) != len(pairs) or not _APPEND_REQUIRED <= fields.keys() <= _APPEND_KEYS:
+        return None
+    kind, seg, name, at, added, raw_id = (
+        fields[key] for key in ("k", "seg", "chunk", "offset", "length", "id")
+    )
+    if not (
+        type(kind) is str
+        and kind == "append"
+        and type(seg) is str
+        and seg == segment
+        and type(name) is str
+        and name == chunk
+        and _int64(at)
+        and at == length
+        and _int64(added)
+        and 0 <= added <= _INT64_MAX - length
+        and type(raw_id) is list
+        and len(raw_id) == 2
+        and _int64(raw_id[0])
+        and raw_id[0] == epoch
+        and _int64(raw_id[1])
+        and raw_id[1] > last
+    ):
+        return None
+    raw_attrs = fields.get("attrs")
+    if raw_attrs is None:
+        return added, raw_id[1], []
+    if (
+        type(raw_attrs) is not _Pairs
+        or len(raw_attrs) > APPEND_ATTRS_MAX
+        or any(type(key) is not str or not _int64(value) for key, value in raw_attrs)
+        or len({key for key, _ in raw_attrs}) != len(raw_attrs)
+    ):
+        return None
+    return added, raw_id[1], list(raw_attrs)
+
+
+#: The compiled ``appends`` (``slts.journal._replay``), or None: ``apply_appends`` then
+#: uses ``appends_python``, and replay applies records one by one (``replay``).
+NATIVE = twin("slts.journal._replay")

@@ -31,7 +31,7 @@ from slts.journal import system_names
 from slts.journal.journal import SystemJournal
 from slts.journal.system_layout import ADD, APPEND, TRUNCATE, SystemSegmentLayout
 
-from slts.errors import ChunkNotFound, ChunkStorageError, InvalidOffset, MetadataCorrupted
+from slts.errors import ChunkInvalidOffset, ChunkNotFound, ChunkStorageError, InvalidOffset, MetadataCorrupted
 
 READ_PIECE_BYTES = 8 << 20
 
@@ -178,8 +178,17 @@ def iter_range(
     start: int,
     stop: int,
     piece_bytes: int = READ_PIECE_BYTES,
-) -> Iterator[bytes]:
-    """``read_range`` as pieces of at most ``piece_bytes``, for streaming large segments."""
+    *,
+    views: bool = False,
+) -> Iterator[bytes | memoryview]:
+    """``read_range`` as pieces of at most ``piece_bytes``, for streaming large segments.
+
+    ``views``: the pieces are read-only memoryviews (``ChunkStorage.read_view``): on a
+    binding that maps its objects, each chunk's range is one view of the mapping, read
+    without a copy (``piece_bytes`` does not apply: nothing is held in memory)."""
+    if views:
+        yield from _iter_range_views(binding, layout, start, stop, piece_bytes)
+        return
     if not layout.start_offset <= start <= stop <= layout.length:
         raise InvalidOffset(
             f"system segment {layout.name!r}: range [{start}, {stop}) outside "
@@ -201,3 +210,38 @@ def iter_range(
                 )
             yield data
             lo += size
+
+
+def _iter_range_views(
+    binding: ChunkStorage, layout: SystemSegmentLayout, start: int, stop: int, piece_bytes: int
+) -> Iterator[memoryview]:
+    """``iter_range(..., views=True)``: the same checks and errors, memoryview pieces."""
+    if not layout.start_offset <= start <= stop <= layout.length:
+        raise InvalidOffset(
+            f"system segment {layout.name!r}: range [{start}, {stop}) outside "
+            f"[{layout.start_offset}, {layout.length})",
+            segment=layout.name,
+        )
+    if binding.maps_reads:
+        piece_bytes = max(piece_bytes, stop - start)
+    for chunk in layout.chunks:
+        lo, hi = max(start, chunk.start), min(stop, chunk.end)
+        if lo >= hi:
+            continue
+        handle = ChunkHandle(chunk.name, readonly=True)
+        while lo < hi:
+            size = min(piece_bytes, hi - lo)
+            try:
+                data = binding.read_view(handle, lo - chunk.start, size)
+            except ChunkInvalidOffset as exc:  # a mapping shorter than the range
+                raise _short(chunk.name, chunk.length) from exc
+            if len(data) != size:
+                raise _short(chunk.name, chunk.length)
+            yield data
+            lo += size
+
+
+def _short(chunk: str, length: int) -> MetadataCorrupted:
+    return MetadataCorrupted(
+        f"system chunk {chunk!r} holds fewer bytes than its journaled length {length}", chunk=chunk
+    )

@@ -3,8 +3,8 @@
 The contract is ``slts.metadata.store``; implementations: ``MemoryMetadataStore``
 (reference), ``LmdbMetadataStore`` (durable, default) and ``CachedMetadataStore``
 (bounded write-through cache in front of either). Every store can capture its commits
-(``Change``) for the metadata log and ``replicate`` them back. Nothing here imports the
-engine.
+(``Change``) for the metadata log and ``replicate`` them back (``replicate_rows`` in
+bulk). Nothing here imports the engine.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from slts.metadata.store import (
     Operation,
     Put,
     ReadView,
+    Row,
     StoreStatistics,
     Versioned,
     prefix_stop,
@@ -46,6 +47,7 @@ __all__ = [
     "Operation",
     "Put",
     "ReadView",
+    "Row",
     "StoreStatistics",
     "Versioned",
     "prefix_stop",

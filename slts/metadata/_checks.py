@@ -5,7 +5,8 @@ Each check raises ``InvalidArgument`` naming what was wrong; none touches a stor
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from operator import itemgetter
 
 from slts.errors import InvalidArgument, VersionConflict
 from slts.metadata.store import (
@@ -17,6 +18,7 @@ from slts.metadata.store import (
     Expect,
     Operation,
     Put,
+    Row,
 )
 
 #: Table names starting with this are reserved for a store's own bookkeeping.
@@ -182,6 +184,125 @@ def check_replicate(
                 sequence=sequence,
             )
     return tuple(versions)
+
+
+def check_replicate_sequence(sequence: object) -> int:
+    """A replicated sequence: an int in [1, ``SEQUENCE_MAX``]."""
+    if not _is_int(sequence) or not 1 <= sequence <= SEQUENCE_MAX:  # type: ignore[operator]
+        raise InvalidArgument(f"replicated sequence must be an int in [1, {SEQUENCE_MAX}]", sequence=sequence)
+    assert isinstance(sequence, int)
+    return sequence
+
+
+def sorted_rows(tables: Iterable[str], rows: object) -> list[tuple[str, list[Row]]]:
+    """The rows of ``replicate_rows`` checked (all but the versions' upper bound, the
+    sequence), each table's sorted by key: (table, rows) for each table, in ``rows``'
+    order. Raises ``InvalidArgument`` for what ``replicate`` refuses of the operations the
+    rows stand for, for a row that is not a 3-item tuple or list, and for a key given
+    twice in a table. One tight pass per table: restore loads every entry through it."""
+    if not isinstance(rows, Mapping):
+        raise InvalidArgument(f"rows must map table names to rows, not {type(rows).__name__}")
+    checked: list[tuple[str, list[Row]]] = []
+    total = 0
+    for table, table_rows in rows.items():
+        check_table(tables, table)
+        if isinstance(table_rows, (bytes, str)) or not isinstance(table_rows, Sequence):
+            raise InvalidArgument(
+                f"rows of {table!r} must be a sequence of (key, version, value)", table=table
+            )
+        total += len(table_rows)
+        if total > COMMIT_ITEMS_MAX:
+            raise InvalidArgument(f"at most {COMMIT_ITEMS_MAX} rows per replicate_rows")
+        ordered = sorted_by_key(table_rows)
+        if ordered is None:
+            ordered = sorted(table_rows, key=_row_key)  # raises what is wrong
+        previous = None
+        for row in ordered:
+            key, version, value = row
+            if type(key) is not bytes or not 0 < len(key) <= KEY_BYTES_MAX or key == previous:
+                _refuse_row(table, row, previous)
+            if (value is not None and type(value) is not bytes) or type(version) is not int:
+                _refuse_row(table, row, previous)
+            previous = key
+        checked.append((table, ordered))
+    return checked
+
+
+def sorted_by_key(rows: Sequence[Row]) -> list[Row] | None:
+    """``rows`` sorted by key if each is a 3-item tuple or list and the keys sort (all
+    bytes, say); None otherwise (``sorted_rows`` then says what is wrong). C-speed passes:
+    restore sorts every row it loads."""
+    if not rows:
+        return []
+    if not _ROW_TYPES.issuperset(map(type, rows)) or set(map(len, rows)) != {3}:
+        return None
+    try:
+        return sorted(rows, key=_FIRST)
+    except TypeError:
+        return None
+
+
+_ROW_TYPES = frozenset((tuple, list))
+_FIRST = itemgetter(0)
+
+
+def _row_key(row: object) -> bytes:
+    """The sort key of a row; ``InvalidArgument`` for what is not a 3-item row with a
+    bytes key (sorting must not compare keys of other types)."""
+    if type(row) not in (tuple, list) or len(row) != 3:  # type: ignore[arg-type]
+        raise InvalidArgument(f"a row is a (key, version, value) tuple or list, not {row!r}"[:200])
+    key = row[0]  # type: ignore[index]
+    if not isinstance(key, bytes):
+        raise InvalidArgument(f"key must be bytes, not {type(key).__name__}", key=key)
+    return bytes(key)
+
+
+def _refuse_row(table: str, row: Row, previous: bytes | None) -> None:
+    """Raise the ``InvalidArgument`` that says what is wrong with ``row`` (module doc)."""
+    key, version, value = row
+    check_key(table, key)
+    if key == previous:
+        raise InvalidArgument(f"key {key!r} given twice in the rows of {table!r}", table=table, key=key)
+    if value is not None and not isinstance(value, bytes):
+        raise InvalidArgument("value must be bytes", table=table, key=key)
+    if not _is_int(version):
+        raise InvalidArgument(
+            f"the version of row {key!r} is not an int", table=table, key=key, version=version
+        )
+    # a bytes subclass as key or value: accepted as replicate accepts it (sorted_rows is strict)
+
+
+def check_replicate_rows(
+    tables: Iterable[str], sequence: object, rows: object
+) -> tuple[int, list[tuple[str, list[Row]]]]:
+    """Everything ``replicate_rows`` checks before it looks at the store (all but
+    ``sequence >= last_sequence``): the sequence, and the rows (``sorted_rows``) with each
+    put's version in [1, sequence]."""
+    checked_sequence = check_replicate_sequence(sequence)
+    checked = sorted_rows(tables, rows)
+    for table, table_rows in checked:
+        for key, version, value in table_rows:
+            if value is not None and not 1 <= version <= checked_sequence:
+                raise InvalidArgument(
+                    f"the version {version} of row {key!r} is outside [1, sequence={checked_sequence}]",
+                    table=table,
+                    key=key,
+                    version=version,
+                    sequence=checked_sequence,
+                )
+    return checked_sequence, checked
+
+
+def rows_as_ops(tables: Iterable[str], rows: object) -> tuple[list[Operation], list[int]]:
+    """The operations and versions ``replicate_rows``' rows stand for (after
+    ``sorted_rows``); ``replicate`` checks the rest."""
+    ops: list[Operation] = []
+    versions: list[int] = []
+    for table, table_rows in sorted_rows(tables, rows):
+        for key, version, value in table_rows:
+            ops.append(Put(table, key, value) if value is not None else Delete(table, key))
+            versions.append(version)
+    return ops, versions
 
 
 def check_replicate_order(sequence: int, last: int) -> None:

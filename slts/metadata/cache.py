@@ -57,7 +57,7 @@ import contextlib
 import dataclasses
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from slts.errors import InvalidArgument, StorageClosed, VersionConflict
 from slts.metadata import _checks
@@ -71,6 +71,7 @@ from slts.metadata.store import (
     Operation,
     Put,
     ReadView,
+    Row,
     StoreStatistics,
     Versioned,
 )
@@ -328,6 +329,26 @@ class CachedMetadataStore(MetadataStore):
                 self._writing.setdefault(name, _Flight()).count += 1
         try:
             self._inner.replicate(sequence, ops, versions)
+        finally:
+            with self._lock:
+                # Landing as "outcome unknown" keeps every key of this flight uncached.
+                self._land(written, 0, known=False)
+
+    def replicate_rows(self, sequence: int, rows: Mapping[str, Sequence[Row]]) -> None:
+        """The inner store's ``replicate_rows``; the keys it writes are not cached (as
+        ``replicate``'s)."""
+        _, checked = _checks.check_replicate_rows(self.tables, sequence, rows)
+        self._check_open()
+        written: dict[_Key, bytes | None] = {
+            (table, key): None for table, table_rows in checked for key, _, _ in table_rows
+        }
+        with self._lock:
+            for name in written:
+                self._entries.pop(name, None)
+                self._fills.pop(name, None)
+                self._writing.setdefault(name, _Flight()).count += 1
+        try:
+            self._inner.replicate_rows(sequence, rows)
         finally:
             with self._lock:
                 # Landing as "outcome unknown" keeps every key of this flight uncached.

@@ -8,9 +8,18 @@ capture, replicate) for free.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from slts.metadata.store import Change, CommitOp, Expect, MetadataStore, Operation, ReadView, StoreStatistics
+from slts.metadata.store import (
+    Change,
+    CommitOp,
+    Expect,
+    MetadataStore,
+    Operation,
+    ReadView,
+    Row,
+    StoreStatistics,
+)
 
 
 class DelegatingStore(MetadataStore):
@@ -63,3 +72,6 @@ class DelegatingStore(MetadataStore):
         self, sequence: int, ops: Sequence[Operation], versions: Sequence[int] | None = None
     ) -> None:
         self.inner.replicate(sequence, ops, versions)
+
+    def replicate_rows(self, sequence: int, rows: Mapping[str, Sequence[Row]]) -> None:
+        self.inner.replicate_rows(sequence, rows)

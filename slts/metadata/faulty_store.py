@@ -44,7 +44,7 @@ import contextlib
 import random
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from slts.errors import MetadataError
@@ -57,6 +57,7 @@ from slts.metadata.store import (
     MetadataStore,
     Operation,
     ReadView,
+    Row,
     Versioned,
 )
 
@@ -67,6 +68,7 @@ CALLS = (
     "changes",
     "discard_changes",
     "replicate",
+    "replicate_rows",
     "make_durable",
     "enable_change_capture",
 )
@@ -247,6 +249,10 @@ class FaultyMetadataStore(DelegatingStore):
     ) -> None:
         self._enter("replicate", ops)
         self.inner.replicate(sequence, ops, versions)
+
+    def replicate_rows(self, sequence: int, rows: Mapping[str, Sequence[Row]]) -> None:
+        self._enter("replicate_rows")
+        self.inner.replicate_rows(sequence, rows)
 
 
 class _ObservedView(ReadView):

@@ -31,19 +31,21 @@ every transaction in a ``with``; read transactions short; never across ``fork()`
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import itertools
 import os
 import stat
 import struct
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 import lmdb
 import msgpack
 
+from slts.compiled import twin
 from slts.errors import (
     InvalidArgument,
     InvalidConfig,
@@ -69,6 +71,7 @@ from slts.metadata.store import (
     Operation,
     Put,
     ReadView,
+    Row,
     StoreStatistics,
     Versioned,
 )
@@ -159,6 +162,104 @@ def _unframe(raw: bytes, table: str, key: bytes) -> Versioned:
     if version < 1:
         raise MetadataCorrupted("stored value has version 0", table=table, key=key)
     return Versioned(version, raw[_VERSION.size :])
+
+
+def _framed_rows(
+    tables: Sequence[str], sequence: int, rows: object
+) -> list[tuple[str, list[tuple[bytes, bytes]], list[bytes]]] | None:
+    """``replicate_rows``' rows checked and framed: (table, puts as (key, stored value)
+    sorted by key, deleted keys) for each table (``frame_rows_python``, or its compiled
+    twin); None if anything is other than plain, for ``_checks.check_replicate_rows`` to
+    raise what is wrong."""
+    if not isinstance(rows, Mapping):
+        return None
+    frame = ROWS_NATIVE.frame_rows if ROWS_NATIVE is not None else frame_rows_python
+    framed = []
+    total = 0
+    for table, table_rows in rows.items():
+        if table not in tables or type(table_rows) not in (list, tuple):
+            return None
+        total += len(table_rows)
+        if total > _checks.COMMIT_ITEMS_MAX:
+            return None
+        rows_list = table_rows if type(table_rows) is list else list(table_rows)
+        found = frame(rows_list, sequence, KEY_BYTES_MAX)  # rows often come sorted (a snapshot's)
+        if found is None:
+            ordered = _checks.sorted_by_key(rows_list)
+            found = frame(ordered, sequence, KEY_BYTES_MAX) if ordered is not None else None
+            if found is None:
+                return None
+        framed.append((table, *found))
+    return framed
+
+
+def frame_rows_python(
+    rows: list[Row], sequence: int, key_bytes_max: int
+) -> tuple[list[tuple[bytes, bytes]], list[bytes]] | None:
+    """One table's rows of ``replicate_rows`` checked and framed in one pass: (puts as
+    (key, stored value), deleted keys), the stored value being the 8-byte version and
+    the value; None as soon as a row is other than plain: not a 3-item tuple or list, a
+    key not exactly bytes or empty or longer than ``key_bytes_max`` or not greater than
+    the one before (rows sorted by distinct keys), a version not exactly an int or (for a
+    put) outside [1, sequence], a
+    value neither exactly bytes nor None. As strict as ``_checks.check_replicate_rows``
+    (which then says what is wrong), in one loop instead of three; the reference of the
+    compiled ``slts.metadata._rows.frame_rows`` (``ROWS_NATIVE``)."""
+    pack = _VERSION.pack
+    puts: list[tuple[bytes, bytes]] = []
+    deletes: list[bytes] = []
+    previous = None
+    for row in rows:
+        if type(row) not in (tuple, list) or len(row) != 3:
+            return None
+        key, version, value = row
+        if type(key) is not bytes or not 0 < len(key) <= key_bytes_max:
+            return None
+        if (previous is not None and key <= previous) or type(version) is not int:
+            return None
+        previous = key
+        if value is None:
+            deletes.append(key)
+        elif type(value) is bytes and 0 < version <= sequence:
+            puts.append((key, pack(version) + value))
+        else:
+            return None
+    return puts, deletes
+
+
+#: The compiled ``frame_rows`` (``slts.metadata._rows``), or None: ``frame_rows_python``.
+ROWS_NATIVE = twin("slts.metadata._rows")
+
+
+def _framed(rows: Sequence[Row]) -> tuple[list[tuple[bytes, bytes]], list[bytes]]:
+    """(puts, deleted keys) of checked rows sorted by key."""
+    puts = [(bytes(key), _frame(version, bytes(value))) for key, version, value in rows if value is not None]
+    return puts, [bytes(key) for key, _, value in rows if value is None]
+
+
+def _load_rows(
+    txn: lmdb.Transaction[bytes], db: lmdb._Database, puts: list[tuple[bytes, bytes]], deletes: list[bytes]
+) -> None:
+    """Apply a table's framed rows (``replicate_rows``; distinct keys, puts sorted):
+    deletes one by one, then the puts in two ``putmulti`` calls: those up to the table's
+    last key (LMDB finds each one's page), and those past it appended (MDB_APPEND: each
+    goes to the end, no search; a restore's rows are mostly past it, the tables start
+    empty)."""
+    for key in deletes:
+        txn.delete(key, db=db)
+    if not puts:
+        return
+    cursor = txn.cursor(db)
+    split = bisect.bisect_right(puts, cursor.key(), key=_first) if cursor.last() else 0
+    if split:
+        cursor.putmulti(puts[:split])
+    if split < len(puts):
+        _, added = cursor.putmulti(puts[split:] if split else puts, append=True)
+        assert added == len(puts) - split, "appended keys are sorted, distinct and past the last one"
+
+
+def _first(pair: tuple[bytes, bytes]) -> bytes:
+    return pair[0]
 
 
 class _Gate:
@@ -1004,6 +1105,27 @@ class LmdbMetadataStore(MetadataStore):
                 else:
                     txn.delete(op.key, db=db)
             txn.put(SEQUENCE_KEY, _VERSION.pack(sequence), db=self._env.internal)
+
+        self._env.write(apply)
+
+    def replicate_rows(self, sequence: int, rows: Mapping[str, Sequence[Row]]) -> None:
+        """``replicate`` of many rows in one write transaction (see ``MetadataStore``): the
+        rows of each table sorted by key, those past the table's last key appended
+        (``_load_rows``)."""
+        checked_sequence = _checks.check_replicate_sequence(sequence)
+        framed = _framed_rows(self.tables, checked_sequence, rows)
+        if framed is None:  # something is unusual: the shared checks say what, or accept it
+            _, checked = _checks.check_replicate_rows(self.tables, sequence, rows)
+            framed = [(table, *_framed(table_rows)) for table, table_rows in checked]
+        self._check_writable("replicate_rows")
+
+        def apply(txn: lmdb.Transaction[bytes]) -> None:
+            _checks.check_replicate_order(checked_sequence, _read_sequence(txn, self._env.internal))
+            for table, puts, deletes in framed:
+                db = self._env.dbs[table]
+                assert db is not None, "a writable store opened every table"
+                _load_rows(txn, db, puts, deletes)
+            txn.put(SEQUENCE_KEY, _VERSION.pack(checked_sequence), db=self._env.internal)
 
         self._env.write(apply)
 

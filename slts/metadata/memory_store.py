@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TypeAlias
 
 from sortedcontainers import SortedDict
@@ -40,6 +40,7 @@ from slts.metadata.store import (
     Operation,
     Put,
     ReadView,
+    Row,
     StoreStatistics,
     Versioned,
 )
@@ -266,6 +267,22 @@ class MemoryMetadataStore(MetadataStore):
                     data.pop(op.key, None)
             assert sequence >= self._sequence
             self._sequence = sequence
+
+    def replicate_rows(self, sequence: int, rows: Mapping[str, Sequence[Row]]) -> None:
+        """Apply ``rows`` at ``sequence`` (see ``MetadataStore``)."""
+        checked_sequence, checked = _checks.check_replicate_rows(self.tables, sequence, rows)
+        self._check_not_in_snapshot("replicate_rows")
+        with self._lock:
+            self._check_open()
+            _checks.check_replicate_order(checked_sequence, self._sequence)
+            for table, table_rows in checked:
+                data = self._writable(table)
+                for key, version, value in table_rows:
+                    if value is None:
+                        data.pop(key, None)
+                    else:
+                        data[key] = Versioned(version, value)
+            self._sequence = checked_sequence
 
     # -- change capture --------------------------------------------------------------------
 

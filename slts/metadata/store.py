@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 #: Default bound on how many entries one ``scan`` returns; callers page with ``start``.
@@ -102,6 +102,9 @@ Operation = Put | Delete
 
 #: What ``commit`` applies: ``Operation`` or a ``DeleteRange``.
 CommitOp = Put | Delete | DeleteRange
+
+#: A row of ``replicate_rows``: (key, version, value), value None for a delete.
+Row = tuple[bytes, int, bytes | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +301,23 @@ class MetadataStore(abc.ABC):
         ``StorageClosed`` after ``close``.
         """
         raise NotImplementedError(f"{type(self).__name__} does not support replication")
+
+    def replicate_rows(self, sequence: int, rows: Mapping[str, Sequence[Row]]) -> None:
+        """``replicate`` for bulk loads (restore): apply ``rows`` at ``sequence``. For each
+        table of ``rows``, each row ``(key, version, value)`` is ``Put(table, key, value)``
+        stored with ``version``, or, with ``value`` None, ``Delete(table, key)`` (its version
+        is any int and ignored). Keys must be distinct within a table, so a store may apply
+        the rows in any order (LMDB sorts them, and appends those past a table's last key).
+
+        The same as ``replicate(sequence, ops, versions)`` of those operations: the same
+        checks and ``InvalidArgument``s (also for a repeated key, or a row that is not a
+        3-item tuple or list), nothing applied on error, atomic, not captured,
+        ``last_sequence == sequence`` afterwards. This default builds the operations and
+        calls ``replicate``; stores with a faster bulk path override it."""
+        from slts.metadata import _checks  # it imports this module
+
+        ops, versions = _checks.rows_as_ops(self.tables, rows)
+        self.replicate(sequence, ops, versions)
 
     @abc.abstractmethod
     def statistics(self) -> StoreStatistics:

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
+
 import crc32c
 import msgpack
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from slts.journal.framing import HEADER_BYTES, RECORD_BYTES_MAX, encode_record, read_records
+from slts.journal.framing import (
+    HEADER_BYTES,
+    RECORD_BYTES_MAX,
+    encode_record,
+    iter_records_strict,
+    read_records,
+)
 
-from slts.errors import InvalidArgument
+from slts.errors import InvalidArgument, MetadataCorrupted
 
 payloads = st.dictionaries(
     st.text(max_size=8),
@@ -102,3 +110,21 @@ def test_a_bad_record_in_the_middle_is_counted_and_its_neighbours_kept(bad: byte
     assert result.records == [(offsets[i], {"n": i, "pad": "x" * i}) for i in (0, 1, 3, 4)]
     assert result.corrupt == 1 and result.torn_at is None and result.unframeable_at is None
     assert result.end == len(blob)
+
+
+@given(st.lists(payloads, max_size=10), st.lists(st.integers(0, 400), max_size=6), st.booleans())
+def test_strict_reading_over_pieces_cut_anywhere_yields_the_records(
+    records: list[dict], cuts: list[int], as_views: bool
+) -> None:
+    """``iter_records_strict`` reads records in place from each piece and puts together
+    only those cut across pieces: any cutting of the stream, bytes or views, yields the
+    records; a stream cut short raises, naming where."""
+    blob = b"".join(encode_record(record) for record in records)
+    points = sorted({0, len(blob), *(min(cut, len(blob)) for cut in cuts)})
+    pieces = [blob[a:b] for a, b in itertools.pairwise(points)]
+    if as_views:
+        pieces = [memoryview(piece) for piece in pieces]  # type: ignore[misc]
+    assert list(iter_records_strict(pieces)) == records
+    if blob:
+        with pytest.raises(MetadataCorrupted, match="partial record"):
+            list(iter_records_strict([blob[:-1]]))

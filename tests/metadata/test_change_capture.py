@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from slts.errors import InvalidArgument, StorageClosed, VersionConflict
 from slts.metadata import (
@@ -344,12 +346,138 @@ def test_replicate_refuses_bad_input_and_changes_nothing(
     assert store.changes(0) == changes
 
 
+# -- replicate_rows: replicate in bulk -------------------------------------------------------
+
+
+def test_replicate_rows_into_a_fresh_store(store: MetadataStore) -> None:
+    store.enable_change_capture()
+    # A snapshot at 40 loaded in two calls (keys in any order), then a log window at 45.
+    store.replicate_rows(40, {T: [(b"b", 40, b"B"), (b"a", 3, b"A")]})
+    assert store.last_sequence == 40
+    store.replicate_rows(40, {U: [[b"c", 17, b"C"]], T: [(b"absent", 0, None)]})
+    store.replicate_rows(45, {T: [(b"b", 0, None), (b"a", 41, b"A2"), (b"z", 44, b"Z")], U: []})
+    assert store.last_sequence == 45
+    assert store.dump() == {
+        T: {b"a": Versioned(41, b"A2"), b"z": Versioned(44, b"Z")},
+        U: {b"c": Versioned(17, b"C")},
+        "index": {},
+    }
+    assert store.count(T) == 2 and store.get(U, b"c") == Versioned(17, b"C")
+    store.replicate_rows(46, {})  # no rows: only the sequence moves
+    with store.snapshot() as view:
+        assert view.sequence == 46
+    assert store.changes(0) == []  # replicated rows are not captured
+    assert store.commit([Put(T, b"b", b"new")], [Expect(T, b"a", 41)]) == 47  # sequence goes on
+
+
+def test_replicate_rows_before_between_and_after_the_keys_there(store: MetadataStore) -> None:
+    """Rows past a table's last key are appended (LMDB), the others put where they go:
+    the same store either way."""
+    store.replicate_rows(10, {T: [(b"k%03d" % i, 5, b"old") for i in range(0, 200, 2)]})
+    rows = [(b"k%03d" % i, 11, b"new%d" % i) for i in range(150, 300)] + [(b"a", 12, b"first")]
+    rows += [(b"k%03d" % i, 0, None) for i in range(0, 20)]  # deletes, some of absent keys
+    store.replicate_rows(20, {T: rows})
+    expected = {b"k%03d" % i: Versioned(5, b"old") for i in range(20, 150, 2)}
+    expected.update({b"k%03d" % i: Versioned(11, b"new%d" % i) for i in range(150, 300)})
+    expected[b"a"] = Versioned(12, b"first")
+    assert store.dump()[T] == expected
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([T, U]),
+            st.dictionaries(
+                st.binary(min_size=1, max_size=3),
+                st.tuples(st.integers(1, 30), st.none() | st.binary(max_size=4)),
+                max_size=12,
+            ),
+        ),
+        max_size=5,
+    )
+)
+def test_replicate_rows_is_replicate_of_the_same_operations(
+    store_factory: StoreFactory, batches: list[tuple[str, dict[bytes, tuple[int, bytes | None]]]]
+) -> None:
+    """The bulk path and ``replicate`` of the same operations leave the same store."""
+    bulk, one_by_one = store_factory.open(), MemoryMetadataStore(TABLES)
+    base = max(30, bulk.last_sequence)  # the store outlives an example: its sequence only grows
+    try:
+        for index, (table, rows) in enumerate(batches):
+            sequence = base + index
+            bulk.replicate_rows(sequence, {table: [(key, v, value) for key, (v, value) in rows.items()]})
+            ops: list[Operation] = [
+                Put(table, key, value) if value is not None else Delete(table, key)
+                for key, (_, value) in rows.items()
+            ]
+            one_by_one.replicate(sequence, ops, [v for v, _ in rows.values()])
+            assert bulk.dump() == one_by_one.dump()
+            assert bulk.last_sequence == one_by_one.last_sequence
+    finally:
+        one_by_one.close()
+        for key in list(bulk.dump()[T]):  # the next example starts from an empty store
+            bulk.replicate_rows(bulk.last_sequence, {T: [(key, 0, None)]})
+        for key in list(bulk.dump()[U]):
+            bulk.replicate_rows(bulk.last_sequence, {U: [(key, 0, None)]})
+
+
+@pytest.mark.parametrize(
+    ("sequence", "rows", "why"),
+    [
+        (9, {T: [(b"k", 9, b"v")]}, "lower"),
+        (0, {}, "sequence"),
+        (True, {T: [(b"k", 1, b"v")]}, "sequence"),
+        (1 << 64, {T: [(b"k", 1, b"v")]}, "sequence"),
+        (20, {T: [(b"k", 0, b"v")]}, "outside [1, sequence=20]"),
+        (20, {T: [(b"k", 21, b"v")]}, "outside [1, sequence=20]"),
+        (20, {T: [(b"k", "5", b"v")]}, "not an int"),
+        (20, {T: [(b"k", None, None)]}, "not an int"),
+        (20, {T: [(b"k", True, b"v")]}, "not an int"),
+        (20, {"nope": [(b"k", 5, b"v")]}, "unknown table"),
+        (20, {T: [(b"", 5, b"v")]}, "key"),
+        (20, {T: [(b"x" * 512, 5, b"v")]}, "key"),
+        (20, {T: [("k", 5, b"v")]}, "key must be bytes"),
+        (20, {T: [(b"k", 5, "v")]}, "value"),
+        (20, {T: [(b"k", 5, b"v"), (b"j", 5, b"v"), (b"k", 6, None)]}, "twice"),
+        (20, {T: [(b"k", 5)]}, "(key, version, value)"),
+        (20, {T: [b"kv5"]}, "(key, version, value)"),
+        (20, {T: b"rows"}, "sequence of"),
+        (20, [(T, b"k", 5, b"v")], "map table names"),
+        (20, {T: [(b"k%d" % i, 5, b"v") for i in range(100_001)]}, "at most"),
+    ],
+)
+def test_replicate_rows_refuses_bad_input_and_changes_nothing(
+    store: MetadataStore, sequence: object, rows: object, why: str
+) -> None:
+    store.enable_change_capture()
+    store.replicate_rows(10, {T: [(b"k", 4, b"before")], U: [(b"u", 10, b"u")]})
+    store.commit([Put(T, b"j", b"j")])  # sequence 11, captured
+    before, changes = store.dump(), store.changes(0)
+    with pytest.raises(InvalidArgument) as caught:
+        store.replicate_rows(sequence, rows)  # type: ignore[arg-type]
+    assert why in str(caught.value)
+    assert store.dump() == before
+    assert store.last_sequence == 11
+    assert store.changes(0) == changes
+
+
+def test_replicate_rows_overwrites_what_the_cache_read(store: MetadataStore) -> None:
+    sequence = store.commit([Put(T, b"k", b"old"), Put(T, b"gone", b"x")])
+    assert store.get(T, b"k") == Versioned(sequence, b"old")  # cached, for the cached kinds
+    assert store.get(T, b"gone") is not None
+    store.replicate_rows(sequence + 5, {T: [(b"k", sequence + 2, b"new"), (b"gone", 0, None)]})
+    assert store.get(T, b"k") == Versioned(sequence + 2, b"new")
+    assert store.get(T, b"gone") is None
+
+
 def test_writes_inside_a_snapshot_and_after_close(store: MetadataStore) -> None:
     store.enable_change_capture()
     store.commit([Put(T, b"k", b"v")])
     with store.snapshot():
         for call in (
             lambda: store.replicate(5, [Put(T, b"k", b"w")]),
+            lambda: store.replicate_rows(5, {T: [(b"k", 5, b"w")]}),
             lambda: store.discard_changes(1),
             lambda: store.enable_change_capture(),  # even though it is already enabled
         ):
@@ -360,6 +488,7 @@ def test_writes_inside_a_snapshot_and_after_close(store: MetadataStore) -> None:
     store.close()
     for call in (
         lambda: store.replicate(1, [Put(T, b"k", b"v")]),
+        lambda: store.replicate_rows(1, {T: [(b"k", 1, b"v")]}),
         lambda: store.changes(0),
         lambda: store.discard_changes(1),
         lambda: store.enable_change_capture(),

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping, Sequence
 
 import pytest
 
 from slts.errors import InvalidArgument, MetadataError, StorageClosed, VersionConflict
 from slts.metadata import KEY_BYTES_MAX, Delete, Expect, MetadataStore, Put, Versioned, prefix_stop
+from slts.metadata.delegating import DelegatingStore
 from slts.metadata.faulty_store import FaultyMetadataStore
-from slts.metadata.store import SCAN_LIMIT_DEFAULT, scan_all
+from slts.metadata.store import SCAN_LIMIT_DEFAULT, Row, scan_all
 
 from .conftest import TABLES, StoreFactory
 
@@ -447,6 +449,30 @@ def test_count_passes_through_the_fault_wrapper(store: MetadataStore) -> None:
     with pytest.raises(MetadataError):
         faulty.count(T)  # a dead process reads nothing
     assert store.count(T) == 2  # the crash landed the commit
+
+
+def test_replicate_rows_passes_through_the_fault_wrapper(store: MetadataStore) -> None:
+    """The wrappers forward ``replicate_rows`` (the delegating store's, the fault wrapper's
+    with its hooks and its death), and a store without a bulk path gets the default."""
+    faulty = FaultyMetadataStore(store, seed=7)
+    seen: list[int] = []
+    faulty.before("replicate_rows", lambda: seen.append(store.last_sequence))
+    faulty.replicate_rows(5, {T: [(b"a", 5, b"1")]})
+    assert seen == [0] and faulty.calls["replicate_rows"] == 1
+    assert store.get(T, b"a") == Versioned(5, b"1")
+    faulty.kill()
+    with pytest.raises(MetadataError):
+        faulty.replicate_rows(6, {T: [(b"b", 6, b"2")]})
+    assert store.get(T, b"b") is None and store.last_sequence == 5
+
+    class Plain(DelegatingStore):  # replicate_rows is the ABC's default, over replicate
+        def replicate_rows(self, sequence: int, rows: Mapping[str, Sequence[Row]]) -> None:
+            MetadataStore.replicate_rows(self, sequence, rows)
+
+    Plain(store).replicate_rows(7, {T: [(b"a", 0, None), (b"c", 7, b"3")], U: [(b"d", 2, b"4")]})
+    assert store.dump()[T] == {b"c": Versioned(7, b"3")} and store.get(U, b"d") == Versioned(2, b"4")
+    with pytest.raises(InvalidArgument, match="twice"):
+        Plain(store).replicate_rows(8, {T: [(b"x", 8, b"1"), (b"x", 8, None)]})
 
 
 # -- arguments and life cycle --------------------------------------------------------------
