@@ -110,6 +110,25 @@ def read_records(
     return result
 
 
+def plain_bodies(data: bytes | memoryview, offset: int) -> Iterator[tuple[int, bytes]]:
+    """From ``offset`` of ``data``, each whole frame's payload while the frames are plain:
+    (the offset past the frame, its payload), in order. Stops, yielding nothing more, at
+    the first frame that is partial, of a bad length, sealed (``MARKER``) or failing its
+    CRC32C: the compiled walks' reference loop (their callers read such a frame one by
+    one, which raises for damage or opens a sealed record)."""
+    size = len(data)
+    while offset <= size - HEADER_BYTES:
+        payload_bytes, checksum = HEADER.unpack_from(data, offset)
+        stop = offset + HEADER_BYTES + payload_bytes
+        if not 0 < payload_bytes <= RECORD_BYTES_MAX or stop > size:
+            return
+        body = bytes(data[offset + HEADER_BYTES : stop])
+        if body[0] == MARKER or crc32c.crc32c(body) != checksum:
+            return
+        yield stop, body
+        offset = stop
+
+
 def _opened(body: bytes | memoryview, seal: RecordSeal | None) -> bytes | memoryview:
     """A payload's msgpack bytes: opened if sealed (``KeyUnavailable`` without a key)."""
     if body and body[0] == MARKER:

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import IO, Any
 
-import crc32c
 import msgpack
 from slts.journal import framing
 from slts.journal.system_names import METADATA_LOG, METADATA_SNAPSHOTS
@@ -39,7 +38,7 @@ from slts.journal.system_segments import SystemSegments, iter_range
 from slts.compiled import twin
 from slts.errors import MetadataCorrupted
 from slts.metadata.store import Delete, MetadataStore, Operation, Put, Row
-from slts.transforms.sealed import MARKER, RecordSeal
+from slts.transforms.sealed import RecordSeal
 
 SNAPSHOT_KIND = "metadata-snapshot"
 END_KIND = "end"
@@ -125,15 +124,7 @@ def changes_python(
         return offset, sequence, 0, 0, False
     records = ops = 0
     full = False
-    size = len(data)
-    while offset <= size - framing.HEADER_BYTES:
-        payload_bytes, checksum = framing.HEADER.unpack_from(data, offset)
-        stop = offset + framing.HEADER_BYTES + payload_bytes
-        if not 0 < payload_bytes <= framing.RECORD_BYTES_MAX or stop > size:
-            break
-        body = bytes(data[offset + framing.HEADER_BYTES : stop])
-        if body[0] == MARKER or crc32c.crc32c(body) != checksum:
-            break
+    for stop, body in framing.plain_bodies(data, offset):
         change = _plain_change(body, tables)
         if change is None:
             break

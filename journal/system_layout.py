@@ -45,13 +45,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import crc32c
 import msgpack
 from slts.journal import framing
 
 from slts.compiled import twin
 from slts.errors import MetadataCorrupted
-from slts.transforms.sealed import MARKER
 
 RecordId = tuple[int, int]
 
@@ -454,15 +452,8 @@ def appends_python(
     else stops the walk, and ``apply`` decides what it is."""
     if offset < 0 or not (_int64(length) and length >= 0 and _int64(epoch) and _int64(last)):
         return offset, length, last, 0
-    count, size = 0, len(data)
-    while offset <= size - framing.HEADER_BYTES:
-        payload_bytes, checksum = framing.HEADER.unpack_from(data, offset)
-        stop = offset + framing.HEADER_BYTES + payload_bytes
-        if not 0 < payload_bytes <= framing.RECORD_BYTES_MAX or stop > size:
-            break
-        body = bytes(data[offset + framing.HEADER_BYTES : stop])
-        if body[0] == MARKER or crc32c.crc32c(body) != checksum:
-            break
+    count = 0
+    for stop, body in framing.plain_bodies(data, offset):
         taken = _plain_append(body, segment, chunk, length, epoch, last)
         if taken is None:
             break
