@@ -1101,16 +1101,18 @@ class ChunkedSegmentStorage:
         before any later change would; the chunks of that layout are only deleted once
         a later change dropped them and GC's delay passed (a read that finds one gone
         reads again, ``_read``)."""
-        if self._read_ahead is None:  # nothing to plan: known extents need no lock (see below)
-            known = self._layouts.find(name, self.context.version(name), offset, length)
-            if known is not None:
-                self._check_range(known[0], offset, length)
-                return self._fetch(self._pieces(known[1], offset, length), length, mapped)
+        # Known extents first: without read-ahead to plan they need no lock (see above),
+        # with it they are looked up under the lock, where the plan is made.
+        lock_free = self._read_ahead is None
+        known = self._layouts.find(name, self.context.version(name), offset, length) if lock_free else None
+        if known is not None:
+            self._check_range(known[0], offset, length)
+            return self._fetch(self._pieces(known[1], offset, length), length, mapped)
         ahead: Plan | None = None
         ahead_pieces: builtins.list[_ReadPiece] = []
         with self.context.locks.layout(name):
-            version = self.context.version(name)
-            known = self._layouts.find(name, version, offset, length)
+            if not lock_free:  # (a lock-free miss resolves at once: no second look)
+                known = self._layouts.find(name, self.context.version(name), offset, length)
             if known is not None:
                 record, extents = known
                 self._check_range(record, offset, length)
