@@ -1057,7 +1057,6 @@ class ChunkedSegmentStorage:
 
     def _read(self, handle: SegmentHandle, offset: int, length: int, *, mapped: bool) -> bytes | memoryview:
         """``read`` and ``read_view``: the checks, the read, one retry over a changed layout."""
-        self._check_open()
         handle = self._check_handle(handle, writable=False)
         if not (type(offset) is int and type(length) is int and offset >= 0 and length >= 0):
             for value, what in ((offset, "offset"), (length, "length")):
@@ -1107,7 +1106,10 @@ class ChunkedSegmentStorage:
         known = self._layouts.find(name, self.context.version(name), offset, length) if lock_free else None
         if known is not None:
             self._check_range(known[0], offset, length)
-            return self._fetch(self._pieces(known[1], offset, length), length, mapped)
+            pieces = self._pieces(known[1], offset, length)
+            if len(pieces) == 1:  # the common small read: ``_fetch``'s one-piece case, inline
+                return _exactly(self._fetch_stored(pieces[0], mapped), pieces[0], "read")
+            return self._fetch(pieces, length, mapped)
         ahead: Plan | None = None
         ahead_pieces: builtins.list[_ReadPiece] = []
         with self.context.locks.layout(name):
@@ -1299,7 +1301,7 @@ class ChunkedSegmentStorage:
         here, not opened: the metadata says the chunk exists and how long it is, and
         opening costs a request on some bindings (a HEAD on S3). A chunk that is gone
         after all raises ``ChunkNotFound`` from the read itself (``read`` retries it)."""
-        handle = ChunkHandle(piece.chunk, readonly=True)
+        handle = ChunkHandle(piece.chunk, True)  # (positional: the hot path)
         if piece.frames is not None:  # the frames it overlaps, fetched (viewed) and decoded
             return self.transforms.decode(
                 piece.chunk,
@@ -1318,7 +1320,14 @@ class ChunkedSegmentStorage:
                 checked = self._read_checked(handle, piece.blocks, first, end, stop - start)
             else:
                 checked = fetch(handle, start, stop - start)
-                block_checksums.verify(piece.blocks, first, end, checked, chunk=piece.chunk, start=start)
+                # One whole block (a small read) checked here; anything else, or a
+                # mismatch (reported with its offset), by ``verify``.
+                if not (
+                    end - first == 1
+                    and len(checked) == stop - start
+                    and _checksum(checked) == block_checksums.block_checksum(piece.blocks, first)
+                ):
+                    block_checksums.verify(piece.blocks, first, end, checked, chunk=piece.chunk, start=start)
             cut = piece.chunk_offset - start
             return checked[cut : cut + piece.length] if cut or len(checked) != piece.length else checked
         data = fetch(handle, piece.chunk_offset, piece.length)
