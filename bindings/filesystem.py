@@ -198,6 +198,9 @@ class FileSystemChunkStorage(ChunkStorage):
         # process on NFS); the check of the length and the append happen under it.
         self._locks = tuple(threading.Lock() for _ in range(_LOCK_STRIPES))
         self._mappings = FileMappings()
+        # Deletes in flight per folder (see ``_do_delete``); no entry at zero.
+        self._deleting: dict[str, int] = {}
+        self._deleting_lock = threading.Lock()
         with _translated(self.root, self.url):
             os.makedirs(self._tmp, exist_ok=True)
             _fsync_dir(self.root)
@@ -307,13 +310,33 @@ class FileSystemChunkStorage(ChunkStorage):
         return self._publish(name, lambda fd: _write_all(fd, data))
 
     def _do_delete(self, handle: ChunkHandle) -> None:
+        """Unlink the chunk's file, then remove the folders it leaves empty.
+
+        Pruning is left to the last of the deletes in flight in the folder in this
+        process (counted in ``_deleting``): it runs after every one of them has
+        unlinked, failed or not, so a folder they empty is still removed, and a GC batch
+        deleting thousands of chunks of one folder on many threads tries one ``rmdir``
+        instead of one per chunk (each a failing syscall that takes the folder's lock
+        the unlinks beside it need). Not fsynced: an empty folder that reappears after a
+        crash is harmless. A create racing with this retries its link (``_publish``)."""
         path = self._path(handle.name)
-        with _translated(handle.name, self.url):
-            os.unlink(path)
-        self._mappings.forget(handle.name)  # its disk space goes with the last view of it
-        # Not fsynced: an empty folder that reappears after a crash is harmless. A create
-        # racing with this retries its link (``_publish``).
-        CODEC.prune_folders(self.root, path, _remove_empty_folder)
+        folder = path.rpartition("/")[0]
+        with self._deleting_lock:
+            self._deleting[folder] = self._deleting.get(folder, 0) + 1
+        try:
+            with _translated(handle.name, self.url):
+                os.unlink(path)
+            self._mappings.forget(handle.name)  # its disk space goes with the last view of it
+        finally:
+            with self._deleting_lock:
+                left = self._deleting[folder] - 1
+                if left:
+                    self._deleting[folder] = left
+                else:
+                    del self._deleting[folder]
+            assert left >= 0, (folder, left)
+            if not left:
+                CODEC.prune_folders(self.root, path, _remove_empty_folder)
 
     def _stat(self, name: str) -> os.stat_result:
         with _translated(name, self.url):

@@ -14,6 +14,7 @@ from slts.metadata.store import (
     SEQUENCE_MAX,
     CommitOp,
     Delete,
+    DeleteKeys,
     DeleteRange,
     Expect,
     Operation,
@@ -109,9 +110,10 @@ def check_scan(start: object, stop: object, limit: object) -> None:
 
 def check_commit(tables: Iterable[str], ops: Sequence[CommitOp], expect: Sequence[Expect]) -> None:
     """Everything ``commit`` checks before it looks at the store."""
-    if isinstance(ops, (Put, Delete, DeleteRange)) or isinstance(expect, Expect):
+    if isinstance(ops, (Put, Delete, DeleteRange, DeleteKeys)) or isinstance(expect, Expect):
         raise InvalidArgument("ops and expect must be sequences, not a single item")
-    if len(ops) + len(expect) > COMMIT_ITEMS_MAX:
+    items = len(ops) + len(expect)
+    if items > COMMIT_ITEMS_MAX:
         raise InvalidArgument(f"at most {COMMIT_ITEMS_MAX} operations and expectations per commit")
     for op in ops:
         if isinstance(op, Put):
@@ -122,6 +124,13 @@ def check_commit(tables: Iterable[str], ops: Sequence[CommitOp], expect: Sequenc
             check_key(check_table(tables, op.table), op.key)
         elif isinstance(op, DeleteRange):
             check_range(tables, op)
+        elif isinstance(op, DeleteKeys):
+            items += check_keys(tables, op) - 1
+            if items > COMMIT_ITEMS_MAX:
+                raise InvalidArgument(
+                    f"at most {COMMIT_ITEMS_MAX} operations and expectations per commit "
+                    "(a DeleteKeys counts its keys)"
+                )
         else:
             raise InvalidArgument(f"not an operation: {op!r}")
     for condition in expect:
@@ -133,6 +142,19 @@ def check_commit(tables: Iterable[str], ops: Sequence[CommitOp], expect: Sequenc
             raise InvalidArgument(
                 "expected version must be an int >= 0", table=condition.table, key=condition.key
             )
+
+
+def check_keys(tables: Iterable[str], op: DeleteKeys) -> int:
+    """A ``DeleteKeys``: a known table, a tuple of keys each valid as ``check_key``'s; how
+    many keys it names. (One loop over the keys: this is the bulk path.)"""
+    table = check_table(tables, op.table)
+    keys = op.keys
+    if not isinstance(keys, tuple):
+        raise InvalidArgument(f"DeleteKeys.keys must be a tuple, not {type(keys).__name__}", table=table)
+    for key in keys:
+        if type(key) is not bytes or not 1 <= len(key) <= KEY_BYTES_MAX:
+            check_key(table, key)  # raises, saying what is wrong (a bytes subclass passes)
+    return len(keys)
 
 
 def check_range(tables: Iterable[str], op: DeleteRange) -> None:
@@ -155,10 +177,12 @@ def check_replicate(
     """Everything ``replicate`` checks before it looks at the store (all but ``sequence >=
     last_sequence``); the version each op writes (``sequence`` where none was given).
     Replication applies captured changes, which hold per-key operations only: a
-    ``DeleteRange`` is refused."""
+    ``DeleteRange`` or ``DeleteKeys`` is refused."""
     check_commit(tables, ops, ())
-    if any(isinstance(op, DeleteRange) for op in ops):
-        raise InvalidArgument("replicate applies per-key operations (a captured change), not a DeleteRange")
+    if any(isinstance(op, (DeleteRange, DeleteKeys)) for op in ops):
+        raise InvalidArgument(
+            "replicate applies per-key operations (a captured change), not a DeleteRange or DeleteKeys"
+        )
     if not _is_int(sequence) or not 1 <= sequence <= SEQUENCE_MAX:  # type: ignore[operator]
         raise InvalidArgument(f"replicated sequence must be an int in [1, {SEQUENCE_MAX}]", sequence=sequence)
     assert isinstance(sequence, int)

@@ -14,7 +14,8 @@ on every change but read by scans and floors (the engine's GC queue and offset i
 so that their keys do not push the records that ``get`` serves out of the LRU.
 
 **Bulk deletes.** A commit that deletes at least ``bulk_deletes_min`` keys of cached
-tables (a truncate batch drops up to ``gc_batch_max`` chunk records) evicts those keys
+tables (a truncate batch drops up to ``gc_batch_max`` chunk records, as one
+``DeleteKeys``; each of its keys counts as a delete) evicts those keys
 instead of caching "absent" for each: what a bulk delete removes is rarely read again,
 and thousands of "absent" entries would push the live records out of the LRU. Its keys
 are kept out of the cache while it is in flight as one set (``_bulk``: no fill, no
@@ -65,6 +66,7 @@ from slts.metadata.store import (
     SCAN_LIMIT_DEFAULT,
     Change,
     CommitOp,
+    DeleteKeys,
     DeleteRange,
     Expect,
     MetadataStore,
@@ -268,6 +270,9 @@ class CachedMetadataStore(MetadataStore):
                 for name in written:  # what the commit wrote before the range, it removes
                     if _in_range(name, ranges[-1]):
                         written[name] = None
+            elif isinstance(op, DeleteKeys):
+                table = op.table
+                written.update(dict.fromkeys([(table, key) for key in op.keys]))
             else:
                 written[(op.table, op.key)] = op.value if isinstance(op, Put) else None
         bulk: frozenset[_Key] = frozenset()

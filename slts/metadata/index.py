@@ -36,6 +36,8 @@ from slts.metadata.store import Delete, DeleteRange, Put, ReadView, Versioned
 #: First byte of a link entry's value (chunk names never contain NUL).
 LINK_TAG = b"\x00"
 _LINK = struct.Struct(">QQ")
+#: An index key: (namespace, offset), as ``schema.index_key`` packs it.
+_KEY_OFFSET = struct.Struct(">QQ")
 #: Deepest chain of links a lookup follows (concat of a concat of a concat ...).
 LINK_DEPTH_MAX = 64
 
@@ -202,7 +204,7 @@ def head_walk(
         if depth > LINK_DEPTH_MAX:
             raise MetadataCorrupted(f"index links of segment {segment_id} deeper than {LINK_DEPTH_MAX}")
         spans.append((namespace, lo, end, shift))
-        entries = view.scan(
+        entries = view.scan_values(
             INDEX, index_key(namespace, lo), index_key(namespace, end), limit=limit - len(chunks) + 1
         )
         first = index_key_offset(entries[0][0]) if entries else end
@@ -214,16 +216,14 @@ def head_walk(
                 if link is not None:
                     target, at = link
                     visit(target, at + lo - start, at + first - start, shift + start - at, depth + 1)
-        for i, (key, stored) in enumerate(entries):
+        for i, (key, value) in enumerate(entries):
             if len(chunks) >= limit:
                 return
-            start = index_key_offset(key)
-            name, link = parse_value(stored.value)
-            if name is not None:
-                chunks.append((start + shift, name))
+            start = _KEY_OFFSET.unpack(key)[1]
+            if value[:1] != LINK_TAG:  # a chunk entry (parse_value, written out: one per chunk)
+                chunks.append((start + shift, value.decode("utf-8")))
                 continue
-            assert link is not None
-            target, at = link
+            target, at = _LINK.unpack(value[1:])
             stop = index_key_offset(entries[i + 1][0]) if i + 1 < len(entries) else end
             visit(target, at, at + stop - start, shift + start - at, depth + 1)
 

@@ -67,6 +67,7 @@ from slts.metadata.store import (
     Change,
     CommitOp,
     Delete,
+    DeleteKeys,
     Expect,
     MetadataStore,
     Operation,
@@ -102,6 +103,8 @@ MAP_RESIZE_ATTEMPTS_MAX = 24
 READERS_MAX = 1024
 
 _VERSION = struct.Struct(">Q")
+#: The framing of a version 0, which no stored value has (``_unframe`` refuses it).
+_NO_VERSION = bytes(_VERSION.size)
 
 _process_id = os.getpid()
 
@@ -600,6 +603,11 @@ class _Environment:
                         elif isinstance(op, Delete):
                             txn.delete(op.key, db=db)
                             captured.append([op.table, op.key, None])
+                        elif isinstance(op, DeleteKeys):
+                            delete = txn.delete
+                            for key in op.keys:
+                                delete(key, db=db)
+                            captured.extend([op.table, key, None] for key in op.keys)
                         else:  # a range is recorded as the keys it removed
                             removed = _delete_range(txn, db, op.start, op.stop)
                             captured.extend([op.table, key, None] for key in removed)
@@ -927,6 +935,31 @@ class _LmdbView(ReadView):
                     entries.append((key, cursor.value()))
                     positioned = cursor.prev()
         return [(key, _unframe(raw, table, key)) for key, raw in entries]
+
+    def scan_values(
+        self, table: str, start: bytes = b"", stop: bytes | None = None, limit: int = SCAN_LIMIT_DEFAULT
+    ) -> list[tuple[bytes, bytes]]:
+        """``scan`` without the versions: one cursor walk yielding (key, stored value), each
+        value's framing checked (``MetadataCorrupted`` as ``scan``) and its version cut off."""
+        db = self._db(table)
+        _checks.check_scan(start, stop, limit)
+        if db is None or (stop is not None and stop <= start):
+            return []
+        assert self._txn is not None
+        entries: list[tuple[bytes, bytes]] = []
+        header = _VERSION.size
+        with _translated(self._env), self._txn.cursor(db) as cursor:
+            if not _seek(cursor, start):
+                return []
+            for key, raw in cursor.iternext():
+                if stop is not None and key >= stop:
+                    break
+                if len(raw) < header or raw[:header] == _NO_VERSION:
+                    _unframe(raw, table, key)  # raises, saying what is wrong
+                entries.append((key, raw[header:]))
+                if len(entries) == limit:
+                    break
+        return entries
 
     def count(self, table: str) -> int:
         """The table's sub-database's own entry count (its B-tree root record: O(1)). Each

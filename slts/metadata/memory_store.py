@@ -34,6 +34,7 @@ from slts.metadata.store import (
     Change,
     CommitOp,
     Delete,
+    DeleteKeys,
     DeleteRange,
     Expect,
     MetadataStore,
@@ -234,6 +235,10 @@ class MemoryMetadataStore(MetadataStore):
                 elif isinstance(op, Delete):
                     data.pop(op.key, None)
                     applied.append(op)
+                elif isinstance(op, DeleteKeys):
+                    for key in op.keys:
+                        data.pop(key, None)
+                    applied.extend(Delete(op.table, key) for key in op.keys)
                 else:
                     assert isinstance(op, DeleteRange)
                     keys = list(data.irange(op.start, op.stop, inclusive=(True, False)))

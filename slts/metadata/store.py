@@ -97,11 +97,26 @@ class DeleteRange:
     stop: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class DeleteKeys:
+    """Remove each of ``keys`` from ``table`` (a tuple of keys, each valid as a
+    ``Delete``'s; absent keys do nothing; an empty tuple does nothing).
+
+    ``Delete`` for a batch of keys known by name (the chunk records of a truncated head):
+    one operation object instead of one per key, checked and applied in one loop. It
+    counts as ``len(keys)`` items towards a commit's bound. Captured as the per-key
+    ``Delete`` of each of its keys, in its place and order (see ``Change``), whether the
+    key was present or not, as a ``Delete`` is."""
+
+    table: str
+    keys: tuple[bytes, ...]
+
+
 #: What a ``Change`` holds, and what ``replicate`` applies: operations on one key each.
 Operation = Put | Delete
 
-#: What ``commit`` applies: ``Operation`` or a ``DeleteRange``.
-CommitOp = Put | Delete | DeleteRange
+#: What ``commit`` applies: ``Operation``, a ``DeleteRange`` or a ``DeleteKeys``.
+CommitOp = Put | Delete | DeleteRange | DeleteKeys
 
 #: A row of ``replicate_rows``: (key, version, value), value None for a delete.
 Row = tuple[bytes, int, bytes | None]
@@ -110,9 +125,10 @@ Row = tuple[bytes, int, bytes | None]
 @dataclass(frozen=True, slots=True)
 class Change:
     """One captured commit: its sequence and its operations, in commit order. A
-    ``DeleteRange`` of the commit is captured as one ``Delete`` per key it removed, in its
-    place: replaying the change (``replicate``) on the state before the commit gives
-    exactly the state after it, and readers of the log see only per-key operations."""
+    ``DeleteRange`` of the commit is captured as one ``Delete`` per key it removed, and a
+    ``DeleteKeys`` as one ``Delete`` per key it names, in its place: replaying the change
+    (``replicate``) on the state before the commit gives exactly the state after it, and
+    readers of the log see only per-key operations."""
 
     sequence: int
     ops: tuple[Operation, ...]
@@ -173,6 +189,15 @@ class ReadView(abc.ABC):
         as the next ``start`` (or the last key as the next ``stop`` when reversing).
         ``limit`` must be >= 1 (``InvalidArgument`` otherwise)."""
 
+    def scan_values(
+        self, table: str, start: bytes = b"", stop: bytes | None = None, limit: int = SCAN_LIMIT_DEFAULT
+    ) -> list[tuple[bytes, bytes]]:
+        """``scan`` (ascending) without the versions: up to ``limit`` (key, value) pairs with
+        ``start <= key < stop``. For walks over many entries that need no version (the
+        offset index), where a store can skip making a ``Versioned`` per entry; the same
+        checks and errors as ``scan``. This default takes them from ``scan``."""
+        return [(key, stored.value) for key, stored in self.scan(table, start, stop, limit)]
+
     @abc.abstractmethod
     def count(self, table: str) -> int:
         """How many entries ``table`` holds in this view's state (>= 0), in time that does
@@ -201,7 +226,10 @@ class MetadataStore(abc.ABC):
         Raises ``VersionConflict`` (nothing applied) if an expectation fails,
         ``InvalidArgument`` for an unknown table, a non-bytes key/value, a key of 0 or
         more than ``KEY_BYTES_MAX`` bytes, a ``DeleteRange`` whose bounds are not bytes
-        or whose ``start`` is not below its ``stop``, or a call inside this thread's open
+        or whose ``start`` is not below its ``stop``, a ``DeleteKeys`` whose keys are not
+        a tuple, more than 100,000 operations and expectations (a ``DeleteKeys`` counts
+        its keys),
+        or a call inside this thread's open
         ``snapshot()`` block, ``StorageClosed`` after ``close``. Durable on return for
         durable stores.
         """

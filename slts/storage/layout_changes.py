@@ -28,7 +28,7 @@ from slts.errors import (
 from slts.metadata import index
 from slts.metadata.records import ChunkRecord, GcReason, SegmentRecord
 from slts.metadata.schema import CHUNKS, GC, SEGMENTS, name_key
-from slts.metadata.store import CommitOp, Delete, Expect, Operation, Put
+from slts.metadata.store import CommitOp, Delete, DeleteKeys, Expect, Operation, Put
 from slts.storage import defrag as defrag_runs
 from slts.storage.context import EngineContext
 from slts.storage.segment_names import chunk_name
@@ -184,8 +184,8 @@ def _truncate_batch(ctx: EngineContext, name: str, new_start: int) -> bool:
 
     The dropped run is read from the offset index (``index.head_walk``: names and starts,
     no chunk record decoded) and dropped as a range: the index keys that served it by one
-    ``DeleteRange`` per namespace stretch, the chunk records by key, and one GC queue
-    entry for the whole run. Everything is read in one snapshot and the commit expects the
+    ``DeleteRange`` per namespace stretch, the chunk records by one ``DeleteKeys``, and one
+    GC queue entry for the whole run. Everything is read in one snapshot and the commit expects the
     segment record as read: every change to a segment's chunk list (write, concat,
     defrag, truncate) commits its segment record, so that one expectation pins the list
     and the index the snapshot showed (the dropped chunks' records need none of their
@@ -213,8 +213,8 @@ def _truncate_batch(ctx: EngineContext, name: str, new_start: int) -> bool:
         if not dropped and new_start == record.start_offset:
             return False
     names = [chunk for _, chunk in dropped]
-    ops.extend(Delete(CHUNKS, name_key(chunk)) for chunk in names)
     if names:
+        ops.append(DeleteKeys(CHUNKS, tuple([name_key(chunk) for chunk in names])))
         ops.append(ctx.gc.run_entry(names, GcReason.DROPPED))
     changes: dict[str, object] = {
         "start_offset": new_start,

@@ -22,10 +22,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from slts.bindings import ConcatSource, from_url
-from slts.bindings.base import CHUNK_NAME_BYTES_MAX
+from slts.bindings.base import CHUNK_NAME_BYTES_MAX, ChunkHandle
 from slts.bindings.filesystem import TMP_AGE_S_MAX, FileSystemChunkStorage, chunk_relpath
 
-from slts.errors import ChunkStorageError, InvalidConfig, StorageUnavailable
+from slts.errors import ChunkNotFound, ChunkStorageError, InvalidConfig, StorageUnavailable
 from tests.support.conformance import remove_tree
 
 from .test_names import HOSTILE_NAMES, LONGEST_NAMES
@@ -236,6 +236,76 @@ def test_creates_racing_with_deletes_in_one_folder_all_land(fs):
         thread.join(60)
     assert errors == []
     assert list(fs.list()) == [f"deep/er/t{i}" for i in range(threads_count)]
+
+
+def test_parallel_deletes_of_a_whole_folder_leave_no_folder(fs):
+    """Deletes in flight in one folder leave the pruning to the last of them: when many
+    threads delete every chunk of two folders (some twice: ``ChunkNotFound``), both
+    folders and their parent are gone afterwards, and nothing is left counted."""
+    names = [f"seg/{side}/c{i}" for side in ("a", "b") for i in range(120)]
+    for name in names:
+        fs.create(name, b"x")
+    pending = list(reversed(names + names[::7]))  # a few deleted twice
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def drain() -> None:
+        while True:
+            with lock:
+                if not pending:
+                    return
+                name = pending.pop()
+            try:
+                fs.delete(ChunkHandle(name, readonly=False))
+            except ChunkNotFound:
+                pass
+            except BaseException as exc:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=drain) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert os.listdir(fs.root) == ["%tmp"]
+    assert fs._deleting == {}  # the binding's own count, back to nothing
+
+
+def test_a_failed_delete_that_ends_last_still_prunes(fs, monkeypatch):
+    """The last delete in flight prunes whatever its own unlink did: a folder emptied by a
+    delete that ran beside a failing one is removed when the failing one ends."""
+    fs.create("f/one", b"1")
+    fs.create("f/two", b"2")
+    real_unlink = os.unlink
+    started, release = threading.Event(), threading.Event()
+
+    def slow_failing_unlink(path: str, *args: object, **kwargs: object) -> None:
+        if path.endswith("two"):
+            started.set()
+            release.wait(30)
+            real_unlink(path)  # the file goes, then the call reports an error
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", slow_failing_unlink)
+    failures: list[BaseException] = []
+
+    def delete_two() -> None:
+        try:
+            fs.delete(ChunkHandle("f/two", readonly=False))
+        except ChunkStorageError as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=delete_two)
+    thread.start()
+    assert started.wait(30)
+    fs.delete(ChunkHandle("f/one", readonly=False))  # not the last in flight: no pruning
+    assert os.path.isdir(os.path.join(fs.root, "f%"))
+    release.set()
+    thread.join(30)
+    assert len(failures) == 1
+    assert os.listdir(fs.root) == ["%tmp"]
 
 
 # -- OS failures, injected below the binding ---------------------------------------------------

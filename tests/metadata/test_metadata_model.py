@@ -27,6 +27,7 @@ from slts.errors import VersionConflict
 from slts.metadata import (
     CachedMetadataStore,
     Delete,
+    DeleteKeys,
     DeleteRange,
     Expect,
     LmdbMetadataStore,
@@ -48,10 +49,14 @@ ranges = st.builds(
     tables,
     st.tuples(bounds, bounds).filter(lambda pair: pair[0] != pair[1]),
 )
+key_batches = st.builds(
+    lambda table, batch: DeleteKeys(table, tuple(batch)), tables, st.lists(keys, max_size=4)
+)
 operations = st.one_of(
     st.builds(Put, tables, keys, values),
     st.builds(Delete, tables, keys),
     ranges,
+    key_batches,
 )
 expectation_kinds = st.sampled_from(["current", "current", "current", "absent", "stale", "wrong"])
 
@@ -73,7 +78,11 @@ class StoreMachine(RuleBasedStateMachine):
             inner: MetadataStore = LmdbMetadataStore(self.folder, TABLES, durable=False)
         else:
             inner = MemoryMetadataStore(TABLES)
-        return CachedMetadataStore(inner, capacity=5) if self.kind.startswith("cached") else inner
+        if not self.kind.startswith("cached"):
+            return inner
+        if "bulk" in self.kind:  # a bulk delete from two keys on: small commits take that path
+            return CachedMetadataStore(inner, capacity=5, bulk_deletes_min=2)
+        return CachedMetadataStore(inner, capacity=5)
 
     def _version(self, table: str, key: bytes) -> int:
         current = self.model[table].get(key)
@@ -104,6 +113,9 @@ class StoreMachine(RuleBasedStateMachine):
                 elif isinstance(op, DeleteRange):
                     for key in [k for k in self.model[op.table] if op.start <= k < op.stop]:
                         del self.model[op.table][key]
+                elif isinstance(op, DeleteKeys):
+                    for key in op.keys:
+                        self.model[op.table].pop(key, None)
                 else:
                     self.model[op.table].pop(op.key, None)
         else:
@@ -140,11 +152,15 @@ class StoreMachine(RuleBasedStateMachine):
             inside.reverse()
         expected = [(k, self.model[table][k]) for k in inside[:limit]]
         assert self.store.scan(table, start, stop, limit, reverse) == expected
+        if not reverse:
+            with self.store.snapshot() as view:
+                values = view.scan_values(table, start, stop, limit)
+            assert values == [(k, stored.value) for k, stored in expected]
 
     @precondition(lambda self: self.kind != "memory")
     @rule()
     def reopen(self) -> None:
-        if self.kind == "cached-memory":
+        if self.kind.startswith("cached") and self.folder is None:
             assert isinstance(self.store, CachedMetadataStore)
             self.store.clear()
             return
@@ -169,7 +185,7 @@ class StoreMachine(RuleBasedStateMachine):
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-@pytest.mark.parametrize("kind", ["memory", "lmdb", "cached-memory", "cached-lmdb"])
+@pytest.mark.parametrize("kind", ["memory", "lmdb", "cached-memory", "cached-lmdb", "cached-bulk-memory"])
 def test_store_matches_dict_model(kind: str) -> None:
     machine = type(f"StoreMachine_{kind.replace('-', '_')}", (StoreMachine,), {"kind": kind})
     run_state_machine_as_test(
