@@ -118,10 +118,13 @@ def test_concurrent_readers_in_real_time_are_held_to_the_rate(tmp_path) -> None:
     """Real threads and real sleeps: two offloads sharing 4 MB/s read 2.4 MB in total, so
     together they take at least 0.6 s less one read's bytes (a lower bound: sleeping never
     returns early, so this cannot fail on a slow machine)."""
-    permits = FlowPermits(4_000_000)
     storage = open_storage(
         f"file://{tmp_path / 'chunks'}", metadata=str(tmp_path / "metadata"), gc_interval_s=0.0
     )
+    # The clock starts before the permits (their bucket starts empty then): made before
+    # the storage, a slow open would let the bucket fill up to its burst meanwhile.
+    started = time.monotonic()
+    permits = FlowPermits(4_000_000)
     offloader = LedgerOffloader(storage, max_block_bytes=1 << 20, flow_permits=permits)
     ledgers = [MemoryLedger(i, [bytes([i]) * 4000] * 300) for i in (1, 2)]
     errors: list[BaseException] = []
@@ -132,7 +135,6 @@ def test_concurrent_readers_in_real_time_are_held_to_the_rate(tmp_path) -> None:
         except BaseException as exc:  # reported below
             errors.append(exc)
 
-    started = time.monotonic()
     threads = [threading.Thread(target=offload, args=(ledger,)) for ledger in ledgers]
     for thread in threads:
         thread.start()
