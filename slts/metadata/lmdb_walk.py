@@ -94,7 +94,12 @@ def walk(folder: str) -> dict[str, int]:
         page_bytes = int(env.stat()["psize"])
         with open(path, "rb") as file:
             for _ in range(META_ATTEMPTS_MAX):
-                with env.begin() as txn:
+                try:
+                    txn = env.begin()
+                except lmdb.MapResizedError:  # a writer in another process grew the map: adopt it
+                    env.set_mapsize(0)
+                    continue
+                with txn:
                     meta = _meta_of(file.fileno(), page_bytes, txn.id())
                     if meta is None:
                         continue  # a writer reused that meta page meanwhile: begin again

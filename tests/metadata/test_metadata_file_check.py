@@ -258,3 +258,38 @@ def test_the_library_walks_by_default_and_the_config_flag_turns_it_off(store: Pa
         assert len(list(unchecked.list())) == 120
     finally:
         unchecked.close()
+
+
+def test_a_walk_adopts_a_map_another_process_grew_between_its_open_and_its_read(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LMDB answers MAP_RESIZED to a read transaction when another process grew the map
+    after this one opened the file: the walk adopts the new size and reads on."""
+    from slts.metadata import lmdb_walk
+
+    real = lmdb.Environment
+    resized: list[int] = []
+
+    class GrownElsewhere:
+        """The walk's environment, whose first ``begin`` meets a map grown elsewhere."""
+
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            self._env = real(*args, **kwargs)
+
+        def begin(self, *args: object, **kwargs: object) -> lmdb.Transaction:
+            if not resized:
+                resized.append(1)
+                raise lmdb.MapResizedError("grown by another process")
+            return self._env.begin(*args, **kwargs)
+
+        def set_mapsize(self, size: int) -> None:
+            resized.append(size)
+            self._env.set_mapsize(size)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self._env, name)
+
+    monkeypatch.setattr(lmdb_walk.lmdb, "Environment", GrownElsewhere)
+    found = lmdb_walk.walk(metadata(store))
+    assert resized == [1, 0], "the walk adopted the grown map (set_mapsize(0)) and read again"
+    assert found["records"] > 0
