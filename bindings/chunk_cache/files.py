@@ -19,7 +19,9 @@ Invariants (asserted; ``tests/chunk_cache/test_files.py`` cites them):
 2. **Checked on every serve.** ``read_checked`` verifies the CRC32C of every check block
    it returns bytes of, against the CRCs taken from the bytes as they were received
    (kept in memory by the index, read from the trailer after a restart); a mismatch
-   raises ``CacheFileDamaged`` and the caller drops the file. No fsync: a file torn or
+   raises ``CacheFileDamaged`` and the caller drops the file. The one exception,
+   ``read_unchecked_into``, serves a caller that checks the bytes itself (the engine's
+   block checksums) and has the file dropped when they fail. No fsync: a file torn or
    zeroed by a power loss fails its trailer (``scan`` removes it) or its CRCs (dropped
    when read); the checksums, not the order of writes, are what make a served byte right.
 3. **Self-describing.** The trailer names the key, block and range; ``scan`` rebuilds the
@@ -196,6 +198,23 @@ def read_checked_into(entry: CacheFile, offset: int, view: memoryview) -> None:
         middle.release()
     if high < end:
         view[high - relative :] = read_checked(entry, entry.start + high, end - high)
+
+
+def read_unchecked_into(entry: CacheFile, offset: int, view: memoryview) -> None:
+    """Chunk bytes ``[offset, offset + len(view))``, inside ``[entry.start, entry.end)``,
+    read straight into ``view`` (one ``preadv``) and *not* verified: only for a caller
+    that checks them against checksums of its own (the engine's block checksums) and
+    drops the file if they fail (invariant 2 then rests on that check). A short file
+    raises ``CacheFileDamaged``; a gone one ``FileNotFoundError``."""
+    length = len(view)
+    assert entry.start <= offset and offset + length <= entry.end and length > 0, (entry, offset, length)
+    fd = os.open(entry.path, os.O_RDONLY)
+    try:
+        got = os.preadv(fd, [view], offset - entry.start)
+    finally:
+        os.close(fd)
+    if got != length:
+        raise CacheFileDamaged(f"cache file {entry.path} is shorter than its trailer says")
 
 
 def scan(root: str) -> Iterator[CacheFile]:

@@ -116,6 +116,9 @@ PARALLEL_CHECKSUM_BYTES_MIN = 256 << 10
 #: From this many bytes of one chunk, a verified read is read and checked in parallel
 #: runs, one per core (``_read_checked``).
 OVERLAPPED_CHECK_BYTES_MIN = 2 << 20
+#: The same for blocks the binding holds locally (``_read_held``): no request to wait
+#: for, so a read of any size is bound by its copy and its one checksum pass.
+OVERLAPPED_HELD_BYTES_MIN = 2 << 20
 _CORES = os.cpu_count() or 1
 
 
@@ -1313,8 +1316,12 @@ class ChunkedSegmentStorage:
         fetch = self.chunk_storage.read_view if mapped else self.chunk_storage.read
         if piece.blocks is not None:  # read the blocks it touches whole, check them, cut the piece
             first, end, start, stop = block_checksums.covering(piece.blocks, piece.chunk_offset, piece.length)
-            checked: bytes | memoryview
-            if not mapped and stop - start >= OVERLAPPED_CHECK_BYTES_MIN and _CORES > 1:
+            checked: bytes | memoryview | None = None
+            if self.chunk_storage.holds(piece.chunk, start, stop - start):  # one check, no read-ahead
+                checked = self._read_held(handle, piece.blocks, first, end, start, stop - start)
+            if checked is not None:
+                pass
+            elif not mapped and stop - start >= OVERLAPPED_CHECK_BYTES_MIN and _CORES > 1:
                 checked = self._read_checked(handle, piece.blocks, first, end, stop - start)
             else:
                 checked = fetch(handle, start, stop - start)
@@ -1331,13 +1338,52 @@ class ChunkedSegmentStorage:
             raise ChunkCorrupted(f"chunk {piece.chunk!r} fails its CRC32C checksum", chunk=piece.chunk)
         return data
 
-    def _read_checked(self, handle: ChunkHandle, blocks: bytes, first: int, end: int, length: int) -> bytes:
+    def _read_held(
+        self, handle: ChunkHandle, blocks: bytes, first: int, end: int, start: int, length: int
+    ) -> bytes | None:
+        """Blocks ``[first, end)`` (``length`` bytes from chunk offset ``start``), which
+        the binding holds locally (a chunk cache), checked: ``_read_checked`` with
+        ``verified_by_caller`` (the block checksums are the one check of these bytes:
+        the binding skips its own), in parallel runs from ``OVERLAPPED_HELD_BYTES_MIN``.
+        The first block that fails the check (the whole range if the error names no
+        offset) is ``distrust``ed: None if the binding dropped its copy (the caller then
+        reads the storage, which also answers for any other bad block: the binding no
+        longer holds the whole range), else the check's error."""
+        parts = min(_CORES, self.config.read_threads) if length >= OVERLAPPED_HELD_BYTES_MIN else 1
+        try:
+            return self._read_checked(
+                handle, blocks, first, end, length, parts=parts, verified_by_caller=True
+            )
+        except ChunkCorrupted as error:
+            low, high = start, start + length
+            bad = getattr(error, "offset", None)
+            if isinstance(bad, int) and low <= bad < high:
+                low, high = block_checksums.covering(blocks, bad, 1)[2:]
+            if self.chunk_storage.distrust(handle.name, low, high - low):
+                _log.warning("%s; the local copy was dropped, read again from the chunk storage", error)
+                return None
+            raise
+
+    def _read_checked(
+        self,
+        handle: ChunkHandle,
+        blocks: bytes,
+        first: int,
+        end: int,
+        length: int,
+        *,
+        parts: int | None = None,
+        verified_by_caller: bool = False,
+    ) -> bytes:
         """Blocks ``[first, end)`` of ``handle``'s chunk (``length`` bytes), checked: cut
         into as many runs of whole blocks as the machine has cores (up to
         ``read_threads``), each run read straight into its part of the bytes returned and
         checked by one thread (the caller's or the checksum pool's; reads and CRC32C
         release the interpreter lock), so the check costs a read about nothing where
-        cores are free, with one hand-over per run. Every run has finished before this
+        cores are free, with one hand-over per run (``parts``: that many runs instead;
+        one reads in the caller's thread alone). ``verified_by_caller`` is passed to the
+        binding's ``read_into``: these checks are the bytes' only ones (``_read_held``).
+        Every run has finished before this
         returns or raises; the first bad run's error (in chunk order) is raised:
         ``ChunkCorrupted`` for a bad block or a short chunk, else the read's own.
 
@@ -1345,7 +1391,9 @@ class ChunkedSegmentStorage:
         released when its run ends, and errors pass on without their tracebacks' frames
         (which hold views)."""
         name = handle.name
-        parts = min(_CORES, self.config.read_threads)
+        if parts is None:
+            parts = min(_CORES, self.config.read_threads)
+        assert parts >= 1, parts
         runs = block_checksums.runs(blocks, first, end, -(-length // parts))
         base = runs[0][2]
 
@@ -1354,7 +1402,9 @@ class ChunkedSegmentStorage:
                 run_first, run_end, run_start, run_stop = run
                 part = view[run_start - base : run_stop - base]
                 try:
-                    count = self.chunk_storage.read_into(handle, run_start, part)
+                    count = self.chunk_storage.read_into(
+                        handle, run_start, part, verified_by_caller=verified_by_caller
+                    )
                     if count != len(part):
                         raise ChunkCorrupted(
                             f"chunk {name!r} holds {run_start + count} bytes where its blocks hold"
