@@ -57,6 +57,8 @@ from .index import CacheIndex, Token
 _log = logging.getLogger(__name__)
 
 LOCK_FILE = "lock"
+#: Write fills with ``O_DIRECT`` where the folder takes it (``files._write_direct``).
+DIRECT_WRITES = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +150,13 @@ class ChunkCache:
         except BaseException:
             os.close(self._lock_fd)
             raise
+        try:
+            #: Fills written with ``O_DIRECT`` (``files._write_direct`` says why), where
+            #: the folder's file system takes it; through the page cache elsewhere.
+            self.direct_writes = DIRECT_WRITES and files.direct_writes_work(self.root)
+        except OSError as exc:
+            os.close(self._lock_fd)
+            raise InvalidConfig(f"chunk cache folder {self.root!r} cannot be used: {exc}") from exc
         self._versions = itertools.count(max((file.version for file, _ in found), default=0) + 1)
         self._filler = Filler(fill_threads, fill_bytes_max)
         self._counts = dict.fromkeys(_COUNTERS, 0)
@@ -380,7 +389,9 @@ class ChunkCache:
             for victim in claim.victims:  # counted in the claim: no unclaim
                 _unlink(victim.path)
         try:
-            file = files.write(self.root, key, block, low, parts, next(self._versions))
+            file = files.write(
+                self.root, key, block, low, parts, next(self._versions), direct=self.direct_writes
+            )
         except OSError as exc:
             self.index.abandon(claim)
             self._count(fill_errors=1)
