@@ -57,8 +57,6 @@ from .index import CacheIndex, Token
 _log = logging.getLogger(__name__)
 
 LOCK_FILE = "lock"
-#: Write fills with ``O_DIRECT`` where the folder takes it (``files._write_direct``).
-DIRECT_WRITES = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +105,9 @@ class ChunkCache:
 
     ``capacity_bytes``: most bytes of files on disk; ``block_bytes``: the block size
     (a run larger than a block is cut at block bounds); ``fill_threads`` and
-    ``fill_bytes_max`` bound the background fills. Opening rebuilds the index from the
+    ``fill_bytes_max`` bound the background fills; ``direct_fills``: fills are written
+    with ``O_DIRECT`` where the folder's file system takes it (``files._write_direct``).
+    Opening rebuilds the index from the
     folder (temporary and damaged files removed, least recently used order from the files'
     modification times) and removes the oldest files while they exceed ``capacity_bytes``.
 
@@ -123,6 +123,7 @@ class ChunkCache:
         *,
         fill_threads: int = 2,
         fill_bytes_max: int = 64 << 20,
+        direct_fills: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         assert block_bytes > 0 and capacity_bytes >= block_bytes + files.trailer_bytes(block_bytes), (
@@ -151,9 +152,9 @@ class ChunkCache:
             os.close(self._lock_fd)
             raise
         try:
-            #: Fills written with ``O_DIRECT`` (``files._write_direct`` says why), where
-            #: the folder's file system takes it; through the page cache elsewhere.
-            self.direct_writes = DIRECT_WRITES and files.direct_writes_work(self.root)
+            #: Fills written with ``O_DIRECT`` (``files._write_direct``): asked for
+            #: (``direct_fills``) and taken by the folder's file system.
+            self.direct_writes = direct_fills and files.direct_writes_work(self.root)
         except OSError as exc:
             os.close(self._lock_fd)
             raise InvalidConfig(f"chunk cache folder {self.root!r} cannot be used: {exc}") from exc

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from slts.bindings.chunk_cache import CachedChunkStorage, ChunkCache, acquire, files, release
-from slts.bindings.chunk_cache import cache as cache_module
 from slts.bindings.chunk_cache.filler import Filler
 from slts.bindings.faulty import FaultyChunkStorage
 
@@ -33,12 +32,13 @@ def inner() -> FaultyChunkStorage:
 
 @pytest.fixture(params=[True, False], ids=["direct-fills", "buffered-fills"])
 def storage(
-    inner: FaultyChunkStorage, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+    inner: FaultyChunkStorage, tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[CachedChunkStorage]:
     """A cache whose fills are written with ``O_DIRECT`` (where the file system takes it),
     and one whose fills go through the page cache (file systems that refuse it)."""
-    monkeypatch.setattr(cache_module, "DIRECT_WRITES", request.param)
-    with cached(inner, tmp_path / "cache", capacity_bytes=1 << 20, block_bytes=BLOCK) as wrapper:
+    with cached(
+        inner, tmp_path / "cache", capacity_bytes=1 << 20, block_bytes=BLOCK, direct_fills=request.param
+    ) as wrapper:
         assert wrapper.cache.direct_writes == (request.param and files.direct_writes_work(wrapper.cache.root))
         yield wrapper  # type: ignore[misc]
 
