@@ -1317,15 +1317,14 @@ class ChunkedSegmentStorage:
         if piece.blocks is not None:  # read the blocks it touches whole, check them, cut the piece
             first, end, start, stop = block_checksums.covering(piece.blocks, piece.chunk_offset, piece.length)
             checked: bytes | memoryview | None = None
-            if self.chunk_storage.holds(piece.chunk, start, stop - start):  # one check, no read-ahead
+            if self.chunk_storage.holds(piece.chunk, start, stop - start):  # a local copy: one check
                 checked = self._read_held(handle, piece.blocks, first, end, start, stop - start)
-            if checked is not None:
-                pass
-            elif not mapped and stop - start >= OVERLAPPED_CHECK_BYTES_MIN and _CORES > 1:
-                checked = self._read_checked(handle, piece.blocks, first, end, stop - start)
-            else:
-                checked = fetch(handle, start, stop - start)
-                block_checksums.verify(piece.blocks, first, end, checked, chunk=piece.chunk, start=start)
+            if checked is None:  # not held, or the held copy failed and was dropped
+                if not mapped and stop - start >= OVERLAPPED_CHECK_BYTES_MIN and _CORES > 1:
+                    checked = self._read_checked(handle, piece.blocks, first, end, stop - start)
+                else:
+                    checked = fetch(handle, start, stop - start)
+                    block_checksums.verify(piece.blocks, first, end, checked, chunk=piece.chunk, start=start)
             cut = piece.chunk_offset - start
             return checked[cut : cut + piece.length] if cut or len(checked) != piece.length else checked
         data = fetch(handle, piece.chunk_offset, piece.length)
@@ -1383,8 +1382,8 @@ class ChunkedSegmentStorage:
         cores are free, with one hand-over per run (``parts``: that many runs instead;
         one reads in the caller's thread alone). ``verified_by_caller`` is passed to the
         binding's ``read_into``: these checks are the bytes' only ones (``_read_held``).
-        Every run has finished before this
-        returns or raises; the first bad run's error (in chunk order) is raised:
+        Every run has finished before this returns or raises; the first bad run's error
+        (in chunk order) is raised:
         ``ChunkCorrupted`` for a bad block or a short chunk, else the read's own.
 
         No view of the result outlives the fill (``filled_bytes``): each run's view is
