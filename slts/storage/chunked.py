@@ -1104,13 +1104,19 @@ class ChunkedSegmentStorage:
         before any later change would; the chunks of that layout are only deleted once
         a later change dropped them and GC's delay passed (a read that finds one gone
         reads again, ``_read``)."""
-        # Known extents first: without read-ahead to plan they need no lock (see above),
-        # with it they are looked up under the lock, where the plan is made.
+        # Known extents first: without read-ahead to plan they need no lock (see above);
+        # nor do they when the binding holds every piece locally (a chunk cache): such a
+        # read skips read-ahead altogether (nothing to fetch ahead of bytes at hand; a
+        # reader that passes the held bytes starts a new stream two reads later). Else
+        # they are looked up under the lock, where the plan is made.
         lock_free = self._read_ahead is None
-        known = self._layouts.find(name, self.context.version(name), offset, length) if lock_free else None
+        known = self._layouts.find(name, self.context.version(name), offset, length)
         if known is not None:
-            self._check_range(known[0], offset, length)
-            return self._fetch(self._pieces(known[1], offset, length), length, mapped)
+            pieces = self._pieces(known[1], offset, length)
+            if lock_free or self._held_locally(pieces):
+                self._check_range(known[0], offset, length)
+                return self._fetch(pieces, length, mapped)
+            known = None
         ahead: Plan | None = None
         ahead_pieces: builtins.list[_ReadPiece] = []
         with self.context.locks.layout(name):
@@ -1127,6 +1133,14 @@ class ChunkedSegmentStorage:
             assert self._read_ahead is not None
             self._read_ahead.prefetch(ahead, ahead_pieces, self._fetch_range, self.chunk_storage.holds)
         return self._fetch(pieces, length, mapped)
+
+    def _held_locally(self, pieces: Sequence[_ReadPiece]) -> bool:
+        """Whether the binding holds every piece's bytes locally now (a hint, ``holds``)."""
+        storage = self.chunk_storage
+        return all(
+            piece.frames is None and storage.holds(piece.chunk, piece.chunk_offset, piece.length)
+            for piece in pieces
+        )
 
     def _resolve(
         self, name: str, offset: int, length: int
