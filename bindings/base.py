@@ -440,6 +440,8 @@ class WrappedChunkStorage(ChunkStorage):
 
 def check_name(name: str) -> str:
     """Return ``name`` if a binding must accept it, else raise ``ChunkNameInvalid``."""
+    if type(name) is str and name.isascii() and 0 < len(name) <= CHUNK_NAME_BYTES_MAX and "\x00" not in name:
+        return name  # the common case, without encoding it (ASCII: one byte a character)
     if not isinstance(name, str) or not name:
         raise ChunkNameInvalid(f"chunk name must be a non-empty string, got {name!r}", chunk=name)
     if "\x00" in name:

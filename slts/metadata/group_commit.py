@@ -36,6 +36,14 @@ sync instead of two; alone, a caller pays both, as without sharing. More invaria
 * Nobody waits for a sync that no one will run: a leader leaves held items behind only
   when a queued caller will lead next (the queue is not empty), and a caller whose item
   is held leads itself (an empty group: just the sync) once no one else leads.
+
+**Pipelined** (shared syncs): a leader that must sync (nobody queued to share it) first
+hands the lead on, or gives it up, and then syncs outside the lead, with the tickets it
+took from the held list. So the next group is applied, and its transaction synced, while
+this sync runs: a commit never queues behind another group's sync. Two syncs may run at
+once; each settles only the tickets that were applied before it started (the held list
+is taken under the leader's turn, before the lead is handed on), so a ticket is still
+never published before a sync or a run that started after its own run ended.
 """
 
 from __future__ import annotations
@@ -132,11 +140,13 @@ class GroupCommitter(Generic[Item, Result]):
         return ticket.value  # type: ignore[return-value]
 
     def _lead(self, group: list[_Ticket[Item, Result]]) -> None:
-        """Run one group (and, with shared syncs, settle the held tickets), publish what is
-        final, and hand the lead to the first queued caller (or give it up). Only the
-        callers whose outcome is final and that one successor are woken: a caller that
-        waits on is not (no herd of wake-ups per group)."""
+        """Run one group (with shared syncs, the held tickets are settled by it, or taken
+        to be synced), publish what is final, hand the lead to the first queued caller (or
+        give it up), and then sync the taken tickets outside the lead (pipelined: the next
+        group runs meanwhile). Only the callers whose outcome is final and that one
+        successor are woken: a caller that waits on is not (no herd of wake-ups per group)."""
         final: list[_Ticket[Item, Result]] = []
+        to_sync: list[_Ticket[Item, Result]] = []
         successor: _Ticket[Item, Result] | None = None
         try:
             if group:
@@ -145,7 +155,7 @@ class GroupCommitter(Generic[Item, Result]):
                 with self._cond:
                     sharing = bool(self._queue)  # a queued caller leads next and flushes these
                 if not sharing:
-                    final += self._sync_held()
+                    to_sync, self._held = self._held, []
         finally:
             with self._cond:
                 for ticket in final:
@@ -155,13 +165,25 @@ class GroupCommitter(Generic[Item, Result]):
                 if self._queue:
                     successor = self._queue[0]
                     successor.lead = True
-                else:  # (no held ticket is left behind: the run synced them, queue empty)
+                else:  # no held ticket is left behind: the run settled them, or they sync below
                     self._leading = False
-            for ticket in final:
-                ticket.wake.release()
+            self._publish(final)
             if successor is not None:
                 assert not successor.done, "a queued ticket has not run"
                 successor.wake.release()
+        if to_sync:
+            self._publish(self._sync_taken(to_sync), final=True)
+
+    def _publish(self, tickets: list[_Ticket[Item, Result]], *, final: bool = False) -> None:
+        """Wake the callers of ``tickets``, whose outcome is set (``final``: mark them done
+        first; a leader marks its group's under the queue's lock)."""
+        if final:
+            with self._cond:
+                for ticket in tickets:
+                    ticket.done = True
+        for ticket in tickets:
+            assert ticket.done
+            ticket.wake.release()
 
     def _run(self, group: list[_Ticket[Item, Result]]) -> list[_Ticket[Item, Result]]:
         """Run ``group``; the tickets whose outcome is final now (the rest are held)."""
@@ -185,11 +207,12 @@ class GroupCommitter(Generic[Item, Result]):
                 (final if self._sync is None else self._held).append(ticket)
         return final
 
-    def _sync_held(self) -> list[_Ticket[Item, Result]]:
-        """Sync now (nobody queued will share it); the held tickets, final."""
-        assert self._sync is not None
-        held, self._held = self._held, []
-        self._syncs += 1
+    def _sync_taken(self, held: list[_Ticket[Item, Result]]) -> list[_Ticket[Item, Result]]:
+        """Sync now, outside the lead (nobody queued would have shared it); ``held``, the
+        tickets applied before this sync started, final."""
+        assert self._sync is not None and held
+        with self._cond:
+            self._syncs += 1
         try:
             self._sync()
         except BaseException as exc:  # noqa: BLE001 - each held caller learns its commit's durability is unknown

@@ -59,6 +59,7 @@ from slts.errors import (
 from slts.metadata import _checks
 from slts.metadata.group_commit import GroupCommitter
 from slts.metadata.lmdb_file import CHECK_MODES, UNCHECKED, WALKED, record_good_state, vouch
+from slts.metadata.lmdb_lock_file import open_marker
 from slts.metadata.store import (
     KEY_BYTES_MAX,
     SCAN_LIMIT_DEFAULT,
@@ -423,6 +424,8 @@ class _Environment:
             self.sync()  # what an earlier process applied but did not sync is durable from here
         if vouched != UNCHECKED and (not readonly or vouched == WALKED):  # a look records only a walk
             record_good_state(path, synced=durable and not readonly)
+        #: ``last_transaction`` from the lock file, without the gate (None: through info()).
+        self.marker = open_marker(path, self._last_transaction_from_meta)
 
     # -- set up ----------------------------------------------------------------------------
 
@@ -693,9 +696,23 @@ class _Environment:
             return int(self.env.info()["map_size"])
 
     def last_transaction(self) -> int:
-        """LMDB's id of the last committed write transaction of any process: read from the
-        meta page, without a read transaction. (The gate's entry written out: every read
-        through the metadata cache asks this.)"""
+        """LMDB's id of the last committed write transaction of any process: from the lock
+        file's table where ``lmdb_lock_file`` vouched for its layout (no gate: that file is
+        never remapped), else from the meta pages, under the gate. (Every read through
+        the metadata cache asks this.)"""
+        marker = self.marker
+        if marker is None:
+            return self._last_transaction_from_meta()
+        if self.closed:
+            raise StorageClosed("metadata store is closed", path=self.path)
+        try:
+            return marker.last_transaction()
+        except ValueError:  # closed meanwhile: its mapping is gone
+            raise StorageClosed("metadata store is closed", path=self.path) from None
+
+    def _last_transaction_from_meta(self) -> int:
+        """``last_transaction`` from the meta pages, without a read transaction (the
+        gate's entry written out)."""
         gate = self.gate
         depth = gate.enter_shared()
         try:
@@ -716,6 +733,8 @@ class _Environment:
                         self.env.sync(True)
                         synced = True
                 self.env.close()
+                if self.marker is not None:
+                    self.marker.close()
                 if synced and self.vouched != UNCHECKED:  # a clean restart need not walk the file
                     record_good_state(self.path, synced=True)
 

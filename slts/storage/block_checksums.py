@@ -108,6 +108,11 @@ def runs(blocks: bytes, first: int, end: int, run_bytes: int) -> list[tuple[int,
     return cuts
 
 
+def block_checksum(blocks: bytes, block: int) -> int:
+    """The CRC32C the list records for block ``block``."""
+    return _PAIR.unpack_from(blocks, block * PAIR_BYTES)[1]
+
+
 def verify(blocks: bytes, first: int, end: int, data: bytes | memoryview, *, chunk: str, start: int) -> None:
     """Check ``data`` (the bytes of blocks ``[first, end)``, which begin at chunk offset
     ``start``) against the list. ``ChunkCorrupted`` naming the chunk and the offset of
@@ -116,7 +121,7 @@ def verify(blocks: bytes, first: int, end: int, data: bytes | memoryview, *, chu
     ends = _ends(blocks)
     base = ends[first - 1] if first else 0
     one_block = end - first == 1 and ends[first] - base == len(data)  # a small read
-    if one_block and crc32c.crc32c(data) == _PAIR.unpack_from(blocks, first * PAIR_BYTES)[1]:
+    if one_block and crc32c.crc32c(data) == block_checksum(blocks, first):
         return
     view = memoryview(data)
     stops = list(map(operator.sub, ends[first:end], itertools.repeat(base)))

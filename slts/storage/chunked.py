@@ -1060,7 +1060,6 @@ class ChunkedSegmentStorage:
 
     def _read(self, handle: SegmentHandle, offset: int, length: int, *, mapped: bool) -> bytes | memoryview:
         """``read`` and ``read_view``: the checks, the read, one retry over a changed layout."""
-        self._check_open()
         handle = self._check_handle(handle, writable=False)
         if not (type(offset) is int and type(length) is int and offset >= 0 and length >= 0):
             for value, what in ((offset, "offset"), (length, "length")):
@@ -1115,6 +1114,8 @@ class ChunkedSegmentStorage:
             pieces = self._pieces(known[1], offset, length)
             if lock_free or self._held_locally(pieces):
                 self._check_range(known[0], offset, length)
+                if len(pieces) == 1:  # the common small read: ``_fetch``'s one-piece case, inline
+                    return _exactly(self._fetch_stored(pieces[0], mapped), pieces[0], "read")
                 return self._fetch(pieces, length, mapped)
             known = None
         ahead: Plan | None = None
@@ -1316,7 +1317,7 @@ class ChunkedSegmentStorage:
         here, not opened: the metadata says the chunk exists and how long it is, and
         opening costs a request on some bindings (a HEAD on S3). A chunk that is gone
         after all raises ``ChunkNotFound`` from the read itself (``read`` retries it)."""
-        handle = ChunkHandle(piece.chunk, readonly=True)
+        handle = ChunkHandle(piece.chunk, True)  # (positional: the hot path)
         if piece.frames is not None:  # the frames it overlaps, fetched (viewed) and decoded
             return self.transforms.decode(
                 piece.chunk,
@@ -1338,7 +1339,16 @@ class ChunkedSegmentStorage:
                     checked = self._read_checked(handle, piece.blocks, first, end, stop - start)
                 else:
                     checked = fetch(handle, start, stop - start)
-                    block_checksums.verify(piece.blocks, first, end, checked, chunk=piece.chunk, start=start)
+                    # One whole block (a small read) checked here; anything else, or a
+                    # mismatch (reported with its offset), by ``verify``.
+                    if not (
+                        end - first == 1
+                        and len(checked) == stop - start
+                        and _checksum(checked) == block_checksums.block_checksum(piece.blocks, first)
+                    ):
+                        block_checksums.verify(
+                            piece.blocks, first, end, checked, chunk=piece.chunk, start=start
+                        )
             cut = piece.chunk_offset - start
             return checked[cut : cut + piece.length] if cut or len(checked) != piece.length else checked
         data = fetch(handle, piece.chunk_offset, piece.length)

@@ -154,7 +154,7 @@ class GatedChunkStorage(WrappedChunkStorage):
             if isinstance(result, memoryview)
             else len(result)
         )
-        self.meter.call(traffic, "read", time.perf_counter() - start, request=request, received=received)
+        self.meter.read(traffic, time.perf_counter() - start, received, request)
         return result
 
     def _do_write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:

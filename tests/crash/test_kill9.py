@@ -23,9 +23,9 @@ ROUNDS = 10
 SEGMENTS = 3
 
 
-def run_until_killed(folder: str, rng: random.Random, acked: dict[str, int]) -> None:
+def run_until_killed(folder: str, rng: random.Random, acked: dict[str, int], threads: bool = False) -> None:
     child = subprocess.Popen(
-        [sys.executable, writer.__file__, folder, str(SEGMENTS)],
+        [sys.executable, writer.__file__, folder, str(SEGMENTS), *(["threads"] if threads else [])],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -67,10 +67,23 @@ def check(folder: str, acked: dict[str, int], nonces: NonceLedger) -> None:
         storage.close()
 
 
-@pytest.mark.parametrize(("seed", "encrypted"), [(1, False), (2, False), (3, False), (4, True)])
-def test_acknowledged_writes_survive_sigkill(tmp_path, monkeypatch, seed: int, encrypted: bool) -> None:
+@pytest.mark.parametrize(
+    ("seed", "encrypted", "threads"),
+    [
+        (1, False, False),
+        (2, False, False),
+        (3, False, False),
+        (4, True, False),
+        (5, False, True),
+        (6, True, True),
+    ],
+)
+def test_acknowledged_writes_survive_sigkill(
+    tmp_path, monkeypatch, seed: int, encrypted: bool, threads: bool
+) -> None:
     """``encrypted``: the store compressed and encrypted (frames, sealed journal), the
-    writer and every check with the key ring."""
+    writer and every check with the key ring. ``threads``: a writer thread per segment,
+    so acknowledged writes come out of shared, pipelined group commits."""
     folder = str(tmp_path / "store")
     if encrypted:
         from slts.transforms.keys import FolderKeyRing
@@ -82,7 +95,7 @@ def test_acknowledged_writes_survive_sigkill(tmp_path, monkeypatch, seed: int, e
     acked: dict[str, int] = {}
     nonces = NonceLedger()
     for _ in range(ROUNDS):
-        run_until_killed(folder, rng, acked)
+        run_until_killed(folder, rng, acked, threads)
         check(folder, acked, nonces)
     assert sum(acked.values()) > 0
 

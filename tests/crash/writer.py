@@ -1,7 +1,9 @@
 """Crash-test writer: appends deterministic writes and acknowledges each on stdout.
 
-Run as ``python writer.py FOLDER SEGMENTS``; it never stops by itself. After each
-``write`` returns it prints ``ACK <segment> <end offset>`` and flushes. The parent kills
+Run as ``python writer.py FOLDER SEGMENTS [threads]``; it never stops by itself. After
+each ``write`` returns it prints ``ACK <segment> <end offset>`` and flushes. With
+``threads`` every segment has a writer thread of its own: the writes commit in shared
+groups (the pipelined group commit, its syncs shared and overlapped). The parent kills
 it with SIGKILL at a random moment. Each write's size and bytes depend only on
 (segment, offset) (``piece``), so a reader can regenerate what any prefix must hold.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 import random
 import sys
+import threading
 
 ROLLING_BYTES = 16 << 10
 WRITE_BYTES_MAX = 20_000
@@ -73,6 +76,21 @@ def main() -> None:
             storage.create(name)
     handles = {name: storage.open_write(name) for name in names}
     print(f"READY {storage.epoch}", flush=True)
+    if len(sys.argv) > 3 and sys.argv[3] == "threads":
+        printing = threading.Lock()
+
+        def append_forever(name: str) -> None:
+            offset = storage.info(name).length
+            while True:
+                data = piece(name, offset)
+                storage.write(handles[name], offset, data)
+                offset += len(data)
+                with printing:
+                    print(f"ACK {name} {offset}", flush=True)
+
+        for name in names:
+            threading.Thread(target=append_forever, args=(name,), daemon=True).start()
+        threading.Event().wait()
     rng = random.Random()
     while True:
         name = rng.choice(names)

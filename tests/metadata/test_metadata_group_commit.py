@@ -238,3 +238,100 @@ def test_shared_syncs_under_contention_every_item_runs_once_and_is_acknowledged_
     assert len(acknowledged) == 16 * 40
     assert sorted(model.applied) == sorted(item for item in acknowledged if item >= 0), "each once"
     assert all(isinstance(result, ValueError) for item, result in acknowledged.items() if item < 0)
+
+
+def test_pipelined_the_next_group_runs_while_a_sync_is_in_progress() -> None:
+    """A leader that syncs (nobody queued) does it after giving up the lead: a caller that
+    arrives meanwhile runs its group at once instead of queueing behind that sync, and each
+    caller still learns its outcome only once its item is durable."""
+    model = Durability()
+    second_ran = threading.Event()
+    first_syncing = threading.Event()
+    original_run, original_sync = model.run_group, model.sync
+
+    def run_group(items: Sequence[int]) -> tuple[list[object], bool]:
+        outcome = original_run(items)
+        if 1 in items:
+            second_ran.set()
+        return outcome
+
+    def sync() -> None:
+        if not first_syncing.is_set():
+            first_syncing.set()
+            assert second_ran.wait(WAIT_S), "the second group waited for the first group's sync"
+        original_sync()
+
+    committer: GroupCommitter[int, object] = GroupCommitter(run_group, sync=sync)
+    acknowledged_durable: dict[int, bool] = {}
+
+    def call(item: int) -> None:
+        committer.submit(item)
+        acknowledged_durable[item] = item in model.durable
+
+    first = threading.Thread(target=call, args=(0,))
+    first.start()
+    assert first_syncing.wait(WAIT_S)
+    second = threading.Thread(target=call, args=(1,))
+    second.start()
+    for thread in (first, second):
+        thread.join(WAIT_S)
+        assert not thread.is_alive()
+    assert acknowledged_durable == {0: True, 1: True}
+    # Item 0's sync was still blocked when item 1's group ran (and then synced item 1).
+    assert model.events[:2] == ["run [0]", "run [1]"]
+    assert committer.groups == 2
+
+
+def test_lmdb_store_acknowledges_a_commit_only_once_a_flush_that_started_after_it_ended(tmp_path) -> None:
+    """The real LMDB store under 8 committing threads, its flushes watched: a commit is
+    durable once a sync, or a later transaction's flush (LMDB's commit syncs the meta pages
+    of every transaction before it), *started* after it was applied. No ``commit`` may
+    return before that: the pipelined syncs run beside the next group, never ahead of
+    what they cover."""
+    from slts.metadata.lmdb_store import LmdbMetadataStore
+    from slts.metadata.schema import SEGMENTS, TABLES
+    from slts.metadata.store import Expect, Put
+
+    store = LmdbMetadataStore(str(tmp_path / "metadata"), TABLES)
+    committer = store._env.committer
+    lock = threading.Lock()
+    state = {"applied": 0, "durable": 0}
+    run_group, sync = committer._run_group, committer._sync
+    assert sync is not None
+
+    def flushing(action, wrote):
+        with lock:
+            covered = state["applied"]  # what this flush covers: applied before it started
+        outcome = action()
+        if wrote(outcome):
+            with lock:
+                state["durable"] = max(state["durable"], covered)
+        return outcome
+
+    def watched_run(group):
+        results, flushed = flushing(lambda: run_group(group), lambda outcome: outcome[1])
+        with lock:
+            state["applied"] = max([state["applied"], *(r for r in results if isinstance(r, int))])
+        return results, flushed
+
+    committer._run_group = watched_run
+    committer._sync = lambda: flushing(sync, lambda _: True)
+    early: list[int] = []
+
+    def writer(n: int) -> None:
+        key, version = f"w{n}".encode(), 0
+        for _ in range(150):
+            version = store.commit([Put(SEGMENTS, key, b"v" * 64)], [Expect(SEGMENTS, key, version)])
+            with lock:
+                if version > state["durable"]:
+                    early.append(version)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT_S * 4)
+        assert not thread.is_alive()
+    store.close()
+    assert early == [], f"acknowledged before durable: {early[:10]}"
+    assert committer.groups < 8 * 150, "the callers never shared a group"

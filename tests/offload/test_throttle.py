@@ -142,7 +142,9 @@ def test_concurrent_readers_in_real_time_are_held_to_the_rate(tmp_path) -> None:
     storage.close()
     assert errors == []
     stats = permits.stats()
-    assert stats.bytes_read == 2 * 300 * 4000 and stats.reads_throttled > 0
+    # (Whether a read had to wait depends on the machine's speed: a loaded machine may space
+    # the reads out past the rate by itself. The rate holds either way: the bound below.)
+    assert stats.bytes_read == 2 * 300 * 4000
     largest_read = 100 * 4000
     assert elapsed >= (stats.bytes_read - largest_read) / 4_000_000
 
