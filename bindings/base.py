@@ -189,20 +189,56 @@ class ChunkStorage(abc.ABC):
         check_range(check_handle(handle).name, offset, length)
         return self._do_read(handle, offset, length)
 
-    def read_into(self, handle: ChunkHandle, offset: int, view: memoryview) -> int:
+    def read_into(
+        self, handle: ChunkHandle, offset: int, view: memoryview, *, verified_by_caller: bool = False
+    ) -> int:
         """``read``'s bytes ``[offset, offset+len(view))`` written into ``view`` (a writable
         memoryview of bytes), clipped at the chunk's end; returns how many were written
         (fewer than ``len(view)`` only at the chunk's end). Same errors as ``read``;
-        ``InvalidArgument`` if ``view`` is not a writable byte view. Where the storage can,
-        the bytes land in ``view`` without an intermediate copy (filesystem: ``preadv``)."""
+        ``InvalidArgument`` if ``view`` is not a writable byte view (or a flag that is not a
+        bool). Where the storage can, the bytes land in ``view`` without an intermediate
+        copy (filesystem: ``preadv``).
+
+        ``verified_by_caller``: the caller checks every byte against checksums of its own
+        before it uses any, and calls ``distrust`` on the range if they fail. A binding
+        that serves the read from a local copy it checks itself (the chunk cache) may
+        then skip its own check (one checksum pass, not two); every other binding ignores
+        the flag. The bytes of such a read may be wrong: only the caller's check makes
+        them right."""
         if not isinstance(view, memoryview) or view.readonly or view.itemsize != 1 or view.ndim != 1:
             raise InvalidArgument(
                 f"read_into needs a writable one-dimensional byte memoryview, got {view!r:.80}"
             )
+        if type(verified_by_caller) is not bool:
+            raise InvalidArgument(f"verified_by_caller must be a bool, got {verified_by_caller!r:.40}")
         check_range(check_handle(handle).name, offset, len(view))
-        done = self._do_read_into(handle, offset, view)
+        if verified_by_caller:
+            done = self._do_read_into_verified_by_caller(handle, offset, view)
+        else:
+            done = self._do_read_into(handle, offset, view)
         assert 0 <= done <= len(view), (done, len(view))
         return done
+
+    def _do_read_into_verified_by_caller(self, handle: ChunkHandle, offset: int, view: memoryview) -> int:
+        """``read_into`` with ``verified_by_caller``: by default the same read as without
+        it (a binding that keeps no checked local copy has no check to skip). A wrapper
+        only forwards the flag if it does nothing of its own to reads (a fault injector
+        keeps this default, so its faults reach these reads too)."""
+        return self._do_read_into(handle, offset, view)
+
+    def distrust(self, name: str, offset: int, length: int) -> bool:
+        """Bytes ``[offset, offset+length)`` of chunk ``name``, read with
+        ``verified_by_caller``, failed the caller's checksums: a binding that served them
+        from a local copy drops that copy and returns True (read again: the storage
+        answers this time); False where nothing was dropped (the storage's own bytes are
+        wrong: a retry would read the same). Never an error for a chunk it does not know;
+        ``ChunkNameInvalid``/``ChunkInvalidOffset`` for bad arguments."""
+        check_range(check_name(name), offset, length)
+        return self._do_distrust(name, offset, length)
+
+    def _do_distrust(self, name: str, offset: int, length: int) -> bool:
+        """``distrust`` with checked arguments: no local copy, nothing to drop."""
+        return False
 
     def holds(self, name: str, offset: int, length: int) -> bool:
         """A hint: whether chunk ``name``'s bytes ``[offset, offset+length)`` can be read
@@ -388,6 +424,9 @@ class WrappedChunkStorage(ChunkStorage):
 
     def _do_holds(self, name: str, offset: int, length: int) -> bool:
         return self.inner.holds(name, offset, length)
+
+    def _do_distrust(self, name: str, offset: int, length: int) -> bool:
+        return self.inner.distrust(name, offset, length)
 
     def concat_bytes_through_client(self, sources: Sequence[ConcatSource]) -> int:
         return self.inner.concat_bytes_through_client(sources)

@@ -96,6 +96,11 @@ class StorageConfig:
     #: Most bytes waiting to be written to the chunk cache, or being written; bytes read
     #: while this is full are not cached (the read is served all the same).
     chunk_cache_fill_bytes_max: int = 64 * MiB
+    #: Write the chunk cache's files with ``O_DIRECT`` (where the folder's file system
+    #: takes it): a fill then costs little CPU and leaves the page cache to what is read,
+    #: but a file's first hit reads the disk, and hits of such files were measured slower
+    #: than of files written through the page cache (docs/chunk_cache.md, "Fills").
+    chunk_cache_direct_fills: bool = False
     #: Entries in the write-through metadata cache.
     metadata_cache_entries: int = 100_000
     #: Before the LMDB metadata file is mapped, walk it in a child process when it may

@@ -18,7 +18,10 @@ Invariants (the index's and the files' modules list theirs; asserted there):
    refuses the fills of reads begun before it.
 2. **Never wrong.** Every byte served passed a CRC32C computed from the bytes as they
    were received (``files.read_checked``); a file that fails is dropped and the read
-   goes to the chunk storage.
+   goes to the chunk storage. A read whose caller checks the bytes against checksums of
+   its own (``read_into(..., checked=False)``: the engine's block checksums) is served
+   without the cache's check, one CRC32C pass instead of two; a caller whose check fails
+   calls ``distrust``, which drops the files, and reads again from the chunk storage.
 3. **Bounded.** The cache's files never hold more than ``capacity_bytes`` on disk
    (``index.CacheIndex``, invariant 1), the fills in flight never more than
    ``fill_bytes_max`` (``filler.Filler``).
@@ -72,7 +75,8 @@ class ChunkCacheStatistics:
     evictions: int  # files removed to make room (least recently used first)
     evicted_bytes: int
     invalidations: int  # files dropped because their chunk was deleted or changed
-    corruptions: int  # files dropped because bytes failed their CRC32C
+    corruptions: int  # files dropped because bytes failed their CRC32C (or the caller's check)
+    caller_checked_hits: int  # hits served unchecked: the caller checks them (its own checksums)
     files: int  # files held now
     bytes: int  # their size on disk now (data and trailers)
     capacity_bytes: int
@@ -92,6 +96,7 @@ _COUNTERS = (
     "evicted_bytes",
     "invalidations",
     "corruptions",
+    "caller_checked_hits",
 )
 
 
@@ -100,7 +105,9 @@ class ChunkCache:
 
     ``capacity_bytes``: most bytes of files on disk; ``block_bytes``: the block size
     (a run larger than a block is cut at block bounds); ``fill_threads`` and
-    ``fill_bytes_max`` bound the background fills. Opening rebuilds the index from the
+    ``fill_bytes_max`` bound the background fills; ``direct_fills``: fills are written
+    with ``O_DIRECT`` where the folder's file system takes it (``files._write_direct``).
+    Opening rebuilds the index from the
     folder (temporary and damaged files removed, least recently used order from the files'
     modification times) and removes the oldest files while they exceed ``capacity_bytes``.
 
@@ -116,6 +123,7 @@ class ChunkCache:
         *,
         fill_threads: int = 2,
         fill_bytes_max: int = 64 << 20,
+        direct_fills: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         assert block_bytes > 0 and capacity_bytes >= block_bytes + files.trailer_bytes(block_bytes), (
@@ -143,6 +151,13 @@ class ChunkCache:
         except BaseException:
             os.close(self._lock_fd)
             raise
+        try:
+            #: Fills written with ``O_DIRECT`` (``files._write_direct``): asked for
+            #: (``direct_fills``) and taken by the folder's file system.
+            self.direct_writes = direct_fills and files.direct_writes_work(self.root)
+        except OSError as exc:
+            os.close(self._lock_fd)
+            raise InvalidConfig(f"chunk cache folder {self.root!r} cannot be used: {exc}") from exc
         self._versions = itertools.count(max((file.version for file, _ in found), default=0) + 1)
         self._filler = Filler(fill_threads, fill_bytes_max)
         self._counts = dict.fromkeys(_COUNTERS, 0)
@@ -200,10 +215,15 @@ class ChunkCache:
         self._count(misses=1, miss_bytes=length)
         return None
 
-    def read_into(self, key: bytes, offset: int, view: memoryview) -> bool:
+    def read_into(self, key: bytes, offset: int, view: memoryview, *, checked: bool = True) -> bool:
         """``read``'s bytes written into ``view`` (``len(view)`` of them, at ``offset``):
         True if the cache held and verified all of them; False (counted as a miss, and
-        ``view`` holds nothing the caller may use) otherwise."""
+        ``view`` holds nothing the caller may use) otherwise.
+
+        ``checked=False``: the bytes are read straight into ``view`` without the cache's
+        CRC32C (``files.read_unchecked_into``), for a caller that checks every one of
+        them against checksums of its own before using any, and calls ``distrust`` on
+        the range when they fail (invariant 2 rests on that check for these bytes)."""
         length = len(view)
         assert offset >= 0 and length > 0, (offset, length)
         found = None
@@ -212,10 +232,11 @@ class ChunkCache:
         if found is not None:
             held, touch = found
             served = 0
+            serve = files.read_checked_into if checked else files.read_unchecked_into
             for file, start, end in held:
                 part = view[start - offset : end - offset]
                 try:
-                    files.read_checked_into(file, start, part)
+                    serve(file, start, part)
                 except CacheFileDamaged as exc:
                     self._damaged(file, exc)
                     break
@@ -228,7 +249,7 @@ class ChunkCache:
                 for path in touch:
                     with contextlib.suppress(OSError):
                         os.utime(path)
-                self._count(hits=1, hit_bytes=length)
+                self._count(hits=1, hit_bytes=length, caller_checked_hits=0 if checked else 1)
                 return True
         self._count(misses=1, miss_bytes=length)
         return False
@@ -239,6 +260,20 @@ class ChunkCache:
         if length <= 0 or length > self.capacity_bytes:
             return False
         return self.index.covers(key, self._ranges(offset, length))
+
+    def distrust(self, key: bytes, offset: int, length: int) -> bool:
+        """Bytes ``[offset, offset + length)`` of chunk ``key``, served unchecked
+        (``read_into(..., checked=False)``), failed the caller's checksums: drop every
+        file holding any of them (counted as ``corruptions``). True if one was dropped (a
+        read again goes to the chunk storage), False if none is held now."""
+        assert offset >= 0 and length > 0, (offset, length)
+        dropped = False
+        for block, _, _ in self._ranges(offset, length):
+            file = self.index.current(key, block)
+            if file is not None and file.start < offset + length and offset < file.end:
+                self._damaged(file, CacheFileDamaged(f"cache file {file.path} fails its reader's checksums"))
+                dropped = True
+        return dropped
 
     def begin(self) -> Token:
         """Call before reading the chunk storage for bytes to ``offer`` (then ``offer``
@@ -355,7 +390,9 @@ class ChunkCache:
             for victim in claim.victims:  # counted in the claim: no unclaim
                 _unlink(victim.path)
         try:
-            file = files.write(self.root, key, block, low, parts, next(self._versions))
+            file = files.write(
+                self.root, key, block, low, parts, next(self._versions), direct=self.direct_writes
+            )
         except OSError as exc:
             self.index.abandon(claim)
             self._count(fill_errors=1)

@@ -21,10 +21,17 @@ _caches: dict[str, tuple[ChunkCache, int]] = {}
 
 
 def acquire(
-    root: str, capacity_bytes: int, block_bytes: int, fill_threads: int, fill_bytes_max: int
+    root: str,
+    capacity_bytes: int,
+    block_bytes: int,
+    fill_threads: int,
+    fill_bytes_max: int,
+    *,
+    direct_fills: bool = False,
 ) -> ChunkCache:
     """The process's cache in folder ``root``, opened if it is not yet (see ``ChunkCache``
-    for its errors); ``InvalidConfig`` if it is open with other settings."""
+    for its errors); ``InvalidConfig`` if it is open with another capacity or block size.
+    The fill settings (threads, bytes, ``direct_fills``) are the first opener's."""
     path = os.path.realpath(root)
     with _lock:
         if path in _caches:
@@ -37,7 +44,12 @@ def acquire(
             _caches[path] = (cache, references + 1)
             return cache
         cache = ChunkCache(
-            path, capacity_bytes, block_bytes, fill_threads=fill_threads, fill_bytes_max=fill_bytes_max
+            path,
+            capacity_bytes,
+            block_bytes,
+            fill_threads=fill_threads,
+            fill_bytes_max=fill_bytes_max,
+            direct_fills=direct_fills,
         )
         _caches[path] = (cache, 1)
         return cache

@@ -11,6 +11,11 @@ flags are the inner binding's, ``high_latency_reads`` included, so the engine ke
 ahead for sequential readers, and those reads fill the cache with the chunks that follow
 (the prefetch of the next chunk).
 
+``read_into(..., verified_by_caller=True)`` (the engine, which checks the bytes against
+its block checksums) is served from the cache without the cache's own CRC32C: one check
+per byte, not two; when the caller's check fails it calls ``distrust``, which drops the
+cache's files for those bytes, and reads again, from the inner binding this time.
+
 A zero-length read goes to the inner binding (it decides between ``b""`` and an offset
 past the end). A read is never served past what a file of the cache holds, so a read
 clipped at a chunk's end always goes to the inner binding: the cache need not know any
@@ -87,6 +92,23 @@ class CachedChunkStorage(WrappedChunkStorage):
         data = self._fetch(key, lambda: self.inner.read(handle, offset, len(view)), offset)
         view[: len(data)] = data
         return len(data)
+
+    def _do_read_into_verified_by_caller(self, handle: ChunkHandle, offset: int, view: memoryview) -> int:
+        """A hit is served without the cache's own CRC32C (the caller checks the bytes and
+        ``distrust``s them if they fail); a miss is ``_do_read_into``'s."""
+        if len(view) == 0:
+            return self.inner.read_into(handle, offset, view)
+        key = self.cache.key_of(self.url, handle.name)
+        if self.cache.read_into(key, offset, view, checked=False):
+            return len(view)
+        data = self._fetch(key, lambda: self.inner.read(handle, offset, len(view)), offset)
+        view[: len(data)] = data
+        return len(data)
+
+    def _do_distrust(self, name: str, offset: int, length: int) -> bool:
+        """The cache's files holding any of the bytes are dropped (True if one was): the
+        caller's read again goes to the inner binding."""
+        return self.cache.distrust(self.cache.key_of(self.url, name), offset, length)
 
     def _do_holds(self, name: str, offset: int, length: int) -> bool:
         """Whether the cache holds chunk ``name``'s bytes ``[offset, offset+length)`` now."""

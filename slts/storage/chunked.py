@@ -116,6 +116,9 @@ PARALLEL_CHECKSUM_BYTES_MIN = 256 << 10
 #: From this many bytes of one chunk, a verified read is read and checked in parallel
 #: runs, one per core (``_read_checked``).
 OVERLAPPED_CHECK_BYTES_MIN = 2 << 20
+#: The same for blocks the binding holds locally (``_read_held``): no request to wait
+#: for, so a read of any size is bound by its copy and its one checksum pass.
+OVERLAPPED_HELD_BYTES_MIN = 2 << 20
 _CORES = os.cpu_count() or 1
 
 
@@ -1100,16 +1103,21 @@ class ChunkedSegmentStorage:
         before any later change would; the chunks of that layout are only deleted once
         a later change dropped them and GC's delay passed (a read that finds one gone
         reads again, ``_read``)."""
-        # Known extents first: without read-ahead to plan they need no lock (see above),
-        # with it they are looked up under the lock, where the plan is made.
+        # Known extents first: without read-ahead to plan they need no lock (see above);
+        # nor do they when the binding holds every piece locally (a chunk cache): such a
+        # read skips read-ahead altogether (nothing to fetch ahead of bytes at hand; a
+        # reader that passes the held bytes starts a new stream two reads later). Else
+        # they are looked up under the lock, where the plan is made.
         lock_free = self._read_ahead is None
-        known = self._layouts.find(name, self.context.version(name), offset, length) if lock_free else None
+        known = self._layouts.find(name, self.context.version(name), offset, length)
         if known is not None:
-            self._check_range(known[0], offset, length)
             pieces = self._pieces(known[1], offset, length)
-            if len(pieces) == 1:  # the common small read: ``_fetch``'s one-piece case, inline
-                return _exactly(self._fetch_stored(pieces[0], mapped), pieces[0], "read")
-            return self._fetch(pieces, length, mapped)
+            if lock_free or self._held_locally(pieces):
+                self._check_range(known[0], offset, length)
+                if len(pieces) == 1:  # the common small read: ``_fetch``'s one-piece case, inline
+                    return _exactly(self._fetch_stored(pieces[0], mapped), pieces[0], "read")
+                return self._fetch(pieces, length, mapped)
+            known = None
         ahead: Plan | None = None
         ahead_pieces: builtins.list[_ReadPiece] = []
         with self.context.locks.layout(name):
@@ -1126,6 +1134,14 @@ class ChunkedSegmentStorage:
             assert self._read_ahead is not None
             self._read_ahead.prefetch(ahead, ahead_pieces, self._fetch_range, self.chunk_storage.holds)
         return self._fetch(pieces, length, mapped)
+
+    def _held_locally(self, pieces: Sequence[_ReadPiece]) -> bool:
+        """Whether the binding holds every piece's bytes locally now (a hint, ``holds``)."""
+        storage = self.chunk_storage
+        return all(
+            piece.frames is None and storage.holds(piece.chunk, piece.chunk_offset, piece.length)
+            for piece in pieces
+        )
 
     def _resolve(
         self, name: str, offset: int, length: int
@@ -1315,19 +1331,24 @@ class ChunkedSegmentStorage:
         fetch = self.chunk_storage.read_view if mapped else self.chunk_storage.read
         if piece.blocks is not None:  # read the blocks it touches whole, check them, cut the piece
             first, end, start, stop = block_checksums.covering(piece.blocks, piece.chunk_offset, piece.length)
-            checked: bytes | memoryview
-            if not mapped and stop - start >= OVERLAPPED_CHECK_BYTES_MIN and _CORES > 1:
-                checked = self._read_checked(handle, piece.blocks, first, end, stop - start)
-            else:
-                checked = fetch(handle, start, stop - start)
-                # One whole block (a small read) checked here; anything else, or a
-                # mismatch (reported with its offset), by ``verify``.
-                if not (
-                    end - first == 1
-                    and len(checked) == stop - start
-                    and _checksum(checked) == block_checksums.block_checksum(piece.blocks, first)
-                ):
-                    block_checksums.verify(piece.blocks, first, end, checked, chunk=piece.chunk, start=start)
+            checked: bytes | memoryview | None = None
+            if self.chunk_storage.holds(piece.chunk, start, stop - start):  # a local copy: one check
+                checked = self._read_held(handle, piece.blocks, first, end, start, stop - start)
+            if checked is None:  # not held, or the held copy failed and was dropped
+                if not mapped and stop - start >= OVERLAPPED_CHECK_BYTES_MIN and _CORES > 1:
+                    checked = self._read_checked(handle, piece.blocks, first, end, stop - start)
+                else:
+                    checked = fetch(handle, start, stop - start)
+                    # One whole block (a small read) checked here; anything else, or a
+                    # mismatch (reported with its offset), by ``verify``.
+                    if not (
+                        end - first == 1
+                        and len(checked) == stop - start
+                        and _checksum(checked) == block_checksums.block_checksum(piece.blocks, first)
+                    ):
+                        block_checksums.verify(
+                            piece.blocks, first, end, checked, chunk=piece.chunk, start=start
+                        )
             cut = piece.chunk_offset - start
             return checked[cut : cut + piece.length] if cut or len(checked) != piece.length else checked
         data = fetch(handle, piece.chunk_offset, piece.length)
@@ -1340,21 +1361,62 @@ class ChunkedSegmentStorage:
             raise ChunkCorrupted(f"chunk {piece.chunk!r} fails its CRC32C checksum", chunk=piece.chunk)
         return data
 
-    def _read_checked(self, handle: ChunkHandle, blocks: bytes, first: int, end: int, length: int) -> bytes:
+    def _read_held(
+        self, handle: ChunkHandle, blocks: bytes, first: int, end: int, start: int, length: int
+    ) -> bytes | None:
+        """Blocks ``[first, end)`` (``length`` bytes from chunk offset ``start``), which
+        the binding holds locally (a chunk cache), checked: ``_read_checked`` with
+        ``verified_by_caller`` (the block checksums are the one check of these bytes:
+        the binding skips its own), in parallel runs from ``OVERLAPPED_HELD_BYTES_MIN``.
+        The first block that fails the check (the whole range if the error names no
+        offset) is ``distrust``ed: None if the binding dropped its copy (the caller then
+        reads the storage, which also answers for any other bad block: the binding no
+        longer holds the whole range), else the check's error."""
+        parts = min(_CORES, self.config.read_threads) if length >= OVERLAPPED_HELD_BYTES_MIN else 1
+        try:
+            return self._read_checked(
+                handle, blocks, first, end, length, parts=parts, verified_by_caller=True
+            )
+        except ChunkCorrupted as error:
+            low, high = start, start + length
+            bad = getattr(error, "offset", None)
+            if isinstance(bad, int) and low <= bad < high:
+                low, high = block_checksums.covering(blocks, bad, 1)[2:]
+            if self.chunk_storage.distrust(handle.name, low, high - low):
+                _log.warning("%s; the local copy was dropped, read again from the chunk storage", error)
+                return None
+            raise
+
+    def _read_checked(
+        self,
+        handle: ChunkHandle,
+        blocks: bytes,
+        first: int,
+        end: int,
+        length: int,
+        *,
+        parts: int | None = None,
+        verified_by_caller: bool = False,
+    ) -> bytes:
         """Blocks ``[first, end)`` of ``handle``'s chunk (``length`` bytes), checked: cut
         into as many runs of whole blocks as the machine has cores (up to
         ``read_threads``), each run read straight into its part of the bytes returned and
         checked by one thread (the caller's or the checksum pool's; reads and CRC32C
         release the interpreter lock), so the check costs a read about nothing where
-        cores are free, with one hand-over per run. Every run has finished before this
-        returns or raises; the first bad run's error (in chunk order) is raised:
+        cores are free, with one hand-over per run (``parts``: that many runs instead;
+        one reads in the caller's thread alone). ``verified_by_caller`` is passed to the
+        binding's ``read_into``: these checks are the bytes' only ones (``_read_held``).
+        Every run has finished before this returns or raises; the first bad run's error
+        (in chunk order) is raised:
         ``ChunkCorrupted`` for a bad block or a short chunk, else the read's own.
 
         No view of the result outlives the fill (``filled_bytes``): each run's view is
         released when its run ends, and errors pass on without their tracebacks' frames
         (which hold views)."""
         name = handle.name
-        parts = min(_CORES, self.config.read_threads)
+        if parts is None:
+            parts = min(_CORES, self.config.read_threads)
+        assert parts >= 1, parts
         runs = block_checksums.runs(blocks, first, end, -(-length // parts))
         base = runs[0][2]
 
@@ -1363,7 +1425,9 @@ class ChunkedSegmentStorage:
                 run_first, run_end, run_start, run_stop = run
                 part = view[run_start - base : run_stop - base]
                 try:
-                    count = self.chunk_storage.read_into(handle, run_start, part)
+                    count = self.chunk_storage.read_into(
+                        handle, run_start, part, verified_by_caller=verified_by_caller
+                    )
                     if count != len(part):
                         raise ChunkCorrupted(
                             f"chunk {name!r} holds {run_start + count} bytes where its blocks hold"

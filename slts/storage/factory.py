@@ -153,6 +153,7 @@ def with_chunk_cache(binding: ChunkStorage, settings: StorageConfig) -> ChunkSto
             settings.chunk_cache_block_bytes,
             settings.chunk_cache_fill_threads,
             settings.chunk_cache_fill_bytes_max,
+            direct_fills=settings.chunk_cache_direct_fills,
         )
     except BaseException:
         binding.close()

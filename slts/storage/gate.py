@@ -125,6 +125,15 @@ class GatedChunkStorage(WrappedChunkStorage):
             len(view),
         )
 
+    def _do_read_into_verified_by_caller(self, handle: ChunkHandle, offset: int, view: memoryview) -> int:
+        inner = self.inner
+        return self._read(
+            lambda handle, offset, _: inner._do_read_into_verified_by_caller(handle, offset, view),  # noqa: SLF001
+            handle,
+            offset,
+            len(view),
+        )
+
     def _read(
         self, hook: Callable[[ChunkHandle, int, int], R], handle: ChunkHandle, offset: int, length: int
     ) -> R:

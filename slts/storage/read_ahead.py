@@ -14,7 +14,9 @@ background while the caller consumes what it asked for.
    chunk offsets, so a large chunk becomes several ranged reads, fetched in parallel):
    the stream's *pending* parts, replacing any it had. Pending parts are submitted to
    ``threads`` background threads, in order, as far as the budget allows, and again
-   whenever a read releases parts;
+   whenever a read releases parts. A part the binding holds locally (``held``: a disk
+   cache) is passed over: the stream's frontier moves past it with nothing fetched or
+   counted, so a stream over cached bytes plans each range once, not at every read;
 3. ``take`` (for every piece a read needs, before it reads the chunk storage): the piece's
    bytes, if parts cover it (waiting for parts still in flight), else None and the reader
    fetches the piece itself. A part read to its end is released at once.
@@ -84,6 +86,7 @@ class ReadAheadStatistics:
     hits: int  # pieces served from parts
     hit_bytes: int
     failures: int  # parts whose fetch failed (dropped; never raised)
+    local_parts: int  # parts passed over: the binding held them locally (never fetched)
     unused_bytes: int  # bytes of parts dropped before a read took them to their end
     held_bytes: int  # parts' bytes now, buffered or in flight
     held_bytes_peak: int
@@ -102,8 +105,9 @@ class _Stream:
         self.frontier = position
         self.parts: list[_Part] = []  # submitted, in segment order
         self.held = 0  # bytes of ``parts``
-        #: (piece, chunk offset, length) of the parts to submit next, from ``frontier`` on.
-        self.pending: deque[tuple[Any, int, int]] = deque()
+        #: (piece, chunk offset, length, held locally) of the parts to submit (or pass
+        #: over, if held) next, from ``frontier`` on.
+        self.pending: deque[tuple[Any, int, int, bool]] = deque()
         self.fetch: Callable[[Any, int, int], bytes] | None = None
         self.context: contextvars.Context | None = None  # of the reader that planned them
 
@@ -167,7 +171,17 @@ class ReadAhead:
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
         self._counts = dict.fromkeys(
-            ("parts", "part_bytes", "hits", "hit_bytes", "failures", "unused_bytes", "held_bytes_peak"), 0
+            (
+                "parts",
+                "part_bytes",
+                "hits",
+                "hit_bytes",
+                "failures",
+                "local_parts",
+                "unused_bytes",
+                "held_bytes_peak",
+            ),
+            0,
         )
 
     # -- the read path's three calls -------------------------------------------------------------
@@ -227,8 +241,9 @@ class ReadAhead:
         stream's pending parts and submit what the budget allows; ``fetch(piece, offset,
         length)`` reads and checks bytes ``[offset, offset + length)`` of the piece's
         chunk, in the context (traffic class) of the caller. Parts that ``held(chunk,
-        offset, length)`` says are at hand locally (a binding's disk cache) are left out:
-        a read takes them from there as fast as from a part."""
+        offset, length)`` says are at hand locally (a binding's disk cache) are passed
+        over, not fetched: a read takes them from there as fast as from a part, and the
+        frontier moves past them, so the next reads do not plan them again."""
         assert sum(piece.length for piece in pieces) == plan.end - plan.start, (plan, pieces)
         with self._lock:
             stream = plan.stream
@@ -237,10 +252,9 @@ class ReadAhead:
             if self._streams.get((stream.segment, stream.position)) is not stream:
                 return  # forgotten meanwhile
             stream.pending = deque(
-                (piece, offset, length)
+                (piece, offset, length, held is not None and held(piece.chunk, offset, length))
                 for piece in pieces
                 for offset, length in split(piece.chunk_offset, piece.length, self.part_bytes)
-                if held is None or not held(piece.chunk, offset, length)
             )
             stream.fetch = fetch
             stream.context = contextvars.copy_context()
@@ -349,7 +363,12 @@ class ReadAhead:
             self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="slts-read-ahead")
         assert stream.fetch is not None and stream.context is not None
         while stream.pending:
-            piece, offset, length = stream.pending[0]
+            piece, offset, length, local = stream.pending[0]
+            if local:  # the binding holds it: a read takes it from there; nothing to fetch
+                stream.pending.popleft()
+                stream.frontier += length
+                self._counts["local_parts"] += 1
+                continue
             if not self._admit(stream, length):
                 return
             stream.pending.popleft()

@@ -16,7 +16,7 @@ from slts.bindings.chunk_cache import CachedChunkStorage, ChunkCache, acquire, f
 from slts.bindings.chunk_cache.filler import Filler
 from slts.bindings.faulty import FaultyChunkStorage
 
-from slts.errors import ChunkNotFound, InvalidConfig
+from slts.errors import ChunkInvalidOffset, ChunkNameInvalid, ChunkNotFound, InvalidArgument, InvalidConfig
 from tests.support.chunk_cache import RemoteMemoryChunkStorage, cached
 from tests.support.conformance import pattern
 
@@ -30,9 +30,16 @@ def inner() -> FaultyChunkStorage:
     return FaultyChunkStorage(RemoteMemoryChunkStorage("memory://cache-test"), seed=7)
 
 
-@pytest.fixture
-def storage(inner: FaultyChunkStorage, tmp_path: Path) -> Iterator[CachedChunkStorage]:
-    with cached(inner, tmp_path / "cache", capacity_bytes=1 << 20, block_bytes=BLOCK) as wrapper:
+@pytest.fixture(params=[True, False], ids=["direct-fills", "buffered-fills"])
+def storage(
+    inner: FaultyChunkStorage, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[CachedChunkStorage]:
+    """A cache whose fills are written with ``O_DIRECT`` (where the file system takes it),
+    and one whose fills go through the page cache (file systems that refuse it)."""
+    with cached(
+        inner, tmp_path / "cache", capacity_bytes=1 << 20, block_bytes=BLOCK, direct_fills=request.param
+    ) as wrapper:
+        assert wrapper.cache.direct_writes == (request.param and files.direct_writes_work(wrapper.cache.root))
         yield wrapper  # type: ignore[misc]
 
 
@@ -304,3 +311,47 @@ def test_read_into_of_a_damaged_file_reads_the_storage_and_drops_the_file(storag
     assert bytes(buffer) == DATA[BLOCK - 7 : 3 * BLOCK - 7]
     assert reads_of(inner) == reads + 1, "the damaged file was not served"
     assert not storage.holds("c", BLOCK, 10)
+
+
+def test_a_read_verified_by_its_caller_is_served_unchecked_until_distrusted(storage, inner) -> None:
+    """``verified_by_caller``: a hit skips the cache's CRC32C (the caller's checksums are
+    the check), so a damaged file's bytes reach the caller, who ``distrust``s them: the
+    files go (counted as corruptions) and the read again gets the binding's bytes."""
+    storage.create("c", DATA)
+    storage.read(storage.open_read("c"), 0, len(DATA))
+    storage.cache.drain()
+    damaged = next(file for file in storage.cache.index.files() if file.start == BLOCK)
+    with open(damaged.path, "r+b") as file:
+        file.seek(100)
+        file.write(b"\x00\xff\x00")
+    reads = reads_of(inner)
+    buffer = bytearray(2 * BLOCK)
+    handle = storage.open_read("c")
+    assert storage.read_into(handle, BLOCK - 7, memoryview(buffer), verified_by_caller=True) == 2 * BLOCK
+    assert bytes(buffer) != DATA[BLOCK - 7 : 3 * BLOCK - 7], "served without the cache's check"
+    assert reads_of(inner) == reads
+    statistics = storage.chunk_cache_statistics()
+    assert statistics.caller_checked_hits == 1 and statistics.corruptions == 0
+    assert storage.distrust("c", BLOCK - 7, 2 * BLOCK)
+    assert not storage.holds("c", BLOCK, 10) and not os.path.exists(damaged.path)
+    assert storage.chunk_cache_statistics().corruptions >= 1
+    assert storage.read_into(handle, BLOCK - 7, memoryview(buffer), verified_by_caller=True) == 2 * BLOCK
+    assert bytes(buffer) == DATA[BLOCK - 7 : 3 * BLOCK - 7]
+    assert reads_of(inner) == reads + 1, "read again from the binding"
+    assert not storage.distrust("never-cached", 0, 10), "nothing held: nothing to drop"
+
+
+def test_verified_by_caller_and_distrust_check_their_arguments(storage) -> None:
+    storage.create("c", DATA)
+    with pytest.raises(InvalidArgument):
+        storage.read_into(storage.open_read("c"), 0, memoryview(bytearray(4)), verified_by_caller=1)  # type: ignore[arg-type]
+    with pytest.raises(ChunkNameInvalid):
+        storage.distrust("", 0, 1)
+    with pytest.raises(ChunkInvalidOffset):
+        storage.distrust("c", -1, 1)
+    # Bindings without a local copy take the flag and have nothing to drop.
+    plain = RemoteMemoryChunkStorage("memory://plain")
+    plain.create("c", DATA)
+    buffer = bytearray(10)
+    assert plain.read_into(plain.open_read("c"), 5, memoryview(buffer), verified_by_caller=True) == 10
+    assert bytes(buffer) == DATA[5:15] and not plain.distrust("c", 0, 10)

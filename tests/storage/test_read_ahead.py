@@ -692,3 +692,37 @@ sys.exit(1)
     done = subprocess.run([sys.executable, "-O", "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("raised ")
+
+
+def test_parts_held_locally_are_passed_over_once() -> None:
+    """Parts the binding holds (``held``) are never fetched nor counted in the budget; the
+    stream's frontier moves past them, so the next reads plan only what follows them, and
+    a part not held after them is fetched as usual."""
+    ahead = ReadAhead(bytes_max=32, part_bytes=8, threads=2)
+    fetched: list[tuple[int, int]] = []
+
+    def fetch(piece: _Piece, offset: int, length: int) -> bytes:
+        fetched.append((offset, length))
+        return _bytes_of(piece.chunk, offset, length)
+
+    def held(chunk: str, offset: int, length: int) -> bool:
+        return offset + length <= 48  # the binding holds the chunk's first 48 bytes
+
+    try:
+        assert ahead.follow("s", 0, 4, 1000) is None
+        plan = ahead.follow("s", 4, 4, 1000)
+        assert plan is not None and (plan.start, plan.end) == (8, 40)
+        ahead.prefetch(plan, [_Piece("c", 8, 32)], fetch, held)
+        stats = ahead.statistics()
+        assert stats.local_parts == 4 and stats.parts == 0 and stats.held_bytes == 0 and not fetched
+        # The next read adds 4 bytes to the window: less than a part, nothing to plan
+        # (the held parts are not planned again).
+        assert ahead.follow("s", 8, 4, 1000) is None
+        plan = ahead.follow("s", 12, 8, 1000)
+        assert plan is not None and (plan.start, plan.end) == (40, 20 + 32)
+        ahead.prefetch(plan, [_Piece("c", 40, 12)], fetch, held)
+        assert ahead.statistics().local_parts == 5  # [40, 48) held; [48, 52) fetched
+        assert ahead.take("c", 48, 4) == _bytes_of("c", 48, 4)
+        assert fetched == [(48, 4)]
+    finally:
+        ahead.close()

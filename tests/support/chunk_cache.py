@@ -34,10 +34,18 @@ def cached(
     block_bytes: int = 64 * KiB,
     fill_threads: int = 2,
     fill_bytes_max: int = 64 << 20,  # no fill dropped in a test, however slow the machine
+    direct_fills: bool = False,
 ) -> CachedChunkStorage:
     """``inner`` read through the process's cache in ``folder`` (``shared.acquire``:
     released, and closed with the last user, when the wrapper closes)."""
-    cache = acquire(os.fspath(folder), capacity_bytes, block_bytes, fill_threads, fill_bytes_max)
+    cache = acquire(
+        os.fspath(folder),
+        capacity_bytes,
+        block_bytes,
+        fill_threads,
+        fill_bytes_max,
+        direct_fills=direct_fills,
+    )
     return CachedChunkStorage(inner, cache, shared=True)
 
 

@@ -28,6 +28,11 @@ Each figure next to raw boto3 against the same server, bucket and run:
 * ``s3_cache_first_read``: the first read of the ``s3_read_seq`` segment through an empty
   chunk cache (its fills running in the background) vs. the same read without a cache.
   MB/s; 1.0 means the cache costs a first read nothing.
+* ``s3_cache_reread_direct`` / ``s3_cache_first_read_direct``: the same two with the
+  cache's fills written with ``O_DIRECT`` (``chunk_cache_direct_fills``, docs/chunk_cache.md:
+  cheaper fills, slower hits). Such files enter the page cache only when read, so the
+  re-read's set-up reads the segment once more, untimed, after filling: its files are then
+  in the page cache as the baseline's local file is.
 
 Credentials come from the usual AWS environment variables or profile (``?profile=``).
 Every object a benchmark writes is below ``<prefix>/slts-bench-<random>/`` and deleted
@@ -302,12 +307,17 @@ def _timed_reads(url: str, metadata: str, total: int, **config: Any) -> float:
         reader.close()
 
 
-def _cache_settings(folder: str, total: int) -> dict[str, Any]:
-    """A chunk cache in ``folder`` with room for ``total`` bytes of 8 MiB blocks."""
-    return {"chunk_cache_dir": folder, "chunk_cache_bytes": total + total // 8 + (64 << 20)}
+def _cache_settings(folder: str, total: int, direct: bool = False) -> dict[str, Any]:
+    """A chunk cache in ``folder`` with room for ``total`` bytes of 8 MiB blocks
+    (``direct``: its fills written with ``O_DIRECT``)."""
+    return {
+        "chunk_cache_dir": folder,
+        "chunk_cache_bytes": total + total // 8 + (64 << 20),
+        "chunk_cache_direct_fills": direct,
+    }
 
 
-def _cache_reread(url: str, parent: str, quick: bool, ahead: bool = True) -> Setup:
+def _cache_reread(url: str, parent: str, quick: bool, ahead: bool = True, direct: bool = False) -> Setup:
     """Subject: a fresh instance re-reads the segment from a warm chunk cache; baseline:
     ``pread`` of the same bytes from a local file (see the module doc)."""
     from slts.bindings import chunk_cache
@@ -320,7 +330,7 @@ def _cache_reread(url: str, parent: str, quick: bool, ahead: bool = True) -> Set
     metadata = folder.sub("metadata")
     mirror = os.path.join(folder.sub("local"), "segment")
     _segment_of_8m_chunks(target, metadata, total, mirror)
-    cached = _cache_settings(folder.sub("cache"), total)
+    cached = _cache_settings(folder.sub("cache"), total, direct)
     defaults = StorageConfig(**cached)
     reading = cached if ahead else {**cached, "read_ahead_bytes": 0}
     # Held open across the runs: each reader instance shares it, none closes it.
@@ -330,6 +340,7 @@ def _cache_reread(url: str, parent: str, quick: bool, ahead: bool = True) -> Set
         defaults.chunk_cache_block_bytes,
         defaults.chunk_cache_fill_threads,
         defaults.chunk_cache_fill_bytes_max,
+        direct_fills=defaults.chunk_cache_direct_fills,
     )
     try:
         # Fill the cache (not timed): reads faster than the fills can write drop the rest
@@ -341,6 +352,8 @@ def _cache_reread(url: str, parent: str, quick: bool, ahead: bool = True) -> Set
                 break
         filled = cache.statistics()
         assert filled.bytes >= total, filled
+        if direct:  # files written around the page cache: one read brings them in, as the local file is
+            _timed_reads(target.url, metadata, total, **reading)
 
         def subject() -> float:
             before = cache.statistics().miss_bytes
@@ -364,7 +377,8 @@ def _cache_reread(url: str, parent: str, quick: bool, ahead: bool = True) -> Set
 
         yield (
             f"re-read of a {total >> 20} MiB segment of 8 MiB chunks on S3 in 1 MiB reads from a warm chunk "
-            f"cache{'' if ahead else ', read-ahead off,'} vs. pread of the same bytes from a local file",
+            f"cache{'' if ahead else ', read-ahead off,'}{' filled with O_DIRECT,' if direct else ''} "
+            "vs. pread of the same bytes from a local file",
             subject,
             baseline,
             total / 1e6,
@@ -376,7 +390,7 @@ def _cache_reread(url: str, parent: str, quick: bool, ahead: bool = True) -> Set
         target.clean()
 
 
-def _cache_first_read(url: str, parent: str, quick: bool) -> Setup:
+def _cache_first_read(url: str, parent: str, quick: bool, direct: bool = False) -> Setup:
     """Subject: a fresh instance reads the segment through an empty chunk cache; baseline:
     the same read without one."""
     total = READ_SEQ_SEGMENT_BYTES_QUICK if quick else READ_SEQ_SEGMENT_BYTES
@@ -387,12 +401,12 @@ def _cache_first_read(url: str, parent: str, quick: bool) -> Setup:
 
     def subject() -> float:
         with folder.fresh("cache") as cache_folder:
-            return _timed_reads(target.url, metadata, total, **_cache_settings(cache_folder, total))
+            return _timed_reads(target.url, metadata, total, **_cache_settings(cache_folder, total, direct))
 
     try:
         yield (
             f"cold sequential 1 MiB reads of a {total >> 20} MiB segment of 8 MiB chunks on S3 through an "
-            "empty chunk cache vs. without one",
+            f"empty chunk cache{' filled with O_DIRECT' if direct else ''} vs. without one",
             subject,
             lambda: _timed_reads(target.url, metadata, total),
             total / 1e6,
@@ -450,5 +464,15 @@ def benchmarks(url: str) -> dict[str, Benchmark]:
             "s3_cache_first_read",
             "cold sequential reads on S3 through an empty chunk cache vs. without one",
             lambda p, q: _cache_first_read(url, p, q),
+        ),
+        "s3_cache_reread_direct": Benchmark(
+            "s3_cache_reread_direct",
+            "s3_cache_reread with the cache's fills written with O_DIRECT (chunk_cache_direct_fills)",
+            lambda p, q: _cache_reread(url, p, q, direct=True),
+        ),
+        "s3_cache_first_read_direct": Benchmark(
+            "s3_cache_first_read_direct",
+            "s3_cache_first_read with the cache's fills written with O_DIRECT (chunk_cache_direct_fills)",
+            lambda p, q: _cache_first_read(url, p, q, direct=True),
         ),
     }
