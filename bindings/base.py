@@ -132,6 +132,9 @@ class ChunkStorage(abc.ABC):
     #: Another hint: ``read_view`` answers with views of the stored bytes themselves (the
     #: filesystem maps its files): holding a large view costs the process no memory.
     maps_reads: bool = False
+    #: Another hint: ``holds`` may answer True (a local copy of some chunks' bytes: a
+    #: chunk cache). Where it is False the engine never asks ``holds`` on its read path.
+    holds_locally: bool = False
 
     #: The URL this binding was built from; executors rebuild the binding from it.
     url: str = ""
@@ -417,6 +420,7 @@ class WrappedChunkStorage(ChunkStorage):
         self.supports_readonly = inner.supports_readonly
         self.high_latency_reads = inner.high_latency_reads
         self.maps_reads = inner.maps_reads
+        self.holds_locally = inner.holds_locally
         self.counts_own_requests = inner.counts_own_requests
 
     def observe_requests(self, observer: RequestObserver | None) -> None:

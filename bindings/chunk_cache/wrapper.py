@@ -43,6 +43,7 @@ class CachedChunkStorage(WrappedChunkStorage):
 
     def __init__(self, inner: ChunkStorage, cache: ChunkCache, *, shared: bool = False) -> None:
         super().__init__(inner)
+        self.holds_locally = True  # ``holds``: the cache's copies
         self.cache = cache
         self._shared = shared
         self._released = False

@@ -1109,11 +1109,15 @@ class ChunkedSegmentStorage:
         # reader that passes the held bytes starts a new stream two reads later). Else
         # they are looked up under the lock, where the plan is made.
         lock_free = self._read_ahead is None
-        known = self._layouts.find(name, self.context.version(name), offset, length)
+        known = (
+            self._layouts.find(name, self.context.version(name), offset, length)
+            if lock_free or self.chunk_storage.holds_locally
+            else None
+        )
         if known is not None:
+            self._check_range(known[0], offset, length)
             pieces = self._pieces(known[1], offset, length)
             if lock_free or self._held_locally(pieces):
-                self._check_range(known[0], offset, length)
                 if len(pieces) == 1:  # the common small read: ``_fetch``'s one-piece case, inline
                     return _exactly(self._fetch_stored(pieces[0], mapped), pieces[0], "read")
                 return self._fetch(pieces, length, mapped)
@@ -1332,7 +1336,8 @@ class ChunkedSegmentStorage:
         if piece.blocks is not None:  # read the blocks it touches whole, check them, cut the piece
             first, end, start, stop = block_checksums.covering(piece.blocks, piece.chunk_offset, piece.length)
             checked: bytes | memoryview | None = None
-            if self.chunk_storage.holds(piece.chunk, start, stop - start):  # a local copy: one check
+            storage = self.chunk_storage
+            if storage.holds_locally and storage.holds(piece.chunk, start, stop - start):  # one check
                 checked = self._read_held(handle, piece.blocks, first, end, start, stop - start)
             if checked is None:  # not held, or the held copy failed and was dropped
                 if not mapped and stop - start >= OVERLAPPED_CHECK_BYTES_MIN and _CORES > 1:
