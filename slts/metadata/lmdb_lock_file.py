@@ -13,15 +13,23 @@ once, at a fixed size, and never remapped, so this module reads it through a map
 its own, with no gate.
 
 The field's offset depends on how LMDB was built (the size of the reader mutex before
-it). So a reader is only made (``open_marker``) after checking, on the open environment,
-that the magic number and format are the expected ones and that the id read there is the
-id ``info()`` gives; otherwise the caller keeps using ``info()``. A mismatch caused by a
-commit of another process between the two reads only costs that speed-up.
+it). So a marker is only *used* after checking, on the open environment, that the magic
+number and format are the expected ones and that the id read there is the id ``info()``
+gives; otherwise the caller keeps using ``info()``. A mismatch caused by a commit of
+another process between the two reads only costs that speed-up.
+
+**Never close a descriptor of the lock file while the environment is open.** LMDB holds
+POSIX record locks on ``lock.mdb`` to tell other processes that the environment is in
+use, and POSIX drops *all* of a process's record locks on a file when the process closes
+*any* descriptor of it. A process that then opens the environment believes it is the
+first, and initialises the lock file's mutexes again under this one (which then crashes
+in its next transaction). So the marker keeps its descriptor and its mapping (which holds
+a descriptor of its own) open, usable or not, until ``close``, which the store calls only
+after closing the environment.
 """
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import os
 import struct
@@ -35,46 +43,55 @@ _LOCK_FORMATS = frozenset({0x10001})
 _TXNID_OFFSET = 48
 _HEADER = struct.Struct("=II")
 _TXNID = struct.Struct("=Q")
+_BYTES_MIN = _TXNID_OFFSET + _TXNID.size
 
 
 class LockFileMarker:
-    """Reads the last committed transaction id from a mapping of ``lock.mdb``."""
+    """A mapping of ``lock.mdb`` and the descriptor it was made from (both kept open until
+    ``close``: see the module doc). ``usable``: the layout was vouched for at open."""
 
-    def __init__(self, mapping: mmap.mmap) -> None:
+    def __init__(self, fd: int, mapping: mmap.mmap | None, usable: bool) -> None:
+        assert usable <= (mapping is not None)
+        self._fd = fd
         self._mapping = mapping
+        self.usable = usable
         self._read: Callable[[mmap.mmap, int], tuple[int, ...]] = _TXNID.unpack_from
 
     def last_transaction(self) -> int:
-        """The id of the last write transaction committed by any process. ``ValueError``
-        once closed (the mapping is gone; never a read of unmapped memory)."""
+        """The id of the last write transaction committed by any process (only when
+        ``usable``). ``ValueError`` once closed (never a read of unmapped memory)."""
+        assert self.usable and self._mapping is not None
         return self._read(self._mapping, _TXNID_OFFSET)[0]
 
     def close(self) -> None:
-        """Unmap the lock file (a later ``last_transaction`` raises ``ValueError``)."""
-        self._mapping.close()
+        """Unmap the lock file and close its descriptor: call only once the environment is
+        closed (module doc). A later ``last_transaction`` raises ``ValueError``."""
+        if self._mapping is not None:
+            self._mapping.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def open_marker(folder: str, last_transaction: Callable[[], int]) -> LockFileMarker | None:
-    """A reader of ``folder/lock.mdb``'s transaction id, if that file has the layout this
-    module knows and the id it holds equals ``last_transaction()`` (the environment's
-    ``info()``, read right after); None otherwise (no lock file, another layout, or a
-    commit in between)."""
+    """The lock file of the environment open on ``folder``, mapped: ``usable`` if it has the
+    layout this module knows and the id it holds equals ``last_transaction()`` (the
+    environment's ``info()``, read right after). None when there is no lock file of that
+    size (no descriptor was opened then). The caller closes it after the environment."""
     path = os.path.join(folder, "lock.mdb")
     try:
-        with open(path, "rb") as file:
-            mapping = mmap.mmap(file.fileno(), 0, prot=mmap.PROT_READ)
-    except (OSError, ValueError):  # no lock file (MDB_NOLOCK), or an empty one
+        if os.stat(path).st_size < _BYTES_MIN:
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
         return None
-    marker = LockFileMarker(mapping)
     try:
-        if len(mapping) >= _TXNID_OFFSET + _TXNID.size:
-            magic, lock_format = _HEADER.unpack_from(mapping, 0)
-            if magic == _MAGIC and lock_format in _LOCK_FORMATS:
-                read = marker.last_transaction()
-                if read == last_transaction():
-                    return marker
-    except ValueError:
-        pass
-    with contextlib.suppress(ValueError):
-        marker.close()
-    return None
+        mapping = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+    except (OSError, ValueError):
+        return LockFileMarker(fd, None, usable=False)  # its descriptor too waits for close
+    magic, lock_format = _HEADER.unpack_from(mapping, 0)
+    known = magic == _MAGIC and lock_format in _LOCK_FORMATS and len(mapping) >= _BYTES_MIN
+    marker = LockFileMarker(fd, mapping, usable=known)
+    if known and marker.last_transaction() != last_transaction():
+        marker.usable = False
+    return marker

@@ -427,8 +427,11 @@ class _Environment:
             self.sync()  # what an earlier process applied but did not sync is durable from here
         if vouched != UNCHECKED and (not readonly or vouched == WALKED):  # a look records only a walk
             record_good_state(path, synced=durable and not readonly)
-        #: ``last_transaction`` from the lock file, without the gate (None: through info()).
-        self.marker = open_marker(path, self._last_transaction_from_meta)
+        #: The lock file, mapped (``lmdb_lock_file``; closed only after the environment), and
+        #: as ``marker`` when its layout was vouched for: ``last_transaction`` without the
+        #: gate (None: through ``info()``).
+        self.lock_file = open_marker(path, self._last_transaction_from_meta)
+        self.marker = self.lock_file if self.lock_file is not None and self.lock_file.usable else None
 
     # -- set up ----------------------------------------------------------------------------
 
@@ -741,8 +744,8 @@ class _Environment:
                         self.env.sync(True)
                         synced = True
                 self.env.close()
-                if self.marker is not None:
-                    self.marker.close()
+                if self.lock_file is not None:  # after the environment: its locks (module doc)
+                    self.lock_file.close()
                 if synced and self.vouched != UNCHECKED:  # a clean restart need not walk the file
                     record_good_state(self.path, synced=True)
 

@@ -37,7 +37,9 @@ def test_a_lock_file_of_another_layout_is_not_used(tmp_path) -> None:
     folder = tmp_path / "fake"
     folder.mkdir()
     (folder / "lock.mdb").write_bytes(b"\x00" * 4096)  # no magic number
-    assert open_marker(str(folder), lambda: 0) is None
+    marker = open_marker(str(folder), lambda: 0)
+    assert marker is not None and not marker.usable
+    marker.close()
     assert open_marker(str(tmp_path / "missing"), lambda: 0) is None
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "lock.mdb").write_bytes(b"")
@@ -46,12 +48,59 @@ def test_a_lock_file_of_another_layout_is_not_used(tmp_path) -> None:
 
 def test_a_marker_that_disagrees_with_the_meta_pages_is_not_used(tmp_path) -> None:
     path = str(tmp_path / "metadata")
+    markers = []
     with LmdbMetadataStore(path, TABLES) as store:
         store.commit([Put("segments", b"k", b"v")], [Expect("segments", b"k", 0)])
         truth = store._env._last_transaction_from_meta()
-        assert open_marker(path, lambda: truth) is not None
-        assert open_marker(path, lambda: truth + 1) is None
+        markers = [open_marker(path, lambda: truth), open_marker(path, lambda: truth + 1)]
+    assert [marker is not None and marker.usable for marker in markers] == [True, False]
+    for marker in markers:  # (after the store: closing a lock file descriptor drops LMDB's locks)
+        assert marker is not None
+        marker.close()
     assert os.path.exists(os.path.join(path, "lock.mdb"))
+
+
+_PROBE = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+try:
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+except OSError:
+    print("in use")
+else:
+    print("free")
+"""
+
+
+def test_the_store_keeps_lmdbs_lock_on_the_lock_file_while_it_is_open(tmp_path) -> None:
+    """LMDB tells other processes that an environment is in use by a record lock on
+    ``lock.mdb``; POSIX drops a process's record locks on a file when it closes any
+    descriptor of it. Reading the marker must never do that: a process opening the
+    environment would then initialise the lock file's mutexes again under this one."""
+    import subprocess
+    import sys
+
+    path = str(tmp_path / "metadata")
+
+    def probe() -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", _PROBE, os.path.join(path, "lock.mdb")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        return done.stdout.strip()
+
+    with LmdbMetadataStore(path, TABLES) as store:
+        assert store._env.marker is not None
+        store.commit([Put("segments", b"k", b"v")])
+        store.change_marker  # noqa: B018 - a read through the marker
+        assert probe() == "in use"
+        with LmdbMetadataStore(path, TABLES) as again:  # a second handle shares the environment
+            again.change_marker  # noqa: B018
+        assert probe() == "in use"
+    assert probe() == "free"
 
 
 def test_the_marker_of_a_closed_store_raises_storage_closed(tmp_path) -> None:
