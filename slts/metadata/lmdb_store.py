@@ -911,9 +911,8 @@ class _LmdbView(ReadView):
         limit: int = SCAN_LIMIT_DEFAULT,
         reverse: bool = False,
     ) -> list[tuple[bytes, Versioned]]:
-        db = self._db(table)
-        _checks.check_scan(start, stop, limit)
-        if db is None or (stop is not None and stop <= start):
+        db = self._scanned_db(table, start, stop, limit)
+        if db is None:
             return []
         assert self._txn is not None
         entries: list[tuple[bytes, bytes]] = []
@@ -939,14 +938,20 @@ class _LmdbView(ReadView):
                     positioned = cursor.prev()
         return [(key, _unframe(raw, table, key)) for key, raw in entries]
 
+    def _scanned_db(self, table: str, start: bytes, stop: bytes | None, limit: int) -> lmdb._Database | None:
+        """The checked arguments of a scan: ``table``'s sub-database, or None when the scan
+        is empty (no such sub-database, or ``stop <= start``)."""
+        db = self._db(table)
+        _checks.check_scan(start, stop, limit)
+        return None if db is None or (stop is not None and stop <= start) else db
+
     def scan_values(
         self, table: str, start: bytes = b"", stop: bytes | None = None, limit: int = SCAN_LIMIT_DEFAULT
     ) -> list[tuple[bytes, bytes]]:
         """``scan`` without the versions: one cursor walk yielding (key, stored value), each
         value's framing checked (``MetadataCorrupted`` as ``scan``) and its version cut off."""
-        db = self._db(table)
-        _checks.check_scan(start, stop, limit)
-        if db is None or (stop is not None and stop <= start):
+        db = self._scanned_db(table, start, stop, limit)
+        if db is None:
             return []
         assert self._txn is not None
         entries: list[tuple[bytes, bytes]] = []

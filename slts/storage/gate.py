@@ -117,22 +117,20 @@ class GatedChunkStorage(WrappedChunkStorage):
         return self._read(self.inner._do_read_view, handle, offset, length)  # noqa: SLF001
 
     def _do_read_into(self, handle: ChunkHandle, offset: int, view: memoryview) -> int:
-        inner = self.inner
-        return self._read(
-            lambda handle, offset, _: inner._do_read_into(handle, offset, view),  # noqa: SLF001
-            handle,
-            offset,
-            len(view),
-        )
+        return self._read_into(self.inner._do_read_into, handle, offset, view)  # noqa: SLF001
 
     def _do_read_into_verified_by_caller(self, handle: ChunkHandle, offset: int, view: memoryview) -> int:
-        inner = self.inner
-        return self._read(
-            lambda handle, offset, _: inner._do_read_into_verified_by_caller(handle, offset, view),  # noqa: SLF001
-            handle,
-            offset,
-            len(view),
-        )
+        return self._read_into(self.inner._do_read_into_verified_by_caller, handle, offset, view)  # noqa: SLF001
+
+    def _read_into(
+        self,
+        hook: Callable[[ChunkHandle, int, memoryview], int],
+        handle: ChunkHandle,
+        offset: int,
+        view: memoryview,
+    ) -> int:
+        """A ``read_into`` hook of the inner binding, metered and limited as a read."""
+        return self._read(lambda handle, offset, _: hook(handle, offset, view), handle, offset, len(view))
 
     def _read(
         self, hook: Callable[[ChunkHandle, int, int], R], handle: ChunkHandle, offset: int, length: int
