@@ -58,7 +58,7 @@ import contextlib
 import dataclasses
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from slts.errors import InvalidArgument, StorageClosed, VersionConflict
 from slts.metadata import _checks
@@ -326,37 +326,33 @@ class CachedMetadataStore(MetadataStore):
         from the inner store until a later commit through the cache caches them)."""
         _checks.check_replicate(self.tables, sequence, ops, versions)
         self._check_open()
-        written: dict[_Key, bytes | None] = {(op.table, op.key): None for op in ops}
-        with self._lock:
-            for name in written:
-                self._entries.pop(name, None)
-                self._fills.pop(name, None)
-                self._writing.setdefault(name, _Flight()).count += 1
-        try:
-            self._inner.replicate(sequence, ops, versions)
-        finally:
-            with self._lock:
-                # Landing as "outcome unknown" keeps every key of this flight uncached.
-                self._land(written, 0, known=False)
+        self._write_uncached(
+            [(op.table, op.key) for op in ops], lambda: self._inner.replicate(sequence, ops, versions)
+        )
 
     def replicate_rows(self, sequence: int, rows: Mapping[str, Sequence[Row]]) -> None:
         """The inner store's ``replicate_rows``; the keys it writes are not cached (as
         ``replicate``'s)."""
         _, checked = _checks.check_replicate_rows(self.tables, sequence, rows)
         self._check_open()
-        written: dict[_Key, bytes | None] = {
-            (table, key): None for table, table_rows in checked for key, _, _ in table_rows
-        }
+        self._write_uncached(
+            [(table, key) for table, table_rows in checked for key, _, _ in table_rows],
+            lambda: self._inner.replicate_rows(sequence, rows),
+        )
+
+    def _write_uncached(self, keys: Sequence[_Key], write: Callable[[], None]) -> None:
+        """Run ``write`` (a replication into the inner store) with ``keys`` dropped from the
+        cache and in flight; they land as "outcome unknown", so they stay uncached."""
+        written: dict[_Key, bytes | None] = dict.fromkeys(keys)
         with self._lock:
             for name in written:
                 self._entries.pop(name, None)
                 self._fills.pop(name, None)
                 self._writing.setdefault(name, _Flight()).count += 1
         try:
-            self._inner.replicate_rows(sequence, rows)
+            write()
         finally:
             with self._lock:
-                # Landing as "outcome unknown" keeps every key of this flight uncached.
                 self._land(written, 0, known=False)
 
     # -- change capture: the inner store's -------------------------------------------------

@@ -152,7 +152,7 @@ class GatedChunkStorage(WrappedChunkStorage):
             if isinstance(result, memoryview)
             else len(result)
         )
-        self.meter.read(traffic, time.perf_counter() - start, received, request)
+        self.meter.call(traffic, "read", time.perf_counter() - start, request=request, received=received)
         return result
 
     def _do_write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
