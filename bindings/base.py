@@ -49,6 +49,8 @@ from slts.errors import (
     UnsupportedOperation,
 )
 
+from . import checked_reads
+
 #: Longest chunk name (UTF-8 bytes) any binding must accept.
 CHUNK_NAME_BYTES_MAX = 1024
 
@@ -135,6 +137,10 @@ class ChunkStorage(abc.ABC):
     #: Another hint: ``holds`` may answer True (a local copy of some chunks' bytes: a
     #: chunk cache). Where it is False the engine never asks ``holds`` on its read path.
     holds_locally: bool = False
+    #: Another hint: ``read_into_checked`` checks the blocks in the same pass as its copy,
+    #: on two cores (local files read by ``checked_reads``' compiled twin), so the engine
+    #: leaves its verified reads to it rather than read and check the bytes itself.
+    checks_as_it_reads: bool = False
 
     #: The URL this binding was built from; executors rebuild the binding from it.
     url: str = ""
@@ -220,6 +226,46 @@ class ChunkStorage(abc.ABC):
         else:
             done = self._do_read_into(handle, offset, view)
         assert 0 <= done <= len(view), (done, len(view))
+        return done
+
+    def read_into_checked(self, handle: ChunkHandle, offset: int, view: memoryview, blocks: bytes) -> int:
+        """``read_into``'s bytes, every block of the range checked against its CRC32C.
+
+        ``blocks`` lists the blocks that ``[offset, offset + len(view))`` is made of, in
+        order: packed big-endian ``(length u32, crc32c u32)`` pairs whose lengths sum to
+        ``len(view)``. Returns how many bytes were read, fewer than ``len(view)`` only at
+        the chunk's end; a block cut short there is not checked (the caller knows the
+        chunk's length and reports it). ``ChunkCorrupted`` naming the chunk and the offset
+        of the first block read whole that fails its CRC32C. Same errors as
+        ``read_into``; ``InvalidArgument`` for a list that is not one of these. On an
+        error ``view`` may hold some bytes: only a return makes them usable.
+
+        Where a binding holds a checked local copy (the chunk cache), a copy that fails
+        is dropped and the range read again from the storage, then checked. By default
+        the bytes are read with ``read_into`` and checked here; ``checks_as_it_reads``
+        bindings check as they copy."""
+        if not isinstance(view, memoryview) or view.readonly or view.itemsize != 1 or view.ndim != 1:
+            raise InvalidArgument(
+                f"read_into_checked needs a writable one-dimensional byte memoryview, got {view!r:.80}"
+            )
+        covered = checked_reads.covered(blocks)
+        if covered != len(view):
+            raise InvalidArgument(
+                f"read_into_checked needs the (length, crc32c) pairs of {len(view)} bytes, got"
+                f" {blocks!r:.40}" + ("" if covered is None else f" covering {covered}")
+            )
+        check_range(check_handle(handle).name, offset, len(view))
+        done = self._do_read_into_checked(handle, offset, view, blocks)
+        assert 0 <= done <= len(view), (done, len(view))
+        return done
+
+    def _do_read_into_checked(self, handle: ChunkHandle, offset: int, view: memoryview, blocks: bytes) -> int:
+        """``read_into_checked`` with checked arguments: by default ``_do_read_into``,
+        then the blocks read whole checked here."""
+        done = self._do_read_into(handle, offset, view)
+        bad = checked_reads.first_bad(view[:done], blocks)
+        if bad >= 0:
+            raise checked_reads.corrupted(handle.name, offset, blocks, bad)
         return done
 
     def _do_read_into_verified_by_caller(self, handle: ChunkHandle, offset: int, view: memoryview) -> int:
@@ -421,6 +467,7 @@ class WrappedChunkStorage(ChunkStorage):
         self.high_latency_reads = inner.high_latency_reads
         self.maps_reads = inner.maps_reads
         self.holds_locally = inner.holds_locally
+        self.checks_as_it_reads = inner.checks_as_it_reads
         self.counts_own_requests = inner.counts_own_requests
 
     def observe_requests(self, observer: RequestObserver | None) -> None:

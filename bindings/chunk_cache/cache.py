@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 from slts.errors import InvalidConfig
 
+from .. import checked_reads
 from . import files
 from .files import CacheFile, CacheFileDamaged
 from .filler import Filler
@@ -224,6 +225,59 @@ class ChunkCache:
         CRC32C (``files.read_unchecked_into``), for a caller that checks every one of
         them against checksums of its own before using any, and calls ``distrust`` on
         the range when they fail (invariant 2 rests on that check for these bytes)."""
+        serve = files.read_checked_into if checked else files.read_unchecked_into
+        return self._serve_into(
+            key, offset, view, lambda held: self._serve_files(held, offset, view, serve), not checked
+        )
+
+    def read_into_blocks(self, key: bytes, offset: int, view: memoryview, blocks: bytes) -> bool:
+        """``read_into``'s bytes checked against the caller's block list instead of the
+        cache's own CRC32Cs (``blocks``: ``ChunkStorage.read_into_checked``'s), in the
+        same pass as the copy where one file holds the range (``checked_reads``): True
+        if the cache held them all and every block passed; False (a miss) otherwise. A
+        block that fails drops the files holding the range (counted as a corruption):
+        the caller then reads the chunk storage (invariant 2)."""
+
+        def serve(held: list[tuple[CacheFile, int, int]]) -> bool:
+            if len(held) == 1:
+                file = held[0][0]
+                try:
+                    fd = os.open(file.path, os.O_RDONLY)
+                except FileNotFoundError:  # evicted or dropped after the lookup
+                    return False
+                try:
+                    count, bad = checked_reads.read_checked(fd, view, offset - file.start, blocks)
+                finally:
+                    os.close(fd)
+                if count != len(view):
+                    short = CacheFileDamaged(f"cache file {file.path} is shorter than its trailer says")
+                    self._damaged(file, short)
+                    return False
+            else:
+                if not self._serve_files(held, offset, view, files.read_unchecked_into):
+                    return False
+                bad = checked_reads.first_bad(view, blocks)
+            if bad >= 0:  # drop the files that hold the bad block (one, or the two it straddles)
+                self.distrust(
+                    key,
+                    offset + checked_reads.block_offset(blocks, bad),
+                    checked_reads.block_length(blocks, bad),
+                )
+                return False
+            return True
+
+        return self._serve_into(key, offset, view, serve, True)
+
+    def _serve_into(
+        self,
+        key: bytes,
+        offset: int,
+        view: memoryview,
+        serve: Callable[[list[tuple[CacheFile, int, int]]], bool],
+        caller_checked: bool,
+    ) -> bool:
+        """Look up ``[offset, offset + len(view))``; if files hold it all, ``serve`` them
+        into ``view`` (False: not served). Counts the hit or the miss."""
         length = len(view)
         assert offset >= 0 and length > 0, (offset, length)
         found = None
@@ -231,28 +285,36 @@ class ChunkCache:
             found = self.index.lookup(key, self._ranges(offset, length), self._clock())
         if found is not None:
             held, touch = found
-            served = 0
-            serve = files.read_checked_into if checked else files.read_unchecked_into
-            for file, start, end in held:
-                part = view[start - offset : end - offset]
-                try:
-                    serve(file, start, part)
-                except CacheFileDamaged as exc:
-                    self._damaged(file, exc)
-                    break
-                except FileNotFoundError:  # evicted or dropped between the lookup and the read
-                    break
-                finally:
-                    part.release()
-                served += 1
-            if served == len(held):
+            if serve(held):
                 for path in touch:
                     with contextlib.suppress(OSError):
                         os.utime(path)
-                self._count(hits=1, hit_bytes=length, caller_checked_hits=0 if checked else 1)
+                self._count(hits=1, hit_bytes=length, caller_checked_hits=1 if caller_checked else 0)
                 return True
         self._count(misses=1, miss_bytes=length)
         return False
+
+    def _serve_files(
+        self,
+        held: list[tuple[CacheFile, int, int]],
+        offset: int,
+        view: memoryview,
+        serve: Callable[[CacheFile, int, memoryview], None],
+    ) -> bool:
+        """Each held file's part of ``view`` filled by ``serve``: False at the first file
+        that is damaged (dropped) or gone."""
+        for file, start, end in held:
+            part = view[start - offset : end - offset]
+            try:
+                serve(file, start, part)
+            except CacheFileDamaged as exc:
+                self._damaged(file, exc)
+                return False
+            except FileNotFoundError:  # evicted or dropped between the lookup and the read
+                return False
+            finally:
+                part.release()
+        return True
 
     def holds(self, key: bytes, offset: int, length: int) -> bool:
         """Whether the cache holds every byte of ``[offset, offset + length)`` now (a hint:

@@ -29,6 +29,7 @@ from typing import TypeVar
 
 from slts.errors import ChunkNotFound
 
+from .. import checked_reads
 from ..base import ChunkHandle, ChunkInfo, ChunkStorage, ConcatSource, WrappedChunkStorage
 from .cache import ChunkCache, ChunkCacheStatistics
 from .shared import release
@@ -44,6 +45,7 @@ class CachedChunkStorage(WrappedChunkStorage):
     def __init__(self, inner: ChunkStorage, cache: ChunkCache, *, shared: bool = False) -> None:
         super().__init__(inner)
         self.holds_locally = True  # ``holds``: the cache's copies
+        self.checks_as_it_reads = checked_reads.NATIVE is not None  # hits: one compiled pass
         self.cache = cache
         self._shared = shared
         self._released = False
@@ -90,9 +92,7 @@ class CachedChunkStorage(WrappedChunkStorage):
         key = self.cache.key_of(self.url, handle.name)
         if self.cache.read_into(key, offset, view):
             return len(view)
-        data = self._fetch(key, lambda: self.inner.read(handle, offset, len(view)), offset)
-        view[: len(data)] = data
-        return len(data)
+        return self._fetch_into(key, handle, offset, view)
 
     def _do_read_into_verified_by_caller(self, handle: ChunkHandle, offset: int, view: memoryview) -> int:
         """A hit is served without the cache's own CRC32C (the caller checks the bytes and
@@ -102,6 +102,24 @@ class CachedChunkStorage(WrappedChunkStorage):
         key = self.cache.key_of(self.url, handle.name)
         if self.cache.read_into(key, offset, view, checked=False):
             return len(view)
+        return self._fetch_into(key, handle, offset, view)
+
+    def _do_read_into_checked(self, handle: ChunkHandle, offset: int, view: memoryview, blocks: bytes) -> int:
+        """A hit is read and checked against the caller's blocks in one pass (a copy that
+        fails is dropped: a miss); a miss reads the inner binding, then checks."""
+        if len(view) == 0:
+            return self.inner.read_into_checked(handle, offset, view, blocks)
+        key = self.cache.key_of(self.url, handle.name)
+        if self.cache.read_into_blocks(key, offset, view, blocks):
+            return len(view)
+        done = self._fetch_into(key, handle, offset, view)
+        bad = checked_reads.first_bad(view[:done], blocks)
+        if bad >= 0:
+            raise checked_reads.corrupted(handle.name, offset, blocks, bad)
+        return done
+
+    def _fetch_into(self, key: bytes, handle: ChunkHandle, offset: int, view: memoryview) -> int:
+        """A miss: the inner binding's bytes copied into ``view`` (and offered to the cache)."""
         data = self._fetch(key, lambda: self.inner.read(handle, offset, len(view)), offset)
         view[: len(data)] = data
         return len(data)

@@ -1337,6 +1337,8 @@ class ChunkedSegmentStorage:
             first, end, start, stop = block_checksums.covering(piece.blocks, piece.chunk_offset, piece.length)
             checked: bytes | memoryview | None = None
             storage = self.chunk_storage
+            if not mapped and storage.checks_as_it_reads and end - first > 1:
+                return self._read_checked_by_binding(handle, piece, first, end, start, stop)
             if storage.holds_locally and storage.holds(piece.chunk, start, stop - start):  # one check
                 checked = self._read_held(handle, piece.blocks, first, end, start, stop - start)
             if checked is None:  # not held, or the held copy failed and was dropped
@@ -1365,6 +1367,30 @@ class ChunkedSegmentStorage:
         if piece.whole_chunk_checksum is not None and _checksum(data) != piece.whole_chunk_checksum:
             raise ChunkCorrupted(f"chunk {piece.chunk!r} fails its CRC32C checksum", chunk=piece.chunk)
         return data
+
+    def _read_checked_by_binding(
+        self, handle: ChunkHandle, piece: _ReadPiece, first: int, end: int, start: int, stop: int
+    ) -> bytes:
+        """``piece``'s bytes, in blocks ``[first, end)`` (chunk offsets ``[start, stop)``),
+        read and checked by the binding in one pass (``read_into_checked``: bindings that
+        ``checks_as_it_reads``), then cut to the piece."""
+        assert piece.blocks is not None
+        blocks = piece.blocks[first * block_checksums.PAIR_BYTES : end * block_checksums.PAIR_BYTES]
+        name = handle.name
+
+        def fill(view: memoryview) -> None:
+            count = self.chunk_storage.read_into_checked(handle, start, view, blocks)
+            if count != len(view):
+                raise ChunkCorrupted(
+                    f"chunk {name!r} holds {start + count} bytes where its blocks hold {stop}:"
+                    " its bytes are not the ones written",
+                    chunk=name,
+                    offset=start + count,
+                )
+
+        checked = filled_bytes(stop - start, fill)
+        cut = piece.chunk_offset - start
+        return checked[cut : cut + piece.length] if cut or len(checked) != piece.length else checked
 
     def _read_held(
         self, handle: ChunkHandle, blocks: bytes, first: int, end: int, start: int, length: int

@@ -122,6 +122,14 @@ class GatedChunkStorage(WrappedChunkStorage):
     def _do_read_into_verified_by_caller(self, handle: ChunkHandle, offset: int, view: memoryview) -> int:
         return self._read_into(self.inner._do_read_into_verified_by_caller, handle, offset, view)  # noqa: SLF001
 
+    def _do_read_into_checked(self, handle: ChunkHandle, offset: int, view: memoryview, blocks: bytes) -> int:
+        return self._read(
+            lambda handle, offset, _: self.inner._do_read_into_checked(handle, offset, view, blocks),  # noqa: SLF001
+            handle,
+            offset,
+            len(view),
+        )
+
     def _read_into(
         self,
         hook: Callable[[ChunkHandle, int, memoryview], int],

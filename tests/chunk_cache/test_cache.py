@@ -7,16 +7,25 @@ from __future__ import annotations
 
 import errno
 import os
+import struct
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import crc32c
 import pytest
 from slts.bindings.chunk_cache import CachedChunkStorage, ChunkCache, acquire, files, release
 from slts.bindings.chunk_cache.filler import Filler
 from slts.bindings.faulty import FaultyChunkStorage
 
-from slts.errors import ChunkInvalidOffset, ChunkNameInvalid, ChunkNotFound, InvalidArgument, InvalidConfig
+from slts.errors import (
+    ChunkCorrupted,
+    ChunkInvalidOffset,
+    ChunkNameInvalid,
+    ChunkNotFound,
+    InvalidArgument,
+    InvalidConfig,
+)
 from tests.support.chunk_cache import RemoteMemoryChunkStorage, cached
 from tests.support.conformance import pattern
 
@@ -339,6 +348,67 @@ def test_a_read_verified_by_its_caller_is_served_unchecked_until_distrusted(stor
     assert bytes(buffer) == DATA[BLOCK - 7 : 3 * BLOCK - 7]
     assert reads_of(inner) == reads + 1, "read again from the binding"
     assert not storage.distrust("never-cached", 0, 10), "nothing held: nothing to drop"
+
+
+def _blocks(data: bytes, length: int, bad: int = -1) -> bytes:
+    """``read_into_checked``'s list for ``data[:length]`` in blocks of 1,000 bytes."""
+    pairs = []
+    for index, at in enumerate(range(0, length, 1000)):
+        crc = crc32c.crc32c(data[at : min(at + 1000, length)])
+        pairs.append(struct.pack(">II", min(1000, length - at), crc ^ 1 if index == bad else crc))
+    return b"".join(pairs)
+
+
+@pytest.mark.parametrize(
+    ("offset", "length"), [(100, BLOCK - 200), (BLOCK - 7, 2 * BLOCK)], ids=["one-file", "three-files"]
+)
+def test_read_into_checked_serves_a_hit_checked_against_the_caller_s_blocks(
+    storage, inner, offset, length
+) -> None:
+    """A hit held by one file is read and checked in one pass (``checked_reads``), one held
+    by several is read and then checked; either way the caller's blocks are the check."""
+    storage.create("c", DATA)
+    handle = storage.open_read("c")
+    storage.read(handle, 0, len(DATA))
+    storage.cache.drain()
+    reads = reads_of(inner)
+    buffer = bytearray(length)
+    assert (
+        storage.read_into_checked(handle, offset, memoryview(buffer), _blocks(DATA[offset:], length))
+        == length
+    )
+    assert bytes(buffer) == DATA[offset : offset + length]
+    assert reads_of(inner) == reads, "served from the cache"
+    assert storage.chunk_cache_statistics().caller_checked_hits == 1
+
+
+@pytest.mark.parametrize(
+    ("offset", "length"), [(100, BLOCK - 200), (BLOCK - 7, 2 * BLOCK)], ids=["one-file", "three-files"]
+)
+def test_read_into_checked_drops_a_copy_that_fails_and_reads_the_binding(
+    storage, inner, offset, length
+) -> None:
+    storage.create("c", DATA)
+    handle = storage.open_read("c")
+    storage.read(handle, 0, len(DATA))
+    storage.cache.drain()
+    damaged = next(file for file in storage.cache.index.files() if file.start <= offset + 2000 < file.end)
+    with open(damaged.path, "r+b") as file:
+        file.seek(offset + 2000 - damaged.start)
+        file.write(b"\x00\xff\x00")
+    reads = reads_of(inner)
+    buffer = bytearray(length)
+    assert (
+        storage.read_into_checked(handle, offset, memoryview(buffer), _blocks(DATA[offset:], length))
+        == length
+    )
+    assert bytes(buffer) == DATA[offset : offset + length]
+    assert reads_of(inner) == reads + 1, "read again from the binding"
+    assert not os.path.exists(damaged.path) and storage.chunk_cache_statistics().corruptions >= 1
+    # Bytes from the binding are checked too: a list that does not match them is an error.
+    with pytest.raises(ChunkCorrupted) as caught:
+        storage.read_into_checked(handle, offset, memoryview(buffer), _blocks(DATA[offset:], length, bad=2))
+    assert caught.value.offset == offset + 2000
 
 
 def test_verified_by_caller_and_distrust_check_their_arguments(storage) -> None:

@@ -6,13 +6,16 @@ read-only) are in ``test_optional.py``; names and listing in ``test_names.py``.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import crc32c
 import pytest
 from slts.bindings import ChunkHandle, ChunkInfo, ChunkStorage, ConcatSource
 
 from slts.errors import (
+    ChunkCorrupted,
     ChunkExists,
     ChunkInvalidOffset,
     ChunkNameInvalid,
@@ -173,6 +176,64 @@ def test_read_into_past_the_end_of_a_missing_chunk_or_into_a_bad_view_raises(sto
     storage.delete(handle)
     with pytest.raises(ChunkNotFound):
         storage.read_into(handle, 0, memoryview(bytearray(1)))
+
+
+def _blocks(data: bytes, lengths: list[int], bad: int = -1) -> bytes:
+    """``read_into_checked``'s list of ``data`` cut into ``lengths`` (past its end: CRCs of
+    nothing), block ``bad``'s CRC wrong."""
+    pairs, at = [], 0
+    for index, length in enumerate(lengths):
+        crc = crc32c.crc32c(data[at : at + length])
+        pairs.append(struct.pack(">II", length, crc ^ 1 if index == bad else crc))
+        at += length
+    return b"".join(pairs)
+
+
+@pytest.mark.parametrize(
+    ("offset", "lengths"),
+    [(0, [100]), (0, [30, 30, 40]), (10, [20]), (99, [1, 4]), (40, [25, 25, 25]), (95, [5, 1000])],
+)
+def test_read_into_checked_writes_read_s_bytes_into_the_view(storage, offset, lengths):
+    writable = storage.create("c", DATA)
+    for handle in (writable, storage.open_read("c")):
+        buffer = bytearray(b"\xee" * sum(lengths))
+        count = storage.read_into_checked(handle, offset, memoryview(buffer), _blocks(DATA[offset:], lengths))
+        expected = DATA[offset : offset + sum(lengths)]
+        assert count == len(expected) and bytes(buffer[:count]) == expected
+
+
+@pytest.mark.parametrize(("offset", "lengths", "bad", "at"), [(0, [30, 30, 40], 1, 30), (7, [50, 43], 0, 7)])
+def test_read_into_checked_names_the_first_block_that_fails(storage, offset, lengths, bad, at):
+    handle = storage.create("c", DATA)
+    with pytest.raises(ChunkCorrupted) as caught:
+        storage.read_into_checked(
+            handle, offset, memoryview(bytearray(sum(lengths))), _blocks(DATA[offset:], lengths, bad)
+        )
+    assert caught.value.chunk == "c" and caught.value.offset == at
+    # A block cut short by the chunk's end is not checked: the caller knows the length.
+    view = memoryview(bytearray(60))
+    assert storage.read_into_checked(handle, 90, view, _blocks(DATA[90:], [10, 50], bad=1)) == 10
+
+
+def test_read_into_checked_refuses_bad_arguments_and_a_missing_chunk(storage):
+    handle = storage.create("c", DATA)
+    for view in (memoryview(b"read-only"), bytearray(4), memoryview(bytearray(8)).cast("I")):
+        with pytest.raises(InvalidArgument, match="memoryview"):
+            storage.read_into_checked(handle, 0, view, _blocks(DATA, [4]))
+    for blocks in (
+        b"",
+        b"\x00" * 7,
+        _blocks(DATA, [3]),
+        _blocks(DATA, [2, 3]),
+        bytearray(_blocks(DATA, [4])),
+    ):
+        with pytest.raises(InvalidArgument, match="crc32c"):
+            storage.read_into_checked(handle, 0, memoryview(bytearray(4)), blocks)  # type: ignore[arg-type]
+    with pytest.raises(ChunkInvalidOffset):
+        storage.read_into_checked(handle, len(DATA) + 1, memoryview(bytearray(1)), _blocks(b"", [1]))
+    storage.delete(handle)
+    with pytest.raises(ChunkNotFound):
+        storage.read_into_checked(handle, 0, memoryview(bytearray(4)), _blocks(DATA, [4]))
 
 
 def test_read_view_at_the_end_gives_nothing_and_past_it_or_of_a_missing_chunk_raises(storage):

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
-from slts.bindings.filesystem import chunk_relpath
+from slts.bindings.filesystem import FileSystemChunkStorage, chunk_relpath
 
 import slts.storage.chunked as chunked
 from slts.errors import ChunkCorrupted
@@ -21,12 +21,18 @@ MiB = 1 << 20
 BLOCK = 64 << 10
 
 
-@pytest.fixture
-def storage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ChunkedSegmentStorage:
+@pytest.fixture(params=[False, True], ids=["engine-runs", "binding-checks"])
+def storage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> ChunkedSegmentStorage:
+    """The engine's own parallel runs (a binding that does not ``checks_as_it_reads``), and
+    the filesystem binding's one-pass ``read_into_checked`` (its compiled twin where built)."""
     monkeypatch.setattr(chunked, "_CORES", 3)  # three runs per large read, whatever the machine
+    monkeypatch.setattr(FileSystemChunkStorage, "checks_as_it_reads", request.param)
     instance = open_storage(
         f"file://{tmp_path / 'chunks'}", metadata=str(tmp_path / "metadata"), gc_interval_s=0.0
     )
+    assert instance.chunk_storage.checks_as_it_reads is request.param
     yield instance
     instance.close()
 
