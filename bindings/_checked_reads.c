@@ -19,7 +19,8 @@
  * sleeping thread costs tens of microseconds on a virtual machine (a Python lock's round
  * trip between two threads measured 62 us), about what a whole MiB costs to read and check.
  * One job at a time: a caller that finds the thread busy (another caller's job) does the
- * whole range itself. After fork() the child has no check thread; its first large read starts
+ * whole range itself, and a caller done with its half before the thread took the other
+ * (no core free for it) takes that half back. After fork() the child has no check thread; its first large read starts
  * one.
  *
  * CRC32C: Google's crc32c library (its public C function crc32c_extend), loaded from the
@@ -291,7 +292,13 @@ static PyObject *read_checked(PyObject *module, PyObject *args)
     }
     Py_BEGIN_ALLOW_THREADS
     do_run(&first);
-    if (split) {
+    Run *untaken = &second;
+    if (split && atomic_compare_exchange_strong(&pending, &untaken, NULL)) {
+        /* The check thread has not started the other half (a busy machine): do it here
+         * rather than wait for a thread that may not get a core. */
+        do_run(&second);
+        atomic_store_explicit(&busy, 0, memory_order_release);
+    } else if (split) {
         /* The other half takes about as long as this one did: spin, then (a slow device)
          * look every 20 us rather than keep a core busy. */
         long long until = now_ns() + WAIT_SPIN_NS;
