@@ -1337,9 +1337,17 @@ class ChunkedSegmentStorage:
             first, end, start, stop = block_checksums.covering(piece.blocks, piece.chunk_offset, piece.length)
             checked: bytes | memoryview | None = None
             storage = self.chunk_storage
-            if not mapped and storage.checks_as_it_reads and end - first > 1:
+            held = storage.holds_locally and storage.holds(piece.chunk, start, stop - start)
+            # Local bytes of several blocks: read and checked by the binding in one pass. (Bytes
+            # a cache does not hold come from its storage: no pass to share with the check.)
+            if (
+                not mapped
+                and storage.checks_as_it_reads
+                and end - first > 1
+                and (held or not storage.holds_locally)
+            ):
                 return self._read_checked_by_binding(handle, piece, first, end, start, stop)
-            if storage.holds_locally and storage.holds(piece.chunk, start, stop - start):  # one check
+            if held:  # one check
                 checked = self._read_held(handle, piece.blocks, first, end, start, stop - start)
             if checked is None:  # not held, or the held copy failed and was dropped
                 if not mapped and stop - start >= OVERLAPPED_CHECK_BYTES_MIN and _CORES > 1:
