@@ -92,6 +92,13 @@ class World:
         profile = seam.derive()
         self.no_append = profile.random() < 0.25
         self.binding = NoAppendMemoryChunkStorage() if self.no_append else MemoryChunkStorage()
+        # Half the seeds read their verified ranges through ``read_into_checked`` (the path of
+        # bindings that check as they read: filesystem, chunk cache), faults included, with
+        # blocks small enough for the simulator's short writes to span several; drawn from a
+        # generator of their own, so every other draw of a seed stays as it was.
+        checked_reads = random.Random(f"checked-reads-{seam.seed}")
+        self.binding.checks_as_it_reads = checked_reads.random() < 0.5
+        small_blocks = {"checksum_block_bytes": checked_reads.choice([16, 100, 1000])}
         self.store: MetadataStore = MemoryMetadataStore(TABLES)
         checksums = profile.random() < 0.7
         self.config = StorageConfig(
@@ -110,6 +117,7 @@ class World:
             metadata_snapshot_interval_s=1e9,
             journal_snapshot_records=profile.choice([5, 20, 100]),
             **self._transforms(seam.seed),
+            **(small_blocks if self.binding.checks_as_it_reads else {}),
         )
         #: Probability of faults in a step, and per call while armed.
         self.step_fault_p = profile.choice([0.1, 0.25, 0.5])
