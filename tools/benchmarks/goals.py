@@ -171,6 +171,9 @@ GOALS: dict[str, Goal] = {
     "read_seq_verified": Ratio(0.70, _ISSUE_29),
     "write_4k_x8": Ratio(0.35, _ISSUE_29),
     "concat_100k": Ratio(1 / 1.5, _ISSUE_29, note="at most 1.5x slower than a 10-chunk concat"),
+    # Issue 29's chunk cache (only with --store s3://...).
+    "s3_cache_reread": Ratio(0.80, _ISSUE_29, note="of pread from a local file"),
+    "s3_cache_first_read": Ratio(1.0, _ISSUE_29, note="no slower than without the cache"),
     # Issue 28, client-side transforms.
     "encrypt_write_1m": Ratio(0.85, _ISSUE_28),
     "encrypt_read_seq": Ratio(0.80, _ISSUE_28),
