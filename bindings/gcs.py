@@ -78,9 +78,9 @@ import google.api_core.exceptions as gexc
 import google.auth
 import google.auth.credentials
 import google.auth.exceptions
+import google.cloud.storage as gcs
 import requests.exceptions
 from google.api_core.client_options import ClientOptions
-from google.cloud import storage as gcs
 
 from slts.errors import (
     ChunkExists,
@@ -417,7 +417,8 @@ class GcsChunkStorage(ChunkStorage):
     ) -> None:
         """``client`` replaces the SDK client (a shared one, for tests making many
         bindings); ``sleep`` waits between attempts; ``before_request(operation)`` runs
-        before every request attempt (the crash tests kill the server there)."""
+        before every request attempt, and what it raises counts as that attempt's failure
+        (tests kill the server or raise an SDK error there)."""
         self.bucket = check_bucket(bucket)
         self.prefix = check_prefix(prefix)
         self._base = f"{self.prefix}/" if self.prefix else ""
@@ -554,9 +555,9 @@ class GcsChunkStorage(ChunkStorage):
             for _ in range(requests_per_attempt):
                 if observer is not None:
                     observer(kind)
-            if self._before_request is not None:
-                self._before_request(operation)
             try:
+                if self._before_request is not None:
+                    self._before_request(operation)  # a test's fault or kill, translated as the request's own
                 return request()
             except ChunkStorageError:
                 raise

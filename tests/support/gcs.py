@@ -75,3 +75,64 @@ def gcs_storage_binding(tmp: Path) -> Any:
 
     emulator = shared_emulator_or_skip()
     return GcsChunkStorage(emulator.new_bucket("storage"), "chunks", **emulator.binding_kwargs())
+
+
+# -- a real bucket (SLTS_GCS_URL) -------------------------------------------------------------------
+
+#: ``gs://BUCKET/prefix`` of a real bucket the tests may write below (credentials: ADC).
+REAL_URL_VARIABLE = "SLTS_GCS_URL"
+
+
+def real_bucket_configured() -> bool:
+    """Whether ``SLTS_GCS_URL`` names a real bucket for the ``gcs-real`` entry."""
+    import os
+
+    return bool(os.environ.get(REAL_URL_VARIABLE, ""))
+
+
+def real_bucket_url() -> str:
+    """``SLTS_GCS_URL``, or skip the calling test saying why."""
+    import os
+
+    import pytest
+
+    url = os.environ.get(REAL_URL_VARIABLE, "")
+    if not url:
+        pytest.skip(
+            f"{REAL_URL_VARIABLE} is not set: no real GCS bucket to test the native paths against "
+            "(set it to gs://BUCKET/writable/prefix; credentials from Application Default Credentials)"
+        )
+    return url
+
+
+def real_binding(suffix: str) -> Any:
+    """A binding below a fresh prefix ``<SLTS_GCS_URL's prefix>/<suffix>`` of the real bucket."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    from slts.bindings.gcs import GcsChunkStorage
+
+    parts = urlsplit(real_bucket_url())
+    path = parts.path.rstrip("/") + f"/{suffix}"
+    return GcsChunkStorage.from_url(urlunsplit(parts._replace(path=path)))
+
+
+def gcs_real_binding(workdir: Path) -> BindingUnderTest:
+    """The conformance entry ``gcs-real``: the real service, a fresh prefix per binding."""
+    import uuid
+
+    suffix = f"conformance-{uuid.uuid4().hex}"
+    storage = real_binding(suffix)
+
+    def cleanup() -> None:  # runs after storage.close(): a new binding on the same prefix
+        with real_binding(suffix) as leftover:
+            for name in list(leftover.list()):
+                leftover.delete(leftover.open_read(name))
+
+    return BindingUnderTest(
+        "gcs-real",
+        storage,
+        GcsRaw(storage._client, storage),
+        reopen=lambda: real_binding(suffix),
+        cleanup=cleanup,
+        model_examples=20,
+    )
