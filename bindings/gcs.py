@@ -105,6 +105,8 @@ RESUMABLE_BYTES_MIN = 8 * MiB
 #: A temporary object older than this is crash debris (a live concat takes far less).
 TMP_AGE_S_MAX = 3600.0
 MAX_ATTEMPTS_LIMIT = 20
+#: The most requests one binding may have in flight (``requests_max``; default: unbounded).
+REQUESTS_MAX_LIMIT = 1024
 RETRY_DELAY_S_BASE = 0.05
 RETRY_DELAY_S_MAX = 2.0
 CONNECT_TIMEOUT_S_DEFAULT = 5.0
@@ -116,7 +118,15 @@ _LOCK_STRIPES = 256
 META_NAME = "slts-name"
 META_WRITE = "slts-write"
 PRECONDITION_MODES = ("auto", "server", "checked")
-_URL_OPTIONS = ("endpoint", "project", "anonymous", "max_attempts", "timeout_s", "preconditions")
+_URL_OPTIONS = (
+    "endpoint",
+    "project",
+    "anonymous",
+    "max_attempts",
+    "timeout_s",
+    "preconditions",
+    "requests_max",
+)
 _SECRET_WORDS = ("secret", "password", "token", "key", "credential", "signature")
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _RETRYABLE_TRANSPORT = (
@@ -309,7 +319,8 @@ def parse_url(url: str) -> tuple[str, str, dict[str, Any]]:
 
     Options: ``endpoint`` (http(s) URL of the service or an emulator), ``project``,
     ``anonymous`` (``1``/``0``), ``max_attempts`` (1-20), ``timeout_s`` (per request read
-    timeout), ``preconditions`` (``auto``/``server``/``checked``). Anything else, a
+    timeout), ``preconditions`` (``auto``/``server``/``checked``), ``requests_max`` (requests
+    in flight at once, 1-1024; unbounded by default). Anything else, a
     repeated or empty option, user info, a fragment, or a secret-looking key is
     ``InvalidConfig`` (the URL shown redacted).
     """
@@ -353,6 +364,10 @@ def parse_url(url: str) -> tuple[str, str, dict[str, Any]]:
     if "max_attempts" in options:
         settings["max_attempts"] = _number(
             "max_attempts", options["max_attempts"], int, 1, MAX_ATTEMPTS_LIMIT
+        )
+    if "requests_max" in options:
+        settings["requests_max"] = _number(
+            "requests_max", options["requests_max"], int, 1, REQUESTS_MAX_LIMIT
         )
     if "timeout_s" in options:
         settings["timeout_s"] = _number("timeout_s", options["timeout_s"], float, 0.001, 3600.0)
@@ -410,6 +425,7 @@ class GcsChunkStorage(ChunkStorage):
         max_attempts: int = MAX_ATTEMPTS_DEFAULT,
         timeout_s: float = READ_TIMEOUT_S_DEFAULT,
         preconditions: str = "auto",
+        requests_max: int | None = None,
         client: Any = None,
         sleep: Callable[[float], None] = time.sleep,
         before_request: Callable[[str], None] | None = None,
@@ -432,6 +448,15 @@ class GcsChunkStorage(ChunkStorage):
             )
         if endpoint is not None and urlparse(endpoint).scheme not in ("http", "https"):
             raise InvalidConfig(f"endpoint must be an http(s) URL, got {_redacted(endpoint)!r}")
+        if requests_max is not None and (
+            isinstance(requests_max, bool)
+            or not isinstance(requests_max, int)
+            or not 1 <= requests_max <= REQUESTS_MAX_LIMIT
+        ):
+            raise InvalidConfig(
+                f"requests_max must be an integer in [1, {REQUESTS_MAX_LIMIT}], got {requests_max!r}"
+            )
+        self._in_flight = threading.BoundedSemaphore(requests_max) if requests_max else None
         self.retry = RetryPolicy(max_attempts, delay_s_base=RETRY_DELAY_S_BASE, delay_s_max=RETRY_DELAY_S_MAX)
         self._sleep = sleep
         self._before_request = before_request
@@ -447,6 +472,7 @@ class GcsChunkStorage(ChunkStorage):
             "anonymous": "1" if anonymous else None,
             "max_attempts": None if max_attempts == MAX_ATTEMPTS_DEFAULT else max_attempts,
             "preconditions": None if preconditions == "auto" else preconditions,
+            "requests_max": requests_max,
         }
         query = urlencode({k: v for k, v in options.items() if v is not None}, safe=":/")
         self.url = url or f"gs://{self.bucket}/{quote(self.prefix)}" + (f"?{query}" if query else "")
@@ -513,6 +539,11 @@ class GcsChunkStorage(ChunkStorage):
         return metadata
 
     @property
+    def client(self) -> Any:
+        """The SDK client this binding sends its requests with (tools use it for raw baselines)."""
+        return self._client
+
+    @property
     def preconditions(self) -> str:
         """``server`` or ``checked`` once decided; ``auto`` until the probe ran."""
         return self._preconditions
@@ -558,7 +589,10 @@ class GcsChunkStorage(ChunkStorage):
             try:
                 if self._before_request is not None:
                     self._before_request(operation)  # a test's fault or kill, translated as the request's own
-                return request()
+                if self._in_flight is None:
+                    return request()
+                with self._in_flight:
+                    return request()
             except ChunkStorageError:
                 raise
             except Exception as exc:

@@ -44,6 +44,10 @@ STARTUP_S_MAX = 60.0
 STOP_GRACE_S = 2.0
 PROBE_INTERVAL_S = 0.1
 LOG_TAIL_LINES = 40
+#: Requests a binding keeps in flight against the emulator: it serves one at a time from a
+#: listen backlog of 5 (http.server's default), so a 6th concurrent connection waits for a
+#: TCP SYN retransmit (1 s); bindings on it bound themselves below that (``requests_max``).
+REQUESTS_MAX = 4
 
 
 class EmulatorUnavailable(Exception):
@@ -248,11 +252,11 @@ class GcsEmulator:
 
     def binding_kwargs(self) -> dict[str, Any]:
         """Constructor arguments of ``GcsChunkStorage`` for this emulator."""
-        return {"endpoint": self.endpoint, "anonymous": True}
+        return {"endpoint": self.endpoint, "anonymous": True, "requests_max": REQUESTS_MAX}
 
     def url(self, bucket: str, prefix: str = "chunks") -> str:
         """The binding URL of ``bucket/prefix`` on this emulator."""
-        return f"gs://{bucket}/{prefix}?endpoint={self.endpoint}&anonymous=1"
+        return f"gs://{bucket}/{prefix}?endpoint={self.endpoint}&anonymous=1&requests_max={REQUESTS_MAX}"
 
     def __repr__(self) -> str:
         return f"GcsEmulator({self.workdir}, port={self.port}, pid={self.pid})"
