@@ -134,3 +134,27 @@ def test_the_demo_runs_with_its_chunks_on_gcs(
         ["demo", "--store", url, "--segments", "1", "--writes", "1", "--dir", str(tmp_path / "e")]
     )
     assert code == command_line.EXIT_INVALID  # the prefix already holds chunks
+
+
+def test_bench_runs_the_gcs_benchmarks_against_the_store(
+    gcs_emulator: GcsEmulator, bucket: str, tmp_path: Path, capsys
+) -> None:
+    only = ["gcs_write_1m", "gcs_concat"]
+    code = cli.main(
+        [
+            "bench",
+            "--quick",
+            "--store",
+            gcs_emulator.url(bucket, "b"),
+            "--only",
+            *only,
+            "--dir",
+            str(tmp_path),
+            "--json",
+        ]
+    )
+    assert code == command_line.EXIT_OK
+    figures = json.loads(capsys.readouterr().out)["figures"]
+    assert [figure["name"] for figure in figures] == only
+    assert all(figure["subject_median"] > 0 and figure["baseline_median"] > 0 for figure in figures)
+    assert [blob.name for blob in gcs_emulator.client().list_blobs(bucket)] == []  # scratch objects deleted

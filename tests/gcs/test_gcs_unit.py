@@ -166,6 +166,8 @@ def test_parse_url_reads_bucket_prefix_and_options() -> None:
         "gs://bucket/x?timeout_s=",
         "gs://bucket/x?anonymous=yes",
         "gs://bucket/x?preconditions=maybe",
+        "gs://bucket/x?requests_max=0",
+        "gs://bucket/x?requests_max=2000",
         "gs://bucket/x?endpoint=ftp://host",
         "gs://bucket/a/../b",
         "gs://bucket/a//b",
