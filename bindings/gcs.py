@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import threading
 import time
@@ -87,6 +88,7 @@ from slts.errors import (
     ChunkInvalidOffset,
     ChunkNotFound,
     ChunkStorageError,
+    InvalidArgument,
     InvalidConfig,
     StorageUnavailable,
 )
@@ -1070,7 +1072,13 @@ class GcsChunkStorage(ChunkStorage):
 
     def sweep_temporaries(self, age_s_min: float = TMP_AGE_S_MAX, now_s: float | None = None) -> int:
         """Delete temporary concat objects below the prefix named more than ``age_s_min``
-        seconds ago (crash debris: a live concat is much younger); returns how many."""
+        seconds ago (crash debris: a live concat is much younger); returns how many.
+        ``InvalidArgument`` for an age or a time that is not a finite number >= 0."""
+        for label, value in (("age_s_min", age_s_min), ("now_s", 0.0 if now_s is None else now_s)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+                raise InvalidArgument(
+                    f"sweep_temporaries: {label} must be a finite number >= 0, got {value!r}"
+                )
         now_ms = int((time.time() if now_s is None else now_s) * 1000)
         removed = 0
         for blob in self._list_objects(self._base + gcs_keys.TMP_LEAF_PREFIX, gcs_keys.TMP_LEAF_PREFIX):

@@ -262,6 +262,15 @@ def test_a_failed_precondition_on_a_write_is_an_invalid_offset(offline) -> None:
     assert type(translated) is ChunkInvalidOffset
 
 
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), "1", True, None])
+def test_the_sweep_refuses_a_bad_age_before_any_request(offline, bad) -> None:
+    from slts.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="age_s_min"):
+        offline.sweep_temporaries(bad)
+    assert offline.statistics().requests == 0
+
+
 def test_the_binding_repr_and_url_hold_no_credentials(offline) -> None:
     assert repr(offline) == "GcsChunkStorage('gs://some-bucket/p?endpoint=http://127.0.0.1:9&anonymous=1')"
     assert offline.preconditions == "auto"  # decided by the probe on the first conditional write
