@@ -401,3 +401,38 @@ def test_storage_emulator_host_points_a_plain_url_at_the_emulator(gcs_emulator, 
     handle = storage.create("a", b"via the environment")
     assert storage.read(handle, 0, 100) == b"via the environment"
     assert raw_get(gcs_emulator, bucket, "env/a") == b"via the environment"
+
+
+@pytest.mark.timeout(120)
+def test_an_emulator_killed_inside_a_compose_tree_leaves_only_sweepable_debris(tmp_path: Path) -> None:
+    """The emulator is SIGKILLed between the composes of a tree (temporaries and an
+    intermediate exist, the target does not) and restarted: no target, the debris is
+    under reserved names no listing shows, the sweep removes it, and the concat retried
+    succeeds."""
+    emulator = GcsEmulator(tmp_path / "own")  # its own: it gets killed
+    emulator.start()
+    try:
+        bucket = emulator.new_bucket("killed")
+        faults = Faults()
+        storage = binding_on(emulator, bucket, faults, max_attempts=1)
+        sources = []
+        for i in range(40):
+            storage.create(f"p{i:02}", pattern(8, seed=i))
+            sources.append(ConcatSource(f"p{i:02}", 1 if i % 10 == 0 else 0, 7 if i % 10 == 0 else 8))
+        faults.before("COMPOSE", 2, emulator.kill)  # after the first intermediate compose
+        with pytest.raises(StorageUnavailable):
+            storage.concat("t", sources)
+        emulator.restart()
+        after = binding_on(emulator, bucket)
+        assert not after.exists("t")
+        debris = [n for n in object_names(emulator, bucket) if ".tmp~" in n]
+        assert len(debris) >= 2  # copied ranges and the first intermediate
+        assert sorted(after.list()) == [f"p{i:02}" for i in range(40)]  # no listing shows them
+        assert after.sweep_temporaries() == 0  # younger than the age guard: maybe a live concat
+        assert after.sweep_temporaries(age_s_min=0.0) == len(debris)
+        assert not [n for n in object_names(emulator, bucket) if ".tmp~" in n]
+        info = after.concat("t", sources)
+        expected = b"".join(pattern(8, seed=int(s.name[1:]))[s.offset :] for s in sources)
+        assert after.read(after.open_read("t"), 0, info.length) == expected
+    finally:
+        emulator.stop()
