@@ -80,9 +80,11 @@ class ResolvedConfig:
         instances that use one chunk storage."""
         return build_limiter(self.limits) if self.limits else None
 
-    def price_list(self) -> Prices:
-        """The rates ``slts cost`` prices with: the defaults, with the ``prices`` set."""
-        return Prices.from_settings(self.prices)
+    def price_list(self, url: str | None = None) -> Prices:
+        """The rates ``slts cost`` prices with: the defaults for the chunk storage at ``url``
+        (``Prices.list_prices``), with the ``prices`` set."""
+        base, _ = Prices.list_prices(url)
+        return dataclasses.replace(base, **{key.removeprefix("prices."): v for key, v in self.prices.items()})
 
 
 def build_limiter(limits: Mapping[str, float]) -> PriorityLimiter:

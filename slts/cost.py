@@ -62,6 +62,8 @@ class CostReport:
     #: True when the requests are the binding's own count (S3), False when they are the
     #: object store equivalent of its calls.
     exact_requests: bool
+    #: Where the default rates come from (S3's or, on ``gs://``, GCS's list prices).
+    prices_source: str = PRICES_SOURCE
 
     @property
     def total(self) -> UsageRecord:
@@ -100,7 +102,7 @@ class CostReport:
             },
             "total": usage_json(self.total, self.cost()),
             "prices": dataclasses.asdict(self.prices),
-            "prices_source": PRICES_SOURCE,
+            "prices_source": self.prices_source,
         }
 
     def as_text(self) -> str:
@@ -128,7 +130,7 @@ class CostReport:
             + ("" if self.exact_requests else " (as an object store would count this binding's calls)")
             + ":",
             *table,
-            f"prices: {PRICES_SOURCE} unless set in [prices] (docs/config.md)",
+            f"prices: {self.prices_source} unless set in [prices] (docs/config.md)",
         ]
         return "\n".join(lines)
 
@@ -169,7 +171,8 @@ def cost_report(storage: ChunkedSegmentStorage, prices: Prices) -> CostReport:
     exact_requests = storage.chunk_storage.counts_own_requests
     with store.snapshot() as view:
         usage = read_usage(view, container_id)
-    return CostReport(container_id, prices, stored_bytes(store), usage, exact_requests)
+    _, source = Prices.list_prices(storage.chunk_storage.url)
+    return CostReport(container_id, prices, stored_bytes(store), usage, exact_requests, source)
 
 
 def _logical(stored: StoredBytes) -> str:

@@ -44,6 +44,14 @@ class Prices:
         """The prices of the dotted ``prices.<rate>`` settings (``PRICE_KEYS``); the rest default."""
         return cls(**{key.removeprefix("prices."): value for key, value in settings.items()})
 
+    @classmethod
+    def list_prices(cls, url: str | None) -> tuple[Prices, str]:
+        """The default rates for a chunk storage URL and where they come from: Google Cloud
+        Storage's for ``gs://`` (``GCS_PRICES``), S3's for everything else."""
+        if isinstance(url, str) and url.startswith("gs://"):
+            return GCS_PRICES, GCS_PRICES_SOURCE
+        return cls(), PRICES_SOURCE
+
     def per_request(self, kind: str) -> float:
         """The price of one request of ``kind``."""
         if kind in ("PUT", "COPY", "MULTIPART", "LIST"):
@@ -60,6 +68,16 @@ class Prices:
         """What bytes sent to and received from the storage cost (copies inside it are free)."""
         return sent / GiB * self.upload_gb + received / GiB * self.download_gb
 
+
+#: Where the GCS rates come from, and when: Standard storage in one region (us-central1;
+#: $0.000027397 per GiB-hour, 0.020 a GiB-month), Class A operations (objects.insert, compose,
+#: list: the binding's PUT, COPY and LIST) and Class B operations (objects.get, media and
+#: metadata: GET and HEAD) per 1,000, objects.delete free, traffic within the region free.
+GCS_PRICES_SOURCE = (
+    "Google Cloud Storage Standard list prices, region us-central1, from cloud.google.com/storage/pricing"
+    " as read on 2026-09-20"
+)
+GCS_PRICES = Prices(storage_gb_month=0.020, put_per_1000=0.005, get_per_1000=0.0004, delete_per_1000=0.0)
 
 #: The price settings, as dotted keys (``[prices]`` in ``slts.toml``).
 PRICE_KEYS: tuple[str, ...] = tuple(f"prices.{field.name}" for field in dataclasses.fields(Prices))

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.gcsserver import stop_shared_emulator
 from tests.support.s3server import SeaweedServer, shared_server_or_skip, stop_shared_server
 
 
@@ -37,10 +38,11 @@ def _stop_s3_server_at_session_end() -> Iterator[None]:
     # (atexit is only the fallback).
     yield
     stop_shared_server()
+    stop_shared_emulator()  # the GCS emulator of tests/support/gcsserver.py, the same way
 
 
 #: Folders whose tests start servers or processes.
-SLOW_FOLDERS = ("s3", "spark", "crash", "hdfs")
+SLOW_FOLDERS = ("s3", "spark", "crash", "hdfs", "gcs")
 #: Tests of other folders that take over 10 s on the 2-core machine (file::name prefixes).
 SLOW_TESTS: tuple[str, ...] = (
     "storage/test_stateful.py::",
@@ -78,8 +80,8 @@ def _is_slow(item: pytest.Item) -> bool:
     if relative.parts[0] in SLOW_FOLDERS:
         return True
     callspec = getattr(item, "callspec", None)
-    if callspec is not None and {"s3", "hdfs"} & set(callspec.id.replace("+", "-").split("-")):
-        return True  # the SeaweedFS server, the WebHDFS server
+    if callspec is not None and {"s3", "hdfs", "gcs"} & set(callspec.id.replace("+", "-").split("-")):
+        return True  # the SeaweedFS server, the WebHDFS server, the GCS emulator
     return _relative_id(item).startswith(SLOW_TESTS)
 
 

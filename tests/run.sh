@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test,s3,hdfs,spark]'
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test,s3,hdfs,spark,gcs]'
 
 # Lint, format and types first (seconds); the tests run either way, the exit code counts all.
 checks=0

@@ -252,14 +252,18 @@ def run(
     With an ``s3://`` ``store`` the S3 benchmarks (``slts.tools.benchmarks.s3``) against
     it are available too, and are the default selection; otherwise they do not exist.
     """
-    from slts.tools.benchmarks import s3
+    from slts.tools.benchmarks import gcs, s3
 
     available = registry(store)
     s3_benchmarks = [name for name in available if name not in BENCHMARKS]
     names = list(only) if only else list(s3_benchmarks or BENCHMARKS)
     unknown = [name for name in names if name not in available]
     if unknown:
-        hint = "" if s3.is_s3_url(store) else " (the s3_* benchmarks need --store s3://...)"
+        hint = (
+            ""
+            if s3.is_s3_url(store) or gcs.is_gcs_url(store)
+            else " (the s3_* benchmarks need --store s3://..., the gcs_* ones --store gs://...)"
+        )
         raise InvalidArgument(f"unknown benchmarks {unknown}; known: {sorted(available)}{hint}")
     parent = directory or os.getcwd()
     if not os.path.isdir(parent):
@@ -283,12 +287,14 @@ def run(
 def registry(store: str | None = None) -> dict[str, Benchmark]:
     """Every benchmark by name: the basic ones and the suites', and with an ``s3://``
     ``store`` the S3 benchmarks against it (building them sends no request)."""
-    from slts.tools.benchmarks import s3
+    from slts.tools.benchmarks import gcs, s3
 
     _register_suites()
     available = dict(BENCHMARKS)
     if store is not None and s3.is_s3_url(store):
         available.update(s3.benchmarks(store))
+    if store is not None and gcs.is_gcs_url(store):
+        available.update(gcs.benchmarks(store))
     return available
 
 

@@ -323,8 +323,8 @@ def cmd_cost(args: argparse.Namespace) -> int:
     Read-only: it fences nobody."""
     from slts.cost import cost_report
 
-    prices = resolve_config(args).price_list()
     with open_storage(args, read_only=True) as storage:
+        prices = resolve_config(args).price_list(storage.chunk_storage.url)  # GCS's rates on gs://
         report = cost_report(storage, prices)
     emit(args, report.as_json(), report.as_text())
     return EXIT_OK
@@ -593,7 +593,8 @@ def _check_export(document: bytes, where: str) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Run the demo on the embedded default (see ``slts.tools.demo``)."""
+    """Run the demo on the embedded default, or with ``--store URL`` its chunks on that
+    storage (see ``slts.tools.demo``)."""
     from slts.tools.demo import open_new_store, run_demo
 
     if args.kafka:
@@ -603,7 +604,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
         emit(args, kafka, "SLTS demo, the tiered Kafka log part:\n" + "\n".join(format_kafka(kafka)))
         return EXIT_OK if kafka["kafka_verified"] else EXIT_ERROR
     report = run_demo(
-        args.dir, segments=args.segments, writes=args.writes, keep=args.keep, json_output=args.json
+        args.dir,
+        segments=args.segments,
+        writes=args.writes,
+        keep=args.keep,
+        json_output=args.json,
+        # ``--store URL`` (gs://..., s3://...) puts the chunks there; a folder (the default
+        # store) does not apply: the demo keeps its own in --dir.
+        store=args.store if "://" in str(args.store) else None,
     )
     return EXIT_OK if report["verified"] else EXIT_ERROR
 

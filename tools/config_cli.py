@@ -20,7 +20,7 @@ from slts.tools.command_line import EXIT_OK, emit, resolve_config
 
 from slts.config import ENV_PREFIX, StorageConfig
 from slts.config_sources import CONFIG_FILE_ENV, CONFIG_FILE_NAME, LIMIT_KEYS
-from slts.prices import PRICE_KEYS, PRICES_SOURCE, Prices
+from slts.prices import GCS_PRICES_SOURCE, PRICE_KEYS, PRICES_SOURCE, Prices
 
 _FIELD_LINE = re.compile(r"^\s{4}(\w+): [\w |]+ = ")
 
@@ -133,7 +133,8 @@ def config_reference() -> str:
             "The rates `slts cost` prices a container's requests, transfers and stored bytes",
             "with (`docs/operations.md`): a `[prices]` table in the file, `SLTS_PRICES_<RATE>`",
             f"variables, `--set prices.<rate>=N` flags. The defaults: {PRICES_SOURCE}, in US",
-            "dollars; set them to your storage's rates.",
+            f"dollars; on a `gs://` store: {GCS_PRICES_SOURCE} (`slts.prices.GCS_PRICES`).",
+            "Set them to your storage's rates.",
             "",
             "```toml",
             "[prices]",

@@ -89,10 +89,13 @@ def open_new_store(folder: str) -> ChunkedSegmentStorage:
     return _open(folder)
 
 
-def _open(folder: str, **config: Any) -> ChunkedSegmentStorage:
-    return open_storage(
-        f"file://{os.path.join(folder, 'chunks')}", metadata=os.path.join(folder, "metadata"), **config
-    )
+def _chunks_url(folder: str, store: str | None = None) -> str:
+    """Where the demo's chunks go: ``store`` (``--store URL``), else ``chunks`` in ``folder``."""
+    return store or f"file://{os.path.join(os.path.abspath(folder), 'chunks')}"
+
+
+def _open(folder: str, store: str | None = None, **config: Any) -> ChunkedSegmentStorage:
+    return open_storage(_chunks_url(folder, store), metadata=os.path.join(folder, "metadata"), **config)
 
 
 class _Expected:
@@ -179,14 +182,21 @@ def run_demo(
     keep: bool = False,
     json_output: bool = False,
     out: Callable[[str], None] = print,
+    store: str | None = None,
 ) -> dict[str, Any]:
     """Run the demo in ``folder`` (recreated) and return its report.
+
+    ``store``: a chunk storage URL (``--store``, e.g. ``gs://bucket/prefix``) for the
+    chunks instead of the folder's filesystem binding; the metadata stays in ``folder``.
+    Its prefix must hold no chunk yet (``InvalidArgument``): the demo checks what it wrote.
 
     ``report["verified"]`` is True only if every segment read back byte-identical and
     the container has no invariant violation and no leaked chunk.
     """
     _require_spark()
     _prepare(folder)
+    if store is not None:
+        _require_empty(store)
     names = [f"demo/stream-{i:03d}/0" for i in range(segments)]
     expected = _Expected()
     quiet = json_output or not sys.stderr.isatty()
@@ -196,7 +206,7 @@ def run_demo(
         return tqdm(total=total, desc=desc, unit="segment", disable=quiet)
 
     try:
-        with _open(folder) as storage:
+        with _open(folder, store) as storage:
             for name in names:
                 storage.create(name)
             with bar(segments, "ingest") as progress:
@@ -217,13 +227,13 @@ def run_demo(
         # over; its first write to a stream starts a new chunk. The last instance stays open.
         per_failover = max(1, writes // 20)
         for failover in range(1, FAILOVERS):
-            with _open(folder) as storage:
+            with _open(folder, store) as storage:
                 report["epochs"].append(storage.epoch)
                 with bar(segments, f"failover {failover}") as progress:
                     _parallel(
                         names, _small_writes(storage, expected, per_failover), SEED + 10 + failover, progress
                     )
-        with _open(folder, concat_merge_seam=False) as storage:
+        with _open(folder, store, concat_merge_seam=False) as storage:
             report["epochs"].append(storage.epoch)
             with bar(segments, f"failover {FAILOVERS}") as progress:
                 _parallel(names, _small_writes(storage, expected, per_failover), SEED + 1, progress)
@@ -244,7 +254,7 @@ def run_demo(
             report["truncated"] = segments // 4
 
             report["cost_before_defrag"] = _cost(storage)
-            batch, spark_start_s = _spark_defrag(folder, storage, quiet)
+            batch, spark_start_s = _spark_defrag(folder, storage, quiet, store)
             # The batch fenced nobody: the live owner keeps writing, through the new layout.
             with bar(segments, "after defrag") as progress:
                 _parallel(names, _small_writes(storage, expected, 1), SEED + 3, progress)
@@ -267,7 +277,7 @@ def run_demo(
             defrag_problems = [f"spark defrag: run failed: {error}" for error in batch.errors]
 
         # Verify on a fresh instance, collect garbage at once, verify again: no leak.
-        with _open(folder, gc_delay_s=0.0) as storage:
+        with _open(folder, store, gc_delay_s=0.0) as storage:
             report["epochs"].append(storage.epoch)
             with bar(segments, "verify") as progress:
                 started = time.perf_counter()
@@ -290,11 +300,12 @@ def run_demo(
                 snapshot_entries=snapshot.entries,
                 snapshot_bytes=snapshot.end - snapshot.start,
             )
-        lost, restored = _disaster_recovery(folder, expected, bar, report)
+        lost, restored = _disaster_recovery(folder, expected, bar, report, store)
         mismatched += lost
         problems += restored
         report.update(run_kafka_demo(os.path.join(folder, "kafka"), open_new_store))
         report.update(
+            store=_chunks_url(folder, store) if store is not None else None,
             mismatched=mismatched,
             problems=problems[:20],
             verified=not mismatched and not problems and report["kafka_verified"],
@@ -309,9 +320,10 @@ def run_demo(
 
 
 def _cost(storage: ChunkedSegmentStorage) -> dict[str, Any]:
-    """The container's layout and requests so far, priced at the default (S3) rates."""
+    """The container's layout and requests so far, priced at the chunk storage's default list
+    prices (S3's; GCS's on ``gs://``)."""
     storage.flush_usage()
-    report = cost_report(storage, Prices())
+    report = cost_report(storage, Prices.list_prices(storage.chunk_storage.url)[0])
     total = report.total
     return {
         "chunks": report.stored.chunks,
@@ -319,10 +331,22 @@ def _cost(storage: ChunkedSegmentStorage) -> dict[str, Any]:
         "storage_per_month": report.storage_per_month,
         "requests": total.request_count,
         "requests_cost": report.cost(),
+        "prices_source": report.prices_source,
     }
 
 
-def _spark_defrag(folder: str, owner: ChunkedSegmentStorage, quiet: bool) -> tuple[BatchReport, float]:
+def _require_empty(store: str) -> None:
+    """Refuse a ``--store`` whose prefix already holds chunks (``InvalidArgument``)."""
+    from slts.bindings import from_url
+
+    with from_url(store) as binding:
+        if next(iter(binding.list()), None) is not None:
+            raise InvalidArgument(f"the demo's --store {store!r} already holds chunks: give it a new prefix")
+
+
+def _spark_defrag(
+    folder: str, owner: ChunkedSegmentStorage, quiet: bool, store: str | None = None
+) -> tuple[BatchReport, float]:
     """The Spark defrag batch over every segment, beside the live ``owner``: its report and
     the seconds Spark took to start. Spark's output goes to ``SPARK_LOG`` in ``folder``;
     its tail is shown if the step fails."""
@@ -345,7 +369,7 @@ def _spark_defrag(folder: str, owner: ChunkedSegmentStorage, quiet: bool) -> tup
     try:
         with tqdm(desc=f"spark defrag ({SPARK_MASTER})", unit="run", disable=quiet) as progress:
             report = defrag_store(
-                f"file://{os.path.join(root, 'chunks')}",
+                _chunks_url(root, store),
                 os.path.join(root, "metadata"),
                 timed_spark,
                 config=owner.config,  # not an owner: fences nobody
@@ -358,7 +382,11 @@ def _spark_defrag(folder: str, owner: ChunkedSegmentStorage, quiet: bool) -> tup
 
 
 def _disaster_recovery(
-    folder: str, expected: _Expected, bar: Callable[[int, str], tqdm], report: dict[str, Any]
+    folder: str,
+    expected: _Expected,
+    bar: Callable[[int, str], tqdm],
+    report: dict[str, Any],
+    store: str | None = None,
 ) -> tuple[list[str], list[str]]:
     """Lose the metadata folder, restore it from tier-2 alone, verify every segment;
     return (mismatched segments, problems) and put the figures in ``report``."""
@@ -367,7 +395,7 @@ def _disaster_recovery(
 
     shutil.rmtree(os.path.join(folder, "metadata"))  # the machine is lost: only tier-2 is left
     restored = os.path.join(folder, "metadata-restored")
-    with from_url(f"file://{os.path.join(folder, 'chunks')}") as binding:
+    with from_url(_chunks_url(folder, store)) as binding:
         restore = restore_to_folder(binding, 0, restored)
     report.update(
         restore_s=round(restore.seconds, 3),
@@ -375,11 +403,16 @@ def _disaster_recovery(
         restore_log_records=restore.log_records,
         restore_mb_per_s=round(restore.bytes_read / max(restore.seconds, 1e-9) / 1e6, 2),
     )
-    with open_storage(f"file://{os.path.join(folder, 'chunks')}", metadata=restored) as storage:
+    with open_storage(_chunks_url(folder, store), metadata=restored) as storage:
         report["epochs"].append(storage.epoch)
         with bar(len(expected.data), "verify restored") as progress:
             mismatched = _verify(storage, expected, progress)
         return [f"restored:{name}" for name in mismatched], verify_container(storage).problems
+
+
+def _shown(url: str) -> str:
+    """A store URL without its query (no option of it is a secret, but it is long)."""
+    return url.partition("?")[0]
 
 
 def _cost_lines(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
@@ -393,7 +426,9 @@ def _cost_lines(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
         )
 
     return [
-        "  cost          slts cost at S3 Standard list prices (requests: the driver's, not Spark's):",
+        "  cost          slts cost at "
+        + ("GCS" if before.get("prices_source", "").startswith("Google") else "S3")
+        + " Standard list prices (requests: the driver's, not Spark's):",
         line("                before defrag: ", before),
         line("                after defrag and GC: ", after),
     ]
@@ -406,7 +441,9 @@ def _format(report: dict[str, Any]) -> str:
     per_segment = report["writes"] // report["segments"]
     return "\n".join(
         [
-            "SLTS demo: filesystem binding + LMDB metadata, durable writes (fsync data, sync metadata)",
+            "SLTS demo: filesystem binding + LMDB metadata, durable writes (fsync data, sync metadata)"
+            if not report.get("store")
+            else f"SLTS demo: chunks on {_shown(report['store'])} + LMDB metadata",
             f"  ingest        {report['segments']} segments x {per_segment} small writes"
             f" ({WRITE_BYTES_MIN}-{WRITE_BYTES_MAX} B) from {THREADS} threads",
             f"                {report['writes']} writes, {report['ingest_bytes'] / 1e6:.2f} MB in "

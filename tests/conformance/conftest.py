@@ -28,6 +28,7 @@ from slts.bindings.filesystem import FileSystemChunkStorage, chunk_relpath
 from slts.bindings.memory import MemoryChunkStorage, _Chunk
 
 from tests.support.conformance import BindingUnderTest, remove_tree
+from tests.support.gcs import gcs_binding, gcs_real_binding, real_bucket_configured
 from tests.support.hdfs import hdfs_binding, hdfs_real_binding, real_cluster_configured
 from tests.support.s3 import s3_binding
 
@@ -138,6 +139,9 @@ BINDINGS: dict[str, Callable[[Path], BindingUnderTest]] = {
     # A real cluster if SLTS_HDFS_URL is set (else tests/hdfs/test_real_cluster.py skips).
     **({"hdfs-real": hdfs_real_binding} if real_cluster_configured() else {}),
     "s3": s3_binding,  # the session's SeaweedFS server (tests/support/s3server.py)
+    "gcs": gcs_binding,  # the session's gcp-storage-emulator (tests/support/gcsserver.py)
+    # A real bucket if SLTS_GCS_URL is set (else tests/gcs/test_real_bucket.py skips).
+    **({"gcs-real": gcs_real_binding} if real_bucket_configured() else {}),
 }
 
 
