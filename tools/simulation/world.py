@@ -98,7 +98,7 @@ class World:
         # generator of their own, so every other draw of a seed stays as it was.
         checked_reads = random.Random(f"checked-reads-{seam.seed}")
         self.binding.checks_as_it_reads = checked_reads.random() < 0.5
-        small_blocks = {"checksum_block_bytes": checked_reads.choice([16, 100, 1000])}
+        small_blocks: dict[str, Any] = {"checksum_block_bytes": checked_reads.choice([16, 100, 1000])}
         self.store: MetadataStore = MemoryMetadataStore(TABLES)
         checksums = profile.random() < 0.7
         self.config = StorageConfig(
