@@ -8,6 +8,7 @@ when used, so a missing optional SDK only matters to those who use its scheme:
 ``file:///path``                ``FileSystemChunkStorage``
 ``s3://bucket/prefix?...``      S3 binding (boto3, extra ``s3``)
 ``hdfs://host:port/path``       HDFS binding (pyhdfs, extra ``hdfs``)
+``azure://container/prefix``    Azure Blob binding (azure-storage-blob, extra ``azure``)
 =============================== ==========================================
 
 This package imports nothing from the SLTS core but ``slts.errors``.
@@ -31,6 +32,7 @@ _REGISTRY: dict[str, tuple[str, str, str | None]] = {
     "file": ("slts.bindings.filesystem", "FileSystemChunkStorage", None),
     "s3": ("slts.bindings.s3", "S3ChunkStorage", "s3"),
     "hdfs": ("slts.bindings.hdfs", "HdfsChunkStorage", "hdfs"),
+    "azure": ("slts.bindings.azure", "AzureChunkStorage", "azure"),
 }
 
 _memory_lock = threading.Lock()
