@@ -726,7 +726,10 @@ class AzureChunkStorage(ChunkStorage):
             downloader = blob.download_blob(offset=offset, length=length, max_concurrency=1)
             data = downloader.readall()
             self._add(bytes_downloaded=len(data))
-            return data, int(downloader.properties.size), dict(downloader.properties.metadata or {})
+            properties = downloader.properties
+            # properties.size is the range's; "bytes a-b/total" gives the blob's size.
+            size = int(str(properties.content_range).rpartition("/")[2])
+            return data, size, dict(properties.metadata or {})
 
         result = self._call("GET", "Get Blob", name, request)
         assert result is not None
