@@ -27,7 +27,7 @@ from slts.bindings.faulty import FaultyChunkStorage
 from slts.bindings.filesystem import FileSystemChunkStorage, chunk_relpath
 from slts.bindings.memory import MemoryChunkStorage, _Chunk
 
-from tests.support.azure import azure_binding
+from tests.support.azure import azure_binding, azure_real_binding, real_account_configured
 from tests.support.conformance import BindingUnderTest, remove_tree
 from tests.support.hdfs import hdfs_binding, hdfs_real_binding, real_cluster_configured
 from tests.support.s3 import s3_binding
@@ -140,6 +140,8 @@ BINDINGS: dict[str, Callable[[Path], BindingUnderTest]] = {
     **({"hdfs-real": hdfs_real_binding} if real_cluster_configured() else {}),
     "s3": s3_binding,  # the session's SeaweedFS server (tests/support/s3server.py)
     "azure": azure_binding,  # the session's Azurite (tests/support/azurite.py)
+    # A real account if SLTS_AZURE_URL is set (else tests/azure/test_real_account.py skips).
+    **({"azure-real": azure_real_binding} if real_account_configured() else {}),
 }
 
 

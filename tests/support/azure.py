@@ -90,3 +90,45 @@ def azure_storage_binding(tmp: Path) -> Any:
 
 def real_account_configured() -> bool:
     return bool(os.environ.get(REAL_URL_VARIABLE))
+
+
+def real_account_url() -> str:
+    """``$SLTS_AZURE_URL`` (``azure://CONTAINER/prefix``, credentials in the environment as
+    for any azure:// URL), or skip the calling test saying why."""
+    import pytest
+
+    url = os.environ.get(REAL_URL_VARIABLE, "")
+    if not url:
+        pytest.skip(
+            f"no real Azure account: set {REAL_URL_VARIABLE}=azure://CONTAINER/prefix and "
+            "AZURE_STORAGE_CONNECTION_STRING (or AZURE_STORAGE_ACCOUNT with a key, SAS or identity)"
+        )
+    return url
+
+
+def azure_real_binding(workdir: Path) -> BindingUnderTest:
+    """The conformance entry ``azure-real``: a fresh prefix below ``$SLTS_AZURE_URL`` per
+    binding, removed afterwards; the raw hook is the SDK on the binding's own client."""
+    import uuid
+    from urllib.parse import urlsplit, urlunsplit
+
+    from slts.bindings.azure import AzureChunkStorage
+
+    parts = urlsplit(real_account_url())
+    path = parts.path.rstrip("/") + f"/conformance-{uuid.uuid4().hex[:12]}"
+    url = urlunsplit(parts._replace(path=path))
+    storage = AzureChunkStorage.from_url(url)
+    client = storage._client
+
+    def cleanup() -> None:
+        for blob in client.list_blobs(name_starts_with=storage.prefix + "/"):
+            client.delete_blob(blob.name)
+
+    return BindingUnderTest(
+        "azure-real",
+        storage,
+        AzureRaw(client, storage),
+        reopen=lambda: AzureChunkStorage.from_url(url),
+        cleanup=cleanup,
+        model_examples=20,
+    )
