@@ -259,7 +259,11 @@ def run(
     names = list(only) if only else list(s3_benchmarks or BENCHMARKS)
     unknown = [name for name in names if name not in available]
     if unknown:
-        hint = "" if s3.is_s3_url(store) else " (the s3_* benchmarks need --store s3://...)"
+        hint = (
+            ""
+            if s3.is_s3_url(store) or (store or "").startswith("azure://")
+            else " (the s3_* benchmarks need --store s3://..., the azure_* ones --store azure://...)"
+        )
         raise InvalidArgument(f"unknown benchmarks {unknown}; known: {sorted(available)}{hint}")
     parent = directory or os.getcwd()
     if not os.path.isdir(parent):
@@ -282,13 +286,16 @@ def run(
 
 def registry(store: str | None = None) -> dict[str, Benchmark]:
     """Every benchmark by name: the basic ones and the suites', and with an ``s3://``
-    ``store`` the S3 benchmarks against it (building them sends no request)."""
-    from slts.tools.benchmarks import s3
+    ``store`` the S3 benchmarks against it, with an ``azure://`` one the Azure benchmarks
+    (building them sends no request)."""
+    from slts.tools.benchmarks import azure, s3
 
     _register_suites()
     available = dict(BENCHMARKS)
     if store is not None and s3.is_s3_url(store):
         available.update(s3.benchmarks(store))
+    if store is not None and azure.is_azure_url(store):
+        available.update(azure.benchmarks(store))
     return available
 
 

@@ -19,8 +19,9 @@ machine), or ``PATH``. Without it (or without Node.js or azure-storage-blob) the
 skip with the reason.
 
 **What a kill loses.** Azurite writes blob bytes to its extent files at once, but keeps
-its metadata (which blobs exist, their blocks and sizes) in a LokiJS database that it
-saves to ``__azurite_db_blob__.json`` every 5 s (when changed). A SIGKILL loses the
+its metadata (which blobs exist, their blocks and sizes, and where their bytes are) in two
+LokiJS databases that it saves to ``__azurite_db_blob__.json`` and
+``__azurite_db_blob_extent__.json`` every 5 s (when changed). A SIGKILL loses the
 changes since the last save: acknowledged writes vanish. That is the emulator's loss, not
 SLTS's (Blob Storage acknowledges only durable writes); ``persisted()`` waits for the
 save (the file is replaced by a newer one) so a crash test can tell one from the other.
@@ -57,6 +58,7 @@ PERSIST_S_MAX = 30.0
 #: The version tests/run.sh installs (the one these tests were written against).
 AZURITE_VERSION = "3.37.0"
 DB_FILE = "__azurite_db_blob__.json"
+EXTENT_DB_FILE = "__azurite_db_blob_extent__.json"
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -225,23 +227,29 @@ class AzuriteServer:
             f"log tail:\n{self.log_tail()}"
         )
 
-    def persisted(self) -> None:
-        """Wait until Azurite has saved its metadata after this call began: the database
-        file is replaced by one written later (see the module doc). Bounded."""
-        db = self.data_dir / DB_FILE
+    def persisted(self, *, extents: bool = True) -> None:
+        """Wait until Azurite has saved its blob metadata, and its extent metadata too if
+        ``extents`` (bytes were written), after this call began: each database file is
+        replaced by one written later (see the module doc). Only call it with unsaved
+        changes (else no save comes): bounded by ``PERSIST_S_MAX``, then ``RuntimeError``."""
+        files = [self.data_dir / DB_FILE] + ([self.data_dir / EXTENT_DB_FILE] if extents else [])
         since = time.time()
         deadline = time.monotonic() + PERSIST_S_MAX
+        pending = list(files)
         while time.monotonic() < deadline:
-            with contextlib.suppress(FileNotFoundError):
-                if db.stat().st_mtime > since:
-                    return
+            for path in list(pending):
+                with contextlib.suppress(FileNotFoundError):
+                    if path.stat().st_mtime > since:
+                        pending.remove(path)
+            if not pending:
+                return
             assert self._process is not None
             try:
                 self._process.wait(timeout=PROBE_INTERVAL_S)  # returns early if it dies
             except subprocess.TimeoutExpired:
                 continue
             raise RuntimeError("azurite died while its metadata was awaited")
-        raise RuntimeError(f"azurite did not save its metadata within {PERSIST_S_MAX:.0f} s")
+        raise RuntimeError(f"azurite did not save {[p.name for p in pending]} within {PERSIST_S_MAX:.0f} s")
 
     def kill(self) -> None:
         """SIGKILL at once (a crash), keeping the data folder and port."""
