@@ -1001,8 +1001,11 @@ class AzureChunkStorage(ChunkStorage):
     # -- concat ------------------------------------------------------------------------------------
 
     def concat_bytes_through_client(self, sources: Sequence[ConcatSource]) -> int:
-        """0 where Put Block From URL copies the ranges inside the service, else all of them."""
-        return 0 if self._native_concat is True else sum(source.length for source in sources)
+        """0 where Put Block From URL copies the ranges inside the service, else all of them.
+        Needs no request: before the first concat of ``native_concat=auto`` the service is
+        taken to have Put Block From URL (Azure does; an endpoint found without it, by a
+        501, counts from then on)."""
+        return 0 if self._native_concat is not False else sum(source.length for source in sources)
 
     def _do_concat(self, target: str, sources: Sequence[ConcatSource]) -> ChunkInfo:
         if self.exists(target):

@@ -31,7 +31,7 @@ from slts.limiter import TrafficClass
 from slts.metadata.records import ChunkRecord
 from slts.metadata.schema import CHUNKS, GC, SEGMENTS
 from slts.metadata.store import MetadataStore
-from slts.prices import PRICE_KEYS, PRICES_SOURCE, GiB, Prices
+from slts.prices import PRICE_KEYS, PRICES_SOURCE, GiB, Prices, list_prices
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.usage import EMPTY_USAGE, UsageRecord, iter_kinds, read_usage, total_usage
 
@@ -62,6 +62,8 @@ class CostReport:
     #: True when the requests are the binding's own count (S3), False when they are the
     #: object store equivalent of its calls.
     exact_requests: bool
+    #: Where the default rates come from (the store's service: ``slts.prices.list_prices``).
+    prices_source: str = PRICES_SOURCE
 
     @property
     def total(self) -> UsageRecord:
@@ -100,7 +102,7 @@ class CostReport:
             },
             "total": usage_json(self.total, self.cost()),
             "prices": dataclasses.asdict(self.prices),
-            "prices_source": PRICES_SOURCE,
+            "prices_source": self.prices_source,
         }
 
     def as_text(self) -> str:
@@ -128,7 +130,7 @@ class CostReport:
             + ("" if self.exact_requests else " (as an object store would count this binding's calls)")
             + ":",
             *table,
-            f"prices: {PRICES_SOURCE} unless set in [prices] (docs/config.md)",
+            f"prices: {self.prices_source} unless set in [prices] (docs/config.md)",
         ]
         return "\n".join(lines)
 
@@ -169,7 +171,8 @@ def cost_report(storage: ChunkedSegmentStorage, prices: Prices) -> CostReport:
     exact_requests = storage.chunk_storage.counts_own_requests
     with store.snapshot() as view:
         usage = read_usage(view, container_id)
-    return CostReport(container_id, prices, stored_bytes(store), usage, exact_requests)
+    source = list_prices(storage.chunk_storage.url)[1]
+    return CostReport(container_id, prices, stored_bytes(store), usage, exact_requests, source)
 
 
 def _logical(stored: StoredBytes) -> str:

@@ -323,7 +323,8 @@ def cmd_cost(args: argparse.Namespace) -> int:
     Read-only: it fences nobody."""
     from slts.cost import cost_report
 
-    prices = resolve_config(args).price_list()
+    url, _ = store_locations(args.store, args.metadata)
+    prices = resolve_config(args).price_list(url)
     with open_storage(args, read_only=True) as storage:
         report = cost_report(storage, prices)
     emit(args, report.as_json(), report.as_text())
@@ -602,8 +603,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
         kafka = run_alone(args.dir, open_new_store, args.keep)
         emit(args, kafka, "SLTS demo, the tiered Kafka log part:\n" + "\n".join(format_kafka(kafka)))
         return EXIT_OK if kafka["kafka_verified"] else EXIT_ERROR
+    if args.store is not None and "://" not in args.store:
+        raise InvalidArgument(
+            f"slts demo --store takes a chunk storage URL (scheme://...), got {args.store!r}"
+        )
     report = run_demo(
-        args.dir, segments=args.segments, writes=args.writes, keep=args.keep, json_output=args.json
+        args.dir,
+        segments=args.segments,
+        writes=args.writes,
+        keep=args.keep,
+        json_output=args.json,
+        store=args.store,
     )
     return EXIT_OK if report["verified"] else EXIT_ERROR
 
@@ -848,7 +858,7 @@ def build_parser() -> argparse.ArgumentParser:
     scrub.add_argument("--master", default=None, help="with --spark: the Spark master (default local[*])")
     scrub.add_argument("--partitions", type=positive, default=None, help="with --spark: partitions per batch")
 
-    add("cost", cmd_cost, "requests, bytes moved and stored, priced (defaults: S3 Standard list prices)")
+    add("cost", cmd_cost, "requests, bytes moved and stored, priced (defaults: the store's list prices)")
 
     add("snapshot", cmd_snapshot, "take a metadata snapshot on tier-2 now")
 
@@ -883,6 +893,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--segments", type=positive, default=64)
     demo.add_argument("--writes", type=positive, default=200, help="small writes per segment")
     demo.add_argument("--keep", action="store_true", help="keep the demo folder afterwards")
+    # The demo's --store (the common option): its chunks on that empty chunk storage URL
+    # (e.g. azure://container/prefix) instead of --dir; not $SLTS_STORE's default.
+    demo.set_defaults(store=None)
     demo.add_argument(
         "--kafka", action="store_true", help="only the tiered Kafka log part (KIP-405, slts.remote)"
     )

@@ -39,8 +39,9 @@ from slts.tools.demo_kafka import format_kafka, run_kafka_demo
 from tqdm import tqdm
 
 from slts.admin.verify import verify_container
-from slts.cost import Prices, cost_report
+from slts.cost import cost_report
 from slts.errors import InvalidArgument, InvalidConfig
+from slts.prices import list_prices
 from slts.storage.batch_defrag import BatchReport
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.factory import open as open_storage
@@ -86,13 +87,45 @@ def _prepare(folder: str) -> None:
 def open_new_store(folder: str) -> ChunkedSegmentStorage:
     """The embedded default in a new ``folder``: chunks and LMDB metadata under it."""
     os.makedirs(os.path.join(folder, "metadata"))
-    return _open(folder)
+    # Always the folder's own chunks, even with --store (the Kafka part's store).
+    return open_storage(f"file://{os.path.join(folder, 'chunks')}", metadata=os.path.join(folder, "metadata"))
+
+
+#: The demo's chunk storage (``slts demo --store URL``, set by ``run_demo`` for its run);
+#: None: the embedded default, the filesystem binding in the demo folder.
+_RUN: dict[str, str | None] = {"store": None}
+
+
+def _chunks_url(folder: str) -> str:
+    """Where the demo's chunks go: the ``--store`` URL, else ``chunks`` in ``folder``."""
+    store = _RUN["store"]
+    return store if store is not None else f"file://{os.path.join(folder, 'chunks')}"
 
 
 def _open(folder: str, **config: Any) -> ChunkedSegmentStorage:
-    return open_storage(
-        f"file://{os.path.join(folder, 'chunks')}", metadata=os.path.join(folder, "metadata"), **config
-    )
+    return open_storage(_chunks_url(folder), metadata=os.path.join(folder, "metadata"), **config)
+
+
+def _check_empty_store(url: str) -> None:
+    """A ``--store`` must hold nothing yet: the demo's restore reads all of it."""
+    from slts.bindings import from_url
+
+    from slts.errors import InvalidArgument
+
+    with from_url(url) as binding:
+        if next(iter(binding.list()), None) is not None:
+            raise InvalidArgument(
+                f"slts demo --store needs an empty store (a fresh prefix): {url} holds chunks"
+            )
+
+
+def _empty_store(url: str) -> None:
+    """Remove what the demo left in its ``--store`` (unless ``--keep``)."""
+    from slts.bindings import from_url
+
+    with from_url(url) as binding:
+        for name in list(binding.list()):
+            binding.delete(binding.open_write(name))
 
 
 class _Expected:
@@ -179,13 +212,30 @@ def run_demo(
     keep: bool = False,
     json_output: bool = False,
     out: Callable[[str], None] = print,
+    store: str | None = None,
 ) -> dict[str, Any]:
     """Run the demo in ``folder`` (recreated) and return its report.
 
     ``report["verified"]`` is True only if every segment read back byte-identical and
-    the container has no invariant violation and no leaked chunk.
+    the container has no invariant violation and no leaked chunk. ``store``: a chunk
+    storage URL (empty) for the chunks instead of the folder (``slts demo --store``); the
+    metadata stays in the folder, and what the demo wrote there is removed unless ``keep``.
     """
     _require_spark()
+    if store is not None:
+        _check_empty_store(store)
+    _RUN["store"] = store
+    try:
+        return _run_demo(folder, segments, writes, keep, json_output, out)
+    finally:
+        if store is not None and not keep:
+            _empty_store(store)
+        _RUN["store"] = None
+
+
+def _run_demo(
+    folder: str, segments: int, writes: int, keep: bool, json_output: bool, out: Callable[[str], None]
+) -> dict[str, Any]:
     _prepare(folder)
     names = [f"demo/stream-{i:03d}/0" for i in range(segments)]
     expected = _Expected()
@@ -309,9 +359,9 @@ def run_demo(
 
 
 def _cost(storage: ChunkedSegmentStorage) -> dict[str, Any]:
-    """The container's layout and requests so far, priced at the default (S3) rates."""
+    """The container's layout and requests so far, priced at its store's list prices."""
     storage.flush_usage()
-    report = cost_report(storage, Prices())
+    report = cost_report(storage, list_prices(storage.chunk_storage.url)[0])
     total = report.total
     return {
         "chunks": report.stored.chunks,
@@ -345,7 +395,7 @@ def _spark_defrag(folder: str, owner: ChunkedSegmentStorage, quiet: bool) -> tup
     try:
         with tqdm(desc=f"spark defrag ({SPARK_MASTER})", unit="run", disable=quiet) as progress:
             report = defrag_store(
-                f"file://{os.path.join(root, 'chunks')}",
+                _chunks_url(root),
                 os.path.join(root, "metadata"),
                 timed_spark,
                 config=owner.config,  # not an owner: fences nobody
@@ -367,7 +417,7 @@ def _disaster_recovery(
 
     shutil.rmtree(os.path.join(folder, "metadata"))  # the machine is lost: only tier-2 is left
     restored = os.path.join(folder, "metadata-restored")
-    with from_url(f"file://{os.path.join(folder, 'chunks')}") as binding:
+    with from_url(_chunks_url(folder)) as binding:
         restore = restore_to_folder(binding, 0, restored)
     report.update(
         restore_s=round(restore.seconds, 3),
@@ -375,7 +425,7 @@ def _disaster_recovery(
         restore_log_records=restore.log_records,
         restore_mb_per_s=round(restore.bytes_read / max(restore.seconds, 1e-9) / 1e6, 2),
     )
-    with open_storage(f"file://{os.path.join(folder, 'chunks')}", metadata=restored) as storage:
+    with open_storage(_chunks_url(folder), metadata=restored) as storage:
         report["epochs"].append(storage.epoch)
         with bar(len(expected.data), "verify restored") as progress:
             mismatched = _verify(storage, expected, progress)
