@@ -364,3 +364,15 @@ def test_the_engine_rolls_to_a_new_chunk_when_one_is_full(azurite, monkeypatch, 
     assert storage.info("s").chunk_count == 2
     assert storage.read(storage.open_read("s"), 0, 11) == b"onetwothree"
     storage.close()
+
+
+def test_a_concat_whose_commit_answer_was_lost_is_settled_by_its_write_id(azurite) -> None:
+    wire = Wire()
+    storage = binding_on(azurite, wire)
+    storage.create("a", b"abcdef")
+    wire.lose.append("comp=blocklist")  # Put Block List applied, its answer lost
+    storage.concat("t", [ConcatSource("a", 1, 4)])
+    assert storage.statistics().retries == 1
+    assert storage.read(storage.open_read("t"), 0, 10) == b"bcde"
+    with pytest.raises(ChunkExists):  # a second concat to it is still refused
+        storage.concat("t", [ConcatSource("a", 0, 1)])

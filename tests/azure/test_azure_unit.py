@@ -271,3 +271,21 @@ def test_a_refused_connection_is_retried_then_storage_unavailable() -> None:
 def test_no_sdk_exception_leaves_the_binding(call) -> None:
     with pytest.raises(StorageUnavailable):
         call(offline(max_attempts=1))
+
+
+def test_without_key_or_sas_default_azure_credential_is_used(monkeypatch) -> None:
+    import types
+
+    class DefaultAzureCredential:  # stands in for azure-identity's (not installed here)
+        def get_token(self, *scopes: str) -> object:
+            raise AssertionError("no token is needed to build the binding")
+
+    module = types.ModuleType("azure.identity")
+    module.DefaultAzureCredential = DefaultAzureCredential  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "azure.identity", module)
+    found = credentials_from_environment(environ={"AZURE_STORAGE_ACCOUNT": "acct1"})
+    assert found.source == "DefaultAzureCredential"
+    assert isinstance(found.credential, DefaultAzureCredential)
+    assert found.account_url == "https://acct1.blob.core.windows.net"
+    storage = AzureChunkStorage("abc", credentials=found)
+    assert storage._client.credential is found.credential
