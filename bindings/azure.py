@@ -758,14 +758,25 @@ class AzureChunkStorage(ChunkStorage):
                 self._add(bytes_uploaded=len(piece))
                 return blob.append_block(piece, length=len(piece), appendpos_condition=position)
 
-            answer = self._call(
-                "PUT",
-                "Append Block",
-                name,
-                request,
-                conflict=ChunkInvalidOffset,
-                recovered=functools.partial(self._holds, name, position, piece),
-            )
+            try:
+                answer = self._call(
+                    "PUT",
+                    "Append Block",
+                    name,
+                    request,
+                    conflict=ChunkInvalidOffset,
+                    recovered=functools.partial(self._holds, name, position, piece),
+                )
+            except ChunkInvalidOffset as exc:
+                if start == 0:
+                    raise  # nothing written: the contract's answer to a lost race
+                raise StorageUnavailable(
+                    f"chunk {name!r}: block {start // step + 1} of a write at {offset} was refused "
+                    f"({exc.message}); the chunk's tail is not this write's",
+                    chunk=name,
+                    offset=position,
+                    binding=self.url,
+                ) from exc
             if answer is not None:
                 count = int(answer.get("blob_committed_block_count") or 0)
         if count:

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -24,7 +25,12 @@ pytest.importorskip(
 )
 
 from azure.core import MatchConditions
-from azure.core.exceptions import HttpResponseError, ResourceExistsError, ServiceResponseError
+from azure.core.exceptions import (
+    HttpResponseError,
+    ResourceExistsError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
 from azure.storage.blob import BlobServiceClient, BlobType
 from slts.bindings import ChunkHandle, ConcatSource, from_url
 from slts.bindings.azure import META_LENGTH, AzureChunkStorage, credentials_from_environment
@@ -51,10 +57,16 @@ class Wire:
     def __init__(self) -> None:
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.lose: list[str] = []  # lose the answer of the next request whose query has this
+        #: Called with every response (after ``lose``), every request before it is sent:
+        #: a test's own doing at that moment.
+        self.respond: Callable[[Any], None] | None = None
+        self.before: Callable[[Any], None] | None = None
 
     def on_request(self, request: Any) -> None:
         http = request.http_request
         self.requests.append((http.method, http.url, dict(http.headers)))
+        if self.before is not None:
+            self.before(request)
 
     def on_response(self, response: Any) -> None:
         url = response.http_request.url
@@ -62,6 +74,8 @@ class Wire:
             if marker in url:
                 self.lose.remove(marker)
                 raise ServiceResponseError("the answer was lost on the way back (test)")
+        if self.respond is not None:
+            self.respond(response)
 
 
 def binding_on(azurite: AzuriteServer, wire: Wire | None = None, **options: Any) -> AzureChunkStorage:
@@ -184,20 +198,20 @@ def test_another_writers_append_is_not_taken_for_ours(azurite) -> None:
     storage = binding_on(azurite, wire)
     handle = storage.create("c", b"head")
     raw = raw_container(azurite, storage).get_blob_client(storage.blob_name("c"))
+    done: list[int] = []
 
-    def rival(response: Any) -> None:  # our answer is lost, then a rival appends first
-        if "comp=appendblock" in response.http_request.url and not rival.done:
-            rival.done = True
-            raise ServiceResponseError("lost")
+    def rival(request: Any) -> None:  # ours never leaves; a rival appends at our offset
+        if "comp=appendblock" in request.http_request.url and not done:
+            done.append(1)
+            raw.append_block(b"RIVL", appendpos_condition=4)
+            raise ServiceRequestError("connection reset before sending (test)")
 
-    rival.done = False
-    wire.on_response = rival  # type: ignore[method-assign]
-    storage.write(handle, 4, b"ours")
-    # Ours landed; a rival appending at the old end now fails, and ours reads back once.
-    with pytest.raises(HttpResponseError) as refused:
-        raw.append_block(b"rival", appendpos_condition=4)
-    assert refused.value.status_code == 412
-    assert storage.read(handle, 0, 100) == b"headours"
+    wire.before = rival
+    # The retry meets 412; the bytes there are not ours, so the write lost the race.
+    with pytest.raises(ChunkInvalidOffset):
+        storage.write(handle, 4, b"ours")
+    assert storage.statistics().retries == 1
+    assert storage.read(handle, 0, 100) == b"headRIVL"
 
 
 # -- concat ------------------------------------------------------------------------------------------
@@ -229,7 +243,7 @@ def refuse_copies(wire: Wire) -> None:
         if "x-ms-copy-source" in response.http_request.headers:
             response.http_response.status_code = 501
 
-    wire.on_response = on_response  # type: ignore[method-assign]
+    wire.respond = on_response
 
 
 def test_concat_falls_back_for_good_when_the_service_answers_501(azurite) -> None:
@@ -376,3 +390,21 @@ def test_a_concat_whose_commit_answer_was_lost_is_settled_by_its_write_id(azurit
     assert storage.read(storage.open_read("t"), 0, 10) == b"bcde"
     with pytest.raises(ChunkExists):  # a second concat to it is still refused
         storage.concat("t", [ConcatSource("a", 0, 1)])
+
+
+def test_a_write_torn_between_its_blocks_is_unavailable_not_invalid_offset(azurite) -> None:
+    wire = Wire()
+    storage = binding_on(azurite, wire, append_block_bytes=1000)
+    handle = storage.create("c", b"h")
+    raw = raw_container(azurite, storage).get_blob_client(storage.blob_name("c"))
+    appended: list[int] = []
+
+    def rival(response: Any) -> None:  # after our first block lands, another writer appends
+        if "comp=appendblock" in response.http_request.url and not appended:
+            appended.append(1)
+            raw.append_block(b"rival", appendpos_condition=1001)
+
+    wire.respond = rival
+    with pytest.raises(StorageUnavailable, match="not this write's"):
+        storage.write(handle, 1, pattern(2000))
+    assert storage.get_info("c").length == 1 + 1000 + 5  # the tail is garbage to the engine
