@@ -78,6 +78,16 @@ def azure_binding(workdir: Path) -> BindingUnderTest:
     return BindingUnderTest("azure", storage, AzureRaw(client, storage), reopen=make, model_examples=30)
 
 
+def azure_storage_binding(tmp: Path) -> Any:
+    """A binding on a new container of the session's Azurite, with its own client, for the
+    engine tests (``tests/support/engine.py``): one container per test."""
+    from slts.bindings.azure import AzureChunkStorage, credentials_from_environment
+
+    server = shared_server_or_skip()
+    credentials = credentials_from_environment(environ=server.credentials())
+    return AzureChunkStorage(server.new_container("storage"), "chunks", credentials=credentials)
+
+
 def real_account_configured() -> bool:
     return bool(os.environ.get(REAL_URL_VARIABLE))
 
