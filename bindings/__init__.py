@@ -9,6 +9,7 @@ when used, so a missing optional SDK only matters to those who use its scheme:
 ``s3://bucket/prefix?...``      S3 binding (boto3, extra ``s3``)
 ``hdfs://host:port/path``       HDFS binding (pyhdfs, extra ``hdfs``)
 ``gs://bucket/prefix?...``      GCS binding (google-cloud-storage, extra ``gcs``)
+``azure://container/prefix``    Azure Blob binding (azure-storage-blob, extra ``azure``)
 =============================== ==========================================
 
 This package imports nothing from the SLTS core but ``slts.errors``.
@@ -33,6 +34,7 @@ _REGISTRY: dict[str, tuple[str, str, str | None]] = {
     "s3": ("slts.bindings.s3", "S3ChunkStorage", "s3"),
     "hdfs": ("slts.bindings.hdfs", "HdfsChunkStorage", "hdfs"),
     "gs": ("slts.bindings.gcs", "GcsChunkStorage", "gcs"),
+    "azure": ("slts.bindings.azure", "AzureChunkStorage", "azure"),
 }
 
 _memory_lock = threading.Lock()

@@ -33,7 +33,7 @@ from typing import Any
 from slts.config import ENV_PREFIX, StorageConfig, check_field, parse_value
 from slts.errors import InvalidArgument, InvalidConfig
 from slts.limiter import BURST_S_DEFAULT, MIN_SHARE_DEFAULT, Limit, PriorityLimiter, TrafficClass
-from slts.prices import PRICE_KEYS, Prices
+from slts.prices import PRICE_KEYS, Prices, list_prices
 
 #: The file's name in a store's folder.
 CONFIG_FILE_NAME = "slts.toml"
@@ -80,11 +80,10 @@ class ResolvedConfig:
         instances that use one chunk storage."""
         return build_limiter(self.limits) if self.limits else None
 
-    def price_list(self, url: str | None = None) -> Prices:
-        """The rates ``slts cost`` prices with: the defaults for the chunk storage at ``url``
-        (``Prices.list_prices``), with the ``prices`` set."""
-        base, _ = Prices.list_prices(url)
-        return dataclasses.replace(base, **{key.removeprefix("prices."): v for key, v in self.prices.items()})
+    def price_list(self, store_url: str | None = None) -> Prices:
+        """The rates ``slts cost`` prices with: the defaults of the store's service
+        (``slts.prices.list_prices``), with the ``prices`` set."""
+        return Prices.from_settings(self.prices, list_prices(store_url)[0])
 
 
 def build_limiter(limits: Mapping[str, float]) -> PriorityLimiter:

@@ -31,7 +31,7 @@ from slts.limiter import TrafficClass
 from slts.metadata.records import ChunkRecord
 from slts.metadata.schema import CHUNKS, GC, SEGMENTS
 from slts.metadata.store import MetadataStore
-from slts.prices import PRICE_KEYS, PRICES_SOURCE, GiB, Prices
+from slts.prices import PRICE_KEYS, PRICES_SOURCE, GiB, Prices, list_prices
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.usage import EMPTY_USAGE, UsageRecord, iter_kinds, read_usage, total_usage
 
@@ -62,7 +62,7 @@ class CostReport:
     #: True when the requests are the binding's own count (S3), False when they are the
     #: object store equivalent of its calls.
     exact_requests: bool
-    #: Where the default rates come from (S3's or, on ``gs://``, GCS's list prices).
+    #: Where the default rates come from (the store's service: ``slts.prices.list_prices``).
     prices_source: str = PRICES_SOURCE
 
     @property
@@ -171,7 +171,7 @@ def cost_report(storage: ChunkedSegmentStorage, prices: Prices) -> CostReport:
     exact_requests = storage.chunk_storage.counts_own_requests
     with store.snapshot() as view:
         usage = read_usage(view, container_id)
-    _, source = Prices.list_prices(storage.chunk_storage.url)
+    source = list_prices(storage.chunk_storage.url)[1]
     return CostReport(container_id, prices, stored_bytes(store), usage, exact_requests, source)
 
 

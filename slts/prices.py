@@ -1,6 +1,8 @@
 """The rates ``slts cost`` prices a container's usage with (``slts.cost``): configurable
 like any setting (``[prices]`` in ``slts.toml``, ``SLTS_PRICES_<RATE>``, ``--set
-prices.<rate>=N``; ``docs/config.md``), defaulting to public S3 Standard list prices."""
+prices.<rate>=N``; ``docs/config.md``), defaulting to public list prices of the store's
+service (``list_prices``): S3 Standard, Google Cloud Storage for a ``gs://`` store, Azure
+Blob Storage for an ``azure://`` store."""
 
 from __future__ import annotations
 
@@ -40,17 +42,11 @@ class Prices:
                 raise InvalidArgument(f"price {field.name} must be a number >= 0, got {value!r}")
 
     @classmethod
-    def from_settings(cls, settings: Mapping[str, float]) -> Prices:
-        """The prices of the dotted ``prices.<rate>`` settings (``PRICE_KEYS``); the rest default."""
-        return cls(**{key.removeprefix("prices."): value for key, value in settings.items()})
-
-    @classmethod
-    def list_prices(cls, url: str | None) -> tuple[Prices, str]:
-        """The default rates for a chunk storage URL and where they come from: Google Cloud
-        Storage's for ``gs://`` (``GCS_PRICES``), S3's for everything else."""
-        if isinstance(url, str) and url.startswith("gs://"):
-            return GCS_PRICES, GCS_PRICES_SOURCE
-        return cls(), PRICES_SOURCE
+    def from_settings(cls, settings: Mapping[str, float], defaults: Prices | None = None) -> Prices:
+        """The prices of the dotted ``prices.<rate>`` settings (``PRICE_KEYS``); the rest as
+        in ``defaults`` (S3's list prices if None)."""
+        base = dataclasses.asdict(defaults) if defaults is not None else {}
+        return cls(**{**base, **{key.removeprefix("prices."): value for key, value in settings.items()}})
 
     def per_request(self, kind: str) -> float:
         """The price of one request of ``kind``."""
@@ -81,3 +77,32 @@ GCS_PRICES = Prices(storage_gb_month=0.020, put_per_1000=0.005, get_per_1000=0.0
 
 #: The price settings, as dotted keys (``[prices]`` in ``slts.toml``).
 PRICE_KEYS: tuple[str, ...] = tuple(f"prices.{field.name}" for field in dataclasses.fields(Prices))
+
+
+#: Azure Blob Storage's list prices (``list_prices`` for ``azure://`` stores), in the same
+#: request classes: write operations (Put Blob, Append Block, Put Block, Put Block List, Put
+#: Block From URL) and List Blobs at ``put_per_1000``; reads (Get Blob) and all other
+#: operations (Get Blob Properties, Get Block List) at ``get_per_1000``; Delete Blob free;
+#: no retrieval charge on the Hot tier; transfers within the region free.
+AZURE_PRICES = Prices(
+    storage_gb_month=0.018,  # Hot, LRS, first 50 TB
+    put_per_1000=0.0065,  # $0.065 per 10,000 write or list operations
+    get_per_1000=0.0005,  # $0.005 per 10,000 read or other operations
+    delete_per_1000=0.0,
+)
+AZURE_PRICES_SOURCE = (
+    "Azure Blob Storage list prices, Hot tier, LRS, East US, pay-as-you-go, as published in 2025"
+)
+
+
+#: The list prices of each service with its own, by URL scheme; S3's for every other store.
+_SERVICE_PRICES: dict[str, tuple[Prices, str]] = {
+    "gs": (GCS_PRICES, GCS_PRICES_SOURCE),
+    "azure": (AZURE_PRICES, AZURE_PRICES_SOURCE),
+}
+
+
+def list_prices(store_url: str | None) -> tuple[Prices, str]:
+    """The default rates for a store (by its URL's scheme) and where they come from."""
+    scheme = store_url.partition("://")[0] if isinstance(store_url, str) and "://" in store_url else ""
+    return _SERVICE_PRICES.get(scheme, (Prices(), PRICES_SOURCE))

@@ -4,7 +4,7 @@
 tests of the folders that start real servers or processes (SeaweedFS, Spark, SIGKILL
 crash runs, the WebHDFS server), every test parametrized over the S3 binding or the
 WebHDFS server (its id names ``s3`` or ``hdfs``), and the tests in ``SLOW_TESTS``
-(measured over 10 s).
+(measured over 10 s). ``azure`` likewise (Azurite, ``tests/support/azurite.py``).
 
 ``s3_server``: the session's SeaweedFS S3 server (``tests/support/s3server.py``): endpoint, test
 credentials, ``new_bucket()``. Started on first use (also by the S3 entries of the
@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support import azurite
 from tests.support.gcsserver import stop_shared_emulator
 from tests.support.s3server import SeaweedServer, shared_server_or_skip, stop_shared_server
 
@@ -41,8 +42,15 @@ def _stop_s3_server_at_session_end() -> Iterator[None]:
     stop_shared_emulator()  # the GCS emulator of tests/support/gcsserver.py, the same way
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _stop_azurite_at_session_end() -> Iterator[None]:
+    # The session's Azurite (tests/support/azurite.py), if anything started it.
+    yield
+    azurite.stop_shared_server()
+
+
 #: Folders whose tests start servers or processes.
-SLOW_FOLDERS = ("s3", "spark", "crash", "hdfs", "gcs")
+SLOW_FOLDERS = ("s3", "spark", "crash", "hdfs", "gcs", "azure")
 #: Tests of other folders that take over 10 s on the 2-core machine (file::name prefixes).
 SLOW_TESTS: tuple[str, ...] = (
     "storage/test_stateful.py::",
@@ -80,8 +88,10 @@ def _is_slow(item: pytest.Item) -> bool:
     if relative.parts[0] in SLOW_FOLDERS:
         return True
     callspec = getattr(item, "callspec", None)
-    if callspec is not None and {"s3", "hdfs", "gcs"} & set(callspec.id.replace("+", "-").split("-")):
-        return True  # the SeaweedFS server, the WebHDFS server, the GCS emulator
+    if callspec is not None and {"s3", "hdfs", "gcs", "azure"} & set(
+        callspec.id.replace("+", "-").split("-")
+    ):
+        return True  # the SeaweedFS server, the WebHDFS server, the GCS emulator, Azurite
     return _relative_id(item).startswith(SLOW_TESTS)
 
 

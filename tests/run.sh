@@ -9,7 +9,14 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test,s3,hdfs,spark,gcs]'
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test,s3,hdfs,spark,gcs,azure]'
+
+# Azurite (Microsoft's Blob Storage emulator, from npm) for the Azure binding's tests, into
+# the git-ignored .azurite/ (tests/support/azurite.py finds it there); only when not yet
+# there. Without Node.js/npm the Azure tests skip, saying so.
+if [ ! -f .azurite/node_modules/azurite/dist/src/blob/main.js ] && command -v npm >/dev/null; then
+    npm install --prefix .azurite --no-audit --no-fund --silent azurite@3.37.0
+fi
 
 # Lint, format and types first (seconds); the tests run either way, the exit code counts all.
 checks=0

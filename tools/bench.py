@@ -252,7 +252,7 @@ def run(
     With an ``s3://`` ``store`` the S3 benchmarks (``slts.tools.benchmarks.s3``) against
     it are available too, and are the default selection; otherwise they do not exist.
     """
-    from slts.tools.benchmarks import gcs, s3
+    from slts.tools.benchmarks import azure, gcs, s3
 
     available = registry(store)
     s3_benchmarks = [name for name in available if name not in BENCHMARKS]
@@ -261,8 +261,8 @@ def run(
     if unknown:
         hint = (
             ""
-            if s3.is_s3_url(store) or gcs.is_gcs_url(store)
-            else " (the s3_* benchmarks need --store s3://..., the gcs_* ones --store gs://...)"
+            if s3.is_s3_url(store) or gcs.is_gcs_url(store) or azure.is_azure_url(store)
+            else " (the s3_* benchmarks need --store s3://..., the gcs_* ones gs://..., the azure_* ones azure://...)"
         )
         raise InvalidArgument(f"unknown benchmarks {unknown}; known: {sorted(available)}{hint}")
     parent = directory or os.getcwd()
@@ -286,8 +286,9 @@ def run(
 
 def registry(store: str | None = None) -> dict[str, Benchmark]:
     """Every benchmark by name: the basic ones and the suites', and with an ``s3://``
-    ``store`` the S3 benchmarks against it (building them sends no request)."""
-    from slts.tools.benchmarks import gcs, s3
+    ``store`` the S3 benchmarks against it, with a ``gs://`` one the GCS benchmarks, with an
+    ``azure://`` one the Azure benchmarks (building them sends no request)."""
+    from slts.tools.benchmarks import azure, gcs, s3
 
     _register_suites()
     available = dict(BENCHMARKS)
@@ -295,6 +296,8 @@ def registry(store: str | None = None) -> dict[str, Benchmark]:
         available.update(s3.benchmarks(store))
     if store is not None and gcs.is_gcs_url(store):
         available.update(gcs.benchmarks(store))
+    if store is not None and azure.is_azure_url(store):
+        available.update(azure.benchmarks(store))
     return available
 
 

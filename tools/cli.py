@@ -603,6 +603,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         kafka = run_alone(args.dir, open_new_store, args.keep)
         emit(args, kafka, "SLTS demo, the tiered Kafka log part:\n" + "\n".join(format_kafka(kafka)))
         return EXIT_OK if kafka["kafka_verified"] else EXIT_ERROR
+    if args.store is not None and "://" not in args.store:
+        raise InvalidArgument(
+            f"slts demo --store takes a chunk storage URL (scheme://...), got {args.store!r}"
+        )
     report = run_demo(
         args.dir,
         segments=args.segments,
@@ -856,7 +860,7 @@ def build_parser() -> argparse.ArgumentParser:
     scrub.add_argument("--master", default=None, help="with --spark: the Spark master (default local[*])")
     scrub.add_argument("--partitions", type=positive, default=None, help="with --spark: partitions per batch")
 
-    add("cost", cmd_cost, "requests, bytes moved and stored, priced (defaults: S3 Standard list prices)")
+    add("cost", cmd_cost, "requests, bytes moved and stored, priced (defaults: the store's list prices)")
 
     add("snapshot", cmd_snapshot, "take a metadata snapshot on tier-2 now")
 
@@ -891,6 +895,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--segments", type=positive, default=64)
     demo.add_argument("--writes", type=positive, default=200, help="small writes per segment")
     demo.add_argument("--keep", action="store_true", help="keep the demo folder afterwards")
+    # The demo's --store (the common option): its chunks on that empty chunk storage URL
+    # (e.g. azure://container/prefix) instead of --dir; not $SLTS_STORE's default.
+    demo.set_defaults(store=None)
     demo.add_argument(
         "--kafka", action="store_true", help="only the tiered Kafka log part (KIP-405, slts.remote)"
     )

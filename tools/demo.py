@@ -39,8 +39,9 @@ from slts.tools.demo_kafka import format_kafka, run_kafka_demo
 from tqdm import tqdm
 
 from slts.admin.verify import verify_container
-from slts.cost import Prices, cost_report
+from slts.cost import cost_report
 from slts.errors import InvalidArgument, InvalidConfig
+from slts.prices import PRICES_SOURCE, list_prices
 from slts.storage.batch_defrag import BatchReport
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.factory import open as open_storage
@@ -189,6 +190,7 @@ def run_demo(
     ``store``: a chunk storage URL (``--store``, e.g. ``gs://bucket/prefix``) for the
     chunks instead of the folder's filesystem binding; the metadata stays in ``folder``.
     Its prefix must hold no chunk yet (``InvalidArgument``): the demo checks what it wrote.
+    Unless ``keep``, what the demo wrote there is removed at the end, as the folder is.
 
     ``report["verified"]`` is True only if every segment read back byte-identical and
     the container has no invariant violation and no leaked chunk.
@@ -314,16 +316,18 @@ def run_demo(
     finally:
         if not keep:
             shutil.rmtree(folder, ignore_errors=True)
+            if store is not None:
+                _empty_store(store)
 
     out(json.dumps(report, sort_keys=True) if json_output else _format(report))
     return report
 
 
 def _cost(storage: ChunkedSegmentStorage) -> dict[str, Any]:
-    """The container's layout and requests so far, priced at the chunk storage's default list
-    prices (S3's; GCS's on ``gs://``)."""
+    """The container's layout and requests so far, priced at its store's list prices
+    (``slts.prices.list_prices``: S3's, GCS's on ``gs://``, Azure's on ``azure://``)."""
     storage.flush_usage()
-    report = cost_report(storage, Prices.list_prices(storage.chunk_storage.url)[0])
+    report = cost_report(storage, list_prices(storage.chunk_storage.url)[0])
     total = report.total
     return {
         "chunks": report.stored.chunks,
@@ -342,6 +346,15 @@ def _require_empty(store: str) -> None:
     with from_url(store) as binding:
         if next(iter(binding.list()), None) is not None:
             raise InvalidArgument(f"the demo's --store {store!r} already holds chunks: give it a new prefix")
+
+
+def _empty_store(store: str) -> None:
+    """Remove every chunk below a ``--store`` the demo used (it held none before)."""
+    from slts.bindings import from_url
+
+    with from_url(store) as binding:
+        for name in list(binding.list()):
+            binding.delete(binding.open_write(name))
 
 
 def _spark_defrag(
@@ -426,9 +439,8 @@ def _cost_lines(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
         )
 
     return [
-        "  cost          slts cost at "
-        + ("GCS" if before.get("prices_source", "").startswith("Google") else "S3")
-        + " Standard list prices (requests: the driver's, not Spark's):",
+        f"  cost          slts cost at {before.get('prices_source', PRICES_SOURCE).split(',')[0]}"
+        " (requests: the driver's, not Spark's):",
         line("                before defrag: ", before),
         line("                after defrag and GC: ", after),
     ]

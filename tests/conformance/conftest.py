@@ -27,6 +27,7 @@ from slts.bindings.faulty import FaultyChunkStorage
 from slts.bindings.filesystem import FileSystemChunkStorage, chunk_relpath
 from slts.bindings.memory import MemoryChunkStorage, _Chunk
 
+from tests.support.azure import azure_binding, azure_real_binding, real_account_configured
 from tests.support.conformance import BindingUnderTest, remove_tree
 from tests.support.gcs import gcs_binding, gcs_real_binding, real_bucket_configured
 from tests.support.hdfs import hdfs_binding, hdfs_real_binding, real_cluster_configured
@@ -142,6 +143,9 @@ BINDINGS: dict[str, Callable[[Path], BindingUnderTest]] = {
     "gcs": gcs_binding,  # the session's gcp-storage-emulator (tests/support/gcsserver.py)
     # A real bucket if SLTS_GCS_URL is set (else tests/gcs/test_real_bucket.py skips).
     **({"gcs-real": gcs_real_binding} if real_bucket_configured() else {}),
+    "azure": azure_binding,  # the session's Azurite (tests/support/azurite.py)
+    # A real account if SLTS_AZURE_URL is set (else tests/azure/test_real_account.py skips).
+    **({"azure-real": azure_real_binding} if real_account_configured() else {}),
 }
 
 

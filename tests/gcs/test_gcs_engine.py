@@ -20,7 +20,7 @@ from slts.cost import cost_report
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.memory_store import MemoryMetadataStore
 from slts.metadata.schema import TABLES
-from slts.prices import GCS_PRICES, GCS_PRICES_SOURCE, Prices
+from slts.prices import GCS_PRICES, GCS_PRICES_SOURCE, list_prices
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.transforms.sealed import RecordSeal
 from tests.support.engine import Env, key_ring
@@ -95,7 +95,7 @@ def test_cost_prices_a_gcs_store_at_gcs_list_prices(
         storage.seal(storage.open_write("s"))
         storage.defrag("s")  # a compose: a COPY, Class A
         storage.flush_usage()
-        report = cost_report(storage, Prices.list_prices(storage.chunk_storage.url)[0])
+        report = cost_report(storage, list_prices(storage.chunk_storage.url)[0])
         assert report.exact_requests and report.prices_source == GCS_PRICES_SOURCE
         assert report.prices == GCS_PRICES
         kinds = report.total.requests
@@ -127,8 +127,10 @@ def test_the_demo_runs_with_its_chunks_on_gcs(
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == command_line.EXIT_OK and report["verified"], report
     assert report["store"] == url and report["cost_after_defrag"]["prices_source"] == GCS_PRICES_SOURCE
+    assert report["chunks_after_defrag"] > 0 and report["defrag_bytes_native"] > 0  # in the bucket
     with GcsChunkStorage.from_url(url) as binding:
-        assert any(name.startswith("0/") for name in binding.list())  # the chunks are in the bucket
+        assert list(binding.list()) == []  # without --keep, what the demo wrote is removed
+        binding.create("0/left-behind")
     assert not (tmp_path / "d").exists()  # the demo folder (metadata only) removed
     code = cli.main(
         ["demo", "--store", url, "--segments", "1", "--writes", "1", "--dir", str(tmp_path / "e")]

@@ -27,6 +27,7 @@ from slts.metadata.schema import TABLES
 from slts.metadata.store import MetadataStore
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.transforms.keys import FolderKeyRing
+from tests.support.azure import azure_storage_binding
 from tests.support.s3 import s3_storage_binding
 
 
@@ -111,6 +112,7 @@ BINDINGS: dict[str, Callable[[object], ChunkStorage]] = {
     "filesystem": lambda tmp: FileSystemChunkStorage(str(tmp / "chunks")),
     "no-append": lambda tmp: NoAppendMemoryChunkStorage(),
     "s3": s3_storage_binding,  # a new bucket on the session's SeaweedFS server per test
+    "azure": azure_storage_binding,  # a new container on the session's Azurite per test
 }
 STORES: dict[str, Callable[[object], MetadataStore]] = {
     "memory": lambda tmp: MemoryMetadataStore(TABLES),
@@ -128,6 +130,7 @@ PAIRS: list[tuple[str, ...]] = [
     ("filesystem", "lmdb"),
     ("no-append", "memory"),
     ("s3", "lmdb"),
+    ("azure", "lmdb"),
 ]
 #: Environments with transforms on (each transform, appending and object-store bindings).
 TRANSFORM_PAIRS: list[tuple[str, ...]] = [
@@ -135,6 +138,7 @@ TRANSFORM_PAIRS: list[tuple[str, ...]] = [
     ("memory", "memory", "aes"),
     ("no-append", "memory", "zstd"),
     ("s3", "lmdb", "zstd+aes"),
+    ("azure", "lmdb", "zstd+aes"),
 ]
 
 
