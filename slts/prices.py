@@ -92,6 +92,7 @@ AZURE_PRICES = Prices(
 )
 AZURE_PRICES_SOURCE = (
     "Azure Blob Storage list prices, Hot tier, LRS, East US, pay-as-you-go, as published in 2025"
+    " (Microsoft's page was not reachable from here: checked against public calculators' tables)"
 )
 
 

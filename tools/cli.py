@@ -603,18 +603,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
         kafka = run_alone(args.dir, open_new_store, args.keep)
         emit(args, kafka, "SLTS demo, the tiered Kafka log part:\n" + "\n".join(format_kafka(kafka)))
         return EXIT_OK if kafka["kafka_verified"] else EXIT_ERROR
-    if args.store is not None and "://" not in args.store:
-        raise InvalidArgument(
-            f"slts demo --store takes a chunk storage URL (scheme://...), got {args.store!r}"
-        )
     report = run_demo(
         args.dir,
         segments=args.segments,
         writes=args.writes,
         keep=args.keep,
         json_output=args.json,
-        # ``--store URL`` (gs://..., s3://...) puts the chunks there; a folder (the default
-        # store) does not apply: the demo keeps its own in --dir.
+        # ``--store URL`` (s3://, gs://, azure://...: an empty prefix) puts the chunks there; a
+        # folder (the default store) does not apply: the demo keeps its own in --dir. (Not
+        # ``set_defaults`` on this subparser: the option's action is shared by every command.)
         store=args.store if "://" in str(args.store) else None,
     )
     return EXIT_OK if report["verified"] else EXIT_ERROR
@@ -895,9 +892,6 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--segments", type=positive, default=64)
     demo.add_argument("--writes", type=positive, default=200, help="small writes per segment")
     demo.add_argument("--keep", action="store_true", help="keep the demo folder afterwards")
-    # The demo's --store (the common option): its chunks on that empty chunk storage URL
-    # (e.g. azure://container/prefix) instead of --dir; not $SLTS_STORE's default.
-    demo.set_defaults(store=None)
     demo.add_argument(
         "--kafka", action="store_true", help="only the tiered Kafka log part (KIP-405, slts.remote)"
     )
