@@ -53,13 +53,20 @@ def read_checked_python(fd: int, view: memoryview, offset: int, blocks: bytes) -
             f"read_checked: fd {fd}, offset {offset}, and a block list of {len(blocks)} bytes"
             f" for a buffer of {len(view)}"
         )
+    count = pread_into(fd, view, offset)
+    return count, first_bad(view[:count], blocks)
+
+
+def pread_into(fd: int, view: memoryview, offset: int) -> int:
+    """``fd``'s bytes from ``offset`` read into ``view`` until it is full or the file ends;
+    how many were read. ``OSError`` as ``preadv``."""
     count = 0
     while count < len(view):
         got = os.preadv(fd, [view[count:]], offset + count)
         if not got:
             break
         count += got
-    return count, first_bad(view[:count], blocks)
+    return count
 
 
 def _crc32c_library() -> str | None:

@@ -395,13 +395,7 @@ class FileSystemChunkStorage(ChunkStorage):
         with _translated(handle.name, self.url):
             fd = os.open(self._path(handle.name), os.O_RDONLY)
             try:
-                done = 0
-                while done < len(view):
-                    count = os.preadv(fd, [view[done:]], offset + done)
-                    if not count:
-                        break
-                    done += count
-                return self._clipped(fd, handle, offset, view, done)
+                return self._clipped(fd, handle, offset, view, checked_reads.pread_into(fd, view, offset))
             finally:
                 os.close(fd)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import crc32c
 import pytest
+from slts.bindings import ChunkHandle
 from slts.bindings.chunk_cache import CachedChunkStorage, ChunkCache, acquire, files, release
 from slts.bindings.chunk_cache.filler import Filler
 from slts.bindings.faulty import FaultyChunkStorage
@@ -359,6 +360,29 @@ def _blocks(data: bytes, length: int, bad: int = -1) -> bytes:
     return b"".join(pairs)
 
 
+def _cached_whole(storage: CachedChunkStorage) -> ChunkHandle:
+    """Chunk ``c`` holding ``DATA``, read once and cached whole; a read handle to it."""
+    storage.create("c", DATA)
+    handle = storage.open_read("c")
+    storage.read(handle, 0, len(DATA))
+    storage.cache.drain()
+    return handle
+
+
+def _read_checked_exactly(
+    storage: CachedChunkStorage, handle: ChunkHandle, offset: int, length: int
+) -> bytearray:
+    """``read_into_checked`` of ``[offset, offset + length)`` against ``DATA``'s blocks: the
+    whole range, the bytes of ``DATA``; the buffer read into."""
+    buffer = bytearray(length)
+    assert (
+        storage.read_into_checked(handle, offset, memoryview(buffer), _blocks(DATA[offset:], length))
+        == length
+    )
+    assert bytes(buffer) == DATA[offset : offset + length]
+    return buffer
+
+
 @pytest.mark.parametrize(
     ("offset", "length"), [(100, BLOCK - 200), (BLOCK - 7, 2 * BLOCK)], ids=["one-file", "three-files"]
 )
@@ -367,17 +391,9 @@ def test_read_into_checked_serves_a_hit_checked_against_the_caller_s_blocks(
 ) -> None:
     """A hit held by one file is read and checked in one pass (``checked_reads``), one held
     by several is read and then checked; either way the caller's blocks are the check."""
-    storage.create("c", DATA)
-    handle = storage.open_read("c")
-    storage.read(handle, 0, len(DATA))
-    storage.cache.drain()
+    handle = _cached_whole(storage)
     reads = reads_of(inner)
-    buffer = bytearray(length)
-    assert (
-        storage.read_into_checked(handle, offset, memoryview(buffer), _blocks(DATA[offset:], length))
-        == length
-    )
-    assert bytes(buffer) == DATA[offset : offset + length]
+    _read_checked_exactly(storage, handle, offset, length)
     assert reads_of(inner) == reads, "served from the cache"
     assert storage.chunk_cache_statistics().caller_checked_hits == 1
 
@@ -388,21 +404,13 @@ def test_read_into_checked_serves_a_hit_checked_against_the_caller_s_blocks(
 def test_read_into_checked_drops_a_copy_that_fails_and_reads_the_binding(
     storage, inner, offset, length
 ) -> None:
-    storage.create("c", DATA)
-    handle = storage.open_read("c")
-    storage.read(handle, 0, len(DATA))
-    storage.cache.drain()
+    handle = _cached_whole(storage)
     damaged = next(file for file in storage.cache.index.files() if file.start <= offset + 2000 < file.end)
     with open(damaged.path, "r+b") as file:
         file.seek(offset + 2000 - damaged.start)
         file.write(b"\x00\xff\x00")
     reads = reads_of(inner)
-    buffer = bytearray(length)
-    assert (
-        storage.read_into_checked(handle, offset, memoryview(buffer), _blocks(DATA[offset:], length))
-        == length
-    )
-    assert bytes(buffer) == DATA[offset : offset + length]
+    buffer = _read_checked_exactly(storage, handle, offset, length)
     assert reads_of(inner) == reads + 1, "read again from the binding"
     assert not os.path.exists(damaged.path) and storage.chunk_cache_statistics().corruptions >= 1
     # Bytes from the binding are checked too: a list that does not match them is an error.
