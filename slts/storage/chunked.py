@@ -1341,9 +1341,9 @@ class ChunkedSegmentStorage:
             # Local bytes of several blocks: read and checked by the binding in one pass. (Bytes
             # a cache does not hold come from its storage: no pass to share with the check.)
             if (
-                not mapped
+                end - first > 1
+                and not mapped
                 and storage.checks_as_it_reads
-                and end - first > 1
                 and (held or not storage.holds_locally)
             ):
                 return self._read_checked_by_binding(handle, piece, first, end, start, stop)
