@@ -77,7 +77,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, unquote, urlparse
+from urllib.parse import unquote, urlparse
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
@@ -101,6 +101,7 @@ from slts.errors import (
 
 from .base import ChunkHandle, ChunkInfo, ChunkStorage, ConcatSource, check_name
 from .retry import MAX_ATTEMPTS_DEFAULT, RetryPolicy
+from .store_urls import StoreUrl
 
 _log = logging.getLogger(__name__)
 
@@ -161,7 +162,18 @@ _URL_OPTIONS = (
     "append_block_bytes",
     "blocks_max",
 )
-_SECRET_WORDS = ("secret", "password", "token", "key", "sig", "sas", "credential", "connection")
+#: The URL's rules (``store_urls``): its options, and the query keys taken for credentials.
+_URL = StoreUrl(
+    scheme="azure",
+    service="Azure",
+    a_service="an Azure",
+    container="container",
+    options=_URL_OPTIONS,
+    secret_words=("secret", "password", "token", "key", "sig", "sas", "credential", "connection"),
+    credentials_hint=(
+        "AZURE_STORAGE_CONNECTION_STRING, AZURE_STORAGE_KEY, AZURE_STORAGE_SAS_TOKEN or an identity"
+    ),
+)
 _CONTAINER = re.compile(r"^(?=.{3,63}$)[a-z0-9]+(-[a-z0-9]+)*$")
 _SAS_SIGNATURE = re.compile(r"(sig=)[^&\s'\"]+", re.IGNORECASE)
 
@@ -271,19 +283,6 @@ def _name_metadata(name: str) -> str:
 # -- configuration ---------------------------------------------------------------------------------
 
 
-def _redacted(url: str) -> str:
-    """``url`` with user info and secret-looking query values replaced by ``***``."""
-    try:
-        parsed = urlparse(url)
-        pairs = parse_qsl(parsed.query, keep_blank_values=True)
-    except ValueError:
-        return "azure://***"
-    netloc = parsed.netloc.rpartition("@")[2]
-    shown = [(k, "***" if any(w in k.lower() for w in _SECRET_WORDS) else v) for k, v in pairs]
-    query = "?" + "&".join(f"{k}={v}" for k, v in shown) if shown else ""
-    return f"{parsed.scheme}://{'***@' if '@' in parsed.netloc else ''}{netloc}{parsed.path}{query}"
-
-
 def _check_container(container: str) -> str:
     """Azure container names: 3-63 of ``[a-z0-9-]``, no leading, trailing or double ``-``."""
     if not isinstance(container, str) or not _CONTAINER.match(container):
@@ -307,16 +306,6 @@ def _check_prefix(prefix: str) -> str:
                 f"Azure blob prefix has an empty, '.'/'..', dot-ended or control-character part: {prefix!r}"
             )
     return prefix
-
-
-def _number(key: str, text: str, kind: type, low: float, high: float) -> Any:
-    try:
-        value = kind(text)
-    except ValueError as exc:
-        raise InvalidConfig(f"Azure URL option {key} must be a number, got {text!r}") from exc
-    if not low <= value <= high:
-        raise InvalidConfig(f"Azure URL option {key} must be in [{low}, {high}], got {value}")
-    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -496,56 +485,27 @@ class AzureChunkStorage(ChunkStorage):
         &connect_timeout_s=S&read_timeout_s=S&native_concat=auto|on|off&append_block_bytes=N
         &blocks_max=N]``; credentials from the environment (``credentials_from_environment``).
         Credentials in the URL are refused (``InvalidConfig``, the URL shown redacted)."""
-        if not isinstance(url, str):
-            raise InvalidConfig(f"an Azure URL must be a string, got {type(url).__name__}")
-        shown = _redacted(url)
-        try:
-            parsed = urlparse(url)
-            pairs = parse_qsl(parsed.query, keep_blank_values=True, strict_parsing=bool(parsed.query))
-        except ValueError as exc:
-            raise InvalidConfig(f"malformed Azure URL: {shown}") from exc
-        if parsed.scheme != "azure":
-            raise InvalidConfig(f"not an azure:// URL: {shown}")
-        if "@" in parsed.netloc or any(any(w in k.lower() for w in _SECRET_WORDS) for k, _ in pairs):
-            raise InvalidConfig(
-                f"credentials do not belong in the chunk storage URL ({shown}): use "
-                "AZURE_STORAGE_CONNECTION_STRING, AZURE_STORAGE_KEY, AZURE_STORAGE_SAS_TOKEN or an identity"
-            )
-        if parsed.fragment or parsed.params:
-            raise InvalidConfig(f"Azure URL has a fragment or parameters: {shown}")
-        if not parsed.netloc:
-            raise InvalidConfig(f"Azure URL has no container: {shown}")
-        options: dict[str, str] = {}
-        for key, value in pairs:
-            if key not in _URL_OPTIONS:
-                raise InvalidConfig(
-                    f"unknown Azure URL option {key!r} in {shown}; known: {', '.join(_URL_OPTIONS)}"
-                )
-            if key in options:
-                raise InvalidConfig(f"Azure URL option {key!r} given twice in {shown}")
-            if not value:
-                raise InvalidConfig(f"Azure URL option {key!r} is empty in {shown}")
-            options[key] = value
+        netloc, path, options, shown = _URL.parse(url)
         if "endpoint" in options and urlparse(options["endpoint"]).scheme not in ("http", "https"):
             raise InvalidConfig(f"Azure URL option endpoint must be an http(s) URL in {shown}")
         settings: dict[str, Any] = {}
         if "max_attempts" in options:
-            settings["max_attempts"] = _number(
+            settings["max_attempts"] = _URL.number(
                 "max_attempts", options["max_attempts"], int, 1, MAX_ATTEMPTS_LIMIT
             )
         for key in ("connect_timeout_s", "read_timeout_s"):
             if key in options:
-                settings[key] = _number(key, options[key], float, 0.001, 3600.0)
+                settings[key] = _URL.number(key, options[key], float, 0.001, 3600.0)
         if "native_concat" in options:
             settings["native_concat"] = options["native_concat"]
         if "append_block_bytes" in options:
-            settings["append_block_bytes"] = _number(
+            settings["append_block_bytes"] = _URL.number(
                 "append_block_bytes", options["append_block_bytes"], int, 1, APPEND_BLOCK_BYTES_MAX
             )
         if "blocks_max" in options:
-            settings["blocks_max"] = _number("blocks_max", options["blocks_max"], int, 2, BLOCKS_MAX)
-        container = _check_container(parsed.netloc)
-        prefix = _check_prefix(unquote(parsed.path))
+            settings["blocks_max"] = _URL.number("blocks_max", options["blocks_max"], int, 2, BLOCKS_MAX)
+        container = _check_container(netloc)
+        prefix = _check_prefix(path)
         if "container_client" not in kwargs and "credentials" not in kwargs:
             kwargs["credentials"] = credentials_from_environment(
                 options.get("account"), options.get("endpoint")

@@ -73,7 +73,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlparse
+from urllib.parse import quote, urlencode, urlparse
 
 import google.api_core.exceptions as gexc
 import google.auth
@@ -96,6 +96,7 @@ from slts.errors import (
 from . import gcs_keys
 from .base import ChunkHandle, ChunkInfo, ChunkStorage, ConcatSource
 from .retry import MAX_ATTEMPTS_DEFAULT, RetryPolicy
+from .store_urls import StoreUrl
 
 _log = logging.getLogger(__name__)
 
@@ -129,7 +130,19 @@ _URL_OPTIONS = (
     "preconditions",
     "requests_max",
 )
-_SECRET_WORDS = ("secret", "password", "token", "key", "credential", "signature")
+#: The URL's rules (``store_urls``): its options, and the query keys taken for credentials.
+_URL = StoreUrl(
+    scheme="gs",
+    service="GCS",
+    a_service="a GCS",
+    container="bucket",
+    options=_URL_OPTIONS,
+    secret_words=("secret", "password", "token", "key", "credential", "signature"),
+    credentials_hint=(
+        "Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, gcloud auth"
+        " application-default login)"
+    ),
+)
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _RETRYABLE_TRANSPORT = (
     requests.exceptions.ConnectionError,
@@ -255,19 +268,6 @@ def compose_tree(count: int, fan_in: int = COMPOSE_SOURCES_MAX) -> list[list[tup
 # -- configuration ----------------------------------------------------------------------------------
 
 
-def _redacted(url: str) -> str:
-    """``url`` with user info and secret-looking query values replaced by ``***``."""
-    try:
-        parsed = urlparse(url)
-        pairs = parse_qsl(parsed.query, keep_blank_values=True)
-    except ValueError:
-        return "gs://***"
-    netloc = parsed.netloc.rpartition("@")[2]
-    shown = [(k, "***" if any(word in k.lower() for word in _SECRET_WORDS) else v) for k, v in pairs]
-    query = f"?{urlencode(shown, safe=':/')}" if shown else ""
-    return f"{parsed.scheme}://{'***@' if '@' in parsed.netloc else ''}{netloc}{parsed.path}{query}"
-
-
 def check_bucket(bucket: str) -> str:
     """GCS bucket naming rules: 3-63 of ``[a-z0-9_.-]`` (up to 222 with dots, each dotted
     part at most 63), a letter or digit at both ends, not starting with ``goog``."""
@@ -306,16 +306,6 @@ def check_prefix(prefix: str) -> str:
     return prefix
 
 
-def _number(key: str, text: str, kind: type, low: float, high: float) -> Any:
-    try:
-        value = kind(text)
-    except ValueError as exc:
-        raise InvalidConfig(f"GCS URL option {key} must be a number, got {text!r}") from exc
-    if not low <= value <= high:
-        raise InvalidConfig(f"GCS URL option {key} must be in [{low}, {high}], got {value}")
-    return value
-
-
 def parse_url(url: str) -> tuple[str, str, dict[str, Any]]:
     """``gs://BUCKET[/PREFIX][?OPTIONS]`` -> (bucket, prefix, constructor options).
 
@@ -326,36 +316,7 @@ def parse_url(url: str) -> tuple[str, str, dict[str, Any]]:
     repeated or empty option, user info, a fragment, or a secret-looking key is
     ``InvalidConfig`` (the URL shown redacted).
     """
-    if not isinstance(url, str):
-        raise InvalidConfig(f"a GCS URL must be a string, got {type(url).__name__}")
-    shown = _redacted(url)
-    try:
-        parsed = urlparse(url)
-        pairs = parse_qsl(parsed.query, keep_blank_values=True, strict_parsing=bool(parsed.query))
-    except ValueError as exc:
-        raise InvalidConfig(f"malformed GCS URL: {shown}") from exc
-    if parsed.scheme != "gs":
-        raise InvalidConfig(f"not a gs:// URL: {shown}")
-    if "@" in parsed.netloc or any(any(word in k.lower() for word in _SECRET_WORDS) for k, _ in pairs):
-        raise InvalidConfig(
-            f"credentials do not belong in the chunk storage URL ({shown}): use Application Default "
-            "Credentials (GOOGLE_APPLICATION_CREDENTIALS, gcloud auth application-default login)"
-        )
-    if parsed.fragment or parsed.params:
-        raise InvalidConfig(f"GCS URL has a fragment or parameters: {shown}")
-    if not parsed.netloc:
-        raise InvalidConfig(f"GCS URL has no bucket: {shown}")
-    options: dict[str, str] = {}
-    for key, value in pairs:
-        if key not in _URL_OPTIONS:
-            raise InvalidConfig(
-                f"unknown GCS URL option {key!r} in {shown}; known: {', '.join(_URL_OPTIONS)}"
-            )
-        if key in options:
-            raise InvalidConfig(f"GCS URL option {key!r} given twice in {shown}")
-        if not value:
-            raise InvalidConfig(f"GCS URL option {key!r} is empty in {shown}")
-        options[key] = value
+    netloc, path, options, shown = _URL.parse(url)
     settings: dict[str, Any] = {
         k: options[k] for k in ("endpoint", "project", "preconditions") if k in options
     }
@@ -364,16 +325,16 @@ def parse_url(url: str) -> tuple[str, str, dict[str, Any]]:
             raise InvalidConfig(f"GCS URL option anonymous must be 0 or 1 in {shown}")
         settings["anonymous"] = options["anonymous"] == "1"
     if "max_attempts" in options:
-        settings["max_attempts"] = _number(
+        settings["max_attempts"] = _URL.number(
             "max_attempts", options["max_attempts"], int, 1, MAX_ATTEMPTS_LIMIT
         )
     if "requests_max" in options:
-        settings["requests_max"] = _number(
+        settings["requests_max"] = _URL.number(
             "requests_max", options["requests_max"], int, 1, REQUESTS_MAX_LIMIT
         )
     if "timeout_s" in options:
-        settings["timeout_s"] = _number("timeout_s", options["timeout_s"], float, 0.001, 3600.0)
-    return check_bucket(parsed.netloc), unquote(parsed.path), settings
+        settings["timeout_s"] = _URL.number("timeout_s", options["timeout_s"], float, 0.001, 3600.0)
+    return check_bucket(netloc), path, settings
 
 
 # -- process-wide state of the checked mode -------------------------------------------------------
@@ -449,7 +410,7 @@ class GcsChunkStorage(ChunkStorage):
                 f"preconditions must be one of {', '.join(PRECONDITION_MODES)}, got {preconditions!r}"
             )
         if endpoint is not None and urlparse(endpoint).scheme not in ("http", "https"):
-            raise InvalidConfig(f"endpoint must be an http(s) URL, got {_redacted(endpoint)!r}")
+            raise InvalidConfig(f"endpoint must be an http(s) URL, got {_URL.redacted(endpoint)!r}")
         if requests_max is not None and (
             isinstance(requests_max, bool)
             or not isinstance(requests_max, int)

@@ -82,7 +82,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Protocol, TypeVar
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlparse
+from urllib.parse import quote, unquote, urlencode, urlparse
 
 import boto3
 import botocore.config
@@ -100,6 +100,7 @@ from slts.errors import (
 
 from .base import ChunkHandle, ChunkInfo, ChunkStorage, ConcatSource, check_name
 from .retry import MAX_ATTEMPTS_DEFAULT, RetryPolicy
+from .store_urls import StoreUrl
 
 _log = logging.getLogger(__name__)
 
@@ -183,7 +184,16 @@ _URL_OPTIONS = (
     "read_timeout_s",
     "addressing_style",
 )
-_SECRET_WORDS = ("secret", "password", "token", "access_key", "accesskey", "credential", "signature")
+#: The URL's rules (``store_urls``): its options, and the query keys taken for credentials.
+_URL = StoreUrl(
+    scheme="s3",
+    service="S3",
+    a_service="an S3",
+    container="bucket",
+    options=_URL_OPTIONS,
+    secret_words=("secret", "password", "token", "access_key", "accesskey", "credential", "signature"),
+    credentials_hint="the AWS_* environment variables, a shared credentials file or ?profile=",
+)
 
 T = TypeVar("T")
 
@@ -386,21 +396,6 @@ def bytes_through_client(sources: Sequence[ConcatSource]) -> int:
 # -- configuration ------------------------------------------------------------------------------
 
 
-def _redacted(url: str) -> str:
-    """``url`` with user info and secret-looking query values replaced by ``***``."""
-    try:
-        parsed = urlparse(url)
-        netloc = parsed.netloc.rpartition("@")[2]
-        pairs = parse_qsl(parsed.query, keep_blank_values=True)
-    except ValueError:
-        return "s3://***"
-    shown = [
-        (key, "***" if any(word in key.lower() for word in _SECRET_WORDS) else value) for key, value in pairs
-    ]
-    query = f"?{urlencode(shown, safe=':/')}" if shown else ""
-    return f"{parsed.scheme}://{'***@' if '@' in parsed.netloc else ''}{netloc}{parsed.path}{query}"
-
-
 def _check_bucket(bucket: str) -> str:
     """DNS-style bucket names only (3-63 of ``[a-z0-9.-]``, letters or digits at both ends)."""
     allowed = set("abcdefghijklmnopqrstuvwxyz0123456789.-")
@@ -433,16 +428,6 @@ def _check_prefix(prefix: str) -> str:
         except UnicodeEncodeError as exc:
             raise InvalidConfig(f"S3 key prefix is not valid Unicode text: {prefix!r}") from exc
     return prefix
-
-
-def _number(key: str, text: str, kind: type, low: float, high: float) -> Any:
-    try:
-        value = kind(text)
-    except ValueError as exc:
-        raise InvalidConfig(f"S3 URL option {key} must be a number, got {text!r}") from exc
-    if not low <= value <= high:
-        raise InvalidConfig(f"S3 URL option {key} must be in [{low}, {high}], got {value}")
-    return value
 
 
 # -- the binding ---------------------------------------------------------------------------------
@@ -501,7 +486,7 @@ class S3ChunkStorage(ChunkStorage):
         if addressing_style not in (None, "path", "virtual", "auto"):
             raise InvalidConfig(f"addressing_style must be path, virtual or auto, got {addressing_style!r}")
         if endpoint_url is not None and urlparse(endpoint_url).scheme not in ("http", "https"):
-            raise InvalidConfig(f"endpoint_url must be an http(s) URL, got {_redacted(endpoint_url)!r}")
+            raise InvalidConfig(f"endpoint_url must be an http(s) URL, got {_URL.redacted(endpoint_url)!r}")
         #: How failed requests are retried.
         self.retry = RetryPolicy(max_attempts, delay_s_base=RETRY_DELAY_S_BASE, delay_s_max=RETRY_DELAY_S_MAX)
         self._sleep = sleep
@@ -549,49 +534,18 @@ class S3ChunkStorage(ChunkStorage):
 
         Credentials in the URL are refused (``InvalidConfig``, the URL shown redacted).
         """
-        if not isinstance(url, str):
-            raise InvalidConfig(f"an S3 URL must be a string, got {type(url).__name__}")
-        shown = _redacted(url)
-        try:
-            parsed = urlparse(url)
-            pairs = parse_qsl(parsed.query, keep_blank_values=True, strict_parsing=bool(parsed.query))
-        except ValueError as exc:
-            raise InvalidConfig(f"malformed S3 URL: {shown}") from exc
-        if parsed.scheme != "s3":
-            raise InvalidConfig(f"not an s3:// URL: {shown}")
-        if "@" in parsed.netloc or any(
-            any(word in key.lower() for word in _SECRET_WORDS) for key, _ in pairs
-        ):
-            raise InvalidConfig(
-                f"credentials do not belong in the chunk storage URL ({shown}): use the AWS_* "
-                "environment variables, a shared credentials file or ?profile="
-            )
-        if parsed.fragment or parsed.params:
-            raise InvalidConfig(f"S3 URL has a fragment or parameters: {shown}")
-        if not parsed.netloc:
-            raise InvalidConfig(f"S3 URL has no bucket: {shown}")
-        options: dict[str, str] = {}
-        for key, value in pairs:
-            if key not in _URL_OPTIONS:
-                raise InvalidConfig(
-                    f"unknown S3 URL option {key!r} in {shown}; known: {', '.join(_URL_OPTIONS)}"
-                )
-            if key in options:
-                raise InvalidConfig(f"S3 URL option {key!r} given twice in {shown}")
-            if not value:
-                raise InvalidConfig(f"S3 URL option {key!r} is empty in {shown}")
-            options[key] = value
+        bucket, prefix, options, _ = _URL.parse(url)
         settings: dict[str, Any] = {
             k: options[k] for k in ("endpoint_url", "region", "profile", "addressing_style") if k in options
         }
         if "max_attempts" in options:
-            settings["max_attempts"] = _number(
+            settings["max_attempts"] = _URL.number(
                 "max_attempts", options["max_attempts"], int, 1, MAX_ATTEMPTS_LIMIT
             )
         for key in ("connect_timeout_s", "read_timeout_s"):
             if key in options:
-                settings[key] = _number(key, options[key], float, 0.001, 3600.0)
-        return cls(parsed.netloc, unquote(parsed.path), url=url, **settings, **kwargs)
+                settings[key] = _URL.number(key, options[key], float, 0.001, 3600.0)
+        return cls(bucket, prefix, url=url, **settings, **kwargs)
 
     # -- keys, counters ---------------------------------------------------------------------
 
