@@ -113,8 +113,8 @@ def _checksum(data: bytes | memoryview, previous: int = 0) -> int:
 #: about 0.08 ms per MiB here (two CRC32C passes: the chunk's and its blocks'), taken off
 #: the write's latency; below this size that is less than handing them over costs.
 PARALLEL_CHECKSUM_BYTES_MIN = 256 << 10
-#: From this many bytes of one chunk, a verified read is read and checked in parallel
-#: runs, one per core (``_read_checked``).
+#: From this many bytes of one chunk, a verified read of a local storage is read and
+#: checked in parallel runs, one per core (``_read_checked``).
 OVERLAPPED_CHECK_BYTES_MIN = 2 << 20
 #: The same for blocks the binding holds locally (``_read_held``): no request to wait
 #: for, so a read of any size is bound by its copy and its one checksum pass.
@@ -1350,7 +1350,15 @@ class ChunkedSegmentStorage:
             if held:  # one check
                 checked = self._read_held(handle, piece.blocks, first, end, start, stop - start)
             if checked is None:  # not held, or the held copy failed and was dropped
-                if not mapped and stop - start >= OVERLAPPED_CHECK_BYTES_MIN and _CORES > 1:
+                # Local bytes: the copy and the check overlapped in runs, one per core. Not on
+                # a remote storage: there the check is a fraction of a millisecond against a
+                # request of many, and each run would be one more request (a cost).
+                if (
+                    not mapped
+                    and stop - start >= OVERLAPPED_CHECK_BYTES_MIN
+                    and _CORES > 1
+                    and not storage.high_latency_reads
+                ):
                     checked = self._read_checked(handle, piece.blocks, first, end, stop - start)
                 else:
                     checked = fetch(handle, start, stop - start)

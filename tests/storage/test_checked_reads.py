@@ -97,3 +97,30 @@ def test_runs_cut_the_blocks_exactly() -> None:
         assert runs[0][0] == first and runs[-1][1] == end
         assert all(a[1] == b[0] and a[3] == b[2] for a, b in itertools.pairwise(runs))
         assert all(stop - start >= size for _, _, start, stop in runs[:-1])
+
+
+@pytest.mark.parametrize(("remote", "requests"), [(True, 1), (False, 3)], ids=["remote", "local"])
+def test_a_large_verified_read_of_a_remote_storage_is_one_request(
+    monkeypatch: pytest.MonkeyPatch, remote: bool, requests: int
+) -> None:
+    """Runs overlap a local copy with its check; on a storage with ``high_latency_reads``
+    each run would be one more request for a check that costs a fraction of one: one read."""
+    from slts.bindings.faulty import FaultyChunkStorage
+    from slts.bindings.memory import MemoryChunkStorage
+
+    from slts.config import StorageConfig
+    from slts.metadata.memory_store import MemoryMetadataStore
+    from slts.metadata.schema import TABLES
+
+    monkeypatch.setattr(chunked, "_CORES", 3)
+    inner = MemoryChunkStorage()
+    inner.high_latency_reads = remote
+    counting = FaultyChunkStorage(inner, seed=1)
+    config = StorageConfig(read_ahead_bytes=0, gc_interval_s=0.0)
+    with ChunkedSegmentStorage(0, None, counting, MemoryMetadataStore(TABLES), config) as storage:
+        storage.create("s")
+        handle = storage.open_write("s")
+        storage.write(handle, 0, DATA)
+        before = counting.calls["read"]
+        assert storage.read(handle, 0, 3 * MiB) == DATA[: 3 * MiB]
+        assert counting.calls["read"] - before == requests
