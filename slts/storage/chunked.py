@@ -222,6 +222,22 @@ def _write_sums(
     )
 
 
+def _cut_to_piece(checked: bytes | memoryview, piece: _ReadPiece, start: int) -> bytes | memoryview:
+    """``piece``'s bytes out of ``checked``, the whole blocks around it from chunk offset ``start``."""
+    cut = piece.chunk_offset - start
+    return checked[cut : cut + piece.length] if cut or len(checked) != piece.length else checked
+
+
+def _shorter_than_its_blocks(name: str, held: int, blocks_end: int) -> ChunkCorrupted:
+    """The error for chunk ``name`` ending at ``held`` where its blocks reach ``blocks_end``."""
+    return ChunkCorrupted(
+        f"chunk {name!r} holds {held} bytes where its blocks hold {blocks_end}:"
+        " its bytes are not the ones written",
+        chunk=name,
+        offset=held,
+    )
+
+
 class ChunkedSegmentStorage:
     """One container instance: segments on ``chunk_storage``, layout in ``metadata_store``.
 
@@ -1372,8 +1388,7 @@ class ChunkedSegmentStorage:
                         block_checksums.verify(
                             piece.blocks, first, end, checked, chunk=piece.chunk, start=start
                         )
-            cut = piece.chunk_offset - start
-            return checked[cut : cut + piece.length] if cut or len(checked) != piece.length else checked
+            return _cut_to_piece(checked, piece, start)
         data = fetch(handle, piece.chunk_offset, piece.length)
         if len(data) != piece.length:
             raise ChunkCorrupted(
@@ -1386,7 +1401,7 @@ class ChunkedSegmentStorage:
 
     def _read_checked_by_binding(
         self, handle: ChunkHandle, piece: _ReadPiece, first: int, end: int, start: int, stop: int
-    ) -> bytes:
+    ) -> bytes | memoryview:
         """``piece``'s bytes, in blocks ``[first, end)`` (chunk offsets ``[start, stop)``),
         read and checked by the binding in one pass (``read_into_checked``: bindings that
         ``checks_as_it_reads``), then cut to the piece."""
@@ -1397,16 +1412,9 @@ class ChunkedSegmentStorage:
         def fill(view: memoryview) -> None:
             count = self.chunk_storage.read_into_checked(handle, start, view, blocks)
             if count != len(view):
-                raise ChunkCorrupted(
-                    f"chunk {name!r} holds {start + count} bytes where its blocks hold {stop}:"
-                    " its bytes are not the ones written",
-                    chunk=name,
-                    offset=start + count,
-                )
+                raise _shorter_than_its_blocks(name, start + count, stop)
 
-        checked = filled_bytes(stop - start, fill)
-        cut = piece.chunk_offset - start
-        return checked[cut : cut + piece.length] if cut or len(checked) != piece.length else checked
+        return _cut_to_piece(filled_bytes(stop - start, fill), piece, start)
 
     def _read_held(
         self, handle: ChunkHandle, blocks: bytes, first: int, end: int, start: int, length: int
@@ -1476,12 +1484,7 @@ class ChunkedSegmentStorage:
                         handle, run_start, part, verified_by_caller=verified_by_caller
                     )
                     if count != len(part):
-                        raise ChunkCorrupted(
-                            f"chunk {name!r} holds {run_start + count} bytes where its blocks hold"
-                            f" {run_stop}: its bytes are not the ones written",
-                            chunk=name,
-                            offset=run_start + count,
-                        )
+                        raise _shorter_than_its_blocks(name, run_start + count, run_stop)
                     block_checksums.verify(blocks, run_first, run_end, part, chunk=name, start=run_start)
                 except BaseException as error:  # noqa: BLE001 - handed to the caller, frames dropped
                     return _without_frames(error)
