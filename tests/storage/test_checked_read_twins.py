@@ -11,6 +11,8 @@ import concurrent.futures
 import os
 import random
 import struct
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -208,3 +210,68 @@ def test_a_forked_child_reads_with_a_check_thread_of_its_own(read_checked, data_
             os._exit(2)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+# The CRC32C libraries the compiled twin can call: each one found gives the reference's
+# answers (on blocks from 1 byte to past 1 MiB, good and bad), in a process of its own
+# (the library is chosen once per process, ``SLTS_CRC32C_LIBRARY``).
+_EACH_LIBRARY = r"""
+import os, random, struct, sys
+import crc32c
+from slts.bindings import checked_reads
+assert checked_reads.CRC32C_LIBRARY == sys.argv[1], checked_reads.CRC32C_LIBRARY
+path = sys.argv[2]
+data = random.Random(11).randbytes(3 << 20)
+with open(path, "wb") as file:
+    file.write(data)
+fd = os.open(path, os.O_RDONLY)
+for lengths in ([1], [7, 8, 9], [64 << 10] * 20, [(1 << 20) + 3, 5], [3 << 19, 3 << 19]):
+    for bad in (None, 0, len(lengths) - 1):
+        pairs, at = [], 0
+        for index, length in enumerate(lengths):
+            crc = crc32c.crc32c(data[at : at + length])
+            pairs.append(struct.pack(">II", length, crc ^ 1 if index == bad else crc))
+            at += length
+        view = memoryview(bytearray(at))
+        answer = checked_reads.NATIVE.read_checked(fd, view, 0, b"".join(pairs))
+        assert answer == (at, -1 if bad is None else bad), (lengths, bad, answer)
+        assert view == data[:at]
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("library", [kind for kind, _ in checked_reads._LIBRARIES])
+def test_each_crc32c_library_the_twin_can_call_answers_as_the_reference(library: str, tmp_path: Path) -> None:
+    found = dict(checked_reads._LIBRARIES)[library]()
+    if checked_reads.NATIVE is None or found is None:
+        if os.environ.get("SLTS_REQUIRE_NATIVE") == "1" and os.environ.get("SLTS_PURE_PYTHON") != "1":
+            pytest.fail(f"SLTS_REQUIRE_NATIVE=1, but the twin or the {library} CRC32C library is missing")
+        pytest.skip(f"the compiled twin or the {library} CRC32C library is missing")
+    done = subprocess.run(
+        [sys.executable, "-c", _EACH_LIBRARY, library, str(tmp_path / "data")],
+        env={**os.environ, "SLTS_CRC32C_LIBRARY": library},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_the_twin_calls_the_fastest_crc32c_library_it_finds() -> None:
+    if checked_reads.NATIVE is None or os.environ.get("SLTS_CRC32C_LIBRARY"):
+        pytest.skip("no compiled twin, or a library chosen by SLTS_CRC32C_LIBRARY")
+    first_found = next(kind for kind, find in checked_reads._LIBRARIES if find() is not None)
+    assert first_found == checked_reads.CRC32C_LIBRARY
+
+
+def test_a_library_that_is_not_a_crc32c_one_is_refused(tmp_path: Path) -> None:
+    if checked_reads.NATIVE is None:
+        pytest.skip("no compiled twin")
+    with pytest.raises(ValueError, match="kind must be"):
+        checked_reads.NATIVE.configure("/nonexistent", "zlib")
+    with pytest.raises(OSError, match="cannot load"):
+        checked_reads.NATIVE.configure(str(tmp_path / "missing.so"), "isal")
+    libc = "libc.so.6"
+    with pytest.raises(OSError, match="has no crc32_iscsi"):
+        checked_reads.NATIVE.configure(libc, "isal")
+    assert checked_reads.NATIVE.configured() == checked_reads.CRC32C_LIBRARY  # unchanged by the refusals
