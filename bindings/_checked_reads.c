@@ -384,7 +384,22 @@ done:
     return result;
 }
 
+static PyObject *covered(PyObject *module, PyObject *blocks)
+{
+    (void)module;
+    if (!PyBytes_CheckExact(blocks) || PyBytes_GET_SIZE(blocks) % 8 != 0) {
+        Py_RETURN_NONE;
+    }
+    const unsigned char *pairs = (const unsigned char *)PyBytes_AS_STRING(blocks);
+    long long total = 0;
+    for (Py_ssize_t at = 0; at < PyBytes_GET_SIZE(blocks); at += 8) {
+        total += be32(pairs + at);
+    }
+    return PyLong_FromLongLong(total);
+}
+
 static PyMethodDef methods[] = {
+    {"covered", covered, METH_O, "covered(blocks) -> bytes the block list covers, or None if it is not one."},
     {"configure", configure, METH_VARARGS,
      "configure(path, kind): load the CRC32C function of the library at path ('isal': crc32_iscsi, "
      "'google': crc32c_extend)."},

@@ -244,20 +244,34 @@ class ChunkStorage(abc.ABC):
         is dropped and the range read again from the storage, then checked. By default
         the bytes are read with ``read_into`` and checked here; ``checks_as_it_reads``
         bindings check as they copy."""
-        if not isinstance(view, memoryview) or view.readonly or view.itemsize != 1 or view.ndim != 1:
-            raise InvalidArgument(
-                f"read_into_checked needs a writable one-dimensional byte memoryview, got {view!r:.80}"
-            )
-        covered = checked_reads.covered(blocks)
-        if covered != len(view):
-            raise InvalidArgument(
-                f"read_into_checked needs the (length, crc32c) pairs of {len(view)} bytes, got"
-                f" {blocks!r:.40}" + ("" if covered is None else f" covering {covered}")
-            )
-        check_range(check_handle(handle).name, offset, len(view))
+        _check_checked_read("read_into_checked", handle, offset, view, blocks)
         done = self._do_read_into_checked(handle, offset, view, blocks)
         assert 0 <= done <= len(view), (done, len(view))
         return done
+
+    def read_held_into_checked(
+        self, handle: ChunkHandle, offset: int, view: memoryview, blocks: bytes
+    ) -> int | None:
+        """``read_into_checked``'s bytes if the binding holds every one of them locally now
+        (``holds_locally``: a chunk cache): read and checked without a request to the
+        storage, and ``len(view)`` returned. None where it does not hold them all, or its
+        copy failed the check (and was dropped): ``view`` then holds nothing usable,
+        nothing was counted as a miss, and the caller reads with ``read_into_checked``.
+
+        The read path's one question for held bytes (rather than ``holds`` then a read,
+        which looks the range up twice). None by default, and from wrappers that do
+        something of their own to reads (a fault injector: its faults reach the read the
+        caller then makes). Same argument errors as ``read_into_checked``."""
+        _check_checked_read("read_held_into_checked", handle, offset, view, blocks)
+        done = self._do_read_held_into_checked(handle, offset, view, blocks)
+        assert done is None or done == len(view), (done, len(view))
+        return done
+
+    def _do_read_held_into_checked(
+        self, handle: ChunkHandle, offset: int, view: memoryview, blocks: bytes
+    ) -> int | None:
+        """``read_held_into_checked`` with checked arguments: nothing is held by default."""
+        return None
 
     def _do_read_into_checked(self, handle: ChunkHandle, offset: int, view: memoryview, blocks: bytes) -> int:
         """``read_into_checked`` with checked arguments: by default ``_do_read_into``,
@@ -487,6 +501,19 @@ class WrappedChunkStorage(ChunkStorage):
 
 
 # -- argument checks shared by every binding ---------------------------------------------------
+
+
+def _check_checked_read(what: str, handle: ChunkHandle, offset: int, view: memoryview, blocks: bytes) -> None:
+    """``read_into_checked``'s argument checks (``what``: the method, for the message)."""
+    if not isinstance(view, memoryview) or view.readonly or view.itemsize != 1 or view.ndim != 1:
+        raise InvalidArgument(f"{what} needs a writable one-dimensional byte memoryview, got {view!r:.80}")
+    covered = checked_reads.covered(blocks)
+    if covered != len(view):
+        raise InvalidArgument(
+            f"{what} needs the (length, crc32c) pairs of {len(view)} bytes, got"
+            f" {blocks!r:.40}" + ("" if covered is None else f" covering {covered}")
+        )
+    check_range(check_handle(handle).name, offset, len(view))
 
 
 def check_name(name: str) -> str:

@@ -24,7 +24,9 @@ Invariants (the index's and the files' modules list theirs; asserted there):
    calls ``distrust``, which drops the files, and reads again from the chunk storage.
 3. **Bounded.** The cache's files never hold more than ``capacity_bytes`` on disk
    (``index.CacheIndex``, invariant 1), the fills in flight never more than
-   ``fill_bytes_max`` (``filler.Filler``).
+   ``fill_bytes_max`` (``filler.Filler``). The descriptors kept open between hits
+   (``open_files.OpenFiles``) are closed when their files are removed, or when the read
+   holding one ends, so a removed file's space is given back then.
 4. **Errors stay inside.** A disk error while filling is counted (``fill_errors``) and
    logged; the read it came from has its bytes already. A read of the cache that fails
    becomes a miss.
@@ -54,10 +56,14 @@ from . import files
 from .files import CacheFile, CacheFileDamaged
 from .filler import Filler
 from .index import CacheIndex, Token
+from .open_files import OpenFiles
 
 _log = logging.getLogger(__name__)
 
 LOCK_FILE = "lock"
+#: Descriptors of the files read last kept open between hits (``open_files``): 64 files
+#: of the default 8 MiB blocks are a 512 MiB working set, and far below any file limit.
+OPEN_FILES_KEPT = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +167,9 @@ class ChunkCache:
             raise InvalidConfig(f"chunk cache folder {self.root!r} cannot be used: {exc}") from exc
         self._versions = itertools.count(max((file.version for file, _ in found), default=0) + 1)
         self._filler = Filler(fill_threads, fill_bytes_max)
+        self._open_files = OpenFiles(
+            OPEN_FILES_KEPT, lambda file: self.index.current(file.key, file.block) is file
+        )
         self._counts = dict.fromkeys(_COUNTERS, 0)
         self._counts_lock = threading.Lock()
         self._closed = False
@@ -230,43 +239,77 @@ class ChunkCache:
             key, offset, view, lambda held: self._serve_files(held, offset, view, serve), not checked
         )
 
-    def read_into_blocks(self, key: bytes, offset: int, view: memoryview, blocks: bytes) -> bool:
+    def read_into_blocks(
+        self, key: bytes, offset: int, view: memoryview, blocks: bytes, *, count_miss: bool = True
+    ) -> bool:
         """``read_into``'s bytes checked against the caller's block list instead of the
         cache's own CRC32Cs (``blocks``: ``ChunkStorage.read_into_checked``'s), in the
         same pass as the copy where one file holds the range (``checked_reads``): True
         if the cache held them all and every block passed; False (a miss) otherwise. A
         block that fails drops the files holding the range (counted as a corruption):
-        the caller then reads the chunk storage (invariant 2)."""
-
-        def serve(held: list[tuple[CacheFile, int, int]]) -> bool:
-            if len(held) == 1:
-                file = held[0][0]
-                try:
-                    fd = os.open(file.path, os.O_RDONLY)
-                except FileNotFoundError:  # evicted or dropped after the lookup
-                    return False
-                try:
-                    count, bad = checked_reads.read_checked(fd, view, offset - file.start, blocks)
-                finally:
-                    os.close(fd)
-                if count != len(view):
-                    short = CacheFileDamaged(f"cache file {file.path} is shorter than its trailer says")
-                    self._damaged(file, short)
-                    return False
-            else:
-                if not self._serve_files(held, offset, view, files.read_unchecked_into):
-                    return False
-                bad = checked_reads.first_bad(view, blocks)
-            if bad >= 0:  # drop the files that hold the bad block (one, or the two it straddles)
-                self.distrust(
-                    key,
-                    offset + checked_reads.block_offset(blocks, bad),
-                    checked_reads.block_length(blocks, bad),
-                )
-                return False
+        the caller then reads the chunk storage (invariant 2). ``count_miss=False``: a
+        False is not counted as a miss (the caller's next read, which is, asks again)."""
+        length = len(view)
+        assert offset >= 0 and length > 0, (offset, length)
+        block = offset // self.block_bytes
+        if (offset + length - 1) // self.block_bytes != block or length > self.capacity_bytes:
+            return self._serve_into(
+                key,
+                offset,
+                view,
+                lambda held: self._serve_blocks(key, held, offset, view, blocks),
+                True,
+                count_miss,
+            )
+        # One block (a read's common case): one file, read and checked in one compiled pass.
+        found = self.index.lookup_one(key, block, offset, offset + length, self._clock())
+        if found is not None and self._serve_blocks(
+            key, [(found[0], offset, offset + length)], offset, view, blocks
+        ):
+            if found[1]:
+                with contextlib.suppress(OSError):
+                    os.utime(found[0].path)
+            with self._counts_lock:
+                counts = self._counts
+                counts["hits"] += 1
+                counts["hit_bytes"] += length
+                counts["caller_checked_hits"] += 1
             return True
+        if count_miss:
+            self._count(misses=1, miss_bytes=length)
+        return False
 
-        return self._serve_into(key, offset, view, serve, True)
+    def _serve_blocks(
+        self, key: bytes, held: list[tuple[CacheFile, int, int]], offset: int, view: memoryview, blocks: bytes
+    ) -> bool:
+        """``read_into_blocks``' serve of the files ``held`` (the range's, in order): False
+        if one is gone or damaged, or a block fails (its files dropped)."""
+        if len(held) == 1:
+            file = held[0][0]
+            try:
+                fd = self._open_files.borrow(file)
+            except FileNotFoundError:  # evicted or dropped after the lookup
+                return False
+            try:
+                count, bad = checked_reads.read_checked(fd, view, offset - file.start, blocks)
+            finally:
+                self._open_files.give_back(file, fd)
+            if count != len(view):
+                short = CacheFileDamaged(f"cache file {file.path} is shorter than its trailer says")
+                self._damaged(file, short)
+                return False
+        else:
+            if not self._serve_files(held, offset, view, files.read_unchecked_into):
+                return False
+            bad = checked_reads.first_bad(view, blocks)
+        if bad >= 0:  # drop the files that hold the bad block (one, or the two it straddles)
+            self.distrust(
+                key,
+                offset + checked_reads.block_offset(blocks, bad),
+                checked_reads.block_length(blocks, bad),
+            )
+            return False
+        return True
 
     def _serve_into(
         self,
@@ -275,9 +318,10 @@ class ChunkCache:
         view: memoryview,
         serve: Callable[[list[tuple[CacheFile, int, int]]], bool],
         caller_checked: bool,
+        count_miss: bool = True,
     ) -> bool:
         """Look up ``[offset, offset + len(view))``; if files hold it all, ``serve`` them
-        into ``view`` (False: not served). Counts the hit or the miss."""
+        into ``view`` (False: not served). Counts the hit or (``count_miss``) the miss."""
         length = len(view)
         assert offset >= 0 and length > 0, (offset, length)
         found = None
@@ -291,7 +335,8 @@ class ChunkCache:
                         os.utime(path)
                 self._count(hits=1, hit_bytes=length, caller_checked_hits=1 if caller_checked else 0)
                 return True
-        self._count(misses=1, miss_bytes=length)
+        if count_miss:
+            self._count(misses=1, miss_bytes=length)
         return False
 
     def _serve_files(
@@ -400,6 +445,7 @@ class ChunkCache:
         self._closed = True
         self._filler.close()
         self.index.close()
+        self._open_files.close()
         os.close(self._lock_fd)
 
     # -- inside --------------------------------------------------------------------------------
@@ -450,6 +496,7 @@ class ChunkCache:
         if claim.victims:
             self._count(evictions=len(claim.victims), evicted_bytes=sum(v.size for v in claim.victims))
             for victim in claim.victims:  # counted in the claim: no unclaim
+                self._open_files.forget(victim.path)
                 _unlink(victim.path)
         try:
             file = files.write(
@@ -480,6 +527,7 @@ class ChunkCache:
         cannot be removed (a disk error) is counted as gone all the same: it is no longer
         in the index, so it is never served, and the next open removes or reuses it."""
         for file in dropped:
+            self._open_files.forget(file.path)
             _unlink(file.path)
         if dropped:
             self.index.unclaim(sum(file.size for file in dropped))

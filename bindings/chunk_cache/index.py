@@ -103,6 +103,22 @@ class CacheIndex:
                     touch.append(entry.file.path)
             return [(entry.file, start, end) for entry, start, end in found], touch
 
+    def lookup_one(
+        self, key: bytes, block: int, start: int, end: int, now_s: float
+    ) -> tuple[CacheFile, bool] | None:
+        """``lookup`` of one range inside one block (a read's common case, without the
+        lists): the file holding ``[start, end)`` of ``block`` whole (marked recently
+        used) and whether its modification time is due for an update; else None."""
+        with self._lock:
+            entry = self._entries.get((key, block))
+            if entry is None or entry.file.start > start or entry.file.end < end:
+                return None
+            self._entries.move_to_end((key, block))
+            touch = now_s - entry.touched_s >= TOUCH_INTERVAL_S
+            if touch:
+                entry.touched_s = now_s
+            return entry.file, touch
+
     def covers(self, key: bytes, ranges: Iterable[tuple[int, int, int]]) -> bool:
         """Whether files hold every (block, start, end) range of chunk ``key`` whole (no
         LRU change: a question, not a use)."""

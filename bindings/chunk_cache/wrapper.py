@@ -118,6 +118,16 @@ class CachedChunkStorage(WrappedChunkStorage):
             raise checked_reads.corrupted(handle.name, offset, blocks, bad)
         return done
 
+    def _do_read_held_into_checked(
+        self, handle: ChunkHandle, offset: int, view: memoryview, blocks: bytes
+    ) -> int | None:
+        """A hit, read and checked in one pass; None for a miss or a copy that failed
+        (dropped), neither counted as a miss: the caller's read then asks again."""
+        if len(view) == 0:
+            return None
+        key = self.cache.key_of(self.url, handle.name)
+        return len(view) if self.cache.read_into_blocks(key, offset, view, blocks, count_miss=False) else None
+
     def _fetch_into(self, key: bytes, handle: ChunkHandle, offset: int, view: memoryview) -> int:
         """A miss: the inner binding's bytes copied into ``view`` (and offered to the cache)."""
         data = self._fetch(key, lambda: self.inner.read(handle, offset, len(view)), offset)

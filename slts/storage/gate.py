@@ -130,6 +130,25 @@ class GatedChunkStorage(WrappedChunkStorage):
             len(view),
         )
 
+    def _do_read_held_into_checked(
+        self, handle: ChunkHandle, offset: int, view: memoryview, blocks: bytes
+    ) -> int | None:
+        """The inner binding's held read, metered as a read when it served the bytes (a
+        None costs nothing: the caller's read that follows is the one metered), and paid
+        for after it (it sent no request: the limiter paces what the caller does next)."""
+        traffic = current_traffic_class(TrafficClass.READ)
+        start = time.perf_counter()
+        try:
+            done = self.inner._do_read_held_into_checked(handle, offset, view, blocks)  # noqa: SLF001
+        except BaseException as error:
+            self.meter.call(traffic, "read", time.perf_counter() - start, error=error)
+            raise
+        if done is not None:
+            self.meter.call(traffic, "read", time.perf_counter() - start, received=done)
+            if self.limiter is not None:
+                self.limiter.acquire(traffic, done)
+        return done
+
     def _read_into(
         self,
         hook: Callable[[ChunkHandle, int, memoryview], int],

@@ -135,6 +135,17 @@ class ResolvedLayouts:
             self.hits += 1
             return layout.record, found
 
+    def continues(self, name: str, version: int, offset: int) -> bool:
+        """Whether a known extent of segment ``name`` at ``version`` ends at ``offset``: a
+        read that starts there has walked off what earlier reads resolved (a sequential
+        reader, most likely; the engine resolves some chunks past it then)."""
+        with self._lock:
+            layout = self._layouts.get(name)
+            if layout is None or layout.version != version:
+                return False
+            at = bisect.bisect_left(layout.starts, offset) - 1
+            return at >= 0 and layout.starts[at] + layout.chunks[at].length == offset
+
     def learn(self, name: str, version: int, record: SegmentRecord, extents: Sequence[Extent]) -> None:
         """Keep ``extents`` of segment ``name``, read while its record stood at
         ``version`` (``record``): the caller checked that no commit of the segment

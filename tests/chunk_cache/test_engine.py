@@ -299,3 +299,102 @@ def test_without_block_checksums_the_cache_checks_what_it_serves(tmp_path) -> No
         assert statistics.caller_checked_hits == 0 and statistics.corruptions == 1
         assert not os.path.exists(damaged)
     binding.close()
+
+
+def _blocks_of(data: bytes, block: int) -> bytes:
+    import struct
+
+    import crc32c
+
+    return b"".join(
+        struct.pack(">II", len(data[at : at + block]), crc32c.crc32c(data[at : at + block]))
+        for at in range(0, len(data), block)
+    )
+
+
+def test_a_held_read_answers_only_for_bytes_the_cache_holds_and_counts_no_miss(tmp_path) -> None:
+    """``read_held_into_checked``: the bytes and their count where the cache holds them
+    all (a hit); None, and no miss counted, where it does not or its copy fails (then
+    dropped); the binding's storage is never read by it."""
+    from slts.bindings.base import ChunkHandle
+
+    from slts.errors import InvalidArgument
+
+    counting = FaultyChunkStorage(RemoteMemoryChunkStorage("memory://held"), seed=9)
+    config = settings(tmp_path / "cache", read_ahead_bytes=0)
+    data, store = write_segment(counting, config, chunks=2)
+    binding = with_chunk_cache(counting, config)
+    assert isinstance(binding, CachedChunkStorage)
+    with ChunkedSegmentStorage(0, None, binding, store, config, read_only=True) as reader:
+        name = reader.chunks("s")[0][1].name
+        handle = ChunkHandle(name, True)
+        chunk = data[:CHUNK]
+        blocks = _blocks_of(chunk[:PART], 4 * KiB)
+        view = memoryview(bytearray(PART))
+        reads, misses = counting.calls["read"], binding.chunk_cache_statistics().misses
+        assert binding.read_held_into_checked(handle, 0, view, blocks) is None, "nothing held yet"
+        assert counting.calls["read"] == reads, "a held read never reads the storage"
+        assert binding.chunk_cache_statistics().misses == misses
+        reader.read(reader.open_read("s"), 0, CHUNK)  # a miss: fills the cache
+        binding.cache.drain()
+        before = binding.chunk_cache_statistics()
+        assert binding.read_held_into_checked(handle, 0, view, blocks) == PART
+        assert view == chunk[:PART]
+        after = binding.chunk_cache_statistics()
+        assert (after.hits, after.caller_checked_hits) == (before.hits + 1, before.caller_checked_hits + 1)
+        wrong = _blocks_of(chunk[:PART], 4 * KiB)[:-4] + b"\x00\x00\x00\x00"
+        assert binding.read_held_into_checked(handle, 0, view, wrong) is None, "a failed check is no answer"
+        assert binding.chunk_cache_statistics().corruptions == before.corruptions + 1
+        assert binding.read_held_into_checked(handle, 0, view, blocks) is None, "the copy was dropped"
+        assert binding.chunk_cache_statistics().misses == before.misses
+        with pytest.raises(InvalidArgument, match="pairs"):
+            binding.read_held_into_checked(handle, 0, view, blocks[:-8])
+        with pytest.raises(InvalidArgument, match="writable"):
+            binding.read_held_into_checked(handle, 0, memoryview(bytes(PART)), blocks)
+    binding.close()
+
+
+def test_bindings_without_local_copies_hold_nothing(tmp_path) -> None:
+    from slts.bindings.base import ChunkHandle
+
+    plain = RemoteMemoryChunkStorage("memory://plain")
+    plain.create("c")
+    plain.write(ChunkHandle("c", False), 0, b"abcd")
+    view = memoryview(bytearray(4))
+    assert plain.read_held_into_checked(ChunkHandle("c", True), 0, view, _blocks_of(b"abcd", 4)) is None
+    assert bytes(view) == b"\x00" * 4
+
+
+def test_a_reader_of_held_bytes_asks_the_binding_once_a_read(tmp_path) -> None:
+    """The read path's one question: a read of bytes the cache holds is one held read,
+    metered once as a read by the gate, with no ``holds`` and no second lookup."""
+    counting = FaultyChunkStorage(RemoteMemoryChunkStorage("memory://once"), seed=10)
+    config = settings(tmp_path / "cache", read_ahead_bytes=0)
+    data, store = write_segment(counting, config, chunks=2)
+    binding = with_chunk_cache(counting, config)
+    assert isinstance(binding, CachedChunkStorage)
+    asked = {"held": 0, "holds": 0}
+    held, holds = binding._do_read_held_into_checked, binding._do_holds
+
+    def count_held(*args):
+        asked["held"] += 1
+        return held(*args)
+
+    def count_holds(*args):
+        asked["holds"] += 1
+        return holds(*args)
+
+    binding._do_read_held_into_checked = count_held  # type: ignore[method-assign]
+    binding._do_holds = count_holds  # type: ignore[method-assign]
+    with ChunkedSegmentStorage(0, None, binding, store, config, read_only=True) as reader:
+        handle = reader.open_read("s")
+        assert reader.read(handle, 0, len(data)) == data
+        binding.cache.drain()
+        asked.update(held=0, holds=0)
+        meter = reader.chunk_storage.meter
+        calls = sum(meter.timings()["read"].buckets)
+        for at in range(0, len(data), PART):
+            assert reader.read(handle, at, PART) == data[at : at + PART]
+        assert asked == {"held": len(data) // PART, "holds": 0}
+        assert sum(meter.timings()["read"].buckets) == calls + len(data) // PART, "each metered once"
+    binding.close()

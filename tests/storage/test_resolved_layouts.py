@@ -177,3 +177,44 @@ def test_another_instances_changes_are_seen_by_the_next_read(env: Env) -> None:
     other = _data(10_000, seed=3)
     _segment(owner, other)
     assert reader.read(reader.open_read("s"), 4000, 6000) == other[4000:], "a new segment, not the old one"
+
+
+def test_continues_says_whether_a_known_extent_ends_at_an_offset() -> None:
+    layouts = ResolvedLayouts(100)
+    layouts.learn("s", 1, _record("s", 9), _extents([3, 3, 3])[1:2])  # [3, 6) known
+    assert layouts.continues("s", 1, 6)
+    assert not layouts.continues("s", 1, 3), "the start of a known extent is not its end"
+    assert not layouts.continues("s", 1, 9) and not layouts.continues("s", 1, 5)
+    assert not layouts.continues("s", 2, 6), "another version's extents say nothing"
+    assert not layouts.continues("t", 1, 6)
+
+
+def test_a_reader_walking_past_what_it_resolved_resolves_chunks_ahead(env: Env) -> None:
+    from slts.storage.chunked import RESOLVE_AHEAD_CHUNKS
+
+    storage = env.open(checksum_block_bytes=256)
+    chunks = RESOLVE_AHEAD_CHUNKS + 10
+    data = _data(1000 * chunks)
+    _segment(storage, data)
+    handle = storage.open_read("s")
+    layouts = storage._layouts
+    assert storage.read(handle, 0, 1000) == data[:1000]  # a first read: its own chunk only
+    assert len(layouts) == 1
+    assert storage.read(handle, 1000, 1000) == data[1000:2000]  # walks on: chunks ahead too
+    assert len(layouts) == 2 + RESOLVE_AHEAD_CHUNKS
+    hits = layouts.hits
+    for at in range(2000, 1000 * (2 + RESOLVE_AHEAD_CHUNKS), 1000):
+        assert storage.read(handle, at, 1000) == data[at : at + 1000]
+    assert layouts.hits == hits + RESOLVE_AHEAD_CHUNKS, "every chunk resolved ahead was found"
+    assert storage.read(handle, 1000 * chunks - 1000, 1000) == data[-1000:]
+    assert storage.read(handle, 500, 2000) == data[500:2500]
+
+
+def test_a_random_reader_resolves_no_chunk_it_does_not_read(env: Env) -> None:
+    storage = env.open(checksum_block_bytes=256)
+    data = _data(40_000)
+    _segment(storage, data)
+    handle = storage.open_read("s")
+    for at in (17_000, 3_000, 29_500, 8_250):  # none starts where a resolved chunk ends
+        assert storage.read(handle, at, 400) == data[at : at + 400]
+    assert len(storage._layouts) == 4
