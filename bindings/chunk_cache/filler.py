@@ -1,7 +1,9 @@
 """Background fills of the chunk cache, bounded in threads and in bytes.
 
 A read that missed the cache hands the bytes it received to ``Filler.submit``; a pool of
-``threads`` threads writes them to the cache while the reader goes on. A fill is
+``threads`` threads writes them to the cache while the reader goes on (``threads=0``: the
+reader writes them itself before it goes on, and no thread is started: the simulator's
+runs, whose thread schedule must be no input). A fill is
 refused (``submit`` returns False: the bytes are simply not cached) when the bytes
 waiting or being written would exceed ``bytes_max``: a slow disk never makes a read wait
 and never makes memory grow.
@@ -28,12 +30,14 @@ class Filler:
     """A bounded pool for cache fills (see the module doc). Thread-safe."""
 
     def __init__(self, threads: int, bytes_max: int) -> None:
-        assert threads > 0 and bytes_max > 0, (threads, bytes_max)
+        assert threads >= 0 and bytes_max > 0, (threads, bytes_max)
         self.bytes_max = bytes_max
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._pool = ThreadPoolExecutor(
-            threads, thread_name_prefix="slts-chunk-cache", initializer=_lower_priority
+        self._pool = (
+            ThreadPoolExecutor(threads, thread_name_prefix="slts-chunk-cache", initializer=_lower_priority)
+            if threads
+            else None
         )
         self.pending_bytes = 0
         self._closed = False
@@ -47,7 +51,16 @@ class Filler:
             if self._closed or self.pending_bytes + size > self.bytes_max:
                 return False
             self.pending_bytes += size
-            future = self._pool.submit(work)
+            if self._pool is not None:
+                future = self._pool.submit(work)
+        if self._pool is None:  # inline: the caller's thread does the fill now
+            future = Future()
+            try:
+                work()
+            except Exception as error:  # noqa: BLE001 - reported as a pool thread's would be, below
+                future.set_exception(error)
+            else:
+                future.set_result(None)
 
         def finished(result: Future[None]) -> None:
             try:
@@ -73,7 +86,8 @@ class Filler:
         """Cancel the fills not started, wait for the running ones. Idempotent."""
         with self._lock:
             self._closed = True
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
         assert self.pending_bytes == 0, self.pending_bytes
 
 

@@ -433,3 +433,25 @@ def test_verified_by_caller_and_distrust_check_their_arguments(storage) -> None:
     buffer = bytearray(10)
     assert plain.read_into(plain.open_read("c"), 5, memoryview(buffer), verified_by_caller=True) == 10
     assert bytes(buffer) == DATA[5:15] and not plain.distrust("c", 0, 10)
+
+
+def test_a_filler_without_threads_fills_in_the_callers_thread() -> None:
+    """``Filler(0, ...)``: the fill runs before ``submit`` returns, in the caller's thread;
+    ``done`` runs once whether it ran or raised; nothing stays pending."""
+    import threading
+
+    from slts.bindings.chunk_cache.filler import Filler
+
+    filler = Filler(0, 100)
+    ran: list[str] = []
+    assert filler.submit(10, lambda: ran.append(threading.current_thread().name), lambda: ran.append("done"))
+    assert ran == [threading.current_thread().name, "done"] and filler.pending_bytes == 0
+
+    def failing() -> None:
+        raise OSError("disk full")
+
+    assert filler.submit(10, failing, lambda: ran.append("done after an error"))
+    assert ran[-1] == "done after an error" and filler.pending_bytes == 0
+    assert not filler.submit(101, lambda: None, lambda: None), "bytes_max still bounds a fill"
+    filler.close()
+    assert not filler.submit(10, lambda: None, lambda: None)

@@ -369,3 +369,31 @@ def test_a_cleanup_keeping_failed_segments_is_caught(monkeypatch: pytest.MonkeyP
     cleanup_keeping_failed(monkeypatch)
     summary = soak(CLEANUP_SEEDS, OFFLOAD_OPS)
     assert "offload_garbage_left" in summary.violations, summary.line()
+
+
+#: A seed whose processes read through a chunk cache and are served held bytes.
+CACHE_SEED = 2
+
+
+def test_a_seed_with_a_chunk_cache_reads_held_bytes_and_replays_exactly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A third of the seeds read through a real chunk cache on disk (fills in the reader's
+    thread: no thread schedule as input): its hits are asked once, and a run replays."""
+    from slts.bindings.chunk_cache import CachedChunkStorage
+
+    served: list[int | None] = []
+    held = CachedChunkStorage._do_read_held_into_checked
+
+    def counting(self, *args):  # type: ignore[no-untyped-def]
+        served.append(held(self, *args))
+        return served[-1]
+
+    monkeypatch.setattr(CachedChunkStorage, "_do_read_held_into_checked", counting)
+    first = run_seed(CACHE_SEED, OPS)
+    assert first.violation is None, first.violation
+    hits = sum(1 for count in served if count is not None)
+    assert hits > 0 and len(served) > hits, (hits, len(served))
+    second = run_seed(CACHE_SEED, OPS)
+    assert (first.lines, first.digest) == (second.lines, second.digest)
+    assert sum(1 for count in served if count is not None) == 2 * hits

@@ -17,11 +17,18 @@ Then the invariants of ``checks`` run on the whole container.
 from __future__ import annotations
 
 import copy
+import itertools
+import os
 import random
+import shutil
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from slts.bindings import chunk_cache
+from slts.bindings.base import ChunkStorage
+from slts.bindings.chunk_cache import CachedChunkStorage
 from slts.bindings.faulty import FaultyChunkStorage
 from slts.bindings.memory import MemoryChunkStorage
 from slts.journal.durable_copy import DurableCopy
@@ -68,10 +75,18 @@ def payload(rng: random.Random, size: int) -> bytes:
     return rng.randbytes(size)
 
 
-class Process:
-    """One process's view: its faulty wrappers and (once started) its engine instance."""
+#: The chunk cache of a seed that has one (``World.cache_root``): blocks and room small
+#: enough for the simulator's short chunks to span blocks and be evicted.
+CACHE_BLOCK_BYTES = 64
+CACHE_BYTES = 4096
 
-    def __init__(self, world: World, store: MetadataStore) -> None:
+
+class Process:
+    """One process's view: its faulty wrappers, its chunk cache if the seed has one (over
+    the faulty binding: faults reach what the cache does not hold), and (once started)
+    its engine instance."""
+
+    def __init__(self, world: World, store: MetadataStore, *, engine: bool = False) -> None:
         seam = world.seam
         self.binding = FaultyChunkStorage(world.binding, seed=seam.random.getrandbits(32))
         self.store = FaultyMetadataStore(store, seed=seam.random.getrandbits(32))
@@ -79,6 +94,20 @@ class Process:
         #: Pauses the process's metadata reads for another process's change (``observe``).
         self.interleaver = Interleaver(self.store)
         self.storage: ChunkedSegmentStorage | None = None
+        self.cache: chunk_cache.ChunkCache | None = None
+        #: What the engine reads and writes through: the binding, or the cache over it.
+        self.reads: ChunkStorage = self.binding
+        if engine and world.cache_root is not None:  # a folder of its own: one process per folder
+            root = os.path.join(world.cache_root, f"process-{next(world.process_numbers)}")
+            # Fills in the reader's thread (no fill threads): no thread schedule as input.
+            self.cache = chunk_cache.acquire(root, CACHE_BYTES, CACHE_BLOCK_BYTES, 0, 1 << 20)
+            self.reads = CachedChunkStorage(self.binding, self.cache)
+
+    def end(self) -> None:
+        """The process is gone (closed or dead): its cache folder's lock goes with it."""
+        if self.cache is not None:
+            cache, self.cache = self.cache, None
+            chunk_cache.release(cache)
 
     def faults(self) -> Counter[str]:
         return self.binding.faults + self.store.faults
@@ -98,6 +127,12 @@ class World:
         # generator of their own, so every other draw of a seed stays as it was.
         checked_reads = random.Random(f"checked-reads-{seam.seed}")
         self.binding.checks_as_it_reads = checked_reads.random() < 0.5
+        # A third of the seeds read through a chunk cache on disk (``slts.bindings.chunk_cache``):
+        # hits asked once (``read_held_into_checked``), evictions, fills of faulty reads; also
+        # from a generator of their own.
+        cached = random.Random(f"chunk-cache-{seam.seed}").random() < 1 / 3
+        self.cache_root: str | None = tempfile.mkdtemp(prefix="slts-simulate-cache-") if cached else None
+        self.process_numbers = itertools.count()
         small_blocks: dict[str, Any] = {"checksum_block_bytes": checked_reads.choice([16, 100, 1000])}
         self.store: MetadataStore = MemoryMetadataStore(TABLES)
         checksums = profile.random() < 0.7
@@ -165,18 +200,19 @@ class World:
     # -- processes ------------------------------------------------------------------------------
 
     def _start(self, store: MetadataStore) -> Process:
-        process = Process(self, store)
+        process = Process(self, store, engine=True)
         try:
             process.storage = ChunkedSegmentStorage(
                 0,
                 None,
-                process.binding,
+                process.reads,
                 process.store,
                 self.config,
                 clock=self.seam.clock,
                 key_ring=self.key_ring,
             )
         except Exception as exc:
+            process.end()
             raise Violation(
                 "start_failed", f"starting an instance raised {type(exc).__name__}: {exc}"
             ) from exc
@@ -193,6 +229,7 @@ class World:
             process.binding.clear()
             process.store.clear()
             process.storage.close()
+        process.end()
 
     def all_faults(self) -> Counter[str]:
         return self.faults + self.owner.faults()
@@ -203,9 +240,13 @@ class World:
         return self.owner.storage
 
     def close(self) -> None:
-        self.remote.close()
-        self._end(self.owner, close=not self.owner.store.dead)
-        self._end_observer()
+        try:
+            self.remote.close()
+            self._end(self.owner, close=not self.owner.store.dead)
+            self._end_observer()
+        finally:
+            if self.cache_root is not None:
+                shutil.rmtree(self.cache_root, ignore_errors=True)
 
     def _end_observer(self) -> None:
         if self.observer is not None:
@@ -218,11 +259,11 @@ class World:
         if self.observer is not None and self.observer.store.inner is not self.store:
             self._end_observer()
         if self.observer is None:
-            process = Process(self, self.store)
+            process = Process(self, self.store, engine=True)
             process.storage = ChunkedSegmentStorage(
                 0,
                 None,
-                process.binding,
+                process.reads,
                 process.store,
                 self.config,
                 clock=self.seam.clock,
