@@ -263,9 +263,7 @@ class ChunkCache:
             )
         # One block (a read's common case): one file, read and checked in one compiled pass.
         found = self.index.lookup_one(key, block, offset, offset + length, self._clock())
-        if found is not None and self._serve_blocks(
-            key, [(found[0], offset, offset + length)], offset, view, blocks
-        ):
+        if found is not None and self._serve_file(key, found[0], offset, view, blocks):
             if found[1]:
                 with contextlib.suppress(OSError):
                     os.utime(found[0].path)
@@ -285,31 +283,35 @@ class ChunkCache:
         """``read_into_blocks``' serve of the files ``held`` (the range's, in order): False
         if one is gone or damaged, or a block fails (its files dropped)."""
         if len(held) == 1:
-            file = held[0][0]
-            try:
-                fd = self._open_files.borrow(file)
-            except FileNotFoundError:  # evicted or dropped after the lookup
-                return False
-            try:
-                count, bad = checked_reads.read_checked(fd, view, offset - file.start, blocks)
-            finally:
-                self._open_files.give_back(file, fd)
-            if count != len(view):
-                short = CacheFileDamaged(f"cache file {file.path} is shorter than its trailer says")
-                self._damaged(file, short)
-                return False
-        else:
-            if not self._serve_files(held, offset, view, files.read_unchecked_into):
-                return False
-            bad = checked_reads.first_bad(view, blocks)
-        if bad >= 0:  # drop the files that hold the bad block (one, or the two it straddles)
-            self.distrust(
-                key,
-                offset + checked_reads.block_offset(blocks, bad),
-                checked_reads.block_length(blocks, bad),
-            )
+            return self._serve_file(key, held[0][0], offset, view, blocks)
+        if not self._serve_files(held, offset, view, files.read_unchecked_into):
             return False
-        return True
+        return self._passed(key, offset, blocks, checked_reads.first_bad(view, blocks))
+
+    def _serve_file(self, key: bytes, file: CacheFile, offset: int, view: memoryview, blocks: bytes) -> bool:
+        """``_serve_blocks`` of one file: read and checked in one compiled pass."""
+        try:
+            fd = self._open_files.borrow(file)
+        except FileNotFoundError:  # evicted or dropped after the lookup
+            return False
+        try:
+            count, bad = checked_reads.read_checked(fd, view, offset - file.start, blocks)
+        finally:
+            self._open_files.give_back(file, fd)
+        if count != len(view):
+            self._damaged(file, CacheFileDamaged(f"cache file {file.path} is shorter than its trailer says"))
+            return False
+        return self._passed(key, offset, blocks, bad)
+
+    def _passed(self, key: bytes, offset: int, blocks: bytes, bad: int) -> bool:
+        """Whether no block failed (``bad`` < 0); else the files holding the first bad one
+        (one, or the two it straddles) are dropped: False."""
+        if bad < 0:
+            return True
+        self.distrust(
+            key, offset + checked_reads.block_offset(blocks, bad), checked_reads.block_length(blocks, bad)
+        )
+        return False
 
     def _serve_into(
         self,

@@ -37,6 +37,10 @@ from .shared import release
 T = TypeVar("T")
 
 
+#: Chunk names whose cache keys a wrapper remembers (a dict of them is dropped whole when full).
+KEYS_KEPT = 4096
+
+
 class CachedChunkStorage(WrappedChunkStorage):
     """``inner`` read through ``cache`` (see the module doc). ``close`` closes ``inner``
     and gives back this wrapper's reference to a shared cache (``shared.acquire``) when
@@ -49,6 +53,18 @@ class CachedChunkStorage(WrappedChunkStorage):
         self.cache = cache
         self._shared = shared
         self._released = False
+        self._keys: dict[str, bytes] = {}  # chunk name -> cache key (``_key``)
+
+    def _key(self, name: str) -> bytes:
+        """The cache key of chunk ``name`` (``ChunkCache.key_of``), remembered for the
+        ``KEYS_KEPT`` names asked last: a hit then costs no digest."""
+        key = self._keys.get(name)
+        if key is None:
+            key = self.cache.key_of(self.url, name)
+            if len(self._keys) >= KEYS_KEPT:
+                self._keys.clear()
+            self._keys[name] = key
+        return key
 
     def chunk_cache_statistics(self) -> ChunkCacheStatistics:
         """The cache's counters (shared by every wrapper on it)."""
@@ -67,7 +83,7 @@ class CachedChunkStorage(WrappedChunkStorage):
     def _do_read(self, handle: ChunkHandle, offset: int, length: int) -> bytes:
         if length == 0:
             return self.inner.read(handle, offset, length)
-        key = self.cache.key_of(self.url, handle.name)
+        key = self._key(handle.name)
         data = self.cache.read(key, offset, length)
         if data is not None:
             return data
@@ -78,7 +94,7 @@ class CachedChunkStorage(WrappedChunkStorage):
     def _do_read_view(self, handle: ChunkHandle, offset: int, length: int) -> memoryview:
         if length == 0:
             return self.inner.read_view(handle, offset, length)
-        key = self.cache.key_of(self.url, handle.name)
+        key = self._key(handle.name)
         data = self.cache.read(key, offset, length)
         if data is not None:
             return memoryview(data)
@@ -89,7 +105,7 @@ class CachedChunkStorage(WrappedChunkStorage):
     def _do_read_into(self, handle: ChunkHandle, offset: int, view: memoryview) -> int:
         if len(view) == 0:
             return self.inner.read_into(handle, offset, view)
-        key = self.cache.key_of(self.url, handle.name)
+        key = self._key(handle.name)
         if self.cache.read_into(key, offset, view):
             return len(view)
         return self._fetch_into(key, handle, offset, view)
@@ -99,7 +115,7 @@ class CachedChunkStorage(WrappedChunkStorage):
         ``distrust``s them if they fail); a miss is ``_do_read_into``'s."""
         if len(view) == 0:
             return self.inner.read_into(handle, offset, view)
-        key = self.cache.key_of(self.url, handle.name)
+        key = self._key(handle.name)
         if self.cache.read_into(key, offset, view, checked=False):
             return len(view)
         return self._fetch_into(key, handle, offset, view)
@@ -109,7 +125,7 @@ class CachedChunkStorage(WrappedChunkStorage):
         fails is dropped: a miss); a miss reads the inner binding, then checks."""
         if len(view) == 0:
             return self.inner.read_into_checked(handle, offset, view, blocks)
-        key = self.cache.key_of(self.url, handle.name)
+        key = self._key(handle.name)
         if self.cache.read_into_blocks(key, offset, view, blocks):
             return len(view)
         done = self._fetch_into(key, handle, offset, view)
@@ -125,7 +141,7 @@ class CachedChunkStorage(WrappedChunkStorage):
         (dropped), neither counted as a miss: the caller's read then asks again."""
         if len(view) == 0:
             return None
-        key = self.cache.key_of(self.url, handle.name)
+        key = self._key(handle.name)
         return len(view) if self.cache.read_into_blocks(key, offset, view, blocks, count_miss=False) else None
 
     def _fetch_into(self, key: bytes, handle: ChunkHandle, offset: int, view: memoryview) -> int:
@@ -137,11 +153,11 @@ class CachedChunkStorage(WrappedChunkStorage):
     def _do_distrust(self, name: str, offset: int, length: int) -> bool:
         """The cache's files holding any of the bytes are dropped (True if one was): the
         caller's read again goes to the inner binding."""
-        return self.cache.distrust(self.cache.key_of(self.url, name), offset, length)
+        return self.cache.distrust(self._key(name), offset, length)
 
     def _do_holds(self, name: str, offset: int, length: int) -> bool:
         """Whether the cache holds chunk ``name``'s bytes ``[offset, offset+length)`` now."""
-        return self.cache.holds(self.cache.key_of(self.url, name), offset, length)
+        return self.cache.holds(self._key(name), offset, length)
 
     def _fetch(self, key: bytes, read: Callable[[], T], offset: int) -> T:
         """``read()`` from the inner binding, its bytes offered to the cache."""
@@ -167,20 +183,20 @@ class CachedChunkStorage(WrappedChunkStorage):
         try:
             return call()
         finally:
-            self.cache.invalidate(self.cache.key_of(self.url, name))
+            self.cache.invalidate(self._key(name))
 
     def _probing(self, name: str, call: Callable[[], T]) -> T:
         """A call that tells whether the chunk exists: a missing one leaves the cache."""
         try:
             return call()
         except ChunkNotFound:
-            self.cache.invalidate(self.cache.key_of(self.url, name))
+            self.cache.invalidate(self._key(name))
             raise
 
     def _do_exists(self, name: str) -> bool:
         found = self.inner.exists(name)
         if not found:
-            self.cache.invalidate(self.cache.key_of(self.url, name))
+            self.cache.invalidate(self._key(name))
         return found
 
     def _do_create(self, name: str, data: bytes) -> ChunkHandle:
