@@ -1127,9 +1127,9 @@ class ChunkedSegmentStorage:
         reads again, ``_read``)."""
         # Known extents first: without read-ahead to plan they need no lock (see above);
         # nor do they when the binding holds every piece locally (a chunk cache): such a
-        # read skips read-ahead altogether (nothing to fetch ahead of bytes at hand; a
-        # reader that passes the held bytes starts a new stream two reads later). Else
-        # they are looked up under the lock, where the plan is made.
+        # read plans no read-ahead (nothing to fetch ahead of bytes at hand) but moves its
+        # stream along (``ReadAhead.passed``), so the first read past the held bytes plans
+        # at once. Else they are looked up under the lock, where the plan is made.
         lock_free = self._read_ahead is None
         known = (
             self._layouts.find(name, self.context.version(name), offset, length)
@@ -1143,6 +1143,8 @@ class ChunkedSegmentStorage:
             if one_held:  # the binding asked once: its held bytes, or None
                 held = self._fetch_held(pieces[0])
                 if held is not None:
+                    if not lock_free:  # a stream reading through held bytes keeps its place
+                        self._read_ahead.passed(name, offset, length)  # type: ignore[union-attr]
                     return held
             if lock_free or (not one_held and self._held_locally(pieces)):
                 if len(pieces) == 1:  # the common small read: ``_fetch``'s one-piece case, inline

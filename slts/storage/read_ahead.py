@@ -230,6 +230,30 @@ class ReadAhead:
                 return None  # less than a part to add: wait until there is
             return Plan(stream, start, stop)
 
+    def passed(self, segment: str, offset: int, length: int) -> None:
+        """Note a read of ``[offset, offset + length)`` of ``segment`` served without
+        read-ahead (bytes a binding holds locally): a stream at ``offset`` moves to the
+        read's end, dropping the parts it passed, and submits what they held in its
+        budget; nothing is planned. So a sequential reader that reads through held bytes
+        keeps its stream, and its first read past them plans at once (``follow``) rather
+        than start a new stream there."""
+        end = offset + length
+        with self._lock:
+            stream = self._streams.pop((segment, offset), None) if not self._closed else None
+            if stream is None:
+                return
+            for part in [part for part in stream.parts if part.segment_end <= end]:
+                self._drop(part)
+            stream.position = end
+            if stream.frontier < end:
+                stream.frontier = end
+                stream.pending.clear()
+            replaced = self._streams.pop((segment, end), None)
+            if replaced is not None:
+                self._forget(replaced)
+            self._streams[(segment, end)] = stream
+            self._fill(stream)
+
     def prefetch(
         self,
         plan: Plan,

@@ -251,6 +251,28 @@ def test_a_forgotten_stream_releases_its_parts() -> None:
     assert ahead.statistics().held_bytes == 0
 
 
+def test_a_stream_reading_through_held_bytes_keeps_its_place() -> None:
+    """``passed``: reads served from a binding's local copy move the stream along and drop
+    the parts they passed, so the first read past them plans at once; without it that
+    read would start a new stream (nothing planned until the read after)."""
+    ahead = ReadAhead(bytes_max=32, part_bytes=8, threads=1)
+    try:
+        ahead.follow("s", 0, 4, 1000)
+        plan = ahead.follow("s", 4, 4, 1000)
+        assert plan is not None
+        ahead.prefetch(plan, [_Piece("c", plan.start, plan.end - plan.start)], lambda p, o, n: bytes(n))
+        wait([part.future for parts in ahead._by_chunk.values() for part in parts if part.future])
+        ahead.passed("s", 8, 16)  # [8, 24) read from the local copy: its parts are dropped
+        assert ahead.take("c", 8, 8) is None and ahead.statistics().held_bytes == 16
+        after = ahead.follow("s", 24, 4, 1000)
+        assert after is not None and after.start == 40, "the first read past them plans at once"
+        ahead.passed("t", 0, 4)  # no stream there: nothing happens
+        assert ahead.follow("t", 4, 4, 1000) is None
+    finally:
+        ahead.close()
+    assert ahead.statistics().held_bytes == 0
+
+
 # -- the engine: bytes, layout changes -------------------------------------------------------------
 
 
