@@ -144,7 +144,7 @@ class GatedChunkStorage(WrappedChunkStorage):
             self.meter.call(traffic, "read", time.perf_counter() - start, error=error)
             raise
         if done is not None:
-            self.meter.call(traffic, "read", time.perf_counter() - start, received=done)
+            self.meter.read_call(traffic, time.perf_counter() - start, done, None)
             if self.limiter is not None:
                 self.limiter.acquire(traffic, done)
         return done
@@ -179,7 +179,7 @@ class GatedChunkStorage(WrappedChunkStorage):
             if isinstance(result, memoryview)
             else len(result)
         )
-        self.meter.call(traffic, "read", time.perf_counter() - start, request=request, received=received)
+        self.meter.read_call(traffic, time.perf_counter() - start, received, request)
         return result
 
     def _do_write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:

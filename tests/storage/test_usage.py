@@ -256,3 +256,16 @@ def test_the_periodic_flush_stops_once_fenced() -> None:
     flusher.join(timeout=60)
     assert not flusher.is_alive() and calls == ["InvalidArgument", "Fenced"]
     meter.stop()
+
+
+def test_a_read_call_counts_as_the_general_call_of_a_read() -> None:
+    """``read_call`` (the gate's hot path) leaves the meter as ``call(..., "read", ...)`` does."""
+    from slts.limiter import TrafficClass
+    from slts.usage import UsageMeter
+
+    general, hot = UsageMeter(), UsageMeter()
+    for seconds, received, request in ((0.0001, 4096, "GET"), (0.02, 10, None), (3.0, 0, "GET")):
+        general.call(TrafficClass.READ, "read", seconds, request=request, received=received)
+        hot.read_call(TrafficClass.READ, seconds, received, request)
+    assert hot.usage() == general.usage()
+    assert hot.timings() == general.timings()
