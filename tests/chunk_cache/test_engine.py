@@ -91,12 +91,23 @@ def write_segment(binding, config: StorageConfig, chunks: int) -> bytes:
     return data, store
 
 
-def test_read_ahead_of_a_sequential_reader_prefetches_the_next_chunk_into_the_cache(tmp_path) -> None:
-    counting = FaultyChunkStorage(RemoteMemoryChunkStorage("memory://prefetch"), seed=3)
-    config = settings(tmp_path / "cache")
-    data, store = write_segment(counting, config, chunks=3)
+def cached_segment(
+    folder: Path, url: str, seed: int, chunks: int, **extra: object
+) -> tuple[FaultyChunkStorage, StorageConfig, bytes, MemoryMetadataStore, CachedChunkStorage]:
+    """A segment of ``chunks`` chunks written on a counting remote memory binding at
+    ``url``, and that binding read through a chunk cache in ``folder/cache`` (``settings``
+    with ``extra``): (the counting binding, the settings, the data, the store, the cached
+    binding)."""
+    counting = FaultyChunkStorage(RemoteMemoryChunkStorage(url), seed=seed)
+    config = settings(folder / "cache", **extra)
+    data, store = write_segment(counting, config, chunks=chunks)
     binding = with_chunk_cache(counting, config)
     assert isinstance(binding, CachedChunkStorage)
+    return counting, config, data, store, binding
+
+
+def test_read_ahead_of_a_sequential_reader_prefetches_the_next_chunk_into_the_cache(tmp_path) -> None:
+    counting, config, data, store, binding = cached_segment(tmp_path, "memory://prefetch", 3, 3)
     with ChunkedSegmentStorage(0, None, binding, store, config, read_only=True) as reader:
         handle = reader.open_read("s")
         chunks = [chunk.name for _, chunk in reader.chunks("s")]
@@ -123,11 +134,9 @@ def test_read_ahead_of_a_sequential_reader_prefetches_the_next_chunk_into_the_ca
 
 
 def test_a_restarted_reader_re_reads_from_the_cache_exactly(tmp_path) -> None:
-    counting = FaultyChunkStorage(RemoteMemoryChunkStorage("memory://reread"), seed=4)
-    config = settings(tmp_path / "cache", read_ahead_bytes=0)
-    data, store = write_segment(counting, config, chunks=4)
-    binding = with_chunk_cache(counting, config)
-    assert isinstance(binding, CachedChunkStorage)
+    counting, config, data, store, binding = cached_segment(
+        tmp_path, "memory://reread", 4, 4, read_ahead_bytes=0
+    )
     with ChunkedSegmentStorage(0, None, binding, store, config, read_only=True) as first:
         assert first.read(first.open_read("s"), 0, len(data)) == data
     binding.cache.drain()
@@ -202,11 +211,7 @@ def test_read_ahead_leaves_out_what_the_cache_holds(tmp_path) -> None:
     fetches no part of them (parts would read the same files one more time), and passes
     over each held part once (a stream that re-planned the held window at every read
     cost a warm re-read a third of its speed)."""
-    counting = FaultyChunkStorage(RemoteMemoryChunkStorage("memory://ahead-held"), seed=5)
-    config = settings(tmp_path / "cache")
-    data, store = write_segment(counting, config, chunks=3)
-    binding = with_chunk_cache(counting, config)
-    assert isinstance(binding, CachedChunkStorage)
+    counting, config, data, store, binding = cached_segment(tmp_path, "memory://ahead-held", 5, 3)
     with ChunkedSegmentStorage(0, None, binding, store, config, read_only=True) as first:
         handle = first.open_read("s")
         for offset in range(0, len(data), 64 * KiB):
@@ -251,11 +256,9 @@ def test_a_cached_copy_failing_the_engines_checksums_is_dropped_and_read_from_th
 
     if parallel_from is not None:
         monkeypatch.setattr(chunked, "OVERLAPPED_HELD_BYTES_MIN", parallel_from)
-    counting = FaultyChunkStorage(RemoteMemoryChunkStorage("memory://one-pass"), seed=6)
-    config = settings(tmp_path / "cache", read_ahead_bytes=0)
-    data, store = write_segment(counting, config, chunks=2)
-    binding = with_chunk_cache(counting, config)
-    assert isinstance(binding, CachedChunkStorage)
+    counting, config, data, store, binding = cached_segment(
+        tmp_path, "memory://one-pass", 6, 2, read_ahead_bytes=0
+    )
     with ChunkedSegmentStorage(0, None, binding, store, config, read_only=True) as reader:
         handle = reader.open_read("s")
         assert reader.read(handle, 0, len(data)) == data
@@ -283,11 +286,9 @@ def test_a_cached_copy_failing_the_engines_checksums_is_dropped_and_read_from_th
 def test_without_block_checksums_the_cache_checks_what_it_serves(tmp_path) -> None:
     """A read the engine does not verify (``verify_checksums_on_read`` off) is served by
     the cache's own CRC32C: a damaged file is dropped by the cache itself, never served."""
-    counting = FaultyChunkStorage(RemoteMemoryChunkStorage("memory://own-check"), seed=8)
-    config = settings(tmp_path / "cache", read_ahead_bytes=0, verify_checksums_on_read=False)
-    data, store = write_segment(counting, config, chunks=2)
-    binding = with_chunk_cache(counting, config)
-    assert isinstance(binding, CachedChunkStorage)
+    _counting, config, data, store, binding = cached_segment(
+        tmp_path, "memory://own-check", 8, 2, read_ahead_bytes=0, verify_checksums_on_read=False
+    )
     with ChunkedSegmentStorage(0, None, binding, store, config, read_only=True) as reader:
         handle = reader.open_read("s")
         assert reader.read(handle, 0, len(data)) == data
@@ -320,11 +321,9 @@ def test_a_held_read_answers_only_for_bytes_the_cache_holds_and_counts_no_miss(t
 
     from slts.errors import InvalidArgument
 
-    counting = FaultyChunkStorage(RemoteMemoryChunkStorage("memory://held"), seed=9)
-    config = settings(tmp_path / "cache", read_ahead_bytes=0)
-    data, store = write_segment(counting, config, chunks=2)
-    binding = with_chunk_cache(counting, config)
-    assert isinstance(binding, CachedChunkStorage)
+    counting, config, data, store, binding = cached_segment(
+        tmp_path, "memory://held", 9, 2, read_ahead_bytes=0
+    )
     with ChunkedSegmentStorage(0, None, binding, store, config, read_only=True) as reader:
         name = reader.chunks("s")[0][1].name
         handle = ChunkHandle(name, True)
@@ -368,11 +367,9 @@ def test_bindings_without_local_copies_hold_nothing(tmp_path) -> None:
 def test_a_reader_of_held_bytes_asks_the_binding_once_a_read(tmp_path) -> None:
     """The read path's one question: a read of bytes the cache holds is one held read,
     metered once as a read by the gate, with no ``holds`` and no second lookup."""
-    counting = FaultyChunkStorage(RemoteMemoryChunkStorage("memory://once"), seed=10)
-    config = settings(tmp_path / "cache", read_ahead_bytes=0)
-    data, store = write_segment(counting, config, chunks=2)
-    binding = with_chunk_cache(counting, config)
-    assert isinstance(binding, CachedChunkStorage)
+    _counting, config, data, store, binding = cached_segment(
+        tmp_path, "memory://once", 10, 2, read_ahead_bytes=0
+    )
     asked = {"held": 0, "holds": 0}
     held, holds = binding._do_read_held_into_checked, binding._do_holds
 

@@ -230,16 +230,22 @@ def test_overlapping_parts_of_one_chunk_give_each_byte_once() -> None:
         ahead.close()
 
 
+def _stream_of_zeros(ahead: ReadAhead, read_bytes: int) -> None:
+    """Two sequential reads of ``read_bytes`` of segment "s" (one chunk, "c", of zeros),
+    and what they planned read ahead."""
+    ahead.follow("s", 0, read_bytes, 1000)
+    plan = ahead.follow("s", read_bytes, read_bytes, 1000)
+    assert plan is not None
+    ahead.prefetch(plan, [_Piece("c", plan.start, plan.end - plan.start)], lambda p, o, n: bytes(n))
+
+
 def test_a_forgotten_stream_releases_its_parts() -> None:
     """Invariant 3: a stream pushed out of the table by ``STREAMS_MAX`` others drops its
     parts; a part a thread is fetching counts until its fetch ends (at most one here:
     one thread)."""
     ahead = ReadAhead(bytes_max=64, part_bytes=8, threads=1)
     try:
-        ahead.follow("s", 0, 8, 1000)
-        plan = ahead.follow("s", 8, 8, 1000)
-        assert plan is not None
-        ahead.prefetch(plan, [_Piece("c", plan.start, plan.end - plan.start)], lambda p, o, n: bytes(n))
+        _stream_of_zeros(ahead, 8)
         assert ahead.statistics().part_bytes == 64
         for i in range(STREAMS_MAX):  # random reads elsewhere push the stream out
             ahead.follow(f"other-{i}", 0, 1, 10)
@@ -257,10 +263,7 @@ def test_a_stream_reading_through_held_bytes_keeps_its_place() -> None:
     read would start a new stream (nothing planned until the read after)."""
     ahead = ReadAhead(bytes_max=32, part_bytes=8, threads=1)
     try:
-        ahead.follow("s", 0, 4, 1000)
-        plan = ahead.follow("s", 4, 4, 1000)
-        assert plan is not None
-        ahead.prefetch(plan, [_Piece("c", plan.start, plan.end - plan.start)], lambda p, o, n: bytes(n))
+        _stream_of_zeros(ahead, 4)
         wait([part.future for parts in ahead._by_chunk.values() for part in parts if part.future])
         ahead.passed("s", 8, 16)  # [8, 24) read from the local copy: its parts are dropped
         assert ahead.take("c", 8, 8) is None and ahead.statistics().held_bytes == 16
