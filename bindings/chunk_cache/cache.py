@@ -264,14 +264,7 @@ class ChunkCache:
         # One block (a read's common case): one file, read and checked in one compiled pass.
         found = self.index.lookup_one(key, block, offset, offset + length, self._clock())
         if found is not None and self._serve_file(key, found[0], offset, view, blocks):
-            if found[1]:
-                with contextlib.suppress(OSError):
-                    os.utime(found[0].path)
-            with self._counts_lock:
-                counts = self._counts
-                counts["hits"] += 1
-                counts["hit_bytes"] += length
-                counts["caller_checked_hits"] += 1
+            self._served([found[0].path] if found[1] else [], length, True)
             return True
         if count_miss:
             self._count(misses=1, miss_bytes=length)
@@ -332,14 +325,23 @@ class ChunkCache:
         if found is not None:
             held, touch = found
             if serve(held):
-                for path in touch:
-                    with contextlib.suppress(OSError):
-                        os.utime(path)
-                self._count(hits=1, hit_bytes=length, caller_checked_hits=1 if caller_checked else 0)
+                self._served(touch, length, caller_checked)
                 return True
         if count_miss:
             self._count(misses=1, miss_bytes=length)
         return False
+
+    def _served(self, touch: list[str], length: int, caller_checked: bool) -> None:
+        """A hit of ``length`` bytes: the files in ``touch`` marked used (the restart's LRU
+        order, ``index.TOUCH_INTERVAL_S``), the hit counted."""
+        for path in touch:
+            with contextlib.suppress(OSError):
+                os.utime(path)
+        with self._counts_lock:
+            counts = self._counts
+            counts["hits"] += 1
+            counts["hit_bytes"] += length
+            counts["caller_checked_hits"] += caller_checked
 
     def _serve_files(
         self,

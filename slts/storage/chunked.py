@@ -1139,17 +1139,25 @@ class ChunkedSegmentStorage:
         if known is not None:
             self._check_range(known[0], offset, length)
             pieces = self._pieces(known[1], offset, length)
-            one_held = self.chunk_storage.holds_locally and not mapped and len(pieces) == 1
-            if one_held:  # the binding asked once: its held bytes, or None
-                held = self._fetch_held(pieces[0])
-                if held is not None:
-                    if not lock_free:  # a stream reading through held bytes keeps its place
-                        self._read_ahead.passed(name, offset, length)  # type: ignore[union-attr]
-                    return held
-            if lock_free or (not one_held and self._held_locally(pieces)):
+            storage = self.chunk_storage
+            asked = (  # one piece of checked blocks: the binding is asked once
+                storage.holds_locally
+                and storage.checks_as_it_reads
+                and not mapped
+                and len(pieces) == 1
+                and pieces[0].blocks is not None
+            )
+            data: bytes | memoryview | None = self._fetch_held(pieces[0]) if asked else None
+            if data is None and (lock_free or (not asked and self._held_locally(pieces))):
                 if len(pieces) == 1:  # the common small read: ``_fetch``'s one-piece case, inline
-                    return _exactly(self._fetch_stored(pieces[0], mapped), pieces[0], "read")
-                return self._fetch(pieces, length, mapped)
+                    data = _exactly(self._fetch_stored(pieces[0], mapped), pieces[0], "read")
+                else:
+                    data = self._fetch(pieces, length, mapped)
+            if data is not None:
+                if not lock_free:  # with read-ahead on, only held bytes are read here
+                    # A stream reading through held bytes keeps its place.
+                    self._read_ahead.passed(name, offset, length)  # type: ignore[union-attr]
+                return data
             known = None
         ahead: Plan | None = None
         ahead_pieces: builtins.list[_ReadPiece] = []
@@ -1169,18 +1177,13 @@ class ChunkedSegmentStorage:
         return self._fetch(pieces, length, mapped)
 
     def _fetch_held(self, piece: _ReadPiece) -> bytes | None:
-        """``piece``'s bytes if the binding holds them locally (a chunk cache), checked,
-        asked once (``read_held_into_checked``, for a piece with block checksums and a
-        binding that ``checks_as_it_reads``; else ``holds``, then the read); None if it
-        does not hold them all (the caller plans read-ahead and reads as for any piece)."""
+        """``piece``'s bytes (it has block checksums) if the binding holds them locally (a
+        chunk cache), read and checked by it, asked once (``read_held_into_checked``);
+        None if it does not hold them all (the caller plans read-ahead and reads as for
+        any piece)."""
         storage = self.chunk_storage
         blocks = piece.blocks
-        if blocks is None or not storage.checks_as_it_reads:
-            if not self._held_locally((piece,)):
-                return None
-            data = self._fetch_stored(piece)
-            assert isinstance(data, bytes), type(data)
-            return _exactly(data, piece, "read")  # type: ignore[return-value]
+        assert blocks is not None, piece
         first, end, start, stop = block_checksums.covering(blocks, piece.chunk_offset, piece.length)
         handle = ChunkHandle(piece.chunk, True)
         wanted = blocks[first * block_checksums.PAIR_BYTES : end * block_checksums.PAIR_BYTES]
