@@ -1130,12 +1130,15 @@ class ChunkedSegmentStorage:
         # read plans no read-ahead (nothing to fetch ahead of bytes at hand) but moves its
         # stream along (``ReadAhead.passed``), so the first read past the held bytes plans
         # at once. Else they are looked up under the lock, where the plan is made.
+        # While the store's change marker stands where a version was confirmed, the
+        # extents need no version read (``ResolvedLayouts.find_unchanged``).
         lock_free = self._read_ahead is None
-        known = (
-            self._layouts.find(name, self.context.version(name), offset, length)
-            if lock_free or self.chunk_storage.holds_locally
-            else None
-        )
+        known = None
+        if lock_free or self.chunk_storage.holds_locally:
+            marker = self._store.change_marker
+            known = self._layouts.find_unchanged(name, marker, offset, length)
+            if known is None:
+                known = self._layouts.find(name, self.context.version(name), offset, length, marker)
         if known is not None:
             self._check_range(known[0], offset, length)
             pieces = self._pieces(known[1], offset, length)
@@ -1224,11 +1227,12 @@ class ChunkedSegmentStorage:
                 # so its next reads find them known (one resolve per RESOLVE_AHEAD_CHUNKS).
                 with self._store.snapshot() as view:  # one read transaction for them all
                     extents += self._walk_on(extents[-1], RESOLVE_AHEAD_CHUNKS, view)
+            marker = self._store.change_marker  # (read before the version it confirms)
             moved = self.context.version(name) != version
         except MetadataCorrupted:  # a chunk record gone: a change committed meanwhile
             moved = True
         if not moved:
-            self._layouts.learn(name, version, record, extents)
+            self._layouts.learn(name, version, record, extents, marker)
             ahead, ahead_pieces = self._plan_ahead(record, offset, length, self._store)
         else:  # a change by another instance or process: read one committed state
             with self._store.snapshot() as view:

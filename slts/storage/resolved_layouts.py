@@ -10,6 +10,14 @@ validating read, through the metadata cache, which notices commits of other proc
 may use them without reading the index or the chunk records again. A record at any other
 version makes the segment's extents unusable; they are replaced by the next ones learned.
 
+The validating read itself is skipped while nothing at all was committed: the metadata
+store's change marker (``MetadataStore.change_marker``: LMDB's last transaction id, read
+without a transaction) differs after any commit by anyone. A ``find`` that confirmed
+version V after reading marker M records M; a later read that finds the marker still at
+M (``find_unchanged``) knows the record is still at V, since any commit after M, the
+version read included, would have moved it. Learning extents at a new version, or
+advancing them past an append, forgets the marker until the next confirmation.
+
 An owner's own append is the one change that keeps extents: it only adds bytes past the
 old end (to the last chunk, and in new chunks after it), so every extent but the last
 chunk's is the same at the new version (``advance``). Readers tailing a segment that is
@@ -18,7 +26,8 @@ being written keep their resolved extents instead of resolving them afresh per a
 Invariants (asserted; cited by ``tests/storage/test_resolved_layouts.py``):
 
 1. **Exact.** Extents are only ever added for the version they were read at (``learn``
-   is given the version the read validated), and found only for that same version.
+   is given the version the read validated), and found only for that same version,
+   or at the change marker read before that version was confirmed (no commit since).
 2. **Ordered, disjoint.** Per segment, extents are sorted by start offset and do not
    overlap; each is ``(start, chunk record)`` covering ``[start, start + chunk.length)``.
 3. **Bounded.** The extents of all segments together never exceed ``capacity``; the
@@ -42,11 +51,14 @@ Extent = tuple[int, ChunkRecord]
 class _Layout:
     """The extents known of one segment at one version of its record."""
 
-    __slots__ = ("chunks", "record", "starts", "version")
+    __slots__ = ("chunks", "marker", "record", "starts", "version")
 
     def __init__(self, version: int, record: SegmentRecord) -> None:
         self.version = version
         self.record = record
+        #: The store's change marker read before ``version`` was last confirmed current
+        #: (None: not confirmed since it was learned or advanced).
+        self.marker: object = None
         self.starts: list[int] = []
         self.chunks: list[ChunkRecord] = []
 
@@ -117,23 +129,48 @@ class ResolvedLayouts:
         return self._extents
 
     def find(
-        self, name: str, version: int, offset: int, length: int
+        self, name: str, version: int, offset: int, length: int, marker: object = None
     ) -> tuple[SegmentRecord, list[Extent]] | None:
         """Segment ``name``'s record at ``version`` and the extents covering ``[offset,
         offset + length)`` (none for ``length`` 0), if the record read at ``version`` was
-        learned and every chunk of the range is known; else None."""
+        learned and every chunk of the range is known; else None.
+
+        ``marker``: the store's change marker, read before ``version`` was: a layout at
+        ``version`` keeps it, so ``find_unchanged`` at that marker needs no version."""
         with self._lock:
             layout = self._layouts.get(name)
             if layout is None or layout.version != version:
                 self.misses += 1
                 return None
-            found = layout.find(offset, offset + length) if length else []
-            if found is None:
-                self.misses += 1
+            if marker is not None:
+                layout.marker = marker
+            return self._found(name, layout, offset, length)
+
+    def find_unchanged(
+        self, name: str, marker: object, offset: int, length: int
+    ) -> tuple[SegmentRecord, list[Extent]] | None:
+        """``find`` at the version last confirmed at ``marker``, the store's change
+        marker read now: equal markers mean no commit landed since that confirmation, so
+        that version is the record's still. None if the marker moved (or was never
+        confirmed) or the range is not known (not counted as a miss: the caller asks
+        ``find`` next, with the version)."""
+        with self._lock:
+            layout = self._layouts.get(name)
+            if layout is None or layout.marker is None or layout.marker != marker:
                 return None
-            self._layouts.move_to_end(name)
-            self.hits += 1
-            return layout.record, found
+            return self._found(name, layout, offset, length, count_miss=False)
+
+    def _found(
+        self, name: str, layout: _Layout, offset: int, length: int, count_miss: bool = True
+    ) -> tuple[SegmentRecord, list[Extent]] | None:
+        """``layout``'s extents covering the range, counted as a hit (or a miss). Lock held."""
+        found = layout.find(offset, offset + length) if length else []
+        if found is None:
+            self.misses += count_miss
+            return None
+        self._layouts.move_to_end(name)
+        self.hits += 1
+        return layout.record, found
 
     def continues(self, name: str, version: int, offset: int) -> bool:
         """Whether a known extent of segment ``name`` at ``version`` ends at ``offset``: a
@@ -146,10 +183,18 @@ class ResolvedLayouts:
             at = bisect.bisect_left(layout.starts, offset) - 1
             return at >= 0 and layout.starts[at] + layout.chunks[at].length == offset
 
-    def learn(self, name: str, version: int, record: SegmentRecord, extents: Sequence[Extent]) -> None:
+    def learn(
+        self,
+        name: str,
+        version: int,
+        record: SegmentRecord,
+        extents: Sequence[Extent],
+        marker: object = None,
+    ) -> None:
         """Keep ``extents`` of segment ``name``, read while its record stood at
         ``version`` (``record``): the caller checked that no commit of the segment
-        landed between reading the record and reading the extents."""
+        landed between reading the record and reading the extents. ``marker``: as
+        ``find``'s, the store's change marker read before that check's version read."""
         assert record.name == name, (record.name, name)
         with self._lock:
             layout = self._layouts.get(name)
@@ -158,6 +203,8 @@ class ResolvedLayouts:
                     self._extents -= len(layout.starts)
                 layout = _Layout(version, record)
                 self._layouts[name] = layout
+            if marker is not None:
+                layout.marker = marker
             self._layouts.move_to_end(name)
             self._extents += layout.add(extents)
             self._evict()
@@ -176,7 +223,7 @@ class ResolvedLayouts:
                 return
             assert record.start_offset >= layout.record.start_offset, (record, layout.record)
             self._extents -= layout.drop_last(layout.record.length)
-            layout.version, layout.record = new_version, record
+            layout.version, layout.record, layout.marker = new_version, record, None
 
     def forget(self, name: str) -> None:
         """Drop segment ``name``'s extents (it changed, or is gone)."""

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from slts.errors import InvalidArgument, SegmentNotFound, SegmentTruncated
 from slts.metadata.records import ChunkRecord, SegmentRecord
 from slts.storage.chunked import ChunkedSegmentStorage
+from slts.storage.context import EngineContext
 from slts.storage.resolved_layouts import ResolvedLayouts
 from tests.support.engine import Env, env_fixture
 
@@ -100,6 +101,53 @@ def test_advance_keeps_every_extent_but_the_last_chunks() -> None:
     assert layouts.find("s", 2, 6, 1) is None, "the last chunk grew: resolved again"
     layouts.advance("s", 1, 3, _record("s", 15))  # not from the version kept: forgotten
     assert layouts.find("s", 3, 0, 1) is None and len(layouts) == 0
+
+
+def test_find_unchanged_needs_the_marker_a_version_was_confirmed_at() -> None:
+    layouts = ResolvedLayouts(100)
+    layouts.learn("s", 1, _record("s", 9), _extents([3, 3, 3]))
+    assert layouts.find_unchanged("s", 7, 0, 3) is None, "learned, never confirmed"
+    assert layouts.find("s", 1, 0, 3, marker=7) is not None
+    found = layouts.find_unchanged("s", 7, 3, 6)
+    assert found is not None and [chunk.name for _, chunk in found[1]] == ["c1", "c2"]
+    assert layouts.find_unchanged("s", 8, 0, 3) is None, "the marker moved: a commit may have landed"
+    assert layouts.find_unchanged("t", 7, 0, 3) is None
+    assert layouts.find("s", 2, 0, 3, marker=8) is None, "another version confirms nothing"
+    assert layouts.find_unchanged("s", 8, 0, 3) is None
+    misses = layouts.misses
+    assert layouts.find_unchanged("s", 7, 9, 1) is None and layouts.misses == misses, "unknown range"
+    layouts.advance("s", 1, 2, _record("s", 12))
+    assert layouts.find_unchanged("s", 7, 0, 3) is None, "an append forgets the confirmation"
+    assert layouts.find("s", 2, 0, 3, marker=9) is not None
+    layouts.learn("s", 3, _record("s", 12), _extents([3, 3, 3, 3]))
+    assert layouts.find_unchanged("s", 9, 0, 3) is None, "a new version forgets it too"
+
+
+def test_a_read_at_an_unchanged_marker_reads_no_version(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    storage = env.open(checksum_block_bytes=256)
+    data = _data(5000)
+    _segment(storage, data)
+    handle = storage.open_read("s")
+    assert storage.read(handle, 1000, 2000) == data[1000:3000]  # resolved, version confirmed
+    versions: list[str] = []
+    read_version = EngineContext.version
+
+    def counted(context: EngineContext, name: str) -> int:
+        versions.append(name)
+        return read_version(context, name)
+
+    monkeypatch.setattr(EngineContext, "version", counted)
+    assert storage.read(handle, 1500, 1000) == data[1500:2500]
+    assert versions == [], "no commit since the confirmation: the extents stand"
+    storage.create("other")  # a commit of another segment moves the marker
+    assert storage.read(handle, 1500, 1000) == data[1500:2500]
+    assert versions == ["s"], "the marker moved: the version is read again"
+    assert storage.read(handle, 1000, 500) == data[1000:1500]
+    assert versions == ["s"], "confirmed again at the new marker"
+    more = _data(700, seed=5)
+    storage.write(storage.open_write("s"), len(data), more)
+    assert storage.read(handle, 4000, 1700) == (data + more)[4000:5700]
+    assert versions[-1] == "s" and len(versions) >= 2
 
 
 @pytest.mark.parametrize("capacity", [0, -1, True, 1.5])
