@@ -6,6 +6,12 @@ physical limit). Repetitions alternate subject and baseline so that drift in the
 machine hits both alike; the report gives median, min and max of each and the ratio of
 the medians (subject / baseline, 1.0 = as fast as the raw limit).
 
+Each benchmark is measured on a settled machine (``settle``): once its setup is done and
+before its first repetition, the dirty pages that earlier benchmarks and the setup left
+are written back (``sync``) and the interpreter's garbage is collected, so a figure does
+not carry the kernel's writeback or a collection of what ran before it, and a full run
+measures what ``--only`` measures.
+
 The benchmarks: the basic ones here (durable writes of 4 KiB and 1 MiB, concat of 10,
 1,000 and 100,000 chunks, in-process defrag) and the suites of ``slts.tools.benchmarks``
 (concurrency, reads, metadata, journal, Spark defrag, and S3 against an ``s3://`` store).
@@ -19,6 +25,7 @@ page.
 
 from __future__ import annotations
 
+import gc
 import os
 import statistics
 import time
@@ -203,12 +210,21 @@ def measure(benchmark: Benchmark, parent: str, quick: bool, repetitions: int) ->
             close()
 
 
+def settle() -> None:
+    """Write back every dirty page of the machine and collect the interpreter's garbage:
+    what earlier work left (its writeback, its cycles) is not paid inside a measurement.
+    Takes as long as there is to write back."""
+    os.sync()
+    gc.collect()
+
+
 def _measure_first(
     benchmark: Benchmark,
     workloads: Iterator[tuple[str, Workload, Workload, float, str]],
     repetitions: int,
 ) -> Figure:
     for work, subject, baseline, amount, unit in workloads:
+        settle()
         subject_rates, baseline_rates = [], []
         for _ in range(repetitions):
             if benchmark.measures == "value":

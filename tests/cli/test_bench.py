@@ -155,3 +155,28 @@ def test_bench_transforms_suite_runs_quick(tmp_path, capsys) -> None:
     assert figures["encrypt_defrag_native"]["ratio"] == 1.0
     assert all(f["subject_median"] > 0 and f["baseline_median"] > 0 for f in figures.values())
     assert list(tmp_path.iterdir()) == [], "scratch folders are removed"
+
+
+def test_each_benchmark_is_measured_on_a_settled_machine(tmp_path, monkeypatch) -> None:
+    """Its setup first, then ``settle`` (earlier work's writeback and garbage paid
+    outside the measurement), then the alternating repetitions."""
+    from slts.tools import bench
+    from slts.tools.benchmarks.base import Benchmark
+
+    events: list[str] = []
+
+    def ordered(parent: str, quick: bool):
+        events.append("setup")
+        yield (
+            "ordered work",
+            lambda: events.append("subject") or 1.0,
+            lambda: events.append("baseline") or 1.0,
+            1.0,
+            "ops/s",
+        )
+
+    monkeypatch.setattr(bench, "settle", lambda: events.append("settle"))
+    figure = bench.measure(Benchmark("ordered", "records its order", ordered), str(tmp_path), True, 2)
+    assert events == ["setup", "settle", "subject", "baseline", "subject", "baseline"]
+    assert figure.ratio == 1.0
+
