@@ -179,4 +179,3 @@ def test_each_benchmark_is_measured_on_a_settled_machine(tmp_path, monkeypatch) 
     figure = bench.measure(Benchmark("ordered", "records its order", ordered), str(tmp_path), True, 2)
     assert events == ["setup", "settle", "subject", "baseline", "subject", "baseline"]
     assert figure.ratio == 1.0
-
