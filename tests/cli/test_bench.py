@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from slts.tools import cli, command_line
 
@@ -179,3 +180,43 @@ def test_each_benchmark_is_measured_on_a_settled_machine(tmp_path, monkeypatch) 
     figure = bench.measure(Benchmark("ordered", "records its order", ordered), str(tmp_path), True, 2)
     assert events == ["setup", "settle", "subject", "baseline", "subject", "baseline"]
     assert figure.ratio == 1.0
+
+
+def test_the_write_floors_make_what_they_claim_durable(tmp_path) -> None:
+    """``write_4k_x8_floor`` commits each write's two records to LMDB and
+    ``write_4k_x8_floor_two_flushes`` appends them to its one log; both after the same
+    appends as their baseline (no timing asserted: what each run leaves is)."""
+    from slts.tools.benchmarks import concurrency
+
+    from slts.metadata.lmdb_store import LmdbMetadataStore
+    from slts.metadata.schema import CHUNKS, SEGMENTS, TABLES
+
+    count, writers = 100, concurrency.WRITERS  # --quick
+    protocol = concurrency.commit_protocol_floor(str(tmp_path), True)
+    _, subject, baseline, work, unit = next(protocol)
+    assert (work, unit) == (writers * count, "writes/s")
+    subject()
+    baseline()
+    (folder,) = tmp_path.iterdir()
+    for i in range(writers):
+        assert os.path.getsize(folder / "floor1" / f"f{i}") == count * 4096
+        assert os.path.getsize(folder / "raw1" / f"f{i}") == count * 4096
+    reader = LmdbMetadataStore(str(folder / "metadata"), TABLES)
+    try:
+        for i in range(writers):
+            for table, key in ((SEGMENTS, f"floor1/s{i}"), (CHUNKS, f"floor1/c{i}")):
+                record = reader.get(table, key.encode())
+                assert record is not None and len(record.value) == 150, (table, key)
+    finally:
+        reader.close()
+    protocol.close()
+    assert list(tmp_path.iterdir()) == [], "scratch folders are removed"
+
+    logged = concurrency.two_flush_floor(str(tmp_path), True)
+    _, subject, _, _, _ = next(logged)
+    subject()
+    (folder,) = tmp_path.iterdir()
+    record_bytes = len(b"floor1/s0") + len(b"floor1/c0") + 2 * 150
+    assert os.path.getsize(folder / "log" / "layout.log") == writers * count * record_bytes
+    logged.close()
+    assert list(tmp_path.iterdir()) == [], "scratch folders are removed"

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from slts.tools.benchmarks.base import Benchmark, Folder, Workload, durable_writes, run_together
 
+from slts.metadata.group_commit import GroupCommitter
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.schema import CHUNKS, SEGMENTS, TABLES
 from slts.metadata.store import Expect, Put
 from slts.storage.factory import open as open_storage
 
 WRITERS = 8
+#: What a floor does after each write's data sync: (segment key, chunk key, record).
+AfterSync = Callable[[bytes, bytes, bytes], None]
 
 
 def _together(work: Callable[[int], None]) -> float:
@@ -77,63 +80,113 @@ def concurrent_small_writes(parent: str, quick: bool) -> Iterator[tuple[str, Wor
         folder.close()
 
 
-def commit_protocol_floor(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
-    """The floor ``write_4k_x8`` stands on, measured: what its durability protocol costs
-    with no engine around it. Subject: 8 threads, each per write an append + fdatasync of
-    its own file (the data sync), then one conditional commit of two records, a segment's
-    and a chunk's, to one ``LmdbMetadataStore`` (the group commit, its syncs shared and
-    pipelined, LMDB's page flush then its meta page's: two flushes after the data's).
-    Baseline: ``write_4k_x8``'s, 8 raw appenders."""
+def _appenders(folder: Folder, tag: str, count: int, payload: bytes, after_sync: AfterSync | None) -> float:
+    """8 threads, each ``count`` times an append of ``payload`` + fdatasync of its own file
+    in folder ``tag``, then ``after_sync(i, segment, chunk, record)`` if given (the
+    layout's durability, the floors below); seconds until all end."""
+    fds = [
+        os.open(os.path.join(folder.sub(tag), f"f{i}"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        for i in range(WRITERS)
+    ]
+
+    def work(i: int) -> None:
+        segment, chunk = f"{tag}/s{i}".encode(), f"{tag}/c{i}".encode()
+        record = os.urandom(150)  # about a segment's or a chunk's record
+        for _ in range(count):
+            os.write(fds[i], payload)
+            os.fdatasync(fds[i])
+            if after_sync is not None:
+                after_sync(segment, chunk, record)
+
+    try:
+        return _together(work)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _floor(
+    parent: str, quick: bool, what: str, layout: Callable[[Folder], tuple[AfterSync, Callable[[], None]]]
+) -> Iterator[tuple[str, Workload, Workload, float, str]]:
+    """A floor under ``write_4k_x8``: subject, 8 threads of append + fdatasync each
+    followed by the layout's durability that ``layout(folder)`` returns (with its
+    closer); baseline, ``write_4k_x8``'s 8 raw appenders."""
     count = 100 if quick else 500
     payload = os.urandom(4096)
     folder = Folder(parent)
-    store = LmdbMetadataStore(folder.sub("metadata"), TABLES)
+    after_sync, close = layout(folder)
     runs = 0
-
-    def appenders(tag: str, commit: bool) -> float:
-        fds = [
-            os.open(os.path.join(folder.sub(tag), f"f{i}"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            for i in range(WRITERS)
-        ]
-
-        def work(i: int) -> None:
-            segment, chunk, version = f"{tag}/s{i}".encode(), f"{tag}/c{i}".encode(), 0
-            record = os.urandom(150)  # about a segment's or a chunk's record
-            for _ in range(count):
-                os.write(fds[i], payload)
-                os.fdatasync(fds[i])
-                if commit:
-                    version = store.commit(
-                        [Put(SEGMENTS, segment, record), Put(CHUNKS, chunk, record)],
-                        [Expect(SEGMENTS, segment, version), Expect(CHUNKS, chunk, version)],
-                    )
-
-        try:
-            return _together(work)
-        finally:
-            for fd in fds:
-                os.close(fd)
 
     def subject() -> float:
         nonlocal runs
         runs += 1
-        return appenders(f"protocol{runs}", commit=True)
+        return _appenders(folder, f"floor{runs}", count, payload, after_sync)
 
     def baseline() -> float:
-        return appenders(f"raw{runs}", commit=False)
+        return _appenders(folder, f"raw{runs}", count, payload, None)
 
     try:
         yield (
-            f"{WRITERS} threads x {count}: append + fdatasync, then a 2-record LMDB group commit, vs. "
-            "8 raw appenders (write_4k_x8's durability protocol without the engine)",
+            f"{WRITERS} threads x {count}: append + fdatasync, then {what}, vs. 8 raw appenders",
             subject,
             baseline,
             float(WRITERS * count),
             "writes/s",
         )
     finally:
-        store.close()
+        close()
         folder.close()
+
+
+def commit_protocol_floor(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
+    """The floor ``write_4k_x8`` stands on, measured: what its durability protocol costs
+    with no engine around it. Per write, after the data sync, one conditional commit of
+    two records, a segment's and a chunk's, to one ``LmdbMetadataStore`` (the group
+    commit, its syncs shared and pipelined: LMDB's page flush, then the flush that
+    carries its meta page; three flushes in a row with the data's)."""
+
+    def layout(folder: Folder) -> tuple[AfterSync, Callable[[], None]]:
+        store = LmdbMetadataStore(folder.sub("metadata"), TABLES)
+        versions: dict[bytes, int] = {}
+
+        def commit(segment: bytes, chunk: bytes, record: bytes) -> None:
+            version = versions.get(segment, 0)
+            versions[segment] = store.commit(
+                [Put(SEGMENTS, segment, record), Put(CHUNKS, chunk, record)],
+                [Expect(SEGMENTS, segment, version), Expect(CHUNKS, chunk, version)],
+            )
+
+        return commit, store.close
+
+    return _floor(parent, quick, "a 2-record LMDB group commit (write_4k_x8's protocol)", layout)
+
+
+def two_flush_floor(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
+    """The least any design pays that keeps a segment's bytes and its layout in separate
+    files and acknowledges a write once both are durable: the data's flush, then one
+    flush of a log shared by every writer (group commit: the records of the writers
+    that arrived meanwhile appended together, then one fdatasync). Two flushes in a row
+    where ``write_4k_x8_floor`` has three; no engine, no index, no recovery: a floor, not
+    a design."""
+
+    def layout(folder: Folder) -> tuple[AfterSync, Callable[[], None]]:
+        log = os.open(
+            os.path.join(folder.sub("log"), "layout.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
+        )
+
+        def append(records: Sequence[bytes]) -> list[None]:
+            os.write(log, b"".join(records))
+            os.fdatasync(log)
+            return [None] * len(records)
+
+        committer: GroupCommitter[bytes, None] = GroupCommitter(append)
+
+        def commit(segment: bytes, chunk: bytes, record: bytes) -> None:
+            committer.submit(segment + chunk + record + record)
+
+        return commit, lambda: os.close(log)
+
+    return _floor(parent, quick, "a 2-record append to one shared log + its flush (group commit)", layout)
 
 
 BENCHMARKS = {
@@ -151,5 +204,10 @@ BENCHMARKS = {
         "write_4k_x8_floor",
         "write_4k_x8's protocol alone: data sync + LMDB group commit, vs. 8 raw appenders",
         commit_protocol_floor,
+    ),
+    "write_4k_x8_floor_two_flushes": Benchmark(
+        "write_4k_x8_floor_two_flushes",
+        "the physical floor under write_4k_x8: data sync + one shared log flush, vs. 8 raw appenders",
+        two_flush_floor,
     ),
 }
