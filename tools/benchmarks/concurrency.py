@@ -82,8 +82,8 @@ def concurrent_small_writes(parent: str, quick: bool) -> Iterator[tuple[str, Wor
 
 def _appenders(folder: Folder, tag: str, count: int, payload: bytes, after_sync: AfterSync | None) -> float:
     """8 threads, each ``count`` times an append of ``payload`` + fdatasync of its own file
-    in folder ``tag``, then ``after_sync(i, segment, chunk, record)`` if given (the
-    layout's durability, the floors below); seconds until all end."""
+    in folder ``tag``, then ``after_sync(segment, chunk, record)`` if given (the layout's
+    durability, the floors below); seconds until all end."""
     fds = [
         os.open(os.path.join(folder.sub(tag), f"f{i}"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         for i in range(WRITERS)
@@ -114,7 +114,11 @@ def _floor(
     count = 100 if quick else 500
     payload = os.urandom(4096)
     folder = Folder(parent)
-    after_sync, close = layout(folder)
+    try:
+        after_sync, close = layout(folder)
+    except BaseException:
+        folder.close()
+        raise
     runs = 0
 
     def subject() -> float:
