@@ -38,6 +38,7 @@ raises ``UnsupportedOperation``. Callers branch on the flag, never on the class.
 from __future__ import annotations
 
 import abc
+import copy
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -384,6 +385,15 @@ class ChunkStorage(abc.ABC):
             raise self._unsupported("cannot change read-only state")
         self._do_set_readonly(check_handle(handle), readonly)
 
+    def around_caches(self) -> ChunkStorage:
+        """This binding with every local copy of chunk bytes taken out of its reads (a
+        chunk cache): what answers is the storage itself. For reads that must prove what
+        the storage holds, such as the check of the metadata's durable copy (a copy on
+        local disk proves nothing about the loss of the machine), and for one-pass scans
+        that would only push a cache's working set out. ``self`` where nothing is cached;
+        the result shares this binding's resources (closing it is closing this one)."""
+        return self
+
     def close(self) -> None:  # noqa: B027 - a binding without resources need not override it
         """Release resources. Idempotent."""
 
@@ -486,6 +496,17 @@ class WrappedChunkStorage(ChunkStorage):
 
     def observe_requests(self, observer: RequestObserver | None) -> None:
         self.inner.observe_requests(observer)
+
+    def around_caches(self) -> ChunkStorage:
+        """``self`` if nothing below caches; else this wrapper around the inner binding's
+        ``around_caches`` (a shallow copy: faults, meters and limits are this wrapper's,
+        the capability flags the new inner binding's)."""
+        inner = self.inner.around_caches()
+        if inner is self.inner:
+            return self
+        around = copy.copy(self)
+        WrappedChunkStorage.__init__(around, inner)
+        return around
 
     def _do_holds(self, name: str, offset: int, length: int) -> bool:
         return self.inner.holds(name, offset, length)

@@ -66,6 +66,10 @@ class CachedChunkStorage(WrappedChunkStorage):
             self._keys[name] = key
         return key
 
+    def around_caches(self) -> ChunkStorage:
+        """The inner binding's ``around_caches``: reads of the storage, not of this cache."""
+        return self.inner.around_caches()
+
     def chunk_cache_statistics(self) -> ChunkCacheStatistics:
         """The cache's counters (shared by every wrapper on it)."""
         return self.cache.statistics()

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 import pytest
+from slts.bindings.base import ChunkHandle
 from slts.bindings.chunk_cache import CachedChunkStorage
 from slts.bindings.faulty import FaultyChunkStorage
 
@@ -395,3 +396,68 @@ def test_a_reader_of_held_bytes_asks_the_binding_once_a_read(tmp_path) -> None:
         assert asked == {"held": len(data) // PART, "holds": 0}
         assert sum(meter.timings()["read"].buckets) == calls + len(data) // PART, "each metered once"
     binding.close()
+
+
+def test_verify_checks_the_durable_copy_on_the_storage_not_in_the_cache(tmp_path) -> None:
+    """``slts verify``'s check of the metadata's durable copy reads the chunk storage
+    (``around_caches``): it neither reads nor fills the cache, and a copy damaged on the
+    storage is reported while the cache holds it intact."""
+    from slts.journal.system_names import system_prefix
+
+    from slts.admin.verify import verify_container
+
+    remote = RemoteMemoryChunkStorage("memory://verify-copy")
+    config = settings(tmp_path / "cache", journal=True)
+    binding = with_chunk_cache(remote, config)
+    assert isinstance(binding, CachedChunkStorage)
+    with ChunkedSegmentStorage(0, None, binding, MemoryMetadataStore(TABLES), config) as storage:
+        storage.create("s")
+        storage.write(storage.open_write("s"), 0, os.urandom(3 * KiB))
+        assert storage.durable is not None
+        storage.durable.flush()
+        assert verify_container(storage).problems == []
+        cache = binding.cache
+        assert cache.statistics().fills == 0, "the check read the storage, not through the cache"
+
+        # Every system chunk read through the cache (now it holds them), then each one's
+        # bytes damaged on the storage itself, under the cache's nose.
+        system = sorted(remote.list(system_prefix(storage.container_id)))
+        assert system
+        for name in system:
+            length = remote.get_info(name).length
+            binding.read(ChunkHandle(name, True), 0, length)
+        cache.drain()
+        before = cache.statistics()
+        assert before.fills >= len(system)
+        for name in system:
+            damaged = remote._chunks[name].data  # bytes changed behind the cache
+            for index in range(0, len(damaged), 7):
+                damaged[index] ^= 0xFF
+
+        problems = verify_container(storage).problems
+        assert problems, "a durable copy damaged on the storage must be reported"
+        after = cache.statistics()
+        assert (after.hits, after.misses, after.fills) == (before.hits, before.misses, before.fills)
+
+
+def test_around_caches_takes_the_cache_out_and_keeps_every_other_wrapper(tmp_path) -> None:
+    """A binding without a cache is its own ``around_caches``; a gate over a cache over a
+    fault injector becomes the same gate (its meter) over the same fault injector."""
+    from slts.storage.gate import GatedChunkStorage
+    from slts.usage import UsageMeter
+
+    plain = RemoteMemoryChunkStorage("memory://around")
+    faulty = FaultyChunkStorage(plain, seed=1)
+    assert plain.around_caches() is plain and faulty.around_caches() is faulty
+    cached_binding = with_chunk_cache(faulty, settings(tmp_path / "cache"))
+    assert isinstance(cached_binding, CachedChunkStorage)
+    meter = UsageMeter()
+    gate = GatedChunkStorage(cached_binding, meter)
+    around = gate.around_caches()
+    assert isinstance(around, GatedChunkStorage) and around is not gate
+    assert around.inner is faulty and around.meter is meter
+    assert not around.holds_locally and gate.holds_locally and gate.inner is cached_binding
+    faulty.create("c", b"bytes")
+    assert around.read(ChunkHandle("c", True), 0, 5) == b"bytes"
+    assert cached_binding.cache.statistics().misses == 0, "read around the cache"
+    gate.close()

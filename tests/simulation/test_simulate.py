@@ -1,6 +1,6 @@
 """``slts simulate``: the CI slice on fixed seeds, exact replay, and that it catches bugs.
 
-The slice runs ``SEEDS`` x ``OPS`` (about 20 s on the 2-core machine) on fixed seeds, so
+The slice runs ``SEEDS`` x ``OPS`` (about 40 s on the 2-core machine) on fixed seeds, so
 a red run always means a change broke something; any violation fails the test, with the
 command that replays it. A seed that found a defect stays a fixed case after the fix
 (``REGRESSIONS``, named after what it found).
