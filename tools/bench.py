@@ -235,6 +235,7 @@ def _measure_first(
                 baseline_rates.append(amount / baseline())
         subject_median = statistics.median(subject_rates)
         baseline_median = statistics.median(baseline_rates)
+        pair_ratios = [s / b for s, b in zip(subject_rates, baseline_rates, strict=True)]
         return Figure(
             benchmark.name,
             unit,
@@ -247,6 +248,8 @@ def _measure_first(
             subject_median / baseline_median,
             repetitions,
             work,
+            min(pair_ratios),
+            max(pair_ratios),
         )
     raise AssertionError(f"benchmark {benchmark.name} yielded no workload")
 

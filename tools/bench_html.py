@@ -5,7 +5,8 @@ The page, top to bottom: a header (the run's date, commit and machine); a summar
 many goals were met, missed, could not be judged, how many figures have none, how many
 benchmarks failed, and the missed ones linked to their rows); a legend; one table row per
 figure, in the report's order: its name and the work measured, its unit, a chart, the
-medians in figures, the ratio, and its goal with the verdict; then the failures, each
+medians in figures, the ratio (and under it, its range over the run's alternated pairs of
+repetitions), and its goal with the verdict; then the failures, each
 with its traceback folded.
 
 A figure's chart: two horizontal bars on one scale from 0 (the row's own: figures have
@@ -93,6 +94,7 @@ tr.figure.missed { background: #fff5f5; }
 .values .subject { color: var(--subject); }
 .values .baseline { color: var(--faint); }
 td.ratio { font-variant-numeric: tabular-nums; font-weight: 600; white-space: nowrap; }
+div.pairs { font-weight: 400; font-size: 0.85em; }
 .mark { font-weight: 700; white-space: nowrap; }
 .goal-text { color: var(--faint); font-size: 12px; min-width: 11rem; max-width: 16rem; }
 .scroll { overflow-x: auto; }
@@ -274,7 +276,7 @@ def _row(
         f'<td><div class="name">{_text(figure.name)}</div><div class="work">{_text(figure.work)}</div></td>'
         f"<td>{_text(figure.unit)}</td>"
         f"<td>{_chart(figure, verdict, threshold)}{values}</td>"
-        f'<td class="ratio">{_ratio(figure.ratio)}</td>'
+        f'<td class="ratio">{_ratio(figure.ratio)}{_pairs(figure)}</td>'
         f"<td>{goal_cell}</td>"
         "</tr>"
     )
@@ -373,6 +375,13 @@ def _number(value: float) -> str:
 
 def _spread(median: float, low: float, high: float) -> str:
     return f"{_number(median)} ({_number(low)}-{_number(high)})"
+
+
+def _pairs(figure: Figure) -> str:
+    """Under the ratio, its range over the run's alternated pairs (where recorded)."""
+    if figure.pair_ratio_min is None or figure.pair_ratio_max is None:
+        return ""
+    return f'<div class="pairs">pairs {_ratio(figure.pair_ratio_min)}-{_ratio(figure.pair_ratio_max)}</div>'
 
 
 def _ratio(ratio: float) -> str:

@@ -3,9 +3,11 @@ run's context (``Report``); the text table ``slts bench`` prints, each figure wi
 goal's verdict (``table_row``); and the machine format, JSON (``to_json``), read back with
 every field checked (``read_json``: what ``slts bench --from-json`` renders).
 
-The JSON document: ``figures`` (each a ``Figure``: medians, min-max, ratio, repetitions,
-the work measured), ``failures`` (each ``name``, ``error`` in one line, ``detail`` with the
-traceback) and ``run`` (a ``RunContext``, or null). Readers ignore keys they do not know.
+The JSON document: ``figures`` (each a ``Figure``: medians, min-max, ratio, the ratio's
+range over the alternated pairs, repetitions, the work measured), ``failures`` (each
+``name``, ``error`` in one line, ``detail`` with the traceback) and ``run`` (a
+``RunContext``, or null). Readers ignore keys they do not know, and a figure's fields
+added since a file was written (the pairs) read back as None.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import subprocess
 import types
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
 from slts.tools.benchmarks import goals
@@ -66,7 +68,7 @@ class Report:
 
 TABLE_HEADER = (
     f"{'benchmark':<17} {'unit':<9} {'SLTS median':>12} {'(min-max)':>21} {'baseline median':>16} "
-    f"{'(min-max)':>21} {'ratio':>6} goal"
+    f"{'(min-max)':>21} {'ratio':>6} {'(pairs)':>11} goal"
 )
 
 #: The goal column's word for each verdict (docs/benchmarks.md).
@@ -85,8 +87,16 @@ def table_row(figure: Figure, verdict: goals.Verdict) -> str:
         f"{figure.name:<17} {figure.unit:<9} {figure.subject_median:>12.1f} "
         f"{f'({figure.subject_min:.1f}-{figure.subject_max:.1f})':>21} {figure.baseline_median:>16.1f} "
         f"{f'({figure.baseline_min:.1f}-{figure.baseline_max:.1f})':>21} {figure.ratio:>6.2f} "
-        f"{_TABLE_VERDICT[verdict]}"
+        f"{_pairs(figure):>11} {_TABLE_VERDICT[verdict]}"
     )
+
+
+def _pairs(figure: Figure) -> str:
+    """The ratio's range over the run's alternated pairs, e.g. ``(0.72-0.86)``; ``-`` for a
+    figure from a report that did not record it."""
+    if figure.pair_ratio_min is None or figure.pair_ratio_max is None:
+        return "-"
+    return f"({figure.pair_ratio_min:.2f}-{figure.pair_ratio_max:.2f})"
 
 
 def table_failure(failure: Failure) -> str:
@@ -216,6 +226,8 @@ def _record(kind: type[_Record], value: object, where: str) -> _Record:
     values: dict[str, Any] = {}
     for field in fields(kind):
         if field.name not in value:
+            if field.default is not MISSING:  # a field added since the file was written
+                continue
             raise InvalidArgument(f"{where}: the field {field.name!r} is missing")
         values[field.name] = _typed(value[field.name], hints[field.name], f"{where}.{field.name}")
     return kind(**values)

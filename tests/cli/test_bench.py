@@ -22,6 +22,7 @@ def test_bench_quick_json_shape(tmp_path, capsys) -> None:
     for figure in printed["figures"]:
         assert figure["subject_min"] <= figure["subject_median"] <= figure["subject_max"]
         assert figure["baseline_min"] <= figure["baseline_median"] <= figure["baseline_max"]
+        assert 0 < figure["pair_ratio_min"] <= figure["pair_ratio_max"]
         assert (
             figure["ratio"] > 0
             and figure["repetitions"] == 3
@@ -180,6 +181,34 @@ def test_each_benchmark_is_measured_on_a_settled_machine(tmp_path, monkeypatch) 
     figure = bench.measure(Benchmark("ordered", "records its order", ordered), str(tmp_path), True, 2)
     assert events == ["setup", "settle", "subject", "baseline", "subject", "baseline"]
     assert figure.ratio == 1.0
+
+
+def test_the_ratio_of_each_alternated_pair_bounds_how_far_the_run_moved(tmp_path, monkeypatch) -> None:
+    """``pair_ratio_min``/``max``: subject/baseline of each pair of repetitions (here
+    8/4, 4/4, 2/4), in the JSON and in the table's ``(pairs)`` column; a report written
+    before they existed reads back with None, shown as ``-``."""
+    from slts.tools import bench, bench_report
+    from slts.tools.benchmarks import goals
+    from slts.tools.benchmarks.base import Benchmark
+
+    subject_seconds = iter([1.0, 2.0, 4.0])
+
+    def paired(parent: str, quick: bool):
+        yield ("pairs", lambda: next(subject_seconds), lambda: 2.0, 8.0, "ops/s")
+
+    monkeypatch.setattr(bench, "settle", lambda: None)
+    figure = bench.measure(Benchmark("paired", "known rates", paired), str(tmp_path), True, 3)
+    assert (figure.ratio, figure.pair_ratio_min, figure.pair_ratio_max) == (1.0, 0.5, 2.0)
+    row = bench_report.table_row(figure, goals.Verdict.NO_GOAL)
+    assert "(0.50-2.00)" in row and row.endswith(" -")
+
+    document = json.loads(bench_report.to_json(bench_report.Report([figure], [])))
+    assert document["figures"][0]["pair_ratio_min"] == 0.5
+    for key in ("pair_ratio_min", "pair_ratio_max"):
+        del document["figures"][0][key]
+    (older,) = bench_report.from_json(json.dumps(document)).figures
+    assert older.pair_ratio_min is None and older.pair_ratio_max is None and older.ratio == 1.0
+    assert bench_report.table_row(older, goals.Verdict.NO_GOAL).endswith("1.00           - -")
 
 
 def test_the_write_floors_make_what_they_claim_durable(tmp_path) -> None:

@@ -429,3 +429,16 @@ def test_issue_30s_goals_are_in_force() -> None:
     """Each new binding at 0.85 of its raw client for 8 MiB writes and sequential reads."""
     for name in ("azure_write_8m", "azure_read_seq", "gcs_write_8m", "gcs_read_seq"):
         assert dataclasses.replace(goals.GOALS[name], note="") == goals.Ratio(0.85, "issue 30"), name
+
+
+def test_a_ratios_range_over_the_pairs_is_drawn_under_it_where_recorded() -> None:
+    """A figure with ``pair_ratio_min``/``max`` shows them under its ratio; one from a
+    report written before they existed shows the ratio alone."""
+    paired = dataclasses.replace(
+        figure("write_4k", 900.0, 1000.0, "writes/s"), pair_ratio_min=0.5, pair_ratio_max=2.0
+    )
+    rows = rows_by_name(
+        bench_html.render(Report([paired, figure("defrag", 400.0, 500.0, "MB/s")], [], CONTEXT))
+    )
+    assert '<div class="pairs">pairs 0.50-2.00</div>' in rows["write_4k"]
+    assert "pairs" not in rows["defrag"]

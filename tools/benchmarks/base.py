@@ -23,7 +23,11 @@ Workload = Callable[[], float]  # runs once, returns seconds spent on the measur
 
 @dataclass(frozen=True, slots=True)
 class Figure:
-    """One benchmark's result: rates in ``unit`` (higher is better)."""
+    """One benchmark's result: rates in ``unit`` (higher is better). ``ratio`` is the
+    subject's median over the baseline's; ``pair_ratio_min``/``pair_ratio_max`` the
+    lowest and highest subject/baseline ratio of one alternated pair of repetitions (how
+    far the ratio itself moved within the run: a goal line inside that range is decided
+    by the run's noise). None in reports written before they were recorded."""
 
     name: str
     unit: str
@@ -36,6 +40,8 @@ class Figure:
     ratio: float
     repetitions: int
     work: str
+    pair_ratio_min: float | None = None
+    pair_ratio_max: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
