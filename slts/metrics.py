@@ -207,7 +207,11 @@ class SltsCollector(Collector):
                 "Fills refused: their chunk changed after their read began.",
                 statistics.stale_fills,
             ),
-            ("slts_chunk_cache_evictions", "Files evicted (least recently used).", statistics.evictions),
+            (
+                "slts_chunk_cache_evictions",
+                "Files evicted (probation's least recently used first).",
+                statistics.evictions,
+            ),
             ("slts_chunk_cache_evicted_bytes", "Bytes of evicted files.", statistics.evicted_bytes),
             (
                 "slts_chunk_cache_invalidations",
@@ -223,6 +227,11 @@ class SltsCollector(Collector):
             yield self._counter(name, documentation, value)
         yield self._gauge("slts_chunk_cache_files", "Files in the chunk cache.", statistics.files)
         yield self._gauge("slts_chunk_cache_bytes", "Bytes of the chunk cache's files.", statistics.bytes)
+        yield self._gauge(
+            "slts_chunk_cache_protected_bytes",
+            "Bytes of the chunk cache's files used again since their fill (kept from scans).",
+            statistics.protected_bytes,
+        )
         yield self._gauge(
             "slts_chunk_cache_capacity_bytes", "Most bytes the chunk cache keeps.", statistics.capacity_bytes
         )

@@ -79,7 +79,7 @@ class ChunkCacheStatistics:
     fills_dropped: int  # block runs not cached: fills in flight full, or no room free of claims
     fill_errors: int  # fills that failed (disk errors): nothing cached, nothing raised
     stale_fills: int  # fills refused: their chunk changed after their read began
-    evictions: int  # files removed to make room (least recently used first)
+    evictions: int  # files removed to make room (probation's least recently used first)
     evicted_bytes: int
     invalidations: int  # files dropped because their chunk was deleted or changed
     corruptions: int  # files dropped because bytes failed their CRC32C (or the caller's check)
@@ -87,6 +87,7 @@ class ChunkCacheStatistics:
     files: int  # files held now
     bytes: int  # their size on disk now (data and trailers)
     capacity_bytes: int
+    protected_bytes: int = 0  # of ``bytes``, the files' used again since their fill (``index``, invariant 4)
 
 
 _COUNTERS = (
@@ -433,7 +434,11 @@ class ChunkCache:
         with self._counts_lock:
             counts = dict(self._counts)
         return ChunkCacheStatistics(
-            **counts, files=len(self.index), bytes=self.index.committed, capacity_bytes=self.capacity_bytes
+            **counts,
+            files=len(self.index),
+            bytes=self.index.committed,
+            capacity_bytes=self.capacity_bytes,
+            protected_bytes=self.index.protected_bytes,
         )
 
     def drain(self) -> None:

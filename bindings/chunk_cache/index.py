@@ -1,5 +1,5 @@
-"""The chunk cache's index: which cache files exist, in LRU order, and the bytes they
-hold on disk. Memory only: it performs no I/O, and tells its caller which files to
+"""The chunk cache's index: which cache files exist, in eviction order, and the bytes
+they hold on disk. Memory only: it performs no I/O, and tells its caller which files to
 remove (``Victims``); thread-safe (one lock, held for dictionary work only).
 
 Byte accounting. Every byte of a cache file on disk is counted in ``committed`` (files in
@@ -21,6 +21,15 @@ Invariants (asserted after every change; ``tests/chunk_cache/test_index.py``):
    after it.
 3. **One file per block.** At most one file per (key, block) is in the index; a fill that
    finds another file committed for its block since it looked refuses its own.
+4. **Scan resistance** (segmented LRU). A file enters *probation*. It moves to the
+   *protected* segment when a hit asks again for bytes that hits of it served before
+   (a re-use; a one-pass reader, which reads a block's bytes once, in order, never
+   does). Protected files keep at most ``PROTECTED_SHARE`` of the capacity: past it, the
+   least recently used of them goes back to probation. Eviction takes probation's least
+   recently used first, and the protected ones only once probation is empty. So a scan
+   of any size evicts only what was not re-used, and while everything fits nothing is
+   evicted at all (plain LRU when the working set fits). After a restart every file is
+   in probation, in the order of its modification time.
 """
 
 from __future__ import annotations
@@ -37,6 +46,9 @@ from .files import CacheFile
 TOUCH_INTERVAL_S = 10.0
 #: Invalidation records kept before pruning those no open token needs.
 INVALIDATIONS_PRUNE_AT = 4096
+#: The most of the capacity protected files (used again after their fill) keep; the
+#: rest is probation's, where a scan's files stay (invariant 4).
+PROTECTED_SHARE = 0.8
 
 Slot = tuple[bytes, int]  # (key, block)
 
@@ -59,21 +71,32 @@ class Claim:
 
 @dataclass(slots=True)
 class _Entry:
+    """A file in the index; ``served_start``/``served_end``: the span of the bytes hits of
+    it served while in probation (empty while ``served_start >= served_end``)."""
+
     file: CacheFile
     touched_s: float
+    protected: bool = False
+    served_start: int = 0
+    served_end: int = 0
 
 
 class CacheIndex:
-    """LRU index of cache files with strict byte accounting (see the module doc)."""
+    """Segmented-LRU index of cache files with strict byte accounting (see the module doc)."""
 
     def __init__(self, capacity_bytes: int) -> None:
         assert capacity_bytes > 0, capacity_bytes
         self.capacity_bytes = capacity_bytes
+        self.protected_bytes_max = int(capacity_bytes * PROTECTED_SHARE)
         self._lock = threading.Lock()
-        self._entries: OrderedDict[Slot, _Entry] = OrderedDict()  # least recently used first
+        self._entries: dict[Slot, _Entry] = {}
+        # Each segment in LRU order, least recently used first (invariant 4).
+        self._probation: OrderedDict[Slot, _Entry] = OrderedDict()
+        self._protected: OrderedDict[Slot, _Entry] = OrderedDict()
         self._blocks: dict[bytes, set[int]] = {}
         self.committed = 0
         self.claimed = 0
+        self.protected_bytes = 0
         self._sequence = 0
         self._invalidated: dict[bytes, int] = {}
         self._open: Counter[int] = Counter()
@@ -96,8 +119,8 @@ class CacheIndex:
                     return None
                 found.append((entry, start, end))
             touch = []
-            for entry, _, _ in found:
-                self._entries.move_to_end((key, entry.file.block))
+            for entry, start, end in found:
+                self._use((key, entry.file.block), entry, start, end)
                 if now_s - entry.touched_s >= TOUCH_INTERVAL_S:
                     entry.touched_s = now_s
                     touch.append(entry.file.path)
@@ -113,7 +136,7 @@ class CacheIndex:
             entry = self._entries.get((key, block))
             if entry is None or entry.file.start > start or entry.file.end < end:
                 return None
-            self._entries.move_to_end((key, block))
+            self._use((key, block), entry, start, end)
             touch = now_s - entry.touched_s >= TOUCH_INTERVAL_S
             if touch:
                 entry.touched_s = now_s
@@ -140,9 +163,15 @@ class CacheIndex:
             return len(self._entries)
 
     def files(self) -> list[CacheFile]:
-        """Every file in the index, least recently used first."""
+        """Every file in the index, in eviction order: probation's least recently used
+        first, the protected files (least recently used first) last."""
         with self._lock:
-            return [entry.file for entry in self._entries.values()]
+            return [entry.file for entry in (*self._probation.values(), *self._protected.values())]
+
+    def protected(self) -> list[CacheFile]:
+        """The protected files (invariant 4), least recently used first."""
+        with self._lock:
+            return [entry.file for entry in self._protected.values()]
 
     # -- tokens and invalidation -------------------------------------------------------------
 
@@ -201,7 +230,7 @@ class CacheIndex:
             claim = Claim(0)
             victim_bytes = 0
             while free + victim_bytes < size:
-                slot, entry = next(iter(self._entries.items()))
+                slot, entry = next(iter((self._probation or self._protected).items()))
                 self._remove(slot)
                 claim.victims.append(entry.file)
                 victim_bytes += entry.file.size
@@ -231,12 +260,13 @@ class CacheIndex:
                 self._check()
                 return False, [file]
             stale: list[CacheFile] = []
-            if current is not None:
+            entry = _Entry(file, now_s)
+            if current is not None:  # a merge: the block keeps its segment and what it served
                 stale.append(self._remove(slot))
                 self.claimed += current.file.size
-            self._entries[slot] = _Entry(file, now_s)
-            self._blocks.setdefault(file.key, set()).add(file.block)
-            self.committed += file.size
+                entry.protected = current.protected
+                entry.served_start, entry.served_end = current.served_start, current.served_end
+            self._insert(slot, entry)
             self._check()
             return True, stale
 
@@ -289,10 +319,8 @@ class CacheIndex:
                 oldest = kept.pop(0)
                 extra.append(oldest)
                 total -= oldest.size
-            for file in kept:
-                self._entries[(file.key, file.block)] = _Entry(file, now_s)
-                self._blocks.setdefault(file.key, set()).add(file.block)
-                self.committed += file.size
+            for file in kept:  # all in probation (invariant 4)
+                self._insert((file.key, file.block), _Entry(file, now_s))
             self._check()
             return extra
 
@@ -303,8 +331,55 @@ class CacheIndex:
 
     # -- inside (lock held) ------------------------------------------------------------------
 
+    def _insert(self, slot: Slot, entry: _Entry) -> None:
+        """Put ``entry`` in the index as its segment's most recently used."""
+        assert slot not in self._entries, slot
+        self._entries[slot] = entry
+        self._blocks.setdefault(slot[0], set()).add(slot[1])
+        self.committed += entry.file.size
+        if entry.protected:
+            self._protected[slot] = entry
+            self.protected_bytes += entry.file.size
+            self._demote_over_share()
+        else:
+            self._probation[slot] = entry
+
+    def _use(self, slot: Slot, entry: _Entry, start: int, end: int) -> None:
+        """A hit of ``[start, end)`` of ``entry``'s file: the most recently used of its
+        segment, promoted to protected if hits served some of those bytes before."""
+        if entry.protected:
+            self._protected.move_to_end(slot)
+        elif start < entry.served_end and entry.served_start < end:
+            del self._probation[slot]
+            entry.protected = True
+            self._protected[slot] = entry
+            self.protected_bytes += entry.file.size
+            self._demote_over_share()
+        else:
+            self._probation.move_to_end(slot)
+            if entry.served_start >= entry.served_end:
+                entry.served_start, entry.served_end = start, end
+            else:
+                entry.served_start = min(entry.served_start, start)
+                entry.served_end = max(entry.served_end, end)
+
+    def _demote_over_share(self) -> None:
+        """Protected files past ``protected_bytes_max`` go back to probation, least
+        recently used first, as its most recently used (to be re-used again to return)."""
+        while self.protected_bytes > self.protected_bytes_max:
+            slot, entry = self._protected.popitem(last=False)
+            self.protected_bytes -= entry.file.size
+            entry.protected = False
+            entry.served_start = entry.served_end = 0
+            self._probation[slot] = entry
+
     def _remove(self, slot: Slot) -> CacheFile:
         entry = self._entries.pop(slot)
+        if entry.protected:
+            del self._protected[slot]
+            self.protected_bytes -= entry.file.size
+        else:
+            del self._probation[slot]
         blocks = self._blocks[slot[0]]
         blocks.discard(slot[1])
         if not blocks:
@@ -314,6 +389,8 @@ class CacheIndex:
 
     def _check(self) -> None:
         assert self.committed >= 0 and self.claimed >= 0, (self.committed, self.claimed)
+        assert 0 <= self.protected_bytes <= self.protected_bytes_max, self.protected_bytes
+        assert len(self._entries) == len(self._probation) + len(self._protected)
         assert self.committed + self.claimed <= self.capacity_bytes, (
             self.committed,
             self.claimed,

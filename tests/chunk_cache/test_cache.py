@@ -192,6 +192,39 @@ def test_the_size_limit_holds_and_the_least_recently_used_go_first(inner, tmp_pa
         assert on_disk == storage.chunk_cache_statistics().bytes <= capacity
 
 
+def test_a_scan_through_the_cache_leaves_the_re_read_chunks_in_it(inner, tmp_path) -> None:
+    """Index invariant 4 through the binding: two chunks read again are kept while a
+    scan of twenty one-block chunks (each fetched whole, as read-ahead fetches, then read
+    in four pieces in order) passes through a cache of six blocks; under plain LRU the
+    scan's last six chunks would be all it held."""
+    size = BLOCK + files.trailer_bytes(BLOCK)
+    with cached(inner, tmp_path / "small", capacity_bytes=6 * size, block_bytes=BLOCK) as storage:
+        for name in ("w0", "w1"):
+            storage.create(name, DATA[:BLOCK])
+        working = [storage.open_read(name) for name in ("w0", "w1")]
+        for _ in range(3):  # fetched and filled, served, served again: re-used
+            for handle in working:
+                assert storage.read(handle, 0, BLOCK) == DATA[:BLOCK]
+                storage.cache.drain()
+        assert storage.chunk_cache_statistics().protected_bytes == 2 * size
+        for n in range(20):
+            data = pattern(BLOCK, seed=n)
+            storage.create(f"scan{n}", data)
+            scan = storage.open_read(f"scan{n}")
+            storage.read(scan, 0, BLOCK)
+            storage.cache.drain()
+            for piece in range(4):
+                start = piece * BLOCK // 4
+                assert storage.read(scan, start, BLOCK // 4) == data[start : start + BLOCK // 4]
+        statistics = storage.chunk_cache_statistics()
+        assert statistics.fills == 22 and statistics.evictions == 16 and statistics.hits == 4 + 80
+        assert statistics.protected_bytes == 2 * size
+        reads = reads_of(inner)
+        for handle in working:
+            assert storage.read(handle, 0, BLOCK) == DATA[:BLOCK]
+        assert reads_of(inner) == reads  # both served from the cache
+
+
 def test_a_chunk_larger_than_the_cache_is_not_cached(inner, tmp_path) -> None:
     capacity = 2 * (BLOCK + files.trailer_bytes(BLOCK))
     with cached(inner, tmp_path / "small", capacity_bytes=capacity, block_bytes=BLOCK) as storage:

@@ -199,10 +199,14 @@ def test_the_cache_s_counters_are_exported_as_metrics(tmp_path) -> None:
         storage.read(storage.open_read("s"), 0, 1000)
         binding.cache.drain()
         storage.read(storage.open_read("s"), 0, 1000)
+        storage.read(storage.open_read("s"), 0, 1000)  # used again: protected (index, invariant 4)
+        protected = binding.chunk_cache_statistics().protected_bytes
         registry = CollectorRegistry()
         registry.register(SltsCollector(storage))
         text = generate_latest(registry).decode()
-    assert 'slts_chunk_cache_hits_total{container="0"} 1.0' in text
+    assert 'slts_chunk_cache_hits_total{container="0"} 2.0' in text
+    assert protected > 1000
+    assert f'slts_chunk_cache_protected_bytes{{container="0"}} {float(protected)}' in text
     assert 'slts_chunk_cache_corruptions_total{container="0"} 0.0' in text
     assert 'slts_chunk_cache_capacity_bytes{container="0"} 3.3554432e+07' in text
 

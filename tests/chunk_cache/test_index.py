@@ -1,6 +1,7 @@
-"""The chunk cache's index (``slts.bindings.chunk_cache.index``), invariants 1-3, with a
+"""The chunk cache's index (``slts.bindings.chunk_cache.index``), invariants 1-4, with a
 model of the files on disk: a random program of claims, commits, drops, invalidations,
-lookups and restarts never lets the counted bytes (and so the files) pass the limit."""
+lookups and restarts never lets the counted bytes (and so the files) pass the limit, nor
+the protected files their share."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ operation = st.one_of(
     st.tuples(st.just("fill"), st.integers(0, 2), st.integers(0, 9), st.integers(1, 400), st.booleans()),
     st.tuples(st.just("invalidate"), st.integers(0, 2)),
     st.tuples(st.just("drop"), st.integers(0, 2), st.integers(0, 9)),
-    st.tuples(st.just("lookup"), st.integers(0, 2), st.integers(0, 9)),
+    st.tuples(st.just("lookup"), st.integers(0, 2), st.integers(0, 9), st.integers(0, 3)),
 )
 
 
@@ -91,12 +92,17 @@ def test_counted_bytes_never_pass_the_limit_and_stale_fills_are_refused(program)
                 assert index.drop(file)
                 disk.remove([file])
         else:
-            block = step[2]
+            _, _, block, at = step  # one of a few places: a hit asks again, or another place
             file = index.current(key, block)
-            found = index.lookup(key, [(block, block * 100, block * 100 + 1)], 100.0)
-            assert (found is None) == (file is None)
-            if file is not None:
-                assert index.files()[-1] is file  # now the most recently used
+            start = block * 100 + at
+            found = index.lookup(key, [(block, start, start + 1)], 100.0)
+            assert (found is None) == (file is None or file.end < start + 1)
+            if found is not None:  # now the most recently used of its segment (invariant 4)
+                protected = index.protected()
+                probation = [held for held in index.files() if held not in protected]
+                assert (protected if file in protected else probation)[-1] is file
+    assert index.protected_bytes <= index.protected_bytes_max
+    assert index.protected_bytes == sum(file.size for file in index.protected())
     slots = [(file.key, file.block) for file in index.files()]
     assert len(slots) == len(set(slots))  # invariant 3
 
@@ -135,3 +141,63 @@ def test_a_claim_fails_rather_than_pass_the_limit_when_other_fills_hold_the_room
     assert index.claim(50) is None
     index.abandon(first)
     assert index.claim(50) is not None
+
+
+def fill(index: CacheIndex, key: bytes, block: int, length: int = 80) -> CacheFile:
+    """One file committed for (``key``, ``block``) holding ``[block*100, block*100+length)``."""
+    token = index.begin()
+    file = make(key, block, block * 100, block * 100 + length, index.committed + block + 1000 * len(index))
+    claim = index.claim(file.size)
+    assert claim is not None  # its victims are covered by the claim until the commit
+    accepted, stale = index.commit(file, token, claim, index.current(key, block), 0.0)
+    assert accepted
+    index.unclaim(sum(old.size for old in stale))  # a merge's replaced file, removed
+    index.end(token)
+    return file
+
+
+def test_a_scan_evicts_only_what_was_not_used_again() -> None:
+    """Invariant 4: a working set read twice is protected; a one-pass scan far larger
+    than the cache (each block read in three pieces, in order, as a sequential reader
+    does) then evicts only its own files."""
+    index = CacheIndex(1000)  # ten 100-byte files
+    working = [fill(index, KEYS[0], block) for block in range(4)]
+    for _ in range(2):
+        for file in working:
+            assert index.lookup_one(file.key, file.block, file.start, file.start + 30, 0.0) is not None
+    assert index.protected() == working
+    for block in range(40):
+        scanned = fill(index, KEYS[1], block)
+        for piece in range(3):
+            start = scanned.start + 20 * piece
+            assert index.lookup_one(scanned.key, scanned.block, start, start + 20, 0.0) is not None
+    assert index.protected() == working
+    assert all(index.current(file.key, file.block) is file for file in working)
+    assert len(index) == 10 and index.committed == 1000
+
+
+def test_while_everything_fits_nothing_is_evicted_and_the_protected_keep_their_share() -> None:
+    index = CacheIndex(1000)
+    made = [fill(index, KEYS[0], block) for block in range(10)]
+    for _ in range(2):
+        for file in made:  # every file used again: more than the protected share
+            index.lookup_one(file.key, file.block, file.start, file.end, 0.0)
+    assert len(index) == 10  # nothing left the cache
+    assert index.protected() == made[2:]  # the two least recently promoted went back to probation
+    assert index.protected_bytes == 800 == index.protected_bytes_max
+    assert index.files() == made  # probation first: made[0] and made[1] are evicted next
+    victims = index.claim(100)
+    assert victims is not None and victims.victims == [made[0]]
+
+
+def test_a_merge_keeps_the_blocks_segment_and_a_restart_starts_all_in_probation() -> None:
+    index = CacheIndex(1000)
+    first = fill(index, KEYS[0], 0, 40)
+    for _ in range(2):
+        index.lookup_one(first.key, 0, 0, 10, 0.0)
+    assert index.protected() == [first]
+    merged = fill(index, KEYS[0], 0, 90)  # a longer run of the same block
+    assert index.protected() == [merged] and index.protected_bytes == merged.size
+    restarted = CacheIndex(1000)
+    assert restarted.load([(merged, 1.0)], 0.0) == []
+    assert restarted.protected() == [] and restarted.files() == [merged]
