@@ -13,8 +13,9 @@ not carry the kernel's writeback or a collection of what ran before it, and a fu
 measures what ``--only`` measures.
 
 The benchmarks: the basic ones here (durable writes of 4 KiB and 1 MiB, concat of 10,
-1,000 and 100,000 chunks, in-process defrag) and the suites of ``slts.tools.benchmarks``
-(concurrency, reads, metadata, journal, Spark defrag, and S3 against an ``s3://`` store).
+1,000 and 100,000 chunks and the LMDB floor under the last, in-process defrag) and the
+suites of ``slts.tools.benchmarks`` (concurrency, reads, metadata, journal, Spark defrag,
+and S3 against an ``s3://`` store).
 An unknown name given to ``--only`` is refused with the list of names; docs/benchmarks.md
 has the last full run.
 
@@ -115,6 +116,55 @@ def _concat(
         folder.close()
 
 
+def _concat_floor(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
+    """The floor under ``concat_100k``, in raw LMDB: a durable 4-record commit (what a
+    concat commits) right after the transactions that wrote a source of 100,000 chunks
+    (10,000 with ``--quick``), against the same commit right after a 10-chunk source's.
+    The source is written as the engine writes it: 10,000 chunks a transaction, each a
+    chunk record under a unique name and an index entry. Only the commit is timed. LMDB
+    charges the first commits after large transactions for reclaiming the pages those
+    freed (its free list), whatever the commit writes: that is what a concat pays for its
+    source's size although its own work does not depend on it."""
+    import lmdb
+
+    chunks = 10_000 if quick else 100_000
+    folder = Folder(parent)
+    env = lmdb.open(folder.sub("lmdb"), map_size=4 << 30, max_dbs=4)
+    tables = {name: env.open_db(name) for name in (b"segments", b"chunks", b"index")}
+    runs = 0
+
+    def commit_after(source_chunks: int) -> float:
+        nonlocal runs
+        runs += 1
+        segment = os.urandom(16)
+        for first in range(0, source_chunks, 10_000):
+            with env.begin(write=True) as txn:
+                for offset in range(first, min(first + 10_000, source_chunks)):
+                    name = b"0/source/%d/E1.O%d.%s" % (runs, offset, os.urandom(16).hex().encode())
+                    txn.put(name, os.urandom(120), db=tables[b"chunks"])
+                    txn.put(segment + offset.to_bytes(8, "big"), name, db=tables[b"index"])
+        started = time.perf_counter()
+        with env.begin(write=True) as txn:
+            txn.put(b"target", os.urandom(150), db=tables[b"segments"])
+            txn.delete(b"source/%d" % runs, db=tables[b"segments"])
+            txn.put(b"target-last-chunk", os.urandom(150), db=tables[b"chunks"])
+            txn.put(b"target-link-%d" % runs, os.urandom(40), db=tables[b"index"])
+        return time.perf_counter() - started
+
+    try:
+        yield (
+            f"a raw durable 4-record LMDB commit after writing a {chunks}-chunk source vs. after a"
+            " 10-chunk source's",
+            lambda: commit_after(chunks),
+            lambda: commit_after(10),
+            1.0,
+            "ops/s",
+        )
+    finally:
+        env.close()
+        folder.close()
+
+
 def _defrag(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
     """Subject: in-process defrag of a segment of small chunks (filesystem: native concat
     by copy_file_range); baseline: a raw copy of the same bytes into one file + fsync."""
@@ -193,6 +243,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         "concat_100k",
         "concat of a 100,000-chunk source (10,000 with --quick)",
         lambda p, q: _concat(p, q, 10_000 if q else 100_000, against_chunks=10),
+    ),
+    "concat_100k_floor": Benchmark(
+        "concat_100k_floor",
+        "raw LMDB: the floor under concat_100k (a commit right after a large source's writes)",
+        _concat_floor,
     ),
     "defrag": Benchmark("defrag", "in-process defrag vs. raw copy of the same bytes", _defrag),
 }

@@ -249,3 +249,40 @@ def test_the_write_floors_make_what_they_claim_durable(tmp_path) -> None:
     assert os.path.getsize(folder / "log" / "layout.log") == writers * count * record_bytes
     logged.close()
     assert list(tmp_path.iterdir()) == [], "scratch folders are removed"
+
+
+def test_the_concat_floor_times_a_commit_after_its_source_s_writes(tmp_path, monkeypatch) -> None:
+    """``concat_100k_floor`` writes a source's records (a chunk record and an index entry
+    a chunk) before the commit it times, its subject 10,000 chunks with ``--quick``, its
+    baseline 10; the commit's four records land (no timing asserted)."""
+    import lmdb
+    from slts.tools import bench
+    from slts.tools.benchmarks.base import Folder
+
+    kept: list[Folder] = []
+
+    class KeptFolder(Folder):
+        """Closed by the test, once it has read the environment the benchmark closed."""
+
+        def close(self) -> None:
+            kept.append(self)
+
+    monkeypatch.setattr(bench, "Folder", KeptFolder)
+    floor = bench._concat_floor(str(tmp_path), True)
+    _, subject, baseline, work, unit = next(floor)
+    assert (work, unit) == (1.0, "ops/s")
+    assert subject() > 0 and baseline() > 0
+    floor.close()
+    (folder,) = kept
+    reader = lmdb.open(folder.sub("lmdb"), readonly=True, max_dbs=4)
+    try:
+        with reader.begin() as txn:
+            counts = {
+                name: txn.stat(reader.open_db(name, txn=txn, create=False))["entries"]
+                for name in (b"segments", b"chunks", b"index")
+            }
+    finally:
+        reader.close()
+    assert counts == {b"segments": 1, b"chunks": 10_000 + 10 + 1, b"index": 10_000 + 10 + 2}
+    Folder.close(folder)
+    assert list(tmp_path.iterdir()) == [], "scratch folders are removed"
