@@ -121,9 +121,10 @@ def _concat_floor(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Wor
     concat commits) right after the transactions that wrote a source of 100,000 chunks
     (10,000 with ``--quick``), against the same commit right after a 10-chunk source's.
     The source is written as the engine writes it: 10,000 chunks a transaction, each a
-    chunk record under a unique name and an index entry. Only the commit is timed. LMDB
-    charges the first commits after large transactions for reclaiming the pages those
-    freed (its free list), whatever the commit writes: that is what a concat pays for its
+    chunk record under a unique name and an index entry. Only the commit is timed. The
+    first commit after large transactions pays for them, whatever it writes (one small
+    commit in between takes the whole difference away; LMDB's reclaiming of the pages they
+    freed, its free list, is the likely cause): that is what a concat pays for its
     source's size although its own work does not depend on it."""
     import lmdb
 
