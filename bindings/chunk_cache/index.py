@@ -26,10 +26,13 @@ Invariants (asserted after every change; ``tests/chunk_cache/test_index.py``):
    (a re-use; a one-pass reader, which reads a block's bytes once, in order, never
    does). Protected files keep at most ``PROTECTED_SHARE`` of the capacity: past it, the
    least recently used of them goes back to probation. Eviction takes probation's least
-   recently used first, and the protected ones only once probation is empty. So a scan
-   of any size evicts only what was not re-used, and while everything fits nothing is
-   evicted at all (plain LRU when the working set fits). After a restart every file is
-   in probation, in the order of its modification time.
+   recently used first, and the protected ones only once probation is empty and no other
+   fill holds a claim: while fills are in flight, one that could only make room from
+   protected files is dropped instead (their claims, and a merge's old run, hold room for
+   a while; a lone fill is always admitted, however small the cache). So a scan of any
+   size evicts only what was not re-used, and while everything fits nothing is evicted
+   at all (plain LRU when the working set fits). After a restart every file is in
+   probation, in the order of its modification time.
 """
 
 from __future__ import annotations
@@ -217,9 +220,10 @@ class CacheIndex:
     # -- fills -------------------------------------------------------------------------------
 
     def claim(self, size: int) -> Claim | None:
-        """Reserve ``size`` bytes for a fill, evicting least recently used files as needed
-        (``Claim.victims``: remove them before writing). None if the room is held by
-        other fills' claims (the fill is dropped)."""
+        """Reserve ``size`` bytes for a fill, evicting files as needed, probation's least
+        recently used first (``Claim.victims``: remove them before writing). None if the
+        room is held by other fills' claims, or could only come from protected files
+        while other fills hold claims (invariant 4): the fill is dropped."""
         assert 0 < size <= self.capacity_bytes, size
         with self._lock:
             if self._closed:
@@ -227,6 +231,8 @@ class CacheIndex:
             free = self.capacity_bytes - self.committed - self.claimed
             if free + self.committed < size:
                 return None
+            if self.claimed and free + self.committed - self.protected_bytes < size:
+                return None  # only protected files could make room, and other fills are in flight
             claim = Claim(0)
             victim_bytes = 0
             while free + victim_bytes < size:

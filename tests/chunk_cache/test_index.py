@@ -201,3 +201,22 @@ def test_a_merge_keeps_the_blocks_segment_and_a_restart_starts_all_in_probation(
     restarted = CacheIndex(1000)
     assert restarted.load([(merged, 1.0)], 0.0) == []
     assert restarted.protected() == [] and restarted.files() == [merged]
+
+
+def test_while_other_fills_hold_claims_a_fill_never_takes_a_protected_file_s_room() -> None:
+    """Invariant 4 with fills in flight: a claim that could only evict protected files is
+    refused while another claim is held (the scan's fill is dropped, the working set
+    stays); once none is held, a fill is admitted even at a protected file's expense."""
+    index = CacheIndex(1000)
+    working = [fill(index, KEYS[0], block) for block in range(8)]
+    for _ in range(2):
+        for file in working:
+            index.lookup_one(file.key, file.block, file.start, file.start + 10, 0.0)
+    assert index.protected() == working and index.protected_bytes == 800
+    in_flight = index.claim(200)  # probation's whole room: nothing is evicted for it
+    assert in_flight is not None and not in_flight.victims
+    assert index.claim(100) is None  # it would take a protected file's room
+    assert index.protected() == working
+    index.abandon(in_flight)
+    alone = index.claim(300)
+    assert alone is not None and alone.victims == [working[0]]  # 200 bytes free, 100 more

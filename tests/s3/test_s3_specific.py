@@ -414,7 +414,7 @@ def test_the_cli_takes_an_s3_url(s3_server, monkeypatch, tmp_path, capsys) -> No
 
 
 def test_bench_runs_the_s3_benchmarks_against_the_store(s3_server, monkeypatch, tmp_path, capsys) -> None:
-    only = ["s3_write_64k", "s3_concat"]
+    only = ["s3_write_64k", "s3_concat", "s3_cache_reread_after_scan"]
     bucket, figures = run_quick_bench(s3_server, monkeypatch, tmp_path, capsys, only)
     for figure in figures:
         assert figure["unit"] == "MB/s" and figure["repetitions"] == 3 and figure["ratio"] > 0

@@ -175,6 +175,8 @@ GOALS: dict[str, Goal] = {
     # Issue 29's chunk cache (only with --store s3://...).
     "s3_cache_reread": Ratio(0.80, _ISSUE_29, note="of pread from a local file"),
     "s3_cache_first_read": Ratio(1.0, _ISSUE_29, note="no slower than without the cache"),
+    # The cache's scan resistance (docs/benchmarks.md, thirteenth session): a regression line.
+    "s3_cache_reread_after_scan": Ratio(0.9, _ISSUE_29, note="a scan evicts none of the working set"),
     # Issue 30, the Azure and GCS bindings (only with --store azure://... or gs://...): each
     # at 0.85 of its raw client on the same server for 8 MiB writes and sequential reads.
     "azure_write_8m": Ratio(0.85, _ISSUE_30, note="of the raw client"),

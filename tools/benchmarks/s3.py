@@ -28,6 +28,12 @@ Each figure next to raw boto3 against the same server, bucket and run:
 * ``s3_cache_first_read``: the first read of the ``s3_read_seq`` segment through an empty
   chunk cache (its fills running in the background) vs. the same read without a cache.
   MB/s; 1.0 means the cache costs a first read nothing.
+* ``s3_cache_reread_after_scan``: a working set of 256 MiB (32 MiB with ``--quick``) of
+  8 MiB chunks, held and used again in a chunk cache of 1.5 times its size, re-read by a
+  fresh instance right after another read a segment of twice the cache's size once,
+  front to back; baseline: the same re-read with no such pass before it. MB/s; 1.0 means
+  the scan evicted nothing of the working set (the cache's segmented LRU,
+  docs/chunk_cache.md "Scans"; under plain LRU the re-read goes to S3).
 * ``s3_cache_reread_direct`` / ``s3_cache_first_read_direct``: the same two with the
   cache's fills written with ``O_DIRECT`` (``chunk_cache_direct_fills``, docs/chunk_cache.md:
   cheaper fills, slower hits). Such files enter the page cache only when read, so the
@@ -70,6 +76,10 @@ CACHE_REREAD_BYTES = 1 << 30
 CACHE_REREAD_BYTES_QUICK = 64 << 20
 #: Most untimed passes that fill the cache before ``s3_cache_reread`` measures.
 CACHE_WARM_PASSES_MAX = 20
+#: ``s3_cache_reread_after_scan``: the working set (full, ``--quick``); the cache holds
+#: 1.5 times it, the scan is twice the cache.
+CACHE_SCAN_HOT_BYTES = 256 << 20
+CACHE_SCAN_HOT_BYTES_QUICK = 32 << 20
 
 
 def is_s3_url(store: str | None) -> bool:
@@ -276,29 +286,31 @@ def _read_seq(url: str, parent: str, quick: bool, parallel: bool) -> Setup:
         target.clean()
 
 
-def _segment_of_8m_chunks(target: _Target, metadata: str, total: int, mirror: str | None = None) -> None:
-    """Write segment ``seq`` of ``total`` bytes in 8 MiB chunks (one object each), and the
+def _segment_of_8m_chunks(
+    target: _Target, metadata: str, total: int, mirror: str | None = None, name: str = "seq"
+) -> None:
+    """Write segment ``name`` of ``total`` bytes in 8 MiB chunks (one object each), and the
     same bytes to the local file ``mirror`` if given."""
     writer: ChunkedSegmentStorage = open_storage(target.url, metadata=metadata, gc_interval_s=0.0)
     try:
-        writer.create("seq", max_rolling_length=READ_SEQ_CHUNK_BYTES)
-        handle = writer.open_write("seq")
+        writer.create(name, max_rolling_length=READ_SEQ_CHUNK_BYTES)
+        handle = writer.open_write(name)
         with open(mirror, "wb") if mirror else contextlib.nullcontext() as local:
             for offset in range(0, total, READ_SEQ_CHUNK_BYTES):
                 data = os.urandom(READ_SEQ_CHUNK_BYTES)
                 writer.write(handle, offset, data)
                 if local is not None:
                     local.write(data)
-        assert len(writer.chunks("seq")) == total // READ_SEQ_CHUNK_BYTES
+        assert len(writer.chunks(name)) == total // READ_SEQ_CHUNK_BYTES
     finally:
         writer.close()
 
 
-def _timed_reads(url: str, metadata: str, total: int, **config: Any) -> float:
-    """Seconds a fresh instance takes to read segment ``seq`` front to back in 1 MiB reads."""
+def _timed_reads(url: str, metadata: str, total: int, name: str = "seq", **config: Any) -> float:
+    """Seconds a fresh instance takes to read segment ``name`` front to back in 1 MiB reads."""
     reader: ChunkedSegmentStorage = open_storage(url, metadata=metadata, gc_interval_s=0.0, **config)
     try:
-        segment = reader.open_read("seq")
+        segment = reader.open_read(name)
         started = time.perf_counter()
         for offset in range(0, total, READ_SEQ_READ_BYTES):
             reader.read(segment, offset, READ_SEQ_READ_BYTES)
@@ -390,6 +402,69 @@ def _cache_reread(url: str, parent: str, quick: bool, ahead: bool = True, direct
         target.clean()
 
 
+def _cache_reread_after_scan(url: str, parent: str, quick: bool) -> Setup:
+    """Subject: a fresh instance re-reads a working set from the chunk cache right after
+    another instance read a segment twice the cache's size once, front to back; baseline:
+    the same re-read with no scan before it (see the module doc)."""
+    from slts.bindings import chunk_cache
+
+    from slts.config import StorageConfig
+
+    hot = CACHE_SCAN_HOT_BYTES_QUICK if quick else CACHE_SCAN_HOT_BYTES
+    capacity = hot * 3 // 2  # the working set fits the protected share (docs/chunk_cache.md)
+    scanned = 2 * capacity
+    target = _Target(url)
+    folder = Folder(parent)
+    metadata = folder.sub("metadata")
+    _segment_of_8m_chunks(target, metadata, hot, name="hot")
+    _segment_of_8m_chunks(target, metadata, scanned, name="scan")
+    cached: dict[str, Any] = {"chunk_cache_dir": folder.sub("cache"), "chunk_cache_bytes": capacity}
+    defaults = StorageConfig(**cached)
+    cache = chunk_cache.acquire(  # held across the runs, as in ``_cache_reread``
+        defaults.chunk_cache_dir,
+        defaults.chunk_cache_bytes,
+        defaults.chunk_cache_block_bytes,
+        defaults.chunk_cache_fill_threads,
+        defaults.chunk_cache_fill_bytes_max,
+    )
+
+    def warm() -> None:
+        """Until every block of the working set is held, and protected (read again)."""
+        for _ in range(CACHE_WARM_PASSES_MAX):
+            _timed_reads(target.url, metadata, hot, name="hot", **cached)
+            cache.drain()
+            if cache.statistics().protected_bytes >= hot:
+                return
+        raise AssertionError(f"the working set was not held: {cache.statistics()}")
+
+    def reread(scan_first: bool) -> float:
+        warm()
+        if scan_first:
+            _timed_reads(target.url, metadata, scanned, name="scan", **cached)
+            cache.drain()
+        before = cache.statistics().miss_bytes
+        elapsed = _timed_reads(target.url, metadata, hot, name="hot", **cached)
+        cache.drain()
+        if not scan_first:
+            missed = cache.statistics().miss_bytes - before
+            assert missed < READ_SEQ_READ_BYTES, f"a re-read missed the cache ({missed} bytes)"
+        return elapsed
+
+    try:
+        yield (
+            f"re-read of a {hot >> 20} MiB working set of 8 MiB chunks on S3 from a {capacity >> 20} MiB"
+            f" chunk cache right after one pass over a {scanned >> 20} MiB segment vs. with no such pass",
+            lambda: reread(scan_first=True),
+            lambda: reread(scan_first=False),
+            hot / 1e6,
+            "MB/s",
+        )
+    finally:
+        chunk_cache.release(cache)
+        folder.close()
+        target.clean()
+
+
 def _cache_first_read(url: str, parent: str, quick: bool, direct: bool = False) -> Setup:
     """Subject: a fresh instance reads the segment through an empty chunk cache; baseline:
     the same read without one."""
@@ -459,6 +534,11 @@ def benchmarks(url: str) -> dict[str, Benchmark]:
             "s3_cache_reread_no_ahead",
             "s3_cache_reread with the engine's read-ahead off",
             lambda p, q: _cache_reread(url, p, q, ahead=False),
+        ),
+        "s3_cache_reread_after_scan": Benchmark(
+            "s3_cache_reread_after_scan",
+            "re-read of a working set from the chunk cache right after a scan twice the cache's size",
+            lambda p, q: _cache_reread_after_scan(url, p, q),
         ),
         "s3_cache_first_read": Benchmark(
             "s3_cache_first_read",
