@@ -283,7 +283,7 @@ class FileSystemChunkStorage(ChunkStorage):
         path = self._path(name)
         tmp = os.path.join(self._tmp, uuid.uuid4().hex)
         with _translated(name, self.url):
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = self._open_temporary(tmp)
             try:
                 try:
                     fill(fd)
@@ -304,6 +304,30 @@ class FileSystemChunkStorage(ChunkStorage):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
         return ChunkHandle(name, readonly=False)
+
+    def _open_temporary(self, tmp: str) -> int:
+        """A new temporary file ``tmp`` in the root's temporary folder, which is made again
+        if something removed it since this instance made it (an operator's clean-up, a
+        copy's removal: a binding kept for a long time, as a Spark worker keeps its own,
+        would otherwise fail every create). Never makes the root: a root that is gone
+        raises ``ChunkStorageError`` naming the temporary folder, not the chunk (whose
+        ``ChunkNotFound`` pointed at the wrong thing)."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        try:
+            return os.open(tmp, flags, 0o644)
+        except FileNotFoundError:
+            pass
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(self._tmp)
+                _fsync_dir(self.root)
+            return os.open(tmp, flags, 0o644)
+        except OSError as exc:
+            raise ChunkStorageError(
+                f"the binding's temporary folder {self._tmp!r} cannot be used: {exc.strerror}"
+                f" (errno {exc.errno}); is the root {self.root!r} still there?",
+                binding=self.url,
+            ) from exc
 
     # -- hooks (arguments checked by ChunkStorage) ------------------------------------------------
 

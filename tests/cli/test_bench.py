@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from slts.tools import cli, command_line
 
@@ -286,3 +287,19 @@ def test_the_concat_floor_times_a_commit_after_its_source_s_writes(tmp_path, mon
     assert counts == {b"segments": 1, b"chunks": 10_000 + 10 + 1, b"index": 10_000 + 10 + 2}
     Folder.close(folder)
     assert list(tmp_path.iterdir()) == [], "scratch folders are removed"
+
+
+def test_a_failed_spark_defrag_run_keeps_its_container_and_spark_s_log(tmp_path) -> None:
+    """The evidence of a failed ``defrag_spark`` run leaves the scratch folder (removed
+    with the benchmark) for a folder of the bench's ``--dir``."""
+    from slts.tools.benchmarks.spark import _keep_evidence
+
+    scratch = tmp_path / "scratch"
+    (scratch / "run-3" / "chunks").mkdir(parents=True)
+    (scratch / "run-3" / "chunks" / "c").write_bytes(b"chunk")
+    (scratch / "spark.log").write_text("executor lost")
+    kept = Path(_keep_evidence(str(scratch / "run-3"), str(scratch / "spark.log"), str(tmp_path)))
+    assert kept.parent == tmp_path and kept.name.startswith("defrag_spark-failed-")
+    assert (kept / "container" / "chunks" / "c").read_bytes() == b"chunk"
+    assert (kept / "spark.log").read_text() == "executor lost"
+    assert not (scratch / "run-3").exists()

@@ -358,3 +358,23 @@ def test_concat_copies_through_user_space_where_copy_file_range_fails(fs, monkey
     fs.create("a", b"0123456789")
     fs.concat("b", [ConcatSource("a", 7, 3), ConcatSource("a", 0, 2)])
     assert fs.read(fs.open_read("b"), 0, 100) == b"78901"
+
+
+def test_a_removed_temporary_folder_is_made_again_and_a_removed_root_is_named(tmp_path) -> None:
+    """A binding kept for a long time (a Spark worker keeps its own) outlives an operator's
+    clean-up of ``%tmp``: creates and concats make the folder again. A root that is gone
+    is reported as the binding's, naming its temporary folder, not as the chunk missing;
+    the root is never made again."""
+    root = tmp_path / "chunks"
+    binding = FileSystemChunkStorage(str(root))
+    binding.create("a", b"A" * 10)
+    remove_tree(str(root / "%tmp"))
+    binding.create("b", b"B" * 10)
+    remove_tree(str(root / "%tmp"))
+    assert binding.concat("c", [ConcatSource("a", 0, 10), ConcatSource("b", 0, 10)]).length == 20
+    assert binding.read(binding.open_read("c"), 0, 20) == b"A" * 10 + b"B" * 10
+    assert sorted(binding.list("")) == ["a", "b", "c"]
+    remove_tree(str(root))
+    with pytest.raises(ChunkStorageError, match="temporary folder") as raised:
+        binding.create("d", b"D")
+    assert not isinstance(raised.value, ChunkNotFound) and not root.exists()

@@ -16,10 +16,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import random
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -95,6 +97,17 @@ def _defrag(root: str, executor: Callable[[ChunkStorage], Executor]) -> tuple[fl
         return time.perf_counter() - started, report
 
 
+def _keep_evidence(copy: str, spark_log: str, parent: str) -> str:
+    """Move a failed run's container, and a copy of Spark's log, out of the scratch folder
+    into a new folder of ``parent`` (the scratch folder is removed with the benchmark);
+    its path."""
+    kept = tempfile.mkdtemp(prefix="defrag_spark-failed-", dir=parent)
+    shutil.move(copy, os.path.join(kept, "container"))
+    with contextlib.suppress(FileNotFoundError):
+        shutil.copy(spark_log, kept)
+    return kept
+
+
 def defrag_spark(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
     """Subject: the batch with its chunks built on Spark ``local[2]``; baseline: the same
     batch with the in-process executor (2 threads). Chunks merged per second."""
@@ -114,11 +127,11 @@ def defrag_spark(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Work
         shutil.copytree(os.path.join(pristine, "metadata"), os.path.join(copy, "metadata"))
         shutil.copytree(os.path.join(pristine, "chunks"), os.path.join(copy, "chunks"), copy_function=os.link)
         os.sync()  # the copy's writeback must not land in the defrag's fsyncs
-        try:
-            seconds, report = _defrag(copy, executor)
-        finally:
-            shutil.rmtree(copy, ignore_errors=True)
-        assert report.runs_failed == report.runs_dropped == 0 and report.runs_committed == segments, report
+        seconds, report = _defrag(copy, executor)
+        if not (report.runs_failed == report.runs_dropped == 0 and report.runs_committed == segments):
+            kept = _keep_evidence(copy, os.path.join(folder.path, "spark.log"), parent)
+            raise AssertionError(f"{report}; the container and Spark's log are kept in {kept}")
+        shutil.rmtree(copy, ignore_errors=True)
         assert report.chunks_before - report.chunks_after + report.runs_committed == merged, report
         assert report.bytes_native + report.bytes_copied == mergeable, (report, mergeable)
         return seconds
