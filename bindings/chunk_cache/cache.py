@@ -151,7 +151,8 @@ class ChunkCache:
             for file in misplaced:  # cut with another block size
                 _unlink(file.path)
             now = clock()
-            for file in self.index.load([pair for pair in found if self._fits(pair[0])], now):
+            protected = files.take_protected(self.root)
+            for file in self.index.load([pair for pair in found if self._fits(pair[0])], now, protected):
                 _unlink(file.path)
         except OSError as exc:
             os.close(self._lock_fd)
@@ -455,6 +456,10 @@ class ChunkCache:
         self._filler.close()
         self.index.close()
         self._open_files.close()
+        try:  # the next open protects them again (index, invariant 4)
+            files.save_protected(self.root, [os.path.basename(file.path) for file in self.index.protected()])
+        except OSError as exc:
+            _log.warning("chunk cache %s: the protected files' list not saved: %s", self.root, exc)
         os.close(self._lock_fd)
 
     # -- inside --------------------------------------------------------------------------------

@@ -53,6 +53,8 @@ _FOOTER = struct.Struct(f"<8sHIQQQ{KEY_BYTES}sQ")
 _CRC = struct.Struct("<I")
 BLOCKS_FOLDER = "blocks"
 TMP_FOLDER = "tmp"
+#: The protected files' names at the last close (``save_protected``): a hint for the next open.
+PROTECTED_FILE = "protected"
 #: Most entries ``scan`` looks at (a bound on its loop; far above any real cache).
 SCAN_FILES_MAX = 100_000_000
 
@@ -105,6 +107,30 @@ def prepare(root: str) -> None:
     os.makedirs(os.path.join(root, TMP_FOLDER), exist_ok=True)
     for index in range(256):
         os.makedirs(os.path.join(root, BLOCKS_FOLDER, f"{index:02x}"), exist_ok=True)
+
+
+def save_protected(root: str, names: Sequence[str]) -> None:
+    """Write the names of the protected files (``index``, invariant 4), one a line, for
+    the next open: written under ``tmp/`` and renamed, not synced (a hint: a crash that
+    loses it only starts every file in probation). ``OSError`` if it cannot."""
+    tmp = os.path.join(root, TMP_FOLDER, PROTECTED_FILE)
+    with open(tmp, "w", encoding="ascii") as out:
+        out.writelines(f"{name}\n" for name in names)
+    os.replace(tmp, os.path.join(root, PROTECTED_FILE))
+
+
+def take_protected(root: str) -> set[str]:
+    """The names ``save_protected`` wrote, and the file removed (used once: after a crash
+    the next open finds none). Empty if there is none or it cannot be read."""
+    path = os.path.join(root, PROTECTED_FILE)
+    try:
+        with open(path, encoding="ascii") as lines:
+            names = {line.strip() for line in lines if line.strip()}
+    except (OSError, UnicodeDecodeError):
+        names = set()
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    return names
 
 
 def write(

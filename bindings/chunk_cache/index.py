@@ -31,15 +31,18 @@ Invariants (asserted after every change; ``tests/chunk_cache/test_index.py``):
    protected files is dropped instead (their claims, and a merge's old run, hold room for
    a while; a lone fill is always admitted, however small the cache). So a scan of any
    size evicts only what was not re-used, and while everything fits nothing is evicted
-   at all (plain LRU when the working set fits). After a restart every file is in
-   probation, in the order of its modification time.
+   at all (plain LRU when the working set fits). After a restart the files the last
+   close left protected are protected again (``files.save_protected``, a hint taken
+   once); after a crash every file starts in probation. Each segment is ordered by the
+   files' modification times.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from .files import CacheFile
@@ -303,9 +306,13 @@ class CacheIndex:
 
     # -- restart and close -------------------------------------------------------------------
 
-    def load(self, files: Iterable[tuple[CacheFile, float]], now_s: float) -> list[CacheFile]:
+    def load(
+        self, files: Iterable[tuple[CacheFile, float]], now_s: float, protected: Collection[str] = ()
+    ) -> list[CacheFile]:
         """Fill the empty index from files found on disk, with their modification times:
-        oldest first in LRU order; of two files of one block the newer version wins.
+        oldest first in LRU order; of two files of one block the newer version wins; the
+        files whose names are in ``protected`` (the last close's protected files) are
+        protected again, within the share, the rest in probation (invariant 4).
         Returns the files to remove (duplicates, and the oldest while over capacity),
         which the caller removes before the cache is used (they are not counted: only
         while a cache opens with less capacity than its files hold can the disk hold
@@ -325,8 +332,9 @@ class CacheIndex:
                 oldest = kept.pop(0)
                 extra.append(oldest)
                 total -= oldest.size
-            for file in kept:  # all in probation (invariant 4)
-                self._insert((file.key, file.block), _Entry(file, now_s))
+            for file in kept:  # oldest first: past the share, the oldest protected go back
+                entry = _Entry(file, now_s, protected=os.path.basename(file.path) in protected)
+                self._insert((file.key, file.block), entry)
             self._check()
             return extra
 

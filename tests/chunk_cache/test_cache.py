@@ -225,6 +225,30 @@ def test_a_scan_through_the_cache_leaves_the_re_read_chunks_in_it(inner, tmp_pat
         assert reads_of(inner) == reads  # both served from the cache
 
 
+def test_a_clean_restart_keeps_the_protected_files_protected(inner, tmp_path) -> None:
+    """The protected files' names are saved at close and taken at the next open (index
+    invariant 4): a re-used chunk stays protected across a clean restart; the list is
+    used once, and a list that cannot be read is ignored."""
+    folder = tmp_path / "cache"
+    with cached(inner, folder, block_bytes=BLOCK) as storage:
+        storage.create("hot", DATA[:BLOCK])
+        storage.create("cold", DATA[:BLOCK])
+        for _ in range(3):
+            storage.read(storage.open_read("hot"), 0, BLOCK)
+            storage.cache.drain()
+        storage.read(storage.open_read("cold"), 0, BLOCK)
+        storage.cache.drain()
+        hot = storage.cache.index.protected()
+        assert len(hot) == 1 and hot[0].key == storage.cache.key_of(storage.url, "hot")
+    assert (folder / files.PROTECTED_FILE).exists()
+    with cached(inner, folder, block_bytes=BLOCK) as storage:
+        assert storage.cache.index.protected() == hot and len(storage.cache.index) == 2
+        assert not (folder / files.PROTECTED_FILE).exists()  # taken once
+    (folder / files.PROTECTED_FILE).write_bytes(b"\xff\xfe not ascii")
+    with cached(inner, folder, block_bytes=BLOCK) as storage:
+        assert storage.cache.index.protected() == [] and len(storage.cache.index) == 2
+
+
 def test_a_chunk_larger_than_the_cache_is_not_cached(inner, tmp_path) -> None:
     capacity = 2 * (BLOCK + files.trailer_bytes(BLOCK))
     with cached(inner, tmp_path / "small", capacity_bytes=capacity, block_bytes=BLOCK) as storage:

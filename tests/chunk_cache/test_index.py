@@ -5,6 +5,8 @@ the protected files their share."""
 
 from __future__ import annotations
 
+import os
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from slts.bindings.chunk_cache.files import CacheFile
@@ -220,3 +222,14 @@ def test_while_other_fills_hold_claims_a_fill_never_takes_a_protected_file_s_roo
     index.abandon(in_flight)
     alone = index.claim(300)
     assert alone is not None and alone.victims == [working[0]]  # 200 bytes free, 100 more
+
+
+def test_a_restart_protects_again_what_the_last_close_left_protected_within_the_share() -> None:
+    """``load`` with the last close's protected names: those files are protected again,
+    the oldest going back to probation past the share; the others are in probation."""
+    index = CacheIndex(1000)
+    made = [make(KEYS[0], block, block * 100, block * 100 + 80, block) for block in range(10)]
+    named = {os.path.basename(file.path) for file in made[1:10]}  # nine files: 900 bytes
+    assert index.load([(file, float(age)) for age, file in enumerate(made)], 0.0, named) == []
+    assert index.protected() == made[2:10] and index.protected_bytes == 800
+    assert index.files() == [made[0], made[1], *made[2:10]]  # made[1] demoted, after made[0]
