@@ -322,7 +322,7 @@ class FileSystemChunkStorage(ChunkStorage):
                 os.mkdir(self._tmp)
                 _fsync_dir(self.root)
             return os.open(tmp, flags, 0o644)
-        except OSError as exc:
+        except FileNotFoundError as exc:  # any other error is typed as every call's is
             raise ChunkStorageError(
                 f"the binding's temporary folder {self._tmp!r} cannot be used: {exc.strerror}"
                 f" (errno {exc.errno}); is the root {self.root!r} still there?",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slts.bindings import ChunkStorage, from_url
 from slts.config import StorageConfig
@@ -15,6 +15,9 @@ from slts.metadata.schema import TABLES
 from slts.metadata.store import MetadataStore
 from slts.storage.chunked import ChunkedSegmentStorage
 from slts.transforms.keys import KeyRing
+
+if TYPE_CHECKING:  # the cache's module loads only where a cache is asked for
+    from slts.bindings.chunk_cache import ChunkCache
 
 _log = logging.getLogger("slts.storage")
 
@@ -127,6 +130,23 @@ def open(
     return storage
 
 
+def acquire_chunk_cache(settings: StorageConfig) -> ChunkCache:
+    """The process's chunk cache in ``settings.chunk_cache_dir`` with the settings' size,
+    blocks and fills (``chunk_cache.acquire``: give it back with ``chunk_cache.release``).
+    ``InvalidConfig`` as ``acquire`` raises it."""
+    from slts.bindings import chunk_cache
+
+    assert settings.chunk_cache_dir and settings.chunk_cache_bytes > 0, settings  # StorageConfig checks it
+    return chunk_cache.acquire(
+        settings.chunk_cache_dir,
+        settings.chunk_cache_bytes,
+        settings.chunk_cache_block_bytes,
+        settings.chunk_cache_fill_threads,
+        settings.chunk_cache_fill_bytes_max,
+        direct_fills=settings.chunk_cache_direct_fills,
+    )
+
+
 def with_chunk_cache(binding: ChunkStorage, settings: StorageConfig) -> ChunkStorage:
     """``binding`` read through the process's chunk cache in ``chunk_cache_dir``
     (``slts.bindings.chunk_cache``, docs/chunk_cache.md) when ``chunk_cache_bytes`` > 0
@@ -147,14 +167,7 @@ def with_chunk_cache(binding: ChunkStorage, settings: StorageConfig) -> ChunkSto
     from slts.bindings import chunk_cache
 
     try:
-        cache = chunk_cache.acquire(
-            settings.chunk_cache_dir,
-            settings.chunk_cache_bytes,
-            settings.chunk_cache_block_bytes,
-            settings.chunk_cache_fill_threads,
-            settings.chunk_cache_fill_bytes_max,
-            direct_fills=settings.chunk_cache_direct_fills,
-        )
+        cache = acquire_chunk_cache(settings)
     except BaseException:
         binding.close()
         raise

@@ -58,6 +58,7 @@ from typing import Any
 from slts.tools.benchmarks.base import Benchmark, Folder, Workload, timed_segment_writes
 
 from slts.storage.chunked import ChunkedSegmentStorage
+from slts.storage.factory import acquire_chunk_cache
 from slts.storage.factory import open as open_storage
 
 Setup = Iterator[tuple[str, Workload, Workload, float, str]]
@@ -346,14 +347,7 @@ def _cache_reread(url: str, parent: str, quick: bool, ahead: bool = True, direct
     defaults = StorageConfig(**cached)
     reading = cached if ahead else {**cached, "read_ahead_bytes": 0}
     # Held open across the runs: each reader instance shares it, none closes it.
-    cache = chunk_cache.acquire(
-        defaults.chunk_cache_dir,
-        defaults.chunk_cache_bytes,
-        defaults.chunk_cache_block_bytes,
-        defaults.chunk_cache_fill_threads,
-        defaults.chunk_cache_fill_bytes_max,
-        direct_fills=defaults.chunk_cache_direct_fills,
-    )
+    cache = acquire_chunk_cache(defaults)
     try:
         # Fill the cache (not timed): reads faster than the fills can write drop the rest
         # (``chunk_cache_fill_bytes_max``), so read again until every block is held.
@@ -420,13 +414,7 @@ def _cache_reread_after_scan(url: str, parent: str, quick: bool) -> Setup:
     _segment_of_8m_chunks(target, metadata, scanned, name="scan")
     cached: dict[str, Any] = {"chunk_cache_dir": folder.sub("cache"), "chunk_cache_bytes": capacity}
     defaults = StorageConfig(**cached)
-    cache = chunk_cache.acquire(  # held across the runs, as in ``_cache_reread``
-        defaults.chunk_cache_dir,
-        defaults.chunk_cache_bytes,
-        defaults.chunk_cache_block_bytes,
-        defaults.chunk_cache_fill_threads,
-        defaults.chunk_cache_fill_bytes_max,
-    )
+    cache = acquire_chunk_cache(defaults)  # held across the runs, as in ``_cache_reread``
 
     def warm() -> None:
         """Until every block of the working set is held, and protected (read again)."""
