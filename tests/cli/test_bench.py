@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 from slts.tools import cli, command_line
 
 
@@ -250,6 +251,57 @@ def test_the_write_floors_make_what_they_claim_durable(tmp_path) -> None:
     assert os.path.getsize(folder / "log" / "layout.log") == writers * count * record_bytes
     logged.close()
     assert list(tmp_path.iterdir()) == [], "scratch folders are removed"
+
+
+def test_the_interpreter_ceiling_runs_the_engine_in_memory_and_the_appenders_on_disk(
+    tmp_path, monkeypatch
+) -> None:
+    """``write_4k_x8_ceiling``: its subject writes through the engine into a folder of the
+    memory file system (every write readable afterwards), its baseline appends on the
+    disk under test; both folders go afterwards. Without a memory file system the row
+    says so (``InvalidConfig``) and leaves nothing behind (no timing asserted)."""
+    from slts.tools.benchmarks import concurrency
+
+    from slts.errors import InvalidConfig
+    from slts.storage import factory
+
+    memory, disk = tmp_path / "memory", tmp_path / "disk"
+    memory.mkdir()
+    disk.mkdir()
+    monkeypatch.setattr(concurrency, "MEMORY_FOLDER", str(memory))
+    opened = []
+
+    def open_and_keep(url, **options):
+        opened.append((url, options["metadata"]))
+        return factory.open(url, **options)
+
+    monkeypatch.setattr(concurrency, "open_storage", open_and_keep)
+    count, writers = 100, concurrency.WRITERS  # --quick
+    ceiling = concurrency.interpreter_ceiling(str(disk), True)
+    _, subject, baseline, work, unit = next(ceiling)
+    assert (work, unit) == (writers * count, "writes/s")
+    assert subject() > 0 and baseline() > 0
+    ((url, metadata),) = opened
+    assert url.startswith(f"file://{memory}/") and metadata.startswith(f"{memory}/")
+    (engine,) = memory.iterdir()
+    (raw,) = disk.iterdir()
+    assert sorted(p.name for p in raw.iterdir()) == ["raw"]
+    for i in range(writers):
+        assert os.path.getsize(raw / "raw" / f"f1-{i}") == count * 4096
+    storage = factory.open(url, metadata=metadata, read_only=True)
+    try:
+        for i in range(writers):
+            assert storage.info(f"w1/{i}").length == count * 4096
+    finally:
+        storage.close()
+    ceiling.close()
+    assert list(memory.iterdir()) == [] and list(disk.iterdir()) == [], "scratch folders are removed"
+    assert not engine.exists()
+
+    monkeypatch.setattr(concurrency, "MEMORY_FOLDER", str(tmp_path / "absent"))
+    with pytest.raises(InvalidConfig, match="no writable memory file system"):
+        concurrency.interpreter_ceiling(str(disk), True)
+    assert list(disk.iterdir()) == []
 
 
 def test_the_concat_floor_times_a_commit_after_its_source_s_writes(tmp_path, monkeypatch) -> None:
