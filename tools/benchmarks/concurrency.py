@@ -31,7 +31,7 @@ MEMORY_FOLDER = "/dev/shm"
 def concurrent_small_writes(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
     """Subject: 8 threads, each durable 4 KiB writes to its own segment; baseline: 8
     threads, each append + fdatasync to its own file. Group commit shares LMDB syncs."""
-    return _small_writes(parent, quick, parent, "own segment vs. own file")
+    return _small_writes(parent, quick, None, "own segment vs. own file")
 
 
 def interpreter_ceiling(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
@@ -47,20 +47,22 @@ def interpreter_ceiling(parent: str, quick: bool) -> Iterator[tuple[str, Workloa
 
 
 def _small_writes(
-    parent: str, quick: bool, engine_parent: str, what: str
+    parent: str, quick: bool, engine_parent: str | None, what: str
 ) -> Iterator[tuple[str, Workload, Workload, float, str]]:
-    """``write_4k_x8``'s workloads: the engine in a folder under ``engine_parent``, the
-    raw appenders under ``parent``."""
+    """``write_4k_x8``'s workloads: the raw appenders in a folder under ``parent``, the
+    engine in a folder under ``engine_parent`` (None: the appenders' folder)."""
     count = 100 if quick else 500
     payload = os.urandom(4096)
-    folder = Folder(parent)
-    engine_folder = folder if engine_parent == parent else Folder(engine_parent)
+    folders = [Folder(parent)]
     try:
+        if engine_parent is not None:
+            folders.append(Folder(engine_parent))
+        folder, engine_folder = folders[0], folders[-1]
         storage = open_storage(
             f"file://{engine_folder.sub('chunks')}", metadata=engine_folder.sub("metadata"), gc_interval_s=0.0
         )
     except BaseException:
-        for made in {folder, engine_folder}:
+        for made in folders:
             made.close()
         raise
     runs = 0
@@ -108,7 +110,7 @@ def _small_writes(
         )
     finally:
         storage.close()
-        for made in {folder, engine_folder}:
+        for made in folders:
             made.close()
 
 
