@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -302,6 +303,88 @@ def test_the_interpreter_ceiling_runs_the_engine_in_memory_and_the_appenders_on_
     with pytest.raises(InvalidConfig, match="no writable memory file system"):
         concurrency.interpreter_ceiling(str(disk), True)
     assert list(disk.iterdir()) == []
+
+
+def test_the_one_thread_floor_appends_and_syncs_every_file(tmp_path) -> None:
+    """``write_4k_x8_floor_one_thread``: its one thread leaves each of the 8 files as long
+    as a raw appender's (every append made, every sync of a round issued together);
+    the scratch folder goes afterwards (no timing asserted)."""
+    from slts.tools.benchmarks import concurrency
+
+    count, writers = 100, concurrency.WRITERS  # --quick
+    floor = concurrency.one_thread_floor(str(tmp_path), True)
+    _, subject, baseline, work, unit = next(floor)
+    assert (work, unit) == (writers * count, "writes/s")
+    assert subject() > 0 and baseline() > 0
+    (folder,) = tmp_path.iterdir()
+    for i in range(writers):
+        assert os.path.getsize(folder / "one1" / f"f{i}") == count * 4096
+        assert os.path.getsize(folder / "raw1" / f"f{i}") == count * 4096
+    floor.close()
+    assert list(tmp_path.iterdir()) == [], "scratch folders are removed"
+
+
+def test_batched_syncs_name_a_descriptor_they_cannot_sync_and_stay_usable(tmp_path) -> None:
+    """A closed descriptor among the files is refused at submission, named in the
+    ``OSError``; the files submitted before it are still waited for, and the context
+    syncs the next batch."""
+    from slts.tools.benchmarks.batched_syncs import BatchedSyncs
+
+    syncs = BatchedSyncs(4)
+    good = os.open(tmp_path / "good", os.O_WRONLY | os.O_CREAT, 0o644)
+    closed = os.open(tmp_path / "closed", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.close(closed)
+    try:
+        os.write(good, b"x" * 4096)
+        with pytest.raises(OSError, match=f"descriptor {closed}") as raised:
+            syncs.sync_all([good, closed])
+        assert raised.value.errno == errno.EBADF
+        syncs.sync_all([good])
+    finally:
+        os.close(good)
+        syncs.close()
+        syncs.close()  # idempotent
+
+
+def test_the_cold_write_row_pauses_only_its_subject_and_cleans_up(tmp_path, monkeypatch) -> None:
+    """``write_4k_cold``: both workloads write through one engine in the memory folder
+    (every write readable), return a CPU time per write, and only the subject sleeps
+    ``PAUSE_S`` after each write; the folder goes afterwards (no timing asserted)."""
+    from slts.tools.benchmarks import concurrency
+
+    from slts.errors import InvalidConfig
+    from slts.storage import factory
+
+    monkeypatch.setattr(concurrency, "MEMORY_FOLDER", str(tmp_path))
+    opened = []
+
+    def open_and_keep(url, **options):
+        opened.append((url, options["metadata"]))
+        return factory.open(url, **options)
+
+    pauses = []
+    monkeypatch.setattr(concurrency, "open_storage", open_and_keep)
+    monkeypatch.setattr(concurrency.time, "sleep", pauses.append)
+    row = concurrency.interpreter_cold(str(tmp_path), True)
+    _, subject, baseline, work, unit = next(row)
+    assert (work, unit) == (1.0, "us CPU/write")
+    assert subject() > 0
+    assert pauses == [concurrency.PAUSE_S] * 300
+    assert baseline() > 0
+    assert len(pauses) == 300, "the baseline writes back to back"
+    ((url, metadata),) = opened
+    (folder,) = tmp_path.iterdir()
+    storage = factory.open(url, metadata=metadata, read_only=True)
+    try:
+        assert [storage.info(name).length for name in ("cold1", "cold2")] == [300 * 4096] * 2
+    finally:
+        storage.close()
+    row.close()
+    assert not folder.exists(), "the scratch folder is removed"
+
+    monkeypatch.setattr(concurrency, "MEMORY_FOLDER", str(tmp_path / "absent"))
+    with pytest.raises(InvalidConfig, match="no writable memory file system"):
+        next(concurrency.interpreter_cold(str(tmp_path), True))
 
 
 def test_the_concat_floor_times_a_commit_after_its_source_s_writes(tmp_path, monkeypatch) -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 from slts.tools.benchmarks.base import Benchmark, Folder, Workload, durable_writes, run_together
+from slts.tools.benchmarks.batched_syncs import BatchedSyncs
 
 from slts.errors import InvalidConfig
 from slts.metadata.group_commit import GroupCommitter
@@ -227,6 +229,112 @@ def two_flush_floor(parent: str, quick: bool) -> Iterator[tuple[str, Workload, W
     return _floor(parent, quick, "a 2-record append to one shared log + its flush (group commit)", layout)
 
 
+def one_thread_floor(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
+    """The data path's floor for a write path whose Python runs on one thread: that
+    thread appends to 8 files, then issues their 8 data syncs together (Linux native AIO,
+    ``batched_syncs``) and waits once, ``count`` times; baseline, ``write_4k_x8``'s 8 raw
+    appenders (8 threads, each its own fdatasync). ``InvalidConfig`` without native AIO."""
+    count = 100 if quick else 500
+    payload = os.urandom(4096)
+    folder = Folder(parent)
+    try:
+        syncs = BatchedSyncs(WRITERS)
+    except BaseException:
+        folder.close()
+        raise
+    runs = 0
+
+    def subject() -> float:
+        nonlocal runs
+        runs += 1
+        tag = folder.sub(f"one{runs}")
+        fds = [
+            os.open(os.path.join(tag, f"f{i}"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            for i in range(WRITERS)
+        ]
+        try:
+            started = time.perf_counter()
+            for _ in range(count):
+                for fd in fds:
+                    os.write(fd, payload)
+                syncs.sync_all(fds)
+            return time.perf_counter() - started
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def baseline() -> float:
+        return _appenders(folder, f"raw{runs}", count, payload, None)
+
+    try:
+        yield (
+            f"1 thread x {count} rounds: 8 appends, then their 8 data syncs issued together, "
+            "vs. 8 raw appenders",
+            subject,
+            baseline,
+            float(WRITERS * count),
+            "writes/s",
+        )
+    finally:
+        syncs.close()
+        folder.close()
+
+
+#: The pause after each write of ``interpreter_cold``'s subject: about one data sync.
+PAUSE_S = 0.0003
+
+
+def interpreter_cold(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
+    """What a pause between writes costs the interpreter, measured: the CPU time one
+    thread spends inside each durable 4 KiB write of the engine, its files in memory
+    (``MEMORY_FOLDER``: no sync waits inside the write), when the thread sleeps
+    ``PAUSE_S`` after every write (subject: as a writer that waits for its syncs does)
+    vs. when it writes back to back (baseline). Microseconds of CPU per write, lower is
+    better; the ratio is the price of running the write path's Python on a thread that
+    has just woken. ``InvalidConfig`` without a memory file system."""
+    if not os.path.isdir(MEMORY_FOLDER) or not os.access(MEMORY_FOLDER, os.W_OK):
+        raise InvalidConfig(f"no writable memory file system at {MEMORY_FOLDER}")
+    count = 300 if quick else 3000
+    payload = os.urandom(4096)
+    folder = Folder(MEMORY_FOLDER)
+    try:
+        storage = open_storage(
+            f"file://{folder.sub('chunks')}", metadata=folder.sub("metadata"), gc_interval_s=0.0
+        )
+    except BaseException:
+        folder.close()
+        raise
+    runs = 0
+
+    def cpu_per_write(pause_s: float) -> float:
+        nonlocal runs
+        runs += 1
+        name = f"cold{runs}"
+        storage.create(name)
+        handle = storage.open_write(name)
+        spent = 0.0
+        for n in range(count):
+            started = time.thread_time()
+            storage.write(handle, n * len(payload), payload)
+            spent += time.thread_time() - started
+            if pause_s:
+                time.sleep(pause_s)
+        return spent / count * 1e6
+
+    try:
+        yield (
+            f"{count} durable 4 KiB writes of one thread, engine in memory: "
+            f"{PAUSE_S * 1e6:.0f} us pause after each vs. back to back",
+            lambda: cpu_per_write(PAUSE_S),
+            lambda: cpu_per_write(0.0),
+            1.0,
+            "us CPU/write",
+        )
+    finally:
+        storage.close()
+        folder.close()
+
+
 BENCHMARKS = {
     "write_8m": Benchmark(
         "write_8m",
@@ -247,6 +355,17 @@ BENCHMARKS = {
         "write_4k_x8_ceiling",
         "write_4k_x8's engine with free syncs (its files in memory), vs. 8 raw appenders on disk",
         interpreter_ceiling,
+    ),
+    "write_4k_x8_floor_one_thread": Benchmark(
+        "write_4k_x8_floor_one_thread",
+        "8 appends and their data syncs issued together by one thread (Linux AIO), vs. 8 raw appenders",
+        one_thread_floor,
+    ),
+    "write_4k_cold": Benchmark(
+        "write_4k_cold",
+        "CPU per engine write after a pause (a writer that waited) vs. back to back, engine in memory",
+        interpreter_cold,
+        measures="value",
     ),
     "write_4k_x8_floor_two_flushes": Benchmark(
         "write_4k_x8_floor_two_flushes",
