@@ -231,7 +231,14 @@ def cmd_defrag(args: argparse.Namespace) -> int:
         f"{report.runs_committed} committed, {report.runs_dropped} dropped, {report.runs_failed} failed, "
         f"{report.runs_expired} expired; "
         f"{report.bytes_native} bytes concatenated natively, {report.bytes_copied} copied through executors; "
-        f"{report.seconds:.2f} s",
+        f"{report.seconds:.2f} s"
+        + "".join(f"\nfailed: {error}" for error in report.errors)
+        + (
+            "\nfailed runs by error: "
+            + ", ".join(f"{kind} {n}" for kind, n in sorted(report.error_kinds.items()))
+            if report.error_kinds
+            else ""
+        ),
     )
     return EXIT_OK if not report.runs_failed else EXIT_CHUNK_STORAGE
 

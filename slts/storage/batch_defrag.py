@@ -107,6 +107,10 @@ Outcome = defrag.BuiltChunk | BaseException
 Executor = Callable[[Sequence[RunTask]], Sequence[Outcome]]
 
 
+#: The failed runs whose error a ``BatchReport`` keeps whole (the rest are counted by kind).
+ERRORS_KEPT = 10
+
+
 @dataclass
 class BatchReport:
     """What a batch run did (``--json`` prints it)."""
@@ -126,7 +130,10 @@ class BatchReport:
     bytes_copied: int = 0  # read and written through the executors
     batches: int = 0
     seconds: float = 0.0
-    errors: list[str] = field(default_factory=list)  # the first few task errors
+    errors: list[str] = field(default_factory=list)  # the first ERRORS_KEPT failed runs' errors, whole
+    #: Every failed run counted by its error's type (``{"ChunkNotFound": 1828}``): how a
+    #: batch failed, past the first ``ERRORS_KEPT``.
+    error_kinds: dict[str, int] = field(default_factory=dict)
 
 
 # -- executors -----------------------------------------------------------------------------------
@@ -450,8 +457,10 @@ def _end(driver: BatchDefrag, item: PlannedRun, outcome: Outcome) -> str:
 
 def _count(report: BatchReport, item: PlannedRun, outcome: Outcome, how: str) -> None:
     if how == "failed":
-        if len(report.errors) < 10:
-            report.errors.append(f"{item.run.segment}@{item.run.start}: {type(outcome).__name__}: {outcome}")
+        kind = type(outcome).__name__
+        if len(report.errors) < ERRORS_KEPT:
+            report.errors.append(f"{item.run.segment}@{item.run.start}: {kind}: {outcome}")
+        report.error_kinds[kind] = report.error_kinds.get(kind, 0) + 1
         report.runs_failed += 1
     elif how == "committed":
         assert isinstance(outcome, defrag.BuiltChunk)

@@ -15,11 +15,19 @@ import pytest
 from slts.bindings.memory import MemoryChunkStorage
 
 from slts.admin.verify import verify_container
-from slts.errors import Fenced, InvalidArgument, InvalidName, StorageUnavailable
+from slts.errors import ChunkNotFound, Fenced, InvalidArgument, InvalidName, StorageUnavailable
 from slts.metadata.faulty_store import FaultyMetadataStore
 from slts.metadata.schema import SEGMENTS, name_key
 from slts.metadata.store import Expect, Operation
-from slts.storage.batch_defrag import BatchDefrag, BatchReport, RunTask, execute, execute_locally, run_batch
+from slts.storage.batch_defrag import (
+    ERRORS_KEPT,
+    BatchDefrag,
+    BatchReport,
+    RunTask,
+    execute,
+    execute_locally,
+    run_batch,
+)
 from slts.storage.chunked import ChunkedSegmentStorage
 from tests.support.engine import PAIRS, TRANSFORM_PAIRS, Env, env_fixture, segment_chunks
 
@@ -274,6 +282,25 @@ def test_failed_tasks_are_reported_and_collected(env: Env) -> None:
         pass
     assert contents(owner) == {name: bytes(data) for name, data in written.items()}
     assert verify_container(owner).problems == [], "the failed task's chunk is no leak"
+
+
+def test_every_failed_run_is_counted_by_kind_past_the_errors_kept(env: Env) -> None:
+    """With more failed runs than ``ERRORS_KEPT``, the report keeps that many errors whole
+    and counts every failed run by its error's type (how a batch failed, in one line)."""
+    fragment(env, ERRORS_KEPT + 4, 3)
+
+    def failing(tasks: list[RunTask]) -> list[object]:
+        return [
+            ChunkNotFound(f"source of {task.segment} gone") if i % 3 else StorageUnavailable("executor lost")
+            for i, task in enumerate(tasks)
+        ]
+
+    report = run_batch(driver(env), failing)  # type: ignore[arg-type]
+    failed = ERRORS_KEPT + 4
+    assert report.runs_failed == failed and report.runs_committed == 0
+    assert len(report.errors) == ERRORS_KEPT
+    unavailable = len(range(0, failed, 3))
+    assert report.error_kinds == {"ChunkNotFound": failed - unavailable, "StorageUnavailable": unavailable}
 
 
 def test_bad_input_changes_nothing(env: Env) -> None:
