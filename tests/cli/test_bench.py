@@ -318,7 +318,7 @@ def test_the_one_thread_floor_appends_and_syncs_every_file(tmp_path) -> None:
     assert subject() > 0 and baseline() > 0
     (folder,) = tmp_path.iterdir()
     for i in range(writers):
-        assert os.path.getsize(folder / "one1" / f"f{i}") == count * 4096
+        assert os.path.getsize(folder / "floor1" / f"f{i}") == count * 4096
         assert os.path.getsize(folder / "raw1" / f"f{i}") == count * 4096
     floor.close()
     assert list(tmp_path.iterdir()) == [], "scratch folders are removed"

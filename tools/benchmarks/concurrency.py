@@ -141,17 +141,26 @@ def _appenders(folder: Folder, tag: str, count: int, payload: bytes, after_sync:
             os.close(fd)
 
 
+#: A floor's subject: (folder, tag, count, payload) -> seconds, its files in folder ``tag``.
+FloorWork = Callable[[Folder, str, int, bytes], float]
+
+
+def _after_appends(after_sync: AfterSync) -> FloorWork:
+    """A floor's subject: ``_appenders`` (8 threads) with ``after_sync`` after each sync."""
+    return lambda folder, tag, count, payload: _appenders(folder, tag, count, payload, after_sync)
+
+
 def _floor(
-    parent: str, quick: bool, what: str, layout: Callable[[Folder], tuple[AfterSync, Callable[[], None]]]
+    parent: str, quick: bool, what: str, layout: Callable[[Folder], tuple[FloorWork, Callable[[], None]]]
 ) -> Iterator[tuple[str, Workload, Workload, float, str]]:
-    """A floor under ``write_4k_x8``: subject, 8 threads of append + fdatasync each
-    followed by the layout's durability that ``layout(folder)`` returns (with its
-    closer); baseline, ``write_4k_x8``'s 8 raw appenders."""
+    """A floor under ``write_4k_x8``: subject, the work ``layout(folder)`` returns (with
+    its closer), 8 files of ``count`` 4 KiB appends made durable as it says; baseline,
+    ``write_4k_x8``'s 8 raw appenders."""
     count = 100 if quick else 500
     payload = os.urandom(4096)
     folder = Folder(parent)
     try:
-        after_sync, close = layout(folder)
+        work, close = layout(folder)
     except BaseException:
         folder.close()
         raise
@@ -160,14 +169,14 @@ def _floor(
     def subject() -> float:
         nonlocal runs
         runs += 1
-        return _appenders(folder, f"floor{runs}", count, payload, after_sync)
+        return work(folder, f"floor{runs}", count, payload)
 
     def baseline() -> float:
         return _appenders(folder, f"raw{runs}", count, payload, None)
 
     try:
         yield (
-            f"{WRITERS} threads x {count}: append + fdatasync, then {what}, vs. 8 raw appenders",
+            f"{WRITERS} files x {count} appends: {what}, vs. 8 raw appenders",
             subject,
             baseline,
             float(WRITERS * count),
@@ -185,7 +194,7 @@ def commit_protocol_floor(parent: str, quick: bool) -> Iterator[tuple[str, Workl
     commit, its syncs shared and pipelined: LMDB's page flush, then the flush that
     carries its meta page; three flushes in a row with the data's)."""
 
-    def layout(folder: Folder) -> tuple[AfterSync, Callable[[], None]]:
+    def layout(folder: Folder) -> tuple[FloorWork, Callable[[], None]]:
         store = LmdbMetadataStore(folder.sub("metadata"), TABLES)
         versions: dict[bytes, int] = {}
 
@@ -196,9 +205,14 @@ def commit_protocol_floor(parent: str, quick: bool) -> Iterator[tuple[str, Workl
                 [Expect(SEGMENTS, segment, version), Expect(CHUNKS, chunk, version)],
             )
 
-        return commit, store.close
+        return _after_appends(commit), store.close
 
-    return _floor(parent, quick, "a 2-record LMDB group commit (write_4k_x8's protocol)", layout)
+    return _floor(
+        parent,
+        quick,
+        "8 threads, each sync followed by a 2-record LMDB group commit (write_4k_x8's protocol)",
+        layout,
+    )
 
 
 def two_flush_floor(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
@@ -209,7 +223,7 @@ def two_flush_floor(parent: str, quick: bool) -> Iterator[tuple[str, Workload, W
     where ``write_4k_x8_floor`` has three; no engine, no index, no recovery: a floor, not
     a design."""
 
-    def layout(folder: Folder) -> tuple[AfterSync, Callable[[], None]]:
+    def layout(folder: Folder) -> tuple[FloorWork, Callable[[], None]]:
         log = os.open(
             os.path.join(folder.sub("log"), "layout.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
         )
@@ -224,9 +238,14 @@ def two_flush_floor(parent: str, quick: bool) -> Iterator[tuple[str, Workload, W
         def commit(segment: bytes, chunk: bytes, record: bytes) -> None:
             committer.submit(segment + chunk + record + record)
 
-        return commit, lambda: os.close(log)
+        return _after_appends(commit), lambda: os.close(log)
 
-    return _floor(parent, quick, "a 2-record append to one shared log + its flush (group commit)", layout)
+    return _floor(
+        parent,
+        quick,
+        "8 threads, each sync followed by a 2-record append to one shared log + its flush",
+        layout,
+    )
 
 
 def one_thread_floor(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
@@ -234,50 +253,29 @@ def one_thread_floor(parent: str, quick: bool) -> Iterator[tuple[str, Workload, 
     thread appends to 8 files, then issues their 8 data syncs together (Linux native AIO,
     ``batched_syncs``) and waits once, ``count`` times; baseline, ``write_4k_x8``'s 8 raw
     appenders (8 threads, each its own fdatasync). ``InvalidConfig`` without native AIO."""
-    count = 100 if quick else 500
-    payload = os.urandom(4096)
-    folder = Folder(parent)
-    try:
+
+    def layout(folder: Folder) -> tuple[FloorWork, Callable[[], None]]:
         syncs = BatchedSyncs(WRITERS)
-    except BaseException:
-        folder.close()
-        raise
-    runs = 0
 
-    def subject() -> float:
-        nonlocal runs
-        runs += 1
-        tag = folder.sub(f"one{runs}")
-        fds = [
-            os.open(os.path.join(tag, f"f{i}"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            for i in range(WRITERS)
-        ]
-        try:
-            started = time.perf_counter()
-            for _ in range(count):
+        def rounds(folder: Folder, tag: str, count: int, payload: bytes) -> float:
+            fds = [
+                os.open(os.path.join(folder.sub(tag), f"f{i}"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                for i in range(WRITERS)
+            ]
+            try:
+                started = time.perf_counter()
+                for _ in range(count):
+                    for fd in fds:
+                        os.write(fd, payload)
+                    syncs.sync_all(fds)
+                return time.perf_counter() - started
+            finally:
                 for fd in fds:
-                    os.write(fd, payload)
-                syncs.sync_all(fds)
-            return time.perf_counter() - started
-        finally:
-            for fd in fds:
-                os.close(fd)
+                    os.close(fd)
 
-    def baseline() -> float:
-        return _appenders(folder, f"raw{runs}", count, payload, None)
+        return rounds, syncs.close
 
-    try:
-        yield (
-            f"1 thread x {count} rounds: 8 appends, then their 8 data syncs issued together, "
-            "vs. 8 raw appenders",
-            subject,
-            baseline,
-            float(WRITERS * count),
-            "writes/s",
-        )
-    finally:
-        syncs.close()
-        folder.close()
+    return _floor(parent, quick, "1 thread, each round's 8 data syncs issued together (Linux AIO)", layout)
 
 
 #: The pause after each write of ``interpreter_cold``'s subject: about one data sync.
