@@ -17,14 +17,20 @@ appends with ``O_APPEND`` under a per-name lock (threads) and ``flock`` (process
 into their parents.
 
 Appends: the descriptor a ``write`` opened is kept for the chunk's next append
-(``_Appenders``: the most recently appended chunks, at most ``APPENDERS_MAX``), so a
+(``_Appenders``: the most recently appended chunks, at most ``APPENDERS_MAX``, none
+longer than ``APPENDER_IDLE_S`` after its last append), so a
 segment's stream of small writes does not walk the chunk's path, open and close its file
 each time (a quarter of a 4 KiB write's CPU in the engine). Each append still takes the
 per-name lock and ``flock``, and checks the file through the descriptor (``fstat``): its
-length, its mode (read-only), and that it still has a name (``st_nlink``: a chunk deleted
-by another process fails as ``ChunkNotFound``, as a write by path would). A delete in
-this process drops the chunk's kept descriptor under the same per-name lock, a failed
-append closes it, and ``close`` closes them all.
+length and its mode (read-only). A kept descriptor whose file has no name left
+(``st_nlink``: deleted by another process) is closed and the append goes by the path, as
+without it: ``ChunkNotFound``, or the chunk of that name created since. A delete through
+this binding drops the chunk's kept descriptor under the same per-name lock, a failed
+append closes it, and ``close`` closes them all. A file deleted by another process or
+binding (a takeover's GC, ``slts gc`` run beside the owner) is held open, its space not yet free, until this
+binding's next append to the name, until it ages out (noticed at the binding's next
+append to any chunk) or until ``close``; a binding that never appends again holds at most
+``APPENDERS_MAX`` such files until it is closed.
 
 Read-only is the file's mode bits, checked explicitly (root ignores them in the kernel).
 Every ``OSError`` becomes a typed error in ``_translated``; typed errors pass through it.
@@ -42,7 +48,7 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from urllib.parse import unquote, urlparse
 
 from slts.errors import (
@@ -74,8 +80,10 @@ _LOCK_STRIPES = 64
 #: Reads up to this long are issued before the file's size is known (see ``_do_read``).
 _DIRECT_READ_BYTES_MAX = 1 << 20
 _LINK_ATTEMPTS_MAX = 16
-#: Appended chunks whose descriptor is kept open for their next append (module doc).
+#: Appended chunks whose descriptor is kept open for their next append (module doc), and
+#: for how long after their last append.
 APPENDERS_MAX = 64
+APPENDER_IDLE_S = 10.0
 
 _RETRYABLE_ERRNOS = {errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT, errno.ESTALE, errno.EBUSY}
 #: copy_file_range cannot serve these files: copy through user space instead.
@@ -166,34 +174,58 @@ def _unlock_file(fd: int) -> None:
 
 
 class _Appenders:
-    """Open write descriptors of recently appended chunks, by name, least recently used
-    first out, at most ``limit``. A writer *takes* a chunk's descriptor (it leaves the
-    set while in use) and *keeps* it again after a successful append; the per-name lock
-    of the binding is held around both, so one descriptor has one user at a time."""
+    """Open write descriptors of recently appended chunks, by name: at most ``limit``, none
+    kept longer than ``idle_s`` after its last append (least recently kept first out). A
+    writer *takes* a chunk's descriptor (it leaves the set while in use) and *keeps* it
+    again after a successful append; the binding's per-name lock is held around both, so
+    one descriptor has one user at a time. Each take and keep closes what aged out, so a
+    file deleted by another process is held open at most ``idle_s`` past this binding's
+    last append to it while the binding is in use (module doc)."""
 
-    def __init__(self, limit: int) -> None:
-        assert limit >= 0
+    def __init__(self, limit: int, idle_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        assert limit >= 0 and idle_s >= 0
         self._limit = limit
-        self._open: dict[str, int] = {}  # insertion order: least recently kept first
+        self._idle_s = idle_s
+        self._clock = clock
+        self._open: dict[str, tuple[int, float]] = {}  # name -> (fd, kept at); oldest first
         self._lock = threading.Lock()
 
     def take(self, name: str) -> int | None:
         """The kept descriptor of ``name``, now the caller's (None: none kept)."""
         with self._lock:
-            return self._open.pop(name, None)
+            kept = self._open.pop(name, None)
+            aged = self._aged(self._clock())
+        self._close(aged)
+        return kept[0] if kept is not None else None
 
     def keep(self, name: str, fd: int) -> None:
-        """Keep ``fd`` for ``name``'s next append; closes the least recently kept one
-        beyond the limit (or ``fd`` itself with a limit of 0)."""
-        evicted: list[int] = []
+        """Keep ``fd`` for ``name``'s next append; closes what is beyond the limit (``fd``
+        itself with a limit of 0) or aged out."""
+        now = self._clock()
         with self._lock:
             assert name not in self._open, "a descriptor is kept by the writer that took it"
-            self._open[name] = fd
+            self._open[name] = (fd, now)
+            closing = self._aged(now)
             while len(self._open) > self._limit:
-                oldest = next(iter(self._open))
-                evicted.append(self._open.pop(oldest))
-        for old in evicted:
-            os.close(old)
+                closing.append(self._open.pop(next(iter(self._open)))[0])
+        self._close(closing)
+
+    def _aged(self, now: float) -> list[int]:
+        """Remove and return the descriptors kept longer than ``idle_s`` (lock held)."""
+        aged: list[int] = []
+        while self._open:
+            oldest = next(iter(self._open))
+            fd, kept_at = self._open[oldest]
+            if now - kept_at <= self._idle_s:
+                break
+            del self._open[oldest]
+            aged.append(fd)
+        return aged
+
+    @staticmethod
+    def _close(fds: list[int]) -> None:
+        for fd in fds:
+            os.close(fd)
 
     def drop(self, name: str) -> None:
         """Close ``name``'s kept descriptor, if any (the chunk is being deleted)."""
@@ -204,9 +236,8 @@ class _Appenders:
     def close(self) -> None:
         """Close every kept descriptor."""
         with self._lock:
-            kept, self._open = list(self._open.values()), {}
-        for fd in kept:
-            os.close(fd)
+            kept, self._open = [fd for fd, _ in self._open.values()], {}
+        self._close(kept)
 
     def __len__(self) -> int:
         return len(self._open)
@@ -275,7 +306,7 @@ class FileSystemChunkStorage(ChunkStorage):
         # process on NFS); the check of the length and the append happen under it.
         self._locks = tuple(threading.Lock() for _ in range(_LOCK_STRIPES))
         self._mappings = FileMappings()
-        self._appenders = _Appenders(APPENDERS_MAX)
+        self._appenders = _Appenders(APPENDERS_MAX, APPENDER_IDLE_S)
         # Deletes in flight per folder (see ``_do_delete``); no entry at zero.
         self._deleting: dict[str, int] = {}
         self._deleting_lock = threading.Lock()
@@ -552,6 +583,9 @@ class FileSystemChunkStorage(ChunkStorage):
         name = handle.name
         with self._lock(name), _translated(name, self.url):
             fd = self._appenders.take(name)
+            if fd is not None and os.fstat(fd).st_nlink == 0:
+                os.close(fd)  # its file was deleted since (by another process): by the path, as without it
+                fd = None
             if fd is None:
                 fd = os.open(self._path(name), os.O_WRONLY | os.O_APPEND)
             kept = False
@@ -572,7 +606,7 @@ class FileSystemChunkStorage(ChunkStorage):
         """Check the open chunk (still named, writable, ``offset`` long), then append
         ``data`` and ``fdatasync``; a failed append is cut back (best effort)."""
         st = os.fstat(fd)
-        if st.st_nlink == 0:  # deleted since its descriptor was kept
+        if st.st_nlink == 0:  # deleted since it was opened (as an append by path racing a delete)
             raise ChunkNotFound(f"chunk {name!r} not found", chunk=name, binding=self.url)
         if not st.st_mode & stat.S_IWUSR:
             raise ChunkReadOnly(f"chunk {name!r} is read-only", chunk=name, binding=self.url)
