@@ -17,20 +17,20 @@ appends with ``O_APPEND`` under a per-name lock (threads) and ``flock`` (process
 into their parents.
 
 Appends: the descriptor a ``write`` opened is kept for the chunk's next append
-(``_Appenders``: the most recently appended chunks, at most ``APPENDERS_MAX``, none
-longer than ``APPENDER_IDLE_S`` after its last append), so a
-segment's stream of small writes does not walk the chunk's path, open and close its file
-each time (a quarter of a 4 KiB write's CPU in the engine). Each append still takes the
-per-name lock and ``flock``, and checks the file through the descriptor (``fstat``): its
-length and its mode (read-only). A kept descriptor whose file has no name left
-(``st_nlink``: deleted by another process) is closed and the append goes by the path, as
-without it: ``ChunkNotFound``, or the chunk of that name created since. A delete through
-this binding drops the chunk's kept descriptor under the same per-name lock, a failed
-append closes it, and ``close`` closes them all. A file deleted by another process or
-binding (a takeover's GC, ``slts gc`` run beside the owner) is held open, its space not yet free, until this
-binding's next append to the name, until it ages out (noticed at the binding's next
-append to any chunk) or until ``close``; a binding that never appends again holds at most
-``APPENDERS_MAX`` such files until it is closed.
+(``_Appenders``: the most recently appended chunks, at most ``APPENDERS_MAX``, none longer
+than ``APPENDER_IDLE_S`` after its last append), so a segment's stream of small writes
+does not walk the chunk's path, open and close its file each time (a quarter of a 4 KiB
+write's CPU in the engine). Each append still takes the per-name lock and ``flock``, and
+checks the file through the descriptor (``fstat``): its length and its mode (read-only).
+A kept descriptor whose file has no name left (``st_nlink``: deleted by another process)
+is closed and the append goes by the path, as without it: ``ChunkNotFound``, or the chunk
+of that name created since. A delete through this binding drops the chunk's kept
+descriptor under the same per-name lock, a failed append closes it, and ``close`` closes
+them all. A file deleted by another process or binding (a takeover's GC, ``slts gc`` run
+beside the owner) is held open, its space not yet free, until this binding's next append
+to the name, until it ages out (noticed at the binding's next append to any chunk) or
+until ``close``; a binding that never appends again holds at most ``APPENDERS_MAX`` such
+files until it is closed.
 
 Read-only is the file's mode bits, checked explicitly (root ignores them in the kernel).
 Every ``OSError`` becomes a typed error in ``_translated``; typed errors pass through it.
