@@ -578,35 +578,53 @@ class FileSystemChunkStorage(ChunkStorage):
         return view if view is not None else memoryview(self._do_read(handle, offset, length))
 
     def _do_write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
-        """Append through the chunk's kept descriptor, or one opened now and kept after
-        (module doc); the checks through ``fstat`` under the locks, as by path."""
+        """Append through the chunk's kept descriptor, or by the path when none is kept or
+        its file was deleted since (module doc); the descriptor is kept after a success."""
         name = handle.name
         with self._lock(name), _translated(name, self.url):
             fd = self._appenders.take(name)
-            if fd is not None and os.fstat(fd).st_nlink == 0:
-                os.close(fd)  # its file was deleted since (by another process): by the path, as without it
-                fd = None
-            if fd is None:
-                fd = os.open(self._path(name), os.O_WRONLY | os.O_APPEND)
-            kept = False
-            try:
-                _lock_file(fd)
-                try:
-                    self._append(fd, name, offset, data)
-                finally:
-                    _unlock_file(fd)
-                self._appenders.keep(name, fd)
-                kept = True
-            finally:
-                if not kept:
-                    os.close(fd)
+            if fd is None or not self._append_through(fd, name, offset, data, kept=True):
+                self._append_through(
+                    os.open(self._path(name), os.O_WRONLY | os.O_APPEND), name, offset, data, kept=False
+                )
         return len(data)
 
-    def _append(self, fd: int, name: str, offset: int, data: bytes) -> None:
-        """Check the open chunk (still named, writable, ``offset`` long), then append
-        ``data`` and ``fdatasync``; a failed append is cut back (best effort)."""
-        st = os.fstat(fd)
-        if st.st_nlink == 0:  # deleted since it was opened (as an append by path racing a delete)
+    def _append_through(self, fd: int, name: str, offset: int, data: bytes, *, kept: bool) -> bool:
+        """Append ``data`` through ``fd`` under ``flock`` after checking the file (one
+        ``fstat``), then keep ``fd`` for the next append; any other end closes ``fd``.
+        False, nothing written, when ``fd`` was ``kept`` and its file has no name left
+        (deleted elsewhere: the caller goes by the path). A failed append is cut back
+        (best effort)."""
+        appended = False
+        try:
+            _lock_file(fd)
+            try:
+                st = os.fstat(fd)
+                if kept and st.st_nlink == 0:
+                    return False
+                self._check_appendable(st, name, offset)
+                try:
+                    _write_all(fd, data)
+                    os.fdatasync(fd)
+                except OSError:
+                    # Best effort: a failed append (ENOSPC, EIO) leaves the chunk as it was.
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, offset)
+                    raise
+                appended = True
+            finally:
+                _unlock_file(fd)
+        finally:
+            if appended:
+                self._appenders.keep(name, fd)
+            else:
+                os.close(fd)
+        return True
+
+    def _check_appendable(self, st: os.stat_result, name: str, offset: int) -> None:
+        """``st``, an open chunk's: still named (a delete may race an open by path),
+        writable, ``offset`` long; the typed error otherwise."""
+        if st.st_nlink == 0:
             raise ChunkNotFound(f"chunk {name!r} not found", chunk=name, binding=self.url)
         if not st.st_mode & stat.S_IWUSR:
             raise ChunkReadOnly(f"chunk {name!r} is read-only", chunk=name, binding=self.url)
@@ -616,14 +634,6 @@ class FileSystemChunkStorage(ChunkStorage):
                 chunk=name,
                 offset=offset,
             )
-        try:
-            _write_all(fd, data)
-            os.fdatasync(fd)
-        except OSError:
-            # Best effort: a failed append (ENOSPC, EIO) leaves the chunk as it was.
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, offset)
-            raise
 
     def _do_list(self, prefix: str) -> Iterator[str]:
         with _translated(prefix, self.url):

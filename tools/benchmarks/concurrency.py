@@ -14,6 +14,7 @@ from slts.metadata.group_commit import GroupCommitter
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.schema import CHUNKS, SEGMENTS, TABLES
 from slts.metadata.store import Expect, Put
+from slts.storage.chunked import ChunkedSegmentStorage
 from slts.storage.factory import open as open_storage
 
 WRITERS = 8
@@ -30,6 +31,18 @@ def _together(work: Callable[[int], None]) -> float:
 MEMORY_FOLDER = "/dev/shm"
 
 
+def _memory_folder() -> str:
+    """``MEMORY_FOLDER``; ``InvalidConfig`` where it is missing or not writable."""
+    if not os.path.isdir(MEMORY_FOLDER) or not os.access(MEMORY_FOLDER, os.W_OK):
+        raise InvalidConfig(f"no writable memory file system at {MEMORY_FOLDER}")
+    return MEMORY_FOLDER
+
+
+def _engine(folder: Folder) -> ChunkedSegmentStorage:
+    """The embedded engine (filesystem binding + LMDB) in ``folder``, GC in the background off."""
+    return open_storage(f"file://{folder.sub('chunks')}", metadata=folder.sub("metadata"), gc_interval_s=0.0)
+
+
 def concurrent_small_writes(parent: str, quick: bool) -> Iterator[tuple[str, Workload, Workload, float, str]]:
     """Subject: 8 threads, each durable 4 KiB writes to its own segment; baseline: 8
     threads, each append + fdatasync to its own file. Group commit shares LMDB syncs."""
@@ -43,9 +56,7 @@ def interpreter_ceiling(parent: str, quick: bool) -> Iterator[tuple[str, Workloa
     test. No durability protocol, however few its flushes, lifts ``write_4k_x8`` above
     this ratio: what remains is the Python work of each write and the handing of the GIL
     between the 8 threads. ``InvalidConfig`` without a memory file system."""
-    if not os.path.isdir(MEMORY_FOLDER) or not os.access(MEMORY_FOLDER, os.W_OK):
-        raise InvalidConfig(f"no writable memory file system at {MEMORY_FOLDER}")
-    return _small_writes(parent, quick, MEMORY_FOLDER, "engine in memory vs. own file on disk")
+    return _small_writes(parent, quick, _memory_folder(), "engine in memory vs. own file on disk")
 
 
 def _small_writes(
@@ -60,9 +71,7 @@ def _small_writes(
         if engine_parent is not None:
             folders.append(Folder(engine_parent))
         folder, engine_folder = folders[0], folders[-1]
-        storage = open_storage(
-            f"file://{engine_folder.sub('chunks')}", metadata=engine_folder.sub("metadata"), gc_interval_s=0.0
-        )
+        storage = _engine(engine_folder)
     except BaseException:
         for made in folders:
             made.close()
@@ -290,15 +299,12 @@ def interpreter_cold(parent: str, quick: bool) -> Iterator[tuple[str, Workload, 
     vs. when it writes back to back (baseline). Microseconds of CPU per write, lower is
     better; the ratio is the price of running the write path's Python on a thread that
     has just woken. ``InvalidConfig`` without a memory file system."""
-    if not os.path.isdir(MEMORY_FOLDER) or not os.access(MEMORY_FOLDER, os.W_OK):
-        raise InvalidConfig(f"no writable memory file system at {MEMORY_FOLDER}")
+    memory = _memory_folder()
     count = 300 if quick else 3000
     payload = os.urandom(4096)
-    folder = Folder(MEMORY_FOLDER)
+    folder = Folder(memory)
     try:
-        storage = open_storage(
-            f"file://{folder.sub('chunks')}", metadata=folder.sub("metadata"), gc_interval_s=0.0
-        )
+        storage = _engine(folder)
     except BaseException:
         folder.close()
         raise
