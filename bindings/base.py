@@ -38,15 +38,18 @@ raises ``UnsupportedOperation``. Callers branch on the flag, never on the class.
 from __future__ import annotations
 
 import abc
+import builtins
 import copy
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from slts.errors import (
     ChunkInvalidOffset,
     ChunkNameInvalid,
     ChunkReadOnly,
     InvalidArgument,
+    SltsError,
     UnsupportedOperation,
 )
 
@@ -71,6 +74,14 @@ class ChunkInfo:
 
     name: str
     length: int
+
+
+class ChunkAppend(NamedTuple):
+    """One append of ``write_together``: ``data`` at ``offset`` of ``handle``'s chunk."""
+
+    handle: ChunkHandle
+    offset: int
+    data: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,6 +349,37 @@ class ChunkStorage(abc.ABC):
         check_writable(handle, self.url)
         return self._do_write(handle, offset, payload)
 
+    def write_together(self, appends: Sequence[ChunkAppend]) -> builtins.list[int | Exception]:
+        """Each append of ``appends`` as ``write`` would do it, their syncs shared where
+        the binding can (the filesystem's are issued together): one result per append,
+        in order, ``len(data)`` or the typed error ``write`` would have raised for it
+        (that append changed nothing). Every append that succeeded is durable on return.
+
+        The appends must name distinct chunks (``InvalidArgument``, nothing written);
+        an append's bad handle, offset or data is that append's error alone.
+        """
+        if not isinstance(appends, Sequence) or not all(isinstance(a, ChunkAppend) for a in appends):
+            raise InvalidArgument(f"write_together takes a sequence of ChunkAppend, got {appends!r:.80}")
+        if len({a.handle.name for a in appends if isinstance(a.handle, ChunkHandle)}) != len(appends):
+            raise InvalidArgument("write_together's appends must name distinct chunks")
+        checked: builtins.list[ChunkAppend] = []
+        outcomes: builtins.list[int | Exception | None] = []
+        for append in appends:
+            try:
+                check_handle(append.handle)
+                payload = as_bytes(append.data)
+                check_range(append.handle.name, append.offset, len(payload))
+                check_writable(append.handle, self.url)
+            except SltsError as error:
+                outcomes.append(error)
+                continue
+            checked.append(ChunkAppend(append.handle, append.offset, payload))
+            outcomes.append(None)
+        done = iter(self._do_write_together(checked) if checked else ())
+        results = [next(done) if outcome is None else outcome for outcome in outcomes]
+        assert next(done, None) is None, "one result per checked append"
+        return results
+
     def list(self, prefix: str = "") -> Iterator[str]:
         """Names of the chunks that start with ``prefix``, in ascending order (nothing
         for a prefix no valid name can start with)."""
@@ -453,6 +495,17 @@ class ChunkStorage(abc.ABC):
 
         The hook checks the offset against the chunk's length, the chunk's read-only
         state and ``supports_append``."""
+
+    def _do_write_together(self, appends: Sequence[ChunkAppend]) -> builtins.list[int | Exception]:
+        """``write_together`` with checked appends to distinct chunks: by default one
+        ``_do_write`` after the other, each durable on its own."""
+        results: builtins.list[int | Exception] = []
+        for append in appends:
+            try:
+                results.append(self._do_write(append.handle, append.offset, append.data))
+            except SltsError as error:
+                results.append(error)
+        return results
 
     @abc.abstractmethod
     def _do_list(self, prefix: str) -> Iterator[str]:

@@ -64,7 +64,8 @@ from slts.errors import (
 )
 
 from . import checked_reads
-from .base import ChunkHandle, ChunkInfo, ChunkStorage, ConcatSource
+from .base import ChunkAppend, ChunkHandle, ChunkInfo, ChunkStorage, ConcatSource
+from .batched_syncs import SharedSyncs
 from .hierarchical_paths import TMP_AGE_S_MAX as TMP_AGE_S_MAX  # re-exported: its age limit
 from .hierarchical_paths import TMP_FOLDER, Entry, PathCodec, remove_stale
 from .mapped_reads import FileMappings
@@ -83,6 +84,8 @@ _LINK_ATTEMPTS_MAX = 16
 #: Appended chunks whose descriptor is kept open for their next append (module doc), and
 #: for how long after their last append.
 APPENDERS_MAX = 64
+#: The most data syncs one AIO submission carries (``write_together``: more go in turns).
+SYNCS_TOGETHER_MAX = 64
 APPENDER_IDLE_S = 10.0
 
 _RETRYABLE_ERRNOS = {errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT, errno.ESTALE, errno.EBUSY}
@@ -307,6 +310,7 @@ class FileSystemChunkStorage(ChunkStorage):
         self._locks = tuple(threading.Lock() for _ in range(_LOCK_STRIPES))
         self._mappings = FileMappings()
         self._appenders = _Appenders(APPENDERS_MAX, APPENDER_IDLE_S)
+        self._syncs = SharedSyncs(SYNCS_TOGETHER_MAX)
         # Deletes in flight per folder (see ``_do_delete``); no entry at zero.
         self._deleting: dict[str, int] = {}
         self._deleting_lock = threading.Lock()
@@ -330,7 +334,12 @@ class FileSystemChunkStorage(ChunkStorage):
         return self._root_prefix + chunk_relpath(name)
 
     def _lock(self, name: str) -> threading.Lock:
-        return self._locks[zlib.crc32(name.encode("utf-8", "surrogatepass")) % _LOCK_STRIPES]
+        return self._locks[self._stripe(name)]
+
+    @staticmethod
+    def _stripe(name: str) -> int:
+        """The index of ``name``'s stripe lock."""
+        return zlib.crc32(name.encode("utf-8", "surrogatepass")) % _LOCK_STRIPES
 
     @contextlib.contextmanager
     def _open_for_change(self, handle: ChunkHandle, flags: int) -> Iterator[tuple[int, os.stat_result]]:
@@ -564,6 +573,7 @@ class FileSystemChunkStorage(ChunkStorage):
         descriptors. Idempotent; a later call opens what it needs again."""
         self._mappings.clear()
         self._appenders.close()
+        self._syncs.close()
 
     def _do_read_view(self, handle: ChunkHandle, offset: int, length: int) -> memoryview:
         """A slice of the file's shared read-only mapping (``mapped_reads``); a copy when
@@ -578,48 +588,111 @@ class FileSystemChunkStorage(ChunkStorage):
         return view if view is not None else memoryview(self._do_read(handle, offset, length))
 
     def _do_write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
-        """Append through the chunk's kept descriptor, or by the path when none is kept or
-        its file was deleted since (module doc); the descriptor is kept after a success."""
-        name = handle.name
-        with self._lock(name), _translated(name, self.url):
-            fd = self._appenders.take(name)
-            if fd is None or not self._append_through(fd, name, offset, data, kept=True):
-                self._append_through(
-                    os.open(self._path(name), os.O_WRONLY | os.O_APPEND), name, offset, data, kept=False
-                )
-        return len(data)
+        """One append: ``_do_write_together`` of it alone (its sync a plain ``fdatasync``)."""
+        (result,) = self._do_write_together((ChunkAppend(handle, offset, data),))
+        if isinstance(result, Exception):
+            raise result
+        return result
 
-    def _append_through(self, fd: int, name: str, offset: int, data: bytes, *, kept: bool) -> bool:
-        """Append ``data`` through ``fd`` under ``flock`` after checking the file (one
-        ``fstat``), then keep ``fd`` for the next append; any other end closes ``fd``.
-        False, nothing written, when ``fd`` was ``kept`` and its file has no name left
-        (deleted elsewhere: the caller goes by the path). A failed append is cut back
-        (best effort)."""
-        appended = False
+    def _do_write_together(self, appends: Sequence[ChunkAppend]) -> list[int | Exception]:
+        """Every append through its chunk's kept descriptor (or by the path: module doc),
+        under its name's stripe lock and ``flock``, checked and written; then their data
+        syncs issued together (``SharedSyncs``); then each descriptor unlocked and kept,
+        or, for an append whose write or sync failed, cut back and closed."""
+        stripes = sorted({self._stripe(append.handle.name) for append in appends})
+        results: list[int | Exception] = []
+        written: list[tuple[int, int]] = []  # (position in appends, descriptor)
+        for index in stripes:
+            self._locks[index].acquire()
+        try:
+            try:
+                for position, append in enumerate(appends):
+                    try:
+                        with _translated(append.handle.name, self.url):
+                            written.append((position, self._append_unsynced(append)))
+                        results.append(len(append.data))
+                    except SltsError as error:
+                        results.append(error)
+                synced = self._syncs.sync_each([fd for _, fd in written])
+            except BaseException:  # interrupted: nothing of this call stays written
+                synced = [OSError(errno.EINTR, "interrupted")] * len(written)
+                self._end_appends(appends, written, synced, results)
+                raise
+            self._end_appends(appends, written, synced, results)
+        finally:
+            for index in reversed(stripes):
+                self._locks[index].release()
+        return results
+
+    def _end_appends(
+        self,
+        appends: Sequence[ChunkAppend],
+        written: list[tuple[int, int]],
+        synced: list[OSError | None],
+        results: list[int | Exception],
+    ) -> None:
+        """End every written append (``written``: its position, its descriptor): kept if
+        its sync succeeded, else cut back, closed and its result the typed error."""
+        for (position, fd), failure in zip(written, synced, strict=True):
+            append = appends[position]
+            if failure is not None:
+                with contextlib.suppress(OSError):  # best effort: the chunk as it was
+                    os.ftruncate(fd, append.offset)
+                results[position] = _typed(failure, append.handle.name, self.url)
+            self._end_append(fd, append.handle.name, kept=failure is None)
+
+    def _append_unsynced(self, append: ChunkAppend) -> int:
+        """``append``'s bytes written, not yet synced, through the chunk's kept descriptor,
+        or by the path when none is kept or its file has no name left (deleted elsewhere);
+        the descriptor returned holds the file's ``flock``. On an error nothing is left
+        written, locked or open."""
+        name = append.handle.name
+        fd = self._appenders.take(name)
+        if fd is not None and self._begin_append(fd, append, kept=True):
+            return fd
+        fd = os.open(self._path(name), os.O_WRONLY | os.O_APPEND)
+        self._begin_append(fd, append, kept=False)
+        return fd
+
+    def _begin_append(self, fd: int, append: ChunkAppend, *, kept: bool) -> bool:
+        """``flock`` ``fd``, check its file (one ``fstat``) and write ``append``'s bytes.
+        False when ``fd`` was ``kept`` and its file has no name left (``fd`` closed,
+        nothing written); on an error the bytes are cut back and ``fd`` closed."""
+        done = False
         try:
             _lock_file(fd)
             try:
                 st = os.fstat(fd)
                 if kept and st.st_nlink == 0:
                     return False
-                self._check_appendable(st, name, offset)
+                self._check_appendable(st, append.handle.name, append.offset)
                 try:
-                    _write_all(fd, data)
-                    os.fdatasync(fd)
+                    _write_all(fd, append.data)
                 except OSError:
                     # Best effort: a failed append (ENOSPC, EIO) leaves the chunk as it was.
                     with contextlib.suppress(OSError):
-                        os.ftruncate(fd, offset)
+                        os.ftruncate(fd, append.offset)
                     raise
-                appended = True
+                done = True
             finally:
-                _unlock_file(fd)
+                if not done:
+                    _unlock_file(fd)
         finally:
-            if appended:
-                self._appenders.keep(name, fd)
-            else:
+            if not done:
                 os.close(fd)
         return True
+
+    def _end_append(self, fd: int, name: str, *, kept: bool) -> None:
+        """Release ``_begin_append``'s ``flock`` on ``fd``; keep ``fd`` for the chunk's
+        next append, or close it."""
+        try:
+            _unlock_file(fd)
+        except OSError:
+            kept = False
+        if kept:
+            self._appenders.keep(name, fd)
+        else:
+            os.close(fd)
 
     def _check_appendable(self, st: os.stat_result, name: str, offset: int) -> None:
         """``st``, an open chunk's: still named (a delete may race an open by path),

@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import crc32c
 
-from slts.bindings.base import ChunkHandle, ChunkStorage
+from slts.bindings.base import ChunkAppend, ChunkHandle, ChunkStorage
 from slts.buffers import filled_bytes
 from slts.config import INTEGER_MAX, StorageConfig
 from slts.errors import (
@@ -63,6 +63,7 @@ from slts.journal.durable_copy import DurableCopy
 from slts.limiter import PriorityLimiter
 from slts.metadata import index
 from slts.metadata.cache import CachedMetadataStore
+from slts.metadata.group_commit import GroupCommitter
 from slts.metadata.ownership import EPOCH_MAX, Ownership, ReadOnlyOwnership
 from slts.metadata.records import ChunkRecord, DecodedRecords, GcReason, SegmentRecord, SegmentStatus
 from slts.metadata.schema import CHUNKS, CLIENT_TABLES, DELETED, GC, INDEX, SEGMENTS, name_key, segment_id_key
@@ -87,6 +88,17 @@ _log = logging.getLogger(__name__)
 class _NewChunk:
     name: str
     start: int  # segment offset where the chunk starts
+    data: bytes
+
+
+class _Append(NamedTuple):
+    """A write combined with others (``_combine_appends``): the segment as its writer read it
+    under its change lock, its last chunk (record, version), which receives all of
+    ``data``."""
+
+    record: SegmentRecord
+    version: int
+    last: tuple[ChunkRecord, int]
     data: bytes
 
 
@@ -365,6 +377,11 @@ class ChunkedSegmentStorage:
             AheadIntents(int(self.config.gc_delay_s * 500))
             if not read_only and not chunk_storage.supports_append
             else None
+        )
+        #: Small writes that append to their last chunk, combined across writers (their
+        #: data syncs issued together, one metadata commit): ``_combine_appends``.
+        self._appends: GroupCommitter[_Append, None] | None = (
+            GroupCommitter(self._combine_appends) if not read_only and chunk_storage.supports_append else None
         )
         self._closed = False
         #: The metadata's durable copy on tier-2 (DESIGN.md §6); None when read-only or
@@ -781,7 +798,12 @@ class ChunkedSegmentStorage:
                     segment=handle.name,
                 )
             try:
-                self._write_locked(record, version, data, also, expect)
+                last = None if also or expect or self._appends is None else self._sole_append(record, data)
+                if last is not None:
+                    assert self._appends is not None
+                    self._appends.submit(_Append(record, version, last, data))
+                else:
+                    self._write_locked(record, version, data, also, expect)
             except BaseException:
                 self.context.counters.add(write_failures=1)
                 if record.last_chunk is not None:
@@ -805,6 +827,87 @@ class ChunkedSegmentStorage:
             and last.length < record.max_rolling_length
             and self.transforms.appendable(last)
         )
+
+    def _sole_append(self, record: SegmentRecord, data: bytes) -> tuple[ChunkRecord, int] | None:
+        """The last chunk (record, version) when all of ``data`` goes to it untransformed
+        (a write that ``_combine_appends`` may combine with others); None otherwise."""
+        if record.last_chunk is None or self.transforms.active:
+            return None
+        last = self.context.chunk(record.last_chunk)
+        if not self._appendable(record, last[0]) or len(data) > record.max_rolling_length - last[0].length:
+            return None
+        return last
+
+    def _combine_appends(self, appends: Sequence[_Append]) -> builtins.list[Exception | None]:
+        """One group of combined writes (``write``: each appends all its bytes to its
+        segment's last chunk, each under its segment's change lock): their data written
+        and synced together (``write_together``), then one metadata commit for those
+        written (``_commit_appends``). One outcome per write: None (committed and
+        durable), or its error (nothing of it readable)."""
+        assert self._ahead is None, "combined writes create no chunk"
+        written = self.chunk_storage.write_together(
+            [
+                ChunkAppend(
+                    ChunkHandle(append.last[0].name, readonly=False), append.last[0].stored, append.data
+                )
+                for append in appends
+            ]
+        )
+        outcomes: builtins.list[Exception | None] = [None] * len(appends)
+        plans: builtins.list[tuple[int, _WritePlan]] = []
+        block_bytes = self.config.checksum_block_bytes
+        for position, (append, result) in enumerate(zip(appends, written, strict=True)):
+            if isinstance(result, Exception):
+                outcomes[position] = result
+                continue
+            self.context.counters.add(appends=1)
+            sums = (
+                _write_sums(append.last[0], append.data, (), block_bytes) if self.config.checksums else None
+            )
+            plans.append((position, _WritePlan(append.data, [], [], 0, None, sums)))
+        if plans:
+            self._commit_appends(appends, plans, outcomes)
+        return outcomes
+
+    def _commit_appends(
+        self,
+        appends: Sequence[_Append],
+        plans: builtins.list[tuple[int, _WritePlan]],
+        outcomes: builtins.list[Exception | None],
+    ) -> None:
+        """The written appends' ``plans`` (position in ``appends``, plan) committed in one
+        conditional commit under their segments' layout locks; on a conflict, each on its
+        own (``_commit_write``: re-based where its segment's end is as it found it), its
+        error its ``outcomes`` entry alone."""
+        ops: builtins.list[Put | Delete] = []
+        expect: builtins.list[Expect] = []
+        committed: builtins.list[tuple[_Append, SegmentRecord, ChunkRecord | None]] = []
+        for position, plan in plans:
+            append = appends[position]
+            its_ops, its_expect, updated, last_after = self._write_commit(
+                append.record, append.version, append.last, plan
+            )
+            ops += its_ops
+            expect += its_expect
+            committed.append((append, updated, last_after))
+        try:
+            with self.context.locks.layout(*(append.record.name for append, _, _ in committed)):
+                sequence = self._ownership.commit(ops, expect)
+                for append, updated, _ in committed:
+                    self._layouts.advance(append.record.name, append.version, sequence, updated)
+        except VersionConflict:
+            self.context.counters.add(commit_retries=len(plans))
+            for position, plan in plans:
+                append = appends[position]
+                try:
+                    self._commit_write(append.record, append.version, append.last, plan)
+                except SltsError as error:
+                    outcomes[position] = error
+            return
+        for append, updated, last_after in committed:
+            self.context.records.remember(SEGMENTS, name_key(append.record.name), sequence, updated)
+            if last_after is not None:
+                self.context.records.remember(CHUNKS, name_key(last_after.name), sequence, last_after)
 
     def _write_locked(
         self,

@@ -25,7 +25,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
-from slts.bindings.base import ChunkHandle, ChunkInfo, ChunkStorage, ConcatSource, WrappedChunkStorage
+from slts.bindings.base import (
+    ChunkAppend,
+    ChunkHandle,
+    ChunkInfo,
+    ChunkStorage,
+    ConcatSource,
+    WrappedChunkStorage,
+)
 from slts.limiter import PriorityLimiter, TrafficClass, current_traffic_class
 from slts.usage import CALL_KINDS, UsageMeter
 
@@ -186,6 +193,28 @@ class GatedChunkStorage(WrappedChunkStorage):
         return self._through(
             "write", True, lambda: self.inner.write(handle, offset, data), paid=len(data), sent=len(data)
         )
+
+    def _do_write_together(self, appends: Sequence[ChunkAppend]) -> list[int | Exception]:
+        """The inner binding's ``write_together``, paid for as one call of all the bytes
+        and metered as one ``write`` per append (each with the call's latency and its
+        own error)."""
+        traffic = current_traffic_class(TrafficClass.TAIL_WRITE)
+        if self.limiter is not None:
+            self.limiter.acquire(traffic, sum(len(append.data) for append in appends))
+        request = None if self.counts_own_requests else CALL_KINDS["write"]
+        start = time.perf_counter()
+        try:
+            results = self.inner.write_together(appends)
+        except BaseException as error:
+            for _ in appends:
+                self.meter.call(traffic, "write", time.perf_counter() - start, request=request, error=error)
+            raise
+        seconds = time.perf_counter() - start
+        for append, result in zip(appends, results, strict=True):
+            failure = result if isinstance(result, Exception) else None
+            sent = 0 if failure is not None else len(append.data)
+            self.meter.call(traffic, "write", seconds, request=request, sent=sent, error=failure)
+        return results
 
     def _do_list(self, prefix: str) -> Iterator[str]:
         return self._through("list", False, lambda: self.inner.list(prefix))

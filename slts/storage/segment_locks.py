@@ -76,9 +76,12 @@ class SegmentLocks:
         do, so every commit inside must hold ``layout(name)``."""
         return _Holding(self, (name,), change=True, layout=False)
 
-    def layout(self, name: str) -> _Holding:
-        """The layout lock of ``name``: its records do not change meanwhile."""
-        return _Holding(self, (name,), change=False, layout=True)
+    def layout(self, *names: str) -> _Holding:
+        """The layout locks of ``names`` (in name order): their records do not change
+        meanwhile."""
+        return _Holding(
+            self, (names[0],) if len(names) == 1 else tuple(sorted(set(names))), change=False, layout=True
+        )
 
 
 class _Holding:

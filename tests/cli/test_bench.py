@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 from pathlib import Path
@@ -322,28 +321,6 @@ def test_the_one_thread_floor_appends_and_syncs_every_file(tmp_path) -> None:
         assert os.path.getsize(folder / "raw1" / f"f{i}") == count * 4096
     floor.close()
     assert list(tmp_path.iterdir()) == [], "scratch folders are removed"
-
-
-def test_batched_syncs_name_a_descriptor_they_cannot_sync_and_stay_usable(tmp_path) -> None:
-    """A closed descriptor among the files is refused at submission, named in the
-    ``OSError``; the files submitted before it are still waited for, and the context
-    syncs the next batch."""
-    from slts.tools.benchmarks.batched_syncs import BatchedSyncs
-
-    syncs = BatchedSyncs(4)
-    good = os.open(tmp_path / "good", os.O_WRONLY | os.O_CREAT, 0o644)
-    closed = os.open(tmp_path / "closed", os.O_WRONLY | os.O_CREAT, 0o644)
-    os.close(closed)
-    try:
-        os.write(good, b"x" * 4096)
-        with pytest.raises(OSError, match=f"descriptor {closed}") as raised:
-            syncs.sync_all([good, closed])
-        assert raised.value.errno == errno.EBADF
-        syncs.sync_all([good])
-    finally:
-        os.close(good)
-        syncs.close()
-        syncs.close()  # idempotent
 
 
 def test_the_cold_write_row_pauses_only_its_subject_and_cleans_up(tmp_path, monkeypatch) -> None:

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
-from slts.bindings.base import ChunkHandle
+from slts.bindings.base import ChunkAppend, ChunkHandle
 from slts.bindings.filesystem import APPENDER_IDLE_S, APPENDERS_MAX, FileSystemChunkStorage
 
 from slts.errors import ChunkExists, ChunkInvalidOffset, ChunkNotFound, ChunkReadOnly, ChunkStorageError
@@ -322,3 +322,74 @@ def test_random_programs_of_two_bindings_match_the_model() -> None:
             max_examples=60, stateful_step_count=40, deadline=None, derandomize=True, database=None
         ),
     )
+
+
+# -- write_together: the syncs of several appends issued together ---------------------------
+
+
+def _same_stripe_names(count: int) -> list[str]:
+    """``count`` chunk names that share one stripe lock of the binding."""
+    wanted = FileSystemChunkStorage._stripe("s0")
+    names = [f"s{i}" for i in range(100_000) if FileSystemChunkStorage._stripe(f"s{i}") == wanted]
+    assert len(names) >= count
+    return names[:count]
+
+
+def test_appends_together_share_one_sync_call_and_keep_their_descriptors(fs, monkeypatch) -> None:
+    """Three appends, two of them under one stripe lock (no self-deadlock): one call of
+    the shared syncs for all three, every file at its length, every descriptor kept (the
+    next appends open nothing)."""
+    names = [*_same_stripe_names(2), "other"]
+    handles = [fs.create(name, b"ab") for name in names]
+    calls: list[int] = []
+    real = fs._syncs.sync_each
+    monkeypatch.setattr(fs._syncs, "sync_each", lambda fds: calls.append(len(fds)) or real(fds))
+    assert fs.write_together([ChunkAppend(h, 2, b"cd") for h in handles]) == [2, 2, 2]
+    assert calls == [3]
+    opened = _count_opens(monkeypatch, fs.root)
+    assert fs.write_together([ChunkAppend(h, 4, b"e") for h in handles]) == [1, 1, 1]
+    assert opened == []
+    for name in names:
+        assert fs.read(fs.open_read(name), 0, 10) == b"abcde"
+    assert sorted(os.path.basename(p) for p in _open_below(fs.root)) == sorted(names)
+
+
+def test_an_append_whose_sync_fails_is_cut_back_and_keeps_no_descriptor(fs, monkeypatch) -> None:
+    """The sync of the second of three appends fails (EIO): that append is a typed
+    ``ChunkStorageError``, its file back at its old length and its descriptor closed; the
+    others land and keep theirs. The failed chunk's next append works (by the path)."""
+    handles = [fs.create(f"c{i}", b"xy") for i in range(3)]
+    real = fs._syncs.sync_each
+
+    def failing_second(fds: list[int]) -> list[OSError | None]:
+        outcomes = real(fds)
+        outcomes[1] = OSError(errno.EIO, "I/O error injected")
+        return outcomes
+
+    monkeypatch.setattr(fs._syncs, "sync_each", failing_second)
+    results = fs.write_together([ChunkAppend(h, 2, b"zz") for h in handles])
+    monkeypatch.setattr(fs._syncs, "sync_each", real)
+    assert results[0] == 2 and results[2] == 2
+    assert isinstance(results[1], ChunkStorageError) and "errno 5" in str(results[1])
+    assert [os.path.getsize(fs._path(f"c{i}")) for i in range(3)] == [4, 2, 4]
+    assert sorted(os.path.basename(p) for p in _open_below(fs.root)) == ["c0", "c2"]
+    assert fs.write(handles[1], 2, b"zz") == 2
+    assert fs.read(fs.open_read("c1"), 0, 10) == b"xyzz"
+
+
+def test_an_interrupted_call_leaves_nothing_written_locked_or_open(fs, monkeypatch) -> None:
+    """An interruption while the syncs run (``KeyboardInterrupt``): it propagates, every
+    append of the call is cut back and its descriptor closed, and the stripe locks are
+    free (the next call goes through)."""
+    handles = [fs.create(name, b"q") for name in _same_stripe_names(2)]
+
+    def interrupted(fds: list[int]) -> list[OSError | None]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fs._syncs, "sync_each", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        fs.write_together([ChunkAppend(h, 1, b"r") for h in handles])
+    monkeypatch.undo()
+    assert [os.path.getsize(fs._path(h.name)) for h in handles] == [1, 1]
+    assert _open_below(fs.root) == []
+    assert fs.write_together([ChunkAppend(h, 1, b"r") for h in handles]) == [1, 1]

@@ -157,3 +157,17 @@ def test_a_reader_waits_for_a_commit_of_its_segment() -> None:
         assert done.wait(WAIT_S)  # the data I/O part: the reader is not held
     reader.join(WAIT_S)
     assert order == ["commit", "read"]
+
+
+def test_a_combined_commit_holds_the_layouts_of_all_its_segments() -> None:
+    """``layout`` of several segments (a group of combined writes commits them at once):
+    each one's lock is held (a reader of it waits) and entered once, whatever the order
+    and repeats given; another segment's is free."""
+    locks = SegmentLocks()
+    with locks.layout("c", "a", "b", "a"):
+        assert len(locks) == 3
+        for name in "abc":
+            assert not locks._entries[name].layout.acquire(blocking=False)
+        with locks.layout("d"):
+            assert len(locks) == 4
+    assert len(locks) == 0

@@ -8,17 +8,19 @@ from __future__ import annotations
 import threading
 
 import pytest
-from slts.bindings.base import REQUEST_KINDS
+from slts.bindings.base import REQUEST_KINDS, ChunkAppend
+from slts.bindings.memory import MemoryChunkStorage
 from slts.bindings.s3 import S3ChunkStorage
 from slts.journal.restore import restore
 
 from slts.config import StorageConfig
 from slts.cost import GiB, Prices, cost_report
-from slts.errors import ChunkNotFound, Fenced, InvalidArgument, InvalidConfig
+from slts.errors import ChunkInvalidOffset, ChunkNotFound, Fenced, InvalidArgument, InvalidConfig
 from slts.limiter import TrafficClass
 from slts.metadata.memory_store import MemoryMetadataStore
 from slts.metadata.schema import TABLES
 from slts.storage.chunked import ChunkedSegmentStorage
+from slts.storage.gate import GatedChunkStorage
 from slts.usage import EMPTY_USAGE, UsageMeter, UsageRecord, read_usage
 from tests.support.engine import Env, env_fixture
 
@@ -269,3 +271,18 @@ def test_a_read_call_counts_as_the_general_call_of_a_read() -> None:
         hot.read_call(TrafficClass.READ, seconds, received, request)
     assert hot.usage() == general.usage()
     assert hot.timings() == general.timings()
+
+
+def test_appends_written_together_are_metered_one_write_each() -> None:
+    """``write_together`` through the gate: one ``write`` per append in the timings, the
+    failed one's error counted by type, and only the bytes of the appends that landed
+    sent; the limiter is paid for all of them at once."""
+    meter = UsageMeter()
+    gate = GatedChunkStorage(MemoryChunkStorage(), meter)
+    good, shifted = gate.create("good"), gate.create("shifted", b"x")
+    results = gate.write_together([ChunkAppend(good, 0, b"abcd"), ChunkAppend(shifted, 0, b"ef")])
+    assert results[0] == 4 and isinstance(results[1], ChunkInvalidOffset)
+    timings = meter.timings()["write"]
+    assert timings.count == 2
+    assert timings.errors == {"ChunkInvalidOffset": 1}
+    assert meter.usage()[TrafficClass.TAIL_WRITE].bytes_sent == 1 + 4  # the create's byte, the append's four

@@ -6,8 +6,8 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 
+from slts.bindings.batched_syncs import BatchedSyncs
 from slts.tools.benchmarks.base import Benchmark, Folder, Workload, durable_writes, run_together
-from slts.tools.benchmarks.batched_syncs import BatchedSyncs
 
 from slts.errors import InvalidConfig
 from slts.metadata.group_commit import GroupCommitter
@@ -276,7 +276,9 @@ def one_thread_floor(parent: str, quick: bool) -> Iterator[tuple[str, Workload, 
                 for _ in range(count):
                     for fd in fds:
                         os.write(fd, payload)
-                    syncs.sync_all(fds)
+                    failed = [error for error in syncs.sync_all(fds) if error is not None]
+                    if failed:
+                        raise failed[0]
                 return time.perf_counter() - started
             finally:
                 for fd in fds:

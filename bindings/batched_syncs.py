@@ -7,10 +7,12 @@ accepts an ``IOCB_CMD_FDSYNC`` request per file in one ``io_submit`` call (kerne
 later), runs them concurrently and reports each one's outcome to ``io_getevents``: one
 thread, one wait, every file's data on disk when it returns.
 
-``slts bench`` uses it for a floor (``write_4k_x8_floor_one_thread``): the least a write
-path whose Python runs on one thread pays for the data syncs of a group of writers.
-Through ``ctypes`` (the calls release the interpreter's lock while they block); no
-library in the project's dependencies offers AIO's sync requests.
+The filesystem binding's ``write_together`` syncs a group of appends with it (the engine's
+combined small appends, ``slts.storage.chunked``); ``slts bench`` measures a floor with it
+(``write_4k_x8_floor_one_thread``). Through ``ctypes`` (the calls release the
+interpreter's lock while they block); no library in the project's dependencies offers
+AIO's sync requests. ``sync_each`` is the one entry point: it uses AIO where this system
+has it and falls back to one ``fdatasync`` after the other where it does not.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import ctypes
 import errno
 import os
 import platform
+import threading
 from collections.abc import Sequence
 
 from slts.errors import InvalidConfig
@@ -96,11 +99,12 @@ class BatchedSyncs:
             if result >= 0 or ctypes.get_errno() != errno.EINTR:
                 return result
 
-    def sync_all(self, fds: Sequence[int]) -> None:
+    def sync_all(self, fds: Sequence[int]) -> list[OSError | None]:
         """Make the data of every file in ``fds`` durable (as ``fdatasync`` of each), the
-        syncs issued together; returns once all have ended. Raises ``OSError``: the first
-        failure, once every request that was submitted has ended (a descriptor that is
-        not open or cannot be synced is refused at submission, naming it)."""
+        syncs issued together; returns once all have ended, with each one's outcome (None:
+        durable). A request the kernel refuses at submission (a kernel before 4.18 has no
+        AIO sync: EINVAL) is run as a plain ``fdatasync``. Raises ``OSError`` only when the
+        context itself fails (``io_getevents``): then no outcome is known."""
         assert not self._closed and 0 < len(fds) <= self._depth
         count = len(fds)
         blocks = (_ControlBlock * count)()
@@ -111,9 +115,6 @@ class BatchedSyncs:
             blocks[i].data = i
             pointers[i] = ctypes.pointer(blocks[i])
         submitted = 0
-        events = (_Event * count)()
-        ended = 0
-        first_error: OSError | None = None
         while submitted < count:
             taken = self._call(
                 self._submit,
@@ -122,19 +123,10 @@ class BatchedSyncs:
                 ctypes.byref(pointers, submitted * ctypes.sizeof(ctypes.c_void_p)),
             )
             if taken < 0:
-                code = ctypes.get_errno()
-                what = (
-                    "cannot be synced, or this kernel (before 4.18) has no AIO sync"
-                    if code == errno.EINVAL
-                    else ""
-                )
-                first_error = OSError(
-                    code,
-                    f"io_submit of a sync of descriptor {fds[submitted]}: "
-                    f"{os.strerror(code)} {what}".rstrip(),
-                )
-                break  # the requests already submitted are waited for below all the same
+                break  # the rest are synced one by one below
             submitted += taken
+        events = (_Event * count)()
+        ended = 0
         while ended < submitted:
             got = self._call(
                 self._getevents,
@@ -148,15 +140,83 @@ class BatchedSyncs:
                 code = ctypes.get_errno()
                 raise OSError(code, f"io_getevents: {os.strerror(code)}")  # the context is unusable
             ended += got
+        outcomes: list[OSError | None] = [None] * count
         for event in events[:ended]:
-            if event.res < 0 and first_error is None:
-                fd = fds[event.data]
-                first_error = OSError(-event.res, f"fdatasync of descriptor {fd}: {os.strerror(-event.res)}")
-        if first_error is not None:
-            raise first_error
+            if event.res < 0:
+                outcomes[event.data] = OSError(-event.res, os.strerror(-event.res))
+        for i in range(submitted, count):
+            outcomes[i] = _fdatasync(fds[i])
+        return outcomes
 
     def close(self) -> None:
         """Free the kernel's context (idempotent)."""
         if not self._closed:
             self._closed = True
             self._call(self._destroy, self._context)
+
+
+def _fdatasync(fd: int) -> OSError | None:
+    """``fdatasync(fd)``'s outcome: None, or its error."""
+    try:
+        os.fdatasync(fd)
+    except OSError as error:
+        return error
+    return None
+
+
+class SharedSyncs:
+    """Batched syncs for many threads: a free list of ``BatchedSyncs`` contexts (one per
+    call in flight, made on demand, at most ``depth`` syncs each), or one ``fdatasync``
+    after the other where this system has no native AIO. Thread-safe; ``close`` frees
+    the contexts (a later call makes new ones)."""
+
+    def __init__(self, depth: int) -> None:
+        assert depth >= 1
+        self._depth = depth
+        self._lock = threading.Lock()
+        self._free: list[BatchedSyncs] = []
+        self._unavailable = False
+
+    def sync_each(self, fds: Sequence[int]) -> list[OSError | None]:
+        """Each file's data of ``fds`` durable, as ``fdatasync`` of each: its outcome
+        (None: durable), in order. One file is synced directly (no AIO round trip)."""
+        if len(fds) <= 1:
+            return [_fdatasync(fd) for fd in fds]
+        outcomes: list[OSError | None] = []
+        for start in range(0, len(fds), self._depth):
+            outcomes += self._sync_batch(fds[start : start + self._depth])
+        return outcomes
+
+    def _sync_batch(self, fds: Sequence[int]) -> list[OSError | None]:
+        context = self._take()
+        if context is None:
+            return [_fdatasync(fd) for fd in fds]
+        try:
+            outcomes = context.sync_all(fds)
+        except OSError:  # the context broke: nothing known; each file synced again, plainly
+            context.close()
+            return [_fdatasync(fd) for fd in fds]
+        with self._lock:
+            self._free.append(context)
+        return outcomes
+
+    def _take(self) -> BatchedSyncs | None:
+        """A free context, a new one, or None where AIO is not available here."""
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+            if self._unavailable:
+                return None
+        try:
+            return BatchedSyncs(self._depth)
+        except InvalidConfig:
+            with self._lock:
+                self._unavailable = True
+            return None
+
+    def close(self) -> None:
+        """Free every idle context (idempotent)."""
+        with self._lock:
+            free, self._free = self._free, []
+        for context in free:
+            context.close()
