@@ -125,6 +125,10 @@ def _checksum(data: bytes | memoryview, previous: int = 0) -> int:
 #: about 0.08 ms per MiB here (two CRC32C passes: the chunk's and its blocks'), taken off
 #: the write's latency; below this size that is less than handing them over costs.
 PARALLEL_CHECKSUM_BYTES_MIN = 256 << 10
+#: Writes below this many bytes that append all their bytes to their segment's last chunk
+#: are combined across writers (``_combine_appends``: their syncs shared). Larger ones
+#: are bound by bandwidth, not by syncs, and compute their checksums beside their I/O.
+COMBINED_WRITE_BYTES_MAX = PARALLEL_CHECKSUM_BYTES_MIN - 1
 #: From this many bytes of one chunk, a verified read of a local storage is read and
 #: checked in parallel runs, one per core (``_read_checked``).
 OVERLAPPED_CHECK_BYTES_MIN = 2 << 20
@@ -829,9 +833,10 @@ class ChunkedSegmentStorage:
         )
 
     def _sole_append(self, record: SegmentRecord, data: bytes) -> tuple[ChunkRecord, int] | None:
-        """The last chunk (record, version) when all of ``data`` goes to it untransformed
-        (a write that ``_combine_appends`` may combine with others); None otherwise."""
-        if record.last_chunk is None or self.transforms.active:
+        """The last chunk (record, version) when all of ``data`` (at most
+        ``COMBINED_WRITE_BYTES_MAX`` bytes) goes to it untransformed (a write that
+        ``_combine_appends`` may combine with others); None otherwise."""
+        if record.last_chunk is None or self.transforms.active or len(data) > COMBINED_WRITE_BYTES_MAX:
             return None
         last = self.context.chunk(record.last_chunk)
         if not self._appendable(record, last[0]) or len(data) > record.max_rolling_length - last[0].length:

@@ -24,7 +24,7 @@ from slts.errors import Fenced, StorageUnavailable
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.schema import SEGMENTS, TABLES, name_key
 from slts.metadata.store import Put
-from slts.storage.chunked import ChunkedSegmentStorage
+from slts.storage.chunked import COMBINED_WRITE_BYTES_MAX, ChunkedSegmentStorage
 from tests.support.engine import Env
 
 SEGMENTS_COUNT = 4
@@ -198,3 +198,22 @@ def test_a_group_fenced_meanwhile_fails_for_every_writer_and_nothing_of_it_is_re
     for i in range(SEGMENTS_COUNT):
         assert successor[0].info(f"s{i}").length == 5
         assert successor[0].read(successor[0].open_read(f"s{i}"), 0, 5) == b"first"
+
+
+def test_only_small_appends_are_combined(env) -> None:
+    """A write of ``COMBINED_WRITE_BYTES_MAX`` bytes into the last chunk is combined (a
+    group of its own here); one byte more goes alone (bound by bandwidth: its checksums
+    beside its I/O); so does a write that needs a new chunk."""
+    storage = env.open()
+    storage.create("s", max_rolling_length=1 << 20)
+    handle = storage.open_write("s")
+    storage.write(handle, 0, b"first")  # creates the chunk: alone
+    assert env.binding.groups == []
+    storage.write(handle, 5, b"a" * COMBINED_WRITE_BYTES_MAX)
+    assert len(env.binding.groups) == 1
+    storage.write(handle, 5 + COMBINED_WRITE_BYTES_MAX, b"b" * (COMBINED_WRITE_BYTES_MAX + 1))
+    assert len(env.binding.groups) == 1
+    length = 5 + 2 * COMBINED_WRITE_BYTES_MAX + 1
+    assert storage.read(storage.open_read("s"), 0, length) == (
+        b"first" + b"a" * COMBINED_WRITE_BYTES_MAX + b"b" * (COMBINED_WRITE_BYTES_MAX + 1)
+    )
