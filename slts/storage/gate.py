@@ -195,16 +195,17 @@ class GatedChunkStorage(WrappedChunkStorage):
         )
 
     def _do_write_together(self, appends: Sequence[ChunkAppend]) -> list[int | Exception]:
-        """The inner binding's ``write_together``, paid for as one call of all the bytes
-        and metered as one ``write`` per append (each with the call's latency and its
-        own error)."""
+        """The inner binding's ``write_together`` hook (this object's ``write_together``
+        checked the appends a moment ago), paid for as one call of all the bytes and
+        metered as one ``write`` per append (each with the call's latency and its own
+        error)."""
         traffic = current_traffic_class(TrafficClass.TAIL_WRITE)
         if self.limiter is not None:
             self.limiter.acquire(traffic, sum(len(append.data) for append in appends))
         request = None if self.counts_own_requests else CALL_KINDS["write"]
         start = time.perf_counter()
         try:
-            results = self.inner.write_together(appends)
+            results = self.inner._do_write_together(appends)  # noqa: SLF001
         except BaseException as error:
             for _ in appends:
                 self.meter.call(traffic, "write", time.perf_counter() - start, request=request, error=error)
