@@ -360,7 +360,8 @@ class ChunkStorage(abc.ABC):
         """
         if not isinstance(appends, Sequence) or not all(isinstance(a, ChunkAppend) for a in appends):
             raise InvalidArgument(f"write_together takes a sequence of ChunkAppend, got {appends!r:.80}")
-        if len({a.handle.name for a in appends if isinstance(a.handle, ChunkHandle)}) != len(appends):
+        names = [a.handle.name for a in appends if isinstance(a.handle, ChunkHandle)]
+        if len(set(names)) != len(names):
             raise InvalidArgument("write_together's appends must name distinct chunks")
         checked: builtins.list[ChunkAppend] = []
         outcomes: builtins.list[int | Exception | None] = []

@@ -869,7 +869,10 @@ class ChunkedSegmentStorage:
             sums = (
                 _write_sums(append.last[0], append.data, (), block_bytes) if self.config.checksums else None
             )
-            plans.append((position, _WritePlan(append.data, [], [], 0, None, sums)))
+            plan = _WritePlan(
+                appended=append.data, new_chunks=[], intents=[], intent_version=0, following=None, sums=sums
+            )
+            plans.append((position, plan))
         if plans:
             self._commit_appends(appends, plans, outcomes)
         return outcomes

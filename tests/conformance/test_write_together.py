@@ -90,6 +90,16 @@ def test_a_bad_offset_or_data_is_that_appends_error(storage, raw, offset, data, 
     assert raw.read("bad") == b"" and raw.read("fine") == b"ok"
 
 
+def test_something_else_than_a_handle_is_that_appends_error(storage, raw):
+    """A chunk's name where its handle belongs: ``InvalidArgument`` for that append alone
+    (not a refusal of the whole call)."""
+    fine = storage.create("fine")
+    results = storage.write_together([ChunkAppend("fine", 0, b"x"), ChunkAppend(fine, 0, b"ok")])
+    assert isinstance(results[0], InvalidArgument) and "ChunkHandle" in str(results[0])
+    assert results[1] == 2
+    assert raw.read("fine") == b"ok"
+
+
 def test_a_hand_built_handle_with_a_bad_name_is_that_appends_error(storage, raw):
     """A handle built by hand with a name no binding stores: ``ChunkNameInvalid`` for
     that append alone."""
