@@ -176,6 +176,7 @@ class SharedSyncs:
         self._lock = threading.Lock()
         self._free: list[BatchedSyncs] = []
         self._unavailable = False
+        self._pid = os.getpid()  # an AIO context serves the process that made it only
 
     def sync_each(self, fds: Sequence[int]) -> list[OSError | None]:
         """Each file's data of ``fds`` durable, as ``fdatasync`` of each: its outcome
@@ -203,6 +204,8 @@ class SharedSyncs:
     def _take(self) -> BatchedSyncs | None:
         """A free context, a new one, or None where AIO is not available here."""
         with self._lock:
+            if self._pid != os.getpid():  # a forked child: the parent's contexts are not its own
+                self._free, self._pid = [], os.getpid()
             if self._free:
                 return self._free.pop()
             if self._unavailable:

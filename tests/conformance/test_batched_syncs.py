@@ -113,3 +113,28 @@ def test_a_broken_context_is_dropped_and_the_files_synced_plainly(tmp_path, monk
         for fd in fds:
             os.close(fd)
         shared.close()
+
+
+def test_a_forked_child_makes_contexts_of_its_own(tmp_path) -> None:
+    """After ``fork`` the parent's AIO contexts are not the child's: the child's syncs use
+    a context it makes (none of the parent's), and report every file durable."""
+    shared = SharedSyncs(4)
+    fds = _files(tmp_path, 2)
+    try:
+        assert shared.sync_each(fds) == [None, None]
+        parents = list(shared._free)
+        reader, writer = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report, then leave without running the parent's clean-ups
+            ok = shared.sync_each(fds) == [None, None] and all(c not in parents for c in shared._free)
+            os.write(writer, b"1" if ok else b"0")
+            os._exit(0)
+        os.close(writer)
+        assert os.read(reader, 1) == b"1"
+        os.close(reader)
+        assert os.waitpid(pid, 0)[1] == 0
+        assert shared._free == parents
+    finally:
+        for fd in fds:
+            os.close(fd)
+        shared.close()
