@@ -588,11 +588,19 @@ class FileSystemChunkStorage(ChunkStorage):
         return view if view is not None else memoryview(self._do_read(handle, offset, length))
 
     def _do_write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
-        """One append: ``_do_write_together`` of it alone (its sync a plain ``fdatasync``)."""
-        (result,) = self._do_write_together((ChunkAppend(handle, offset, data),))
-        if isinstance(result, Exception):
-            raise result
-        return result
+        """One append, as ``_do_write_together`` does each (its sync a plain ``fdatasync``)."""
+        append = ChunkAppend(handle, offset, data)
+        with self._lock(handle.name), _translated(handle.name, self.url):
+            fd = self._append_unsynced(append)
+            try:
+                os.fdatasync(fd)
+            except BaseException:
+                with contextlib.suppress(OSError):  # best effort: the chunk as it was
+                    os.ftruncate(fd, offset)
+                self._end_append(fd, handle.name, kept=False)
+                raise
+            self._end_append(fd, handle.name, kept=True)
+        return len(data)
 
     def _do_write_together(self, appends: Sequence[ChunkAppend]) -> list[int | Exception]:
         """Every append through its chunk's kept descriptor (or by the path: module doc),

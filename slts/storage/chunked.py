@@ -102,6 +102,30 @@ class _Append(NamedTuple):
     data: bytes
 
 
+class _InFlight:
+    """How many threads are inside a ``with`` block of it now."""
+
+    __slots__ = ("_count", "_lock")
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self._count += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._lock:
+            self._count -= 1
+            assert self._count >= 0
+
+    def alone(self) -> bool:
+        """Whether the caller (inside a block) is the only one inside now (a hint: it may
+        change at once)."""
+        return self._count <= 1
+
+
 class _ReadPiece(NamedTuple):  # a tuple: every read makes one or more (cheaper than a dataclass)
     chunk: str
     chunk_offset: int
@@ -384,6 +408,9 @@ class ChunkedSegmentStorage:
         )
         #: Small writes that append to their last chunk, combined across writers (their
         #: data syncs issued together, one metadata commit): ``_combine_appends``.
+        #: Writers inside ``write`` now: a write that is the only one runs alone (it would
+        #: be a group of its own; a lone writer pays nothing for combining).
+        self._writers = _InFlight()
         self._appends: GroupCommitter[_Append, None] | None = (
             GroupCommitter(self._combine_appends) if not read_only and chunk_storage.supports_append else None
         )
@@ -778,7 +805,7 @@ class ChunkedSegmentStorage:
                 f"write of {len(data)} bytes exceeds write_bytes_max {self.config.write_bytes_max}",
                 segment=handle.name,
             )
-        with self.context.locks.changing(handle.name):
+        with self.context.locks.changing(handle.name), self._writers:
             record, version = self.context.load(handle.name)
             if record.sealed:
                 raise SegmentSealed(f"segment {handle.name!r} is sealed", segment=handle.name)
@@ -802,7 +829,8 @@ class ChunkedSegmentStorage:
                     segment=handle.name,
                 )
             try:
-                last = None if also or expect or self._appends is None else self._sole_append(record, data)
+                alone = also or expect or self._appends is None or self._writers.alone()
+                last = None if alone else self._sole_append(record, data)
                 if last is not None:
                     assert self._appends is not None
                     self._appends.submit(_Append(record, version, last, data))

@@ -1,13 +1,16 @@
 """Combined small writes (``ChunkedSegmentStorage.write``, ``_combine_appends``): writes of
 different segments that each append all their bytes to their segment's last chunk, queued
 while a group is in flight, run as one group: their data written and synced together
-(``write_together``), then one metadata commit.
+(``write_together``), then one metadata commit. A write that is the only one in flight
+runs alone.
 
 Checked here, with a binding that holds a group in flight until the test lets it go (no
-sleeps: the test waits for the queue it can see): the queued writes form one group; each
-lands, readable and durable across a restart; a failed append is its writer's error alone;
-a conflict on the group's commit sends each write to commit on its own; a group whose
-instance was fenced meanwhile fails for every writer of it, and nothing of it is readable.
+sleeps: the test waits for the queue it can see), and a writer of another segment parked
+inside its own write meanwhile (so that no write of the test is alone): the queued writes
+form one group; each lands, readable and durable across a restart; a failed append is its
+writer's error alone; a conflict on the group's commit sends each write to commit on its
+own; a group whose instance was fenced meanwhile fails for every writer of it, and nothing
+of it is readable; a lone writer's writes are never combined.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import pytest
-from slts.bindings.base import ChunkAppend
+from slts.bindings.base import ChunkAppend, ChunkHandle
 from slts.bindings.memory import MemoryChunkStorage
 
 from slts.errors import Fenced, StorageUnavailable
@@ -34,10 +37,14 @@ class HoldingBinding(MemoryChunkStorage):
     """The memory binding; ``hold()`` makes its next ``write_together`` wait, once its
     appends are written, for ``release()``, running ``during`` first; ``before_group``,
     if set, runs (once) before the next call's appends; every group's chunk names are
-    recorded, and ``fail`` names chunks whose appends fail."""
+    recorded, and ``fail`` names chunks whose appends fail. With ``parking`` set, the next
+    lone write waits in its data I/O for ``unpark()``."""
 
     def __init__(self) -> None:
         super().__init__()
+        self.parking = False  # the next lone write waits in its data I/O for ``unpark``
+        self.parked = threading.Event()
+        self._unparked = threading.Event()
         self.groups: list[list[str]] = []
         self.fail: set[str] = set()
         self.during: Callable[[], None] = lambda: None
@@ -53,6 +60,16 @@ class HoldingBinding(MemoryChunkStorage):
 
     def release(self) -> None:
         self._released.set()
+
+    def unpark(self) -> None:
+        self._unparked.set()
+
+    def _do_write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
+        if self.parking:
+            self.parking = False
+            self.parked.set()
+            assert self._unparked.wait(30), "the test unparked the writer"
+        return super()._do_write(handle, offset, data)
 
     def _do_write_together(self, appends: Sequence[ChunkAppend]) -> list[int | Exception]:
         if self.before_group is not None:
@@ -91,13 +108,45 @@ def env(tmp_path) -> Env:
 
 
 def _started(storage: ChunkedSegmentStorage) -> list:
-    """``SEGMENTS_COUNT`` segments with one write each (each has a last chunk to append to)."""
+    """``SEGMENTS_COUNT`` segments with one write each (each has a last chunk to append to),
+    and the segment ``parked`` with one."""
     handles = []
-    for i in range(SEGMENTS_COUNT):
-        storage.create(f"s{i}")
-        handles.append(storage.open_write(f"s{i}"))
-        storage.write(handles[i], 0, b"first")
-    return handles
+    for name in [f"s{i}" for i in range(SEGMENTS_COUNT)] + ["parked"]:
+        storage.create(name)
+        handles.append(storage.open_write(name))
+        storage.write(handles[-1], 0, b"first")
+    return handles[:SEGMENTS_COUNT]
+
+
+class _Parked:
+    """``with _Parked(env, storage):`` a writer of segment ``parked`` waits inside its
+    write (a lone one: its own data I/O) until the block ends, so that no write of the
+    block is alone; its error, if any, is ``error``."""
+
+    def __init__(self, env: Env, storage: ChunkedSegmentStorage) -> None:
+        self.binding: HoldingBinding = env.binding  # type: ignore[assignment]
+        handle = storage.open_write("parked")
+        length = storage.info("parked").length
+        self.error: BaseException | None = None
+
+        def write() -> None:
+            try:
+                storage.write(handle, length, b"p")
+            except BaseException as error:  # noqa: BLE001 - kept for the test (a fenced one fails)
+                self.error = error
+
+        self.writer = threading.Thread(target=write)
+
+    def __enter__(self) -> None:
+        self.binding.parking = True
+        self.binding.parked.clear()
+        self.writer.start()
+        assert self.binding.parked.wait(30), "the parked writer reached its data I/O"
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.binding.unpark()
+        self.writer.join(30)
+        assert not self.writer.is_alive()
 
 
 def _write_during_a_held_group(
@@ -120,18 +169,19 @@ def _write_during_a_held_group(
         except BaseException as error:
             outcomes[i] = error
 
-    binding.hold()
-    threads = [threading.Thread(target=write, args=(0,))]
-    threads[0].start()
-    assert binding.entered.wait(30)
-    threads += [threading.Thread(target=write, args=(i,)) for i in range(1, len(handles))]
-    for thread in threads[1:]:
-        thread.start()
-    _wait_until(lambda: len(storage._appends._queue) == len(handles) - 1)
-    binding.before_group = before_next_group
-    binding.release()
-    for thread in threads:
-        thread.join()
+    with _Parked(env, storage):
+        binding.hold()
+        threads = [threading.Thread(target=write, args=(0,))]
+        threads[0].start()
+        assert binding.entered.wait(30)
+        threads += [threading.Thread(target=write, args=(i,)) for i in range(1, len(handles))]
+        for thread in threads[1:]:
+            thread.start()
+        _wait_until(lambda: len(storage._appends._queue) == len(handles) - 1)
+        binding.before_group = before_next_group
+        binding.release()
+        for thread in threads:
+            thread.join()
     return outcomes
 
 
@@ -200,20 +250,25 @@ def test_a_group_fenced_meanwhile_fails_for_every_writer_and_nothing_of_it_is_re
         assert successor[0].read(successor[0].open_read(f"s{i}"), 0, 5) == b"first"
 
 
-def test_only_small_appends_are_combined(env) -> None:
-    """A write of ``COMBINED_WRITE_BYTES_MAX`` bytes into the last chunk is combined (a
-    group of its own here); one byte more goes alone (bound by bandwidth: its checksums
-    beside its I/O); so does a write that needs a new chunk."""
+def test_only_small_appends_beside_other_writes_are_combined(env) -> None:
+    """Beside another write in flight, a write of ``COMBINED_WRITE_BYTES_MAX`` bytes into
+    the last chunk is combined (a group of its own here); one byte more goes alone (bound
+    by bandwidth: its checksums beside its I/O); so does a write that needs a new chunk.
+    A lone writer's writes are never combined."""
     storage = env.open()
     storage.create("s", max_rolling_length=1 << 20)
+    storage.create("parked")
+    storage.write(storage.open_write("parked"), 0, b"first")
     handle = storage.open_write("s")
-    storage.write(handle, 0, b"first")  # creates the chunk: alone
-    assert env.binding.groups == []
-    storage.write(handle, 5, b"a" * COMBINED_WRITE_BYTES_MAX)
+    small, large = b"a" * COMBINED_WRITE_BYTES_MAX, b"b" * (COMBINED_WRITE_BYTES_MAX + 1)
+    with _Parked(env, storage):
+        storage.write(handle, 0, b"first")  # creates the chunk: alone
+        assert env.binding.groups == []
+        storage.write(handle, 5, small)
+        assert len(env.binding.groups) == 1
+        storage.write(handle, 5 + len(small), large)
+        assert len(env.binding.groups) == 1
+    storage.write(handle, 5 + len(small) + len(large), b"c")  # the only write in flight
     assert len(env.binding.groups) == 1
-    storage.write(handle, 5 + COMBINED_WRITE_BYTES_MAX, b"b" * (COMBINED_WRITE_BYTES_MAX + 1))
-    assert len(env.binding.groups) == 1
-    length = 5 + 2 * COMBINED_WRITE_BYTES_MAX + 1
-    assert storage.read(storage.open_read("s"), 0, length) == (
-        b"first" + b"a" * COMBINED_WRITE_BYTES_MAX + b"b" * (COMBINED_WRITE_BYTES_MAX + 1)
-    )
+    length = 5 + len(small) + len(large) + 1
+    assert storage.read(storage.open_read("s"), 0, length) == b"first" + small + large + b"c"
