@@ -42,6 +42,10 @@ FRAME_BYTES_MAX = 64 * 1024 * 1024
 ENV_PREFIX = "SLTS_"
 
 
+#: The values of ``StorageConfig.combined_writes``.
+COMBINED_WRITES = ("auto", "always", "off")
+
+
 @dataclass(frozen=True, slots=True)
 class StorageConfig:
     """Limits and switches of ``ChunkedSegmentStorage``."""
@@ -53,6 +57,13 @@ class StorageConfig:
     #: Most new chunks one ``write`` may need (a write that would need more, for its
     #: size and the segment's ``max_rolling_length``, is rejected): bounds its commit.
     write_chunks_max: int = 10_000
+    #: Small writes (below 256 KiB) that append all their bytes to their segment's last
+    #: chunk, combined across writers: their data syncs issued together, one metadata
+    #: commit for the group (docs/architecture.md, "Combined small writes"). ``auto``:
+    #: while another write of the instance is in flight (the only one runs alone: it
+    #: would be a group of its own); ``always``: a lone write too, as a group of one;
+    #: ``off``: never. Anything else is ``InvalidConfig``.
+    combined_writes: str = "auto"
     #: Largest single ``read``.
     read_bytes_max: int = 256 * MiB
     #: Reads at least this large that span several chunks fetch chunks in parallel.
@@ -183,6 +194,10 @@ class StorageConfig:
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             check_field(field.name, getattr(self, field.name))
+        if self.combined_writes not in COMBINED_WRITES:
+            raise InvalidConfig(
+                f"combined_writes must be one of {', '.join(COMBINED_WRITES)}, got {self.combined_writes!r}"
+            )
         if self.read_parallel_bytes_min > self.read_bytes_max:
             raise InvalidConfig("read_parallel_bytes_min must not exceed read_bytes_max")
         if self.chunk_cache_bytes:

@@ -412,7 +412,9 @@ class ChunkedSegmentStorage:
         #: be a group of its own; a lone writer pays nothing for combining).
         self._writers = _InFlight()
         self._appends: GroupCommitter[_Append, None] | None = (
-            GroupCommitter(self._combine_appends) if not read_only and chunk_storage.supports_append else None
+            GroupCommitter(self._combine_appends)
+            if not read_only and chunk_storage.supports_append and self.config.combined_writes != "off"
+            else None
         )
         self._closed = False
         #: The metadata's durable copy on tier-2 (DESIGN.md §6); None when read-only or
@@ -829,7 +831,12 @@ class ChunkedSegmentStorage:
                     segment=handle.name,
                 )
             try:
-                alone = also or expect or self._appends is None or self._writers.alone()
+                alone = (
+                    also
+                    or expect
+                    or self._appends is None
+                    or (self.config.combined_writes == "auto" and self._writers.alone())
+                )
                 last = None if alone else self._sole_append(record, data)
                 if last is not None:
                     assert self._appends is not None

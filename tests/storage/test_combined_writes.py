@@ -23,7 +23,8 @@ import pytest
 from slts.bindings.base import ChunkAppend, ChunkHandle
 from slts.bindings.memory import MemoryChunkStorage
 
-from slts.errors import Fenced, StorageUnavailable
+from slts.config import StorageConfig
+from slts.errors import Fenced, InvalidConfig, StorageUnavailable
 from slts.metadata.lmdb_store import LmdbMetadataStore
 from slts.metadata.schema import SEGMENTS, TABLES, name_key
 from slts.metadata.store import Put
@@ -132,7 +133,7 @@ class _Parked:
         def write() -> None:
             try:
                 storage.write(handle, length, b"p")
-            except BaseException as error:  # noqa: BLE001 - kept for the test (a fenced one fails)
+            except BaseException as error:
                 self.error = error
 
         self.writer = threading.Thread(target=write)
@@ -272,3 +273,30 @@ def test_only_small_appends_beside_other_writes_are_combined(env) -> None:
     assert len(env.binding.groups) == 1
     length = 5 + len(small) + len(large) + 1
     assert storage.read(storage.open_read("s"), 0, length) == b"first" + small + large + b"c"
+
+
+def test_always_combines_a_lone_write_too(env) -> None:
+    """``combined_writes = "always"``: a lone writer's small append is a group of one."""
+    storage = env.open(combined_writes="always")
+    handles = _started(storage)
+    storage.write(handles[0], 5, b"lone")
+    assert env.binding.groups == [[storage.chunks("s0")[-1][1].name]]
+    assert storage.read(storage.open_read("s0"), 0, 9) == b"firstlone"
+
+
+def test_off_combines_nothing_even_beside_another_write(env) -> None:
+    """``combined_writes = "off"``: no write is combined, not even beside another in flight."""
+    storage = env.open(combined_writes="off")
+    handles = _started(storage)
+    storage.write(handles[0], 5, b"lone")
+    with _Parked(env, storage):
+        storage.write(handles[1], 5, b"beside")
+    assert env.binding.groups == []
+    assert storage.read(storage.open_read("s0"), 0, 9) == b"firstlone"
+    assert storage.read(storage.open_read("s1"), 0, 11) == b"firstbeside"
+
+
+@pytest.mark.parametrize("bad", ["sometimes", "", "AUTO", 1, None])
+def test_a_bad_setting_is_refused_naming_the_values(bad: object) -> None:
+    with pytest.raises(InvalidConfig, match="combined_writes must be"):
+        StorageConfig(combined_writes=bad)  # type: ignore[arg-type]

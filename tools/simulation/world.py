@@ -136,6 +136,10 @@ class World:
         small_blocks: dict[str, Any] = {"checksum_block_bytes": checked_reads.choice([16, 100, 1000])}
         self.store: MetadataStore = MemoryMetadataStore(TABLES)
         checksums = profile.random() < 0.7
+        # Half the seeds combine every small append, a lone one too (``combined_writes``
+        # "always": the simulator runs one write at a time, so "auto" would run each alone);
+        # from a generator of their own.
+        combined = "always" if random.Random(f"combined-writes-{seam.seed}").random() < 0.5 else "auto"
         self.config = StorageConfig(
             gc_delay_s=GC_DELAY_S,
             gc_interval_s=0.0,
@@ -147,6 +151,7 @@ class World:
             read_parallel_bytes_min=256 << 20,
             checksums=checksums,
             verify_checksums_on_read=checksums,
+            combined_writes=combined,
             concat_merge_seam=profile.random() < 0.6,
             defrag_batch_lease_s=LEASE_S,
             metadata_snapshot_interval_s=1e9,
