@@ -84,9 +84,9 @@ _LINK_ATTEMPTS_MAX = 16
 #: Appended chunks whose descriptor is kept open for their next append (module doc), and
 #: for how long after their last append.
 APPENDERS_MAX = 64
+APPENDER_IDLE_S = 10.0
 #: The most data syncs one AIO submission carries (``write_together``: more go in turns).
 SYNCS_TOGETHER_MAX = 64
-APPENDER_IDLE_S = 10.0
 
 _RETRYABLE_ERRNOS = {errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT, errno.ESTALE, errno.EBUSY}
 #: copy_file_range cannot serve these files: copy through user space instead.
@@ -595,11 +595,9 @@ class FileSystemChunkStorage(ChunkStorage):
             try:
                 os.fdatasync(fd)
             except BaseException:
-                with contextlib.suppress(OSError):  # best effort: the chunk as it was
-                    os.ftruncate(fd, offset)
-                self._end_append(fd, handle.name, kept=False)
+                self._end_append(fd, append, synced=False)
                 raise
-            self._end_append(fd, handle.name, kept=True)
+            self._end_append(fd, append, synced=True)
         return len(data)
 
     def _do_write_together(self, appends: Sequence[ChunkAppend]) -> list[int | Exception]:
@@ -644,10 +642,8 @@ class FileSystemChunkStorage(ChunkStorage):
         for (position, fd), failure in zip(written, synced, strict=True):
             append = appends[position]
             if failure is not None:
-                with contextlib.suppress(OSError):  # best effort: the chunk as it was
-                    os.ftruncate(fd, append.offset)
                 results[position] = _typed(failure, append.handle.name, self.url)
-            self._end_append(fd, append.handle.name, kept=failure is None)
+            self._end_append(fd, append, synced=failure is None)
 
     def _append_unsynced(self, append: ChunkAppend) -> int:
         """``append``'s bytes written, not yet synced, through the chunk's kept descriptor,
@@ -690,15 +686,20 @@ class FileSystemChunkStorage(ChunkStorage):
                 os.close(fd)
         return True
 
-    def _end_append(self, fd: int, name: str, *, kept: bool) -> None:
-        """Release ``_begin_append``'s ``flock`` on ``fd``; keep ``fd`` for the chunk's
-        next append, or close it."""
+    def _end_append(self, fd: int, append: ChunkAppend, *, synced: bool) -> None:
+        """End ``_begin_append``'s append through ``fd``: if it was not ``synced``, cut the
+        chunk back (best effort: the chunk as it was); release the ``flock``; keep ``fd``
+        for the chunk's next append after a synced one, else close it."""
+        kept = synced
+        if not synced:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, append.offset)
         try:
             _unlock_file(fd)
         except OSError:
             kept = False
         if kept:
-            self._appenders.keep(name, fd)
+            self._appenders.keep(append.handle.name, fd)
         else:
             os.close(fd)
 

@@ -406,11 +406,11 @@ class ChunkedSegmentStorage:
             if not read_only and not chunk_storage.supports_append
             else None
         )
-        #: Small writes that append to their last chunk, combined across writers (their
-        #: data syncs issued together, one metadata commit): ``_combine_appends``.
         #: Writers inside ``write`` now: a write that is the only one runs alone (it would
         #: be a group of its own; a lone writer pays nothing for combining).
         self._writers = _InFlight()
+        #: Small writes that append to their last chunk, combined across writers (their
+        #: data syncs issued together, one metadata commit): ``_combine_appends``.
         self._appends: GroupCommitter[_Append, None] | None = (
             GroupCommitter(self._combine_appends)
             if not read_only and chunk_storage.supports_append and self.config.combined_writes != "off"
@@ -947,10 +947,15 @@ class ChunkedSegmentStorage:
                 except SltsError as error:
                     outcomes[position] = error
             return
-        for append, updated, last_after in committed:
-            self.context.records.remember(SEGMENTS, name_key(append.record.name), sequence, updated)
-            if last_after is not None:
-                self.context.records.remember(CHUNKS, name_key(last_after.name), sequence, last_after)
+        for _, updated, last_after in committed:
+            self._remember_write(sequence, updated, last_after)
+
+    def _remember_write(self, sequence: int, updated: SegmentRecord, last_after: ChunkRecord | None) -> None:
+        """The records a write's commit at ``sequence`` made current, kept as committed:
+        the next write reads them without a decode."""
+        self.context.records.remember(SEGMENTS, name_key(updated.name), sequence, updated)
+        if last_after is not None:
+            self.context.records.remember(CHUNKS, name_key(last_after.name), sequence, last_after)
 
     def _write_locked(
         self,
@@ -1070,10 +1075,7 @@ class ChunkedSegmentStorage:
                     sequence = self._ownership.commit(ops, expect)
                     # An append: the extents reads resolved stay, but the last chunk's.
                     self._layouts.advance(record.name, version, sequence, updated)
-                # The next write reads these two records: as committed, without a decode.
-                self.context.records.remember(SEGMENTS, name_key(record.name), sequence, updated)
-                if last_after is not None:
-                    self.context.records.remember(CHUNKS, name_key(last_after.name), sequence, last_after)
+                self._remember_write(sequence, updated, last_after)
                 return sequence
             except VersionConflict as exc:
                 if intents and (lost := self.gc.lost(intents, intent_version)):
