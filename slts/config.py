@@ -24,6 +24,7 @@ CHECKSUM_BLOCK_BYTES_DEFAULT = 64 * 1024
 
 #: Fields where 0 means "off" (or "no delay") rather than a bad value.
 _ZERO_ALLOWED = (
+    "combined_writes_linger_us",
     "gc_delay_s",
     "gc_interval_s",
     "metadata_log_flush_interval_s",
@@ -45,6 +46,9 @@ ENV_PREFIX = "SLTS_"
 #: The values of ``StorageConfig.combined_writes``.
 COMBINED_WRITES = ("auto", "always", "off")
 
+#: The longest ``StorageConfig.combined_writes_linger_us`` (a wait on every group's path).
+COMBINED_WRITES_LINGER_US_MAX = 100_000
+
 
 @dataclass(frozen=True, slots=True)
 class StorageConfig:
@@ -64,6 +68,11 @@ class StorageConfig:
     #: would be a group of its own); ``always``: a lone write too, as a group of one;
     #: ``off``: never. Anything else is ``InvalidConfig``.
     combined_writes: str = "auto"
+    #: A group of combined writes waits up to this long for the writers the group before
+    #: it answered to write again (a writer's loop does at once), so that groups hold every
+    #: busy writer instead of alternating between two halves of them (docs/architecture.md,
+    #: "Combined small writes"). 0: groups start at once.
+    combined_writes_linger_us: int = 300
     #: Largest single ``read``.
     read_bytes_max: int = 256 * MiB
     #: Reads at least this large that span several chunks fetch chunks in parallel.
@@ -197,6 +206,11 @@ class StorageConfig:
         if self.combined_writes not in COMBINED_WRITES:
             raise InvalidConfig(
                 f"combined_writes must be one of {', '.join(COMBINED_WRITES)}, got {self.combined_writes!r}"
+            )
+        if self.combined_writes_linger_us > COMBINED_WRITES_LINGER_US_MAX:
+            raise InvalidConfig(
+                f"combined_writes_linger_us must be at most {COMBINED_WRITES_LINGER_US_MAX} "
+                f"(a group's wait for returning writers), got {self.combined_writes_linger_us}"
             )
         if self.read_parallel_bytes_min > self.read_bytes_max:
             raise InvalidConfig("read_parallel_bytes_min must not exceed read_bytes_max")

@@ -116,6 +116,16 @@ def check_commit(tables: Iterable[str], ops: Sequence[CommitOp], expect: Sequenc
     if items > COMMIT_ITEMS_MAX:
         raise InvalidArgument(f"at most {COMMIT_ITEMS_MAX} operations and expectations per commit")
     for op in ops:
+        if type(op) is Put or type(op) is Delete:  # the common case, checked inline (no calls)
+            table, key = op.table, op.key
+            if (
+                type(table) is str
+                and table in tables
+                and type(key) is bytes
+                and 0 < len(key) <= KEY_BYTES_MAX
+                and (not isinstance(op, Put) or type(op.value) is bytes)
+            ):
+                continue
         if isinstance(op, Put):
             check_key(check_table(tables, op.table), op.key)
             if not isinstance(op.value, bytes):
@@ -134,6 +144,17 @@ def check_commit(tables: Iterable[str], ops: Sequence[CommitOp], expect: Sequenc
         else:
             raise InvalidArgument(f"not an operation: {op!r}")
     for condition in expect:
+        if type(condition) is Expect:  # the common case, checked inline (no calls)
+            table, key, version = condition.table, condition.key, condition.version
+            if (
+                type(table) is str
+                and table in tables
+                and type(key) is bytes
+                and 0 < len(key) <= KEY_BYTES_MAX
+                and type(version) is int
+                and version >= 0
+            ):
+                continue
         if not isinstance(condition, Expect):
             raise InvalidArgument(f"not an expectation: {condition!r}")
         check_key(check_table(tables, condition.table), condition.key)

@@ -412,7 +412,7 @@ class ChunkedSegmentStorage:
         #: Small writes that append to their last chunk, combined across writers (their
         #: data syncs issued together, one metadata commit): ``_combine_appends``.
         self._appends: GroupCommitter[_Append, None] | None = (
-            GroupCommitter(self._combine_appends)
+            GroupCommitter(self._combine_appends, linger_s=self.config.combined_writes_linger_us / 1e6)
             if not read_only and chunk_storage.supports_append and self.config.combined_writes != "off"
             else None
         )

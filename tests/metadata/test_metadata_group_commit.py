@@ -124,6 +124,103 @@ def test_a_failing_group_fails_each_of_its_callers() -> None:
         committer.submit(9)
 
 
+# -- returning callers: a leader lingers for those the last group answered --------------------
+
+
+class AppendCountingQueue(list):
+    """The committer's queue, setting ``ready`` once ``want`` tickets were ever appended."""
+
+    def __init__(self, want: int) -> None:
+        super().__init__()
+        self.want = want
+        self.appended = 0
+        self.ready = threading.Event()
+
+    def append(self, ticket: object) -> None:
+        super().append(ticket)
+        self.appended += 1
+        if self.appended >= self.want:
+            self.ready.set()
+
+
+class SignallingLinger(GroupCommitter[int, int]):
+    """A committer that sets ``lingering`` when a leader starts to wait for returning callers."""
+
+    def __init__(self, run_group, linger_s: float) -> None:
+        super().__init__(run_group, linger_s=linger_s)
+        self.lingering = threading.Event()
+
+    def _linger(self) -> None:
+        self.lingering.set()
+        super()._linger()
+
+
+def _answered_then_queued(linger_s: float, come_back: bool) -> tuple[list[list[int]], SignallingLinger]:
+    """Caller A's item 0 runs alone while B's item 1 queues; once A is answered, B leads the
+    next group and A (if ``come_back``) submits item 2 as soon as B lingers."""
+    groups: list[list[int]] = []
+    queue = AppendCountingQueue(want=2)  # A's ticket, then B's
+
+    def run_group(items: Sequence[int]) -> list[int]:
+        groups.append(list(items))
+        if len(groups) == 1:
+            assert queue.ready.wait(WAIT_S)  # B is queued behind this group
+        return list(items)
+
+    committer = SignallingLinger(run_group, linger_s)
+    committer._queue = queue
+    outcomes: dict[int, int] = {}
+
+    def caller_a() -> None:
+        outcomes[0] = committer.submit(0)
+        if come_back:
+            assert committer.lingering.wait(WAIT_S)
+            outcomes[2] = committer.submit(2)
+
+    def caller_b() -> None:
+        outcomes[1] = committer.submit(1)
+
+    first = threading.Thread(target=caller_a)
+    first.start()
+    second = threading.Thread(target=caller_b)
+    second.start()
+    for thread in (first, second):
+        thread.join(WAIT_S)
+        assert not thread.is_alive()
+    assert outcomes == ({0: 0, 1: 1, 2: 2} if come_back else {0: 0, 1: 1})
+    return groups, committer
+
+
+def test_a_leader_lingers_for_the_caller_the_last_group_answered_and_runs_it_in_its_group() -> None:
+    groups, committer = _answered_then_queued(linger_s=WAIT_S, come_back=True)
+    assert groups == [[0], [1, 2]]  # not [[0], [1], [2]]: the two halves do not alternate
+    assert committer.lingers == 1 and committer.groups == 2
+
+
+def test_a_caller_that_does_not_come_back_delays_one_group_at_most_linger_s() -> None:
+    groups, committer = _answered_then_queued(linger_s=0.01, come_back=False)
+    assert groups == [[0], [1]]
+    assert committer.lingers == 1
+    assert committer.submit(3) == 3  # B came back: its submission ended the wait at once
+    assert committer.lingers == 1 and groups[-1] == [3]
+
+
+def test_without_linger_a_leader_never_waits() -> None:
+    groups: list[list[int]] = []
+    queue = SignallingQueue(want=7)
+
+    def run_group(items: Sequence[int]) -> list[int]:
+        groups.append(list(items))
+        if len(groups) == 1:
+            assert queue.ready.wait(WAIT_S)
+        return list(items)
+
+    committer: GroupCommitter[int, int] = GroupCommitter(run_group)
+    committer._queue = queue
+    run_callers(committer, list(range(8)))
+    assert committer.lingers == 0 and [len(group) for group in groups] == [1, 7]
+
+
 # -- shared syncs: a group's items wait for a later run's sync, or for sync() ---------------
 
 

@@ -300,3 +300,14 @@ def test_off_combines_nothing_even_beside_another_write(env) -> None:
 def test_a_bad_setting_is_refused_naming_the_values(bad: object) -> None:
     with pytest.raises(InvalidConfig, match="combined_writes must be"):
         StorageConfig(combined_writes=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [-1, 100_001, 1.5, True, "300"])
+def test_a_bad_linger_is_refused_naming_the_setting(bad: object) -> None:
+    with pytest.raises(InvalidConfig, match="combined_writes_linger_us must be"):
+        StorageConfig(combined_writes_linger_us=bad)  # type: ignore[arg-type]
+
+
+def test_a_linger_of_zero_or_the_maximum_is_taken() -> None:
+    assert StorageConfig(combined_writes_linger_us=0).combined_writes_linger_us == 0
+    assert StorageConfig(combined_writes_linger_us=100_000).combined_writes_linger_us == 100_000
