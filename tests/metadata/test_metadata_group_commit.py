@@ -4,7 +4,7 @@ the other callers are queued (observed through the queue itself, never through t
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -27,6 +27,22 @@ class SignallingQueue(list):
             self.ready.set()
 
 
+class AppendCountingQueue(list):
+    """The committer's queue, setting ``ready`` once ``want`` tickets were ever appended."""
+
+    def __init__(self, want: int) -> None:
+        super().__init__()
+        self.want = want
+        self.appended = 0
+        self.ready = threading.Event()
+
+    def append(self, ticket: object) -> None:
+        super().append(ticket)
+        self.appended += 1
+        if self.appended >= self.want:
+            self.ready.set()
+
+
 def run_callers(committer: GroupCommitter, items: list[int]) -> dict[int, object]:
     """Submit items[0] first, then the others from their own threads; outcome per item."""
     outcomes: dict[int, object] = {}
@@ -46,6 +62,20 @@ def run_callers(committer: GroupCommitter, items: list[int]) -> dict[int, object
         thread.join(WAIT_S)
         assert not thread.is_alive()
     return outcomes
+
+
+def holding_first(
+    queue: SignallingQueue | AppendCountingQueue, groups: list[list[int]], result: Callable[[int], object]
+) -> Callable[[Sequence[int]], list[object]]:
+    """A ``run_group`` that records each group and holds the first until ``queue`` is ready."""
+
+    def run_group(items: Sequence[int]) -> list[object]:
+        groups.append(list(items))
+        if len(groups) == 1:
+            assert queue.ready.wait(WAIT_S)
+        return [result(item) for item in items]
+
+    return run_group
 
 
 def test_uncontended_submit_runs_at_once_in_the_callers_thread() -> None:
@@ -87,12 +117,7 @@ def test_waiting_callers_form_one_group_and_fail_alone() -> None:
 def test_group_size_is_bounded_and_every_item_runs_once() -> None:
     groups: list[list[int]] = []
     queue = SignallingQueue(want=9)
-
-    def run_group(items: Sequence[int]) -> list[int]:
-        groups.append(list(items))
-        if len(groups) == 1:
-            assert queue.ready.wait(WAIT_S)
-        return [item + 100 for item in items]
+    run_group = holding_first(queue, groups, lambda item: item + 100)
 
     committer: GroupCommitter[int, int] = GroupCommitter(run_group, group_size_max=4)
     committer._queue = queue
@@ -127,22 +152,6 @@ def test_a_failing_group_fails_each_of_its_callers() -> None:
 # -- returning callers: a leader lingers for those the last group answered --------------------
 
 
-class AppendCountingQueue(list):
-    """The committer's queue, setting ``ready`` once ``want`` tickets were ever appended."""
-
-    def __init__(self, want: int) -> None:
-        super().__init__()
-        self.want = want
-        self.appended = 0
-        self.ready = threading.Event()
-
-    def append(self, ticket: object) -> None:
-        super().append(ticket)
-        self.appended += 1
-        if self.appended >= self.want:
-            self.ready.set()
-
-
 class SignallingLinger(GroupCommitter[int, int]):
     """A committer that sets ``lingering`` when a leader starts to wait for returning callers."""
 
@@ -159,13 +168,8 @@ def _answered_then_queued(linger_s: float, come_back: bool) -> tuple[list[list[i
     """Caller A's item 0 runs alone while B's item 1 queues; once A is answered, B leads the
     next group and A (if ``come_back``) submits item 2 as soon as B lingers."""
     groups: list[list[int]] = []
-    queue = AppendCountingQueue(want=2)  # A's ticket, then B's
-
-    def run_group(items: Sequence[int]) -> list[int]:
-        groups.append(list(items))
-        if len(groups) == 1:
-            assert queue.ready.wait(WAIT_S)  # B is queued behind this group
-        return list(items)
+    queue = AppendCountingQueue(want=2)  # A's ticket, then B's: B queued behind the first group
+    run_group = holding_first(queue, groups, lambda item: item)
 
     committer = SignallingLinger(run_group, linger_s)
     committer._queue = queue
@@ -208,12 +212,7 @@ def test_a_caller_that_does_not_come_back_delays_one_group_at_most_linger_s() ->
 def test_without_linger_a_leader_never_waits() -> None:
     groups: list[list[int]] = []
     queue = SignallingQueue(want=7)
-
-    def run_group(items: Sequence[int]) -> list[int]:
-        groups.append(list(items))
-        if len(groups) == 1:
-            assert queue.ready.wait(WAIT_S)
-        return list(items)
+    run_group = holding_first(queue, groups, lambda item: item)
 
     committer: GroupCommitter[int, int] = GroupCommitter(run_group)
     committer._queue = queue
