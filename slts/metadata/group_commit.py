@@ -151,7 +151,7 @@ class GroupCommitter(Generic[Item, Result]):
                 # tickets were queued ahead (then this ticket waits to be handed the lead
                 # again, or its outcome). A held ticket waits for the run that settles it.
                 with self._lock:
-                    if self._awaited and self._linger_s:
+                    if self._awaited:  # only ever set with linger_s > 0
                         self._linger()
                     group = self._queue[: self._group_size_max]
                     del self._queue[: len(group)]
