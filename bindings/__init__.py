@@ -4,7 +4,7 @@
 when used, so a missing optional SDK only matters to those who use its scheme:
 
 =============================== ==========================================
-``memory://NAME``               ``MemoryChunkStorage`` (shared per NAME in one process)
+``memory://NAME``               ``MemoryChunkStorage`` (one per NAME in a process until ``discard_memory``)
 ``file:///path``                ``FileSystemChunkStorage``
 ``s3://bucket/prefix?...``      S3 binding (boto3, extra ``s3``)
 ``hdfs://host:port/path``       HDFS binding (pyhdfs, extra ``hdfs``)
@@ -21,11 +21,19 @@ import importlib
 import threading
 from urllib.parse import urlparse
 
-from slts.errors import InvalidConfig
+from slts.errors import InvalidArgument, InvalidConfig
 
 from .base import ChunkHandle, ChunkInfo, ChunkStorage, ConcatSource
 
-__all__ = ["ChunkHandle", "ChunkInfo", "ChunkStorage", "ConcatSource", "from_url"]
+__all__ = [
+    "ChunkHandle",
+    "ChunkInfo",
+    "ChunkStorage",
+    "ConcatSource",
+    "discard_memory",
+    "from_url",
+    "memory_urls",
+]
 
 #: scheme -> (module, class, pip extra that provides its SDK or None)
 _REGISTRY: dict[str, tuple[str, str, str | None]] = {
@@ -66,3 +74,24 @@ def from_url(url: str) -> ChunkStorage:
                 _memory_instances[url] = cls(url)
             return _memory_instances[url]
     return cls.from_url(url)
+
+
+def memory_urls() -> list[str]:
+    """The ``memory://`` URLs whose shared store this process holds (built by ``from_url``
+    and not discarded), sorted."""
+    with _memory_lock:
+        return sorted(_memory_instances)
+
+
+def discard_memory(url: str) -> None:
+    """Forget the process's shared store of the ``memory://`` URL ``url``: its chunks are
+    gone once nobody else holds the binding, and the next ``from_url(url)`` builds an empty
+    one. A URL with no store is left as it is (nothing to forget). A binding still held
+    keeps working on its own chunks; it is no longer shared.
+
+    Raises ``InvalidArgument`` for anything but a ``memory://`` URL (nothing is changed).
+    """
+    if not isinstance(url, str) or not url.startswith("memory://"):
+        raise InvalidArgument(f"not a memory:// chunk storage URL: {url!r}")
+    with _memory_lock:
+        _memory_instances.pop(url, None)

@@ -9,8 +9,11 @@ the medians (subject / baseline, 1.0 = as fast as the raw limit).
 Each benchmark is measured on a settled machine (``settle``): once its setup is done and
 before its first repetition, the dirty pages that earlier benchmarks and the setup left
 are written back (``sync``) and the interpreter's garbage is collected, so a figure does
-not carry the kernel's writeback or a collection of what ran before it, and a full run
-measures what ``--only`` measures.
+not carry the kernel's writeback or a collection of what ran before it. A benchmark leaves
+no live state behind either (its ``memory://`` stores are discarded after it): a heap
+grown by earlier benchmarks slows the allocating work of later ones (``restore_100k``
+lost about a fifth of its rate beside the 500,000 chunks the concat benchmarks left).
+So a full run measures what ``--only`` measures.
 
 The benchmarks: the basic ones here (durable writes of 4 KiB and 1 MiB, concat of 10,
 1,000 and 100,000 chunks and the LMDB floor under the last, in-process defrag) and the
@@ -33,6 +36,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 
+from slts.bindings import discard_memory, memory_urls
 from slts.tools.bench_report import TABLE_HEADER, Failure, Report, run_context, table_failure, table_row
 from slts.tools.benchmarks import goals
 from slts.tools.benchmarks.base import (
@@ -256,7 +260,10 @@ BENCHMARKS: dict[str, Benchmark] = {
 
 def measure(benchmark: Benchmark, parent: str, quick: bool, repetitions: int) -> Figure:
     """Run ``benchmark``: alternate subject and baseline ``repetitions`` times each. The
-    benchmark's teardown runs before this returns or raises."""
+    benchmark's teardown runs before this returns or raises, and the ``memory://`` stores
+    it opened are discarded then: the chunks a benchmark kept in memory do not stay live
+    in the process under the benchmarks after it."""
+    stores_before = set(memory_urls())
     workloads = benchmark.run(parent, quick)
     try:
         return _measure_first(benchmark, workloads, repetitions)
@@ -264,6 +271,8 @@ def measure(benchmark: Benchmark, parent: str, quick: bool, repetitions: int) ->
         close = getattr(workloads, "close", None)  # a generator: runs its teardown now
         if close is not None:
             close()
+        for url in set(memory_urls()) - stores_before:
+            discard_memory(url)
 
 
 def settle() -> None:

@@ -415,3 +415,25 @@ def test_a_failed_spark_defrag_run_keeps_its_container_and_spark_s_log(tmp_path)
     assert (kept / "container" / "chunks" / "c").read_bytes() == b"chunk"
     assert (kept / "spark.log").read_text() == "executor lost"
     assert not (scratch / "run-3").exists()
+
+
+def test_a_benchmark_leaves_no_memory_store_behind(tmp_path, monkeypatch) -> None:
+    """The ``memory://`` stores a benchmark opens are discarded once it is measured, even
+    when its teardown forgets them; a store opened before the benchmark is kept."""
+    from slts.bindings import discard_memory, from_url, memory_urls
+    from slts.tools import bench
+    from slts.tools.benchmarks.base import Benchmark
+
+    kept = f"memory://bench-test-kept-{tmp_path.name}"
+    from_url(kept)
+    opened = f"memory://bench-test-opened-{tmp_path.name}"
+
+    def leaves_a_store(parent: str, quick: bool):
+        from_url(opened).create("chunk", b"x")
+        yield ("a store", lambda: 1.0, lambda: 1.0, 1.0, "ops/s")
+
+    monkeypatch.setattr(bench, "settle", lambda: None)
+    bench.measure(Benchmark("leaves", "opens a memory store", leaves_a_store), str(tmp_path), True, 1)
+    assert opened not in memory_urls()
+    assert kept in memory_urls()
+    discard_memory(kept)
