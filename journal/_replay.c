@@ -18,7 +18,9 @@
  * `changes(data, offset, sequence, tables, ops_max)` does the same for the metadata log in a
  * restore: it walks runs of plain commit records and puts their operations into the
  * window `tables` (table -> key -> (key, sequence, value or None)) without a msgpack
- * decode: a bytes object per key and value, a tuple per operation.
+ * decode: a bytes object per key and value, a tuple per operation. `plain_change(payload,
+ * tables)` checks one payload as that walk does (the metadata log checks each commit it
+ * ships with it: slts.journal.metadata_copy.plain_change_python is its twin).
  *
  * They keep no Python object past the call; the pure-Python twins are the reference and
  * tests/journal/test_replay_native.py and test_restore_native.py run both on the same inputs.
@@ -674,6 +676,61 @@ static int apply_change(
     return 0;
 }
 
+/* The tables of a window dict (str -> dict) into `tables`: their count, or -1 with a
+ * TypeError set. */
+static int collect_tables(PyObject *tables_dict, Table *tables, const char *caller)
+{
+    if (!PyDict_CheckExact(tables_dict) || PyDict_GET_SIZE(tables_dict) > TABLES_MAX) {
+        PyErr_Format(PyExc_TypeError, "%s(): tables must be a dict of at most %d tables", caller, TABLES_MAX);
+        return -1;
+    }
+    int table_count = 0;
+    Py_ssize_t position = 0;
+    PyObject *name, *rows;
+    while (PyDict_Next(tables_dict, &position, &name, &rows)) {
+        if (!PyUnicode_Check(name) || !PyDict_CheckExact(rows)) {
+            PyErr_Format(PyExc_TypeError, "%s(): tables must map str to dict", caller);
+            return -1;
+        }
+        tables[table_count].name = PyUnicode_AsUTF8AndSize(name, &tables[table_count].size);
+        if (tables[table_count].name == NULL) {
+            return -1;
+        }
+        tables[table_count].rows = rows;
+        table_count++;
+    }
+    return table_count;
+}
+
+/* `plain_change(payload, tables)`: (sequence, operations) if the msgpack `payload` is a
+ * plain commit whose every operation names a table of `tables`, else None. */
+static PyObject *plain_change(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2) {
+        return PyErr_Format(PyExc_TypeError, "plain_change() takes 2 arguments (%zd given)", nargs);
+    }
+    Table tables[TABLES_MAX];
+    int table_count = collect_tables(args[1], tables, "plain_change");
+    if (table_count < 0) {
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) != 0) {
+        return NULL;
+    }
+    int64_t sequence = 0;
+    uint64_t count = 0;
+    const unsigned char *operations = view.buf;
+    int plain = view.len > 0
+                && parse_change(view.buf, view.len, tables, table_count, &sequence, &count, &operations);
+    PyBuffer_Release(&view);
+    if (!plain) {
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(LK)", (long long)sequence, (unsigned long long)count);
+}
+
 static PyObject *changes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
@@ -681,9 +738,6 @@ static PyObject *changes(PyObject *module, PyObject *const *args, Py_ssize_t nar
         return PyErr_Format(PyExc_TypeError, "changes() takes 5 arguments (%zd given)", nargs);
     }
     PyObject *tables_dict = args[3];
-    if (!PyDict_CheckExact(tables_dict) || PyDict_GET_SIZE(tables_dict) > TABLES_MAX) {
-        return PyErr_Format(PyExc_TypeError, "changes(): tables must be a dict of at most %d tables", TABLES_MAX);
-    }
     Py_ssize_t offset = PyLong_AsSsize_t(args[1]);
     if (offset == -1 && PyErr_Occurred()) {
         return NULL;
@@ -701,19 +755,9 @@ static PyObject *changes(PyObject *module, PyObject *const *args, Py_ssize_t nar
         return Py_BuildValue("(nOnnO)", offset, args[2], (Py_ssize_t)0, (Py_ssize_t)0, Py_False);
     }
     Table tables[TABLES_MAX];
-    int table_count = 0;
-    Py_ssize_t position = 0;
-    PyObject *name, *rows;
-    while (PyDict_Next(tables_dict, &position, &name, &rows)) {
-        if (!PyUnicode_Check(name) || !PyDict_CheckExact(rows)) {
-            return PyErr_Format(PyExc_TypeError, "changes(): tables must map str to dict");
-        }
-        tables[table_count].name = PyUnicode_AsUTF8AndSize(name, &tables[table_count].size);
-        if (tables[table_count].name == NULL) {
-            return NULL;
-        }
-        tables[table_count].rows = rows;
-        table_count++;
+    int table_count = collect_tables(tables_dict, tables, "changes");
+    if (table_count < 0) {
+        return NULL;
     }
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) != 0) {
@@ -789,6 +833,8 @@ static PyMethodDef methods[] = {
      "appends(data, offset, segment, chunk, length, epoch, last, attrs) -> (offset, length, last, count)"},
     {"changes", (PyCFunction)(void (*)(void))changes, METH_FASTCALL,
      "changes(data, offset, sequence, tables, ops_max) -> (offset, sequence, records, ops, full)"},
+    {"plain_change", (PyCFunction)(void (*)(void))plain_change, METH_FASTCALL,
+     "plain_change(payload, tables) -> (sequence, operations) or None: a plain commit's sequence and operation count"},
     {"crc32c", checksum, METH_O, "crc32c(data) -> int: the CRC32C of data (as the crc32c package computes it)."},
     {NULL, NULL, 0, NULL},
 };

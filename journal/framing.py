@@ -48,6 +48,14 @@ def encode_record(payload: Mapping[str, Any], seal: RecordSeal | None = None) ->
         body = msgpack.packb(dict(payload), use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidArgument(f"a journal record must hold msgpack values: {exc}") from exc
+    return frame(body, seal)
+
+
+def frame(body: bytes, seal: RecordSeal | None = None) -> bytes:
+    """The framed bytes of one record whose msgpack payload ``body`` is already encoded
+    (sealed by ``seal`` if it seals): what ``encode_record`` does after encoding.
+    ``InvalidArgument`` if it is too large. The caller vouches that ``body`` is one
+    msgpack map (``read_records`` counts anything else as corrupt)."""
     if seal is not None:
         body = seal.seal(body)
     if len(body) > RECORD_BYTES_MAX:

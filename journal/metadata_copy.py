@@ -74,6 +74,13 @@ def encode_change(sequence: int, ops: Sequence[Operation], seal: RecordSeal | No
     return framing.encode_record({"s": sequence, "o": encoded}, seal)
 
 
+def plain_change_payload(sequence: int, operations: bytes) -> bytes:
+    """The payload ``{"s": sequence, "o": operations}`` of a commit's log record, around
+    its operations already encoded (``MetadataStore.encoded_changes``): byte for byte what
+    ``encode_change`` encodes for the same commit (a map of two, "s" first)."""
+    return b"\x82\xa1s" + msgpack.packb(sequence) + b"\xa1o" + operations
+
+
 def decode_change(record: dict[str, Any]) -> tuple[int, list[Operation]]:
     """(sequence, operations) of a log record; ``MetadataCorrupted`` if malformed."""
     try:
@@ -144,6 +151,14 @@ def changes_python(
     return offset, sequence, records, ops, full
 
 
+def plain_change_python(body: bytes, tables: dict[str, Any]) -> tuple[int, int] | None:
+    """The reference of the compiled ``plain_change`` (``_replay.c``): ``(sequence,
+    operations)`` if ``body`` is a plain commit's payload (see ``changes_python``) whose
+    every operation names a table of ``tables``, else None."""
+    change = _plain_change(body, tables)
+    return None if change is None else (change[0], len(change[1]))
+
+
 def _plain_change(body: bytes, tables: dict[str, Any]) -> tuple[int, list[tuple[str, bytes, Any]]] | None:
     """(sequence, operations) of a plain commit's payload (see ``changes_python``), or None."""
     try:
@@ -173,6 +188,10 @@ def _plain_change(body: bytes, tables: dict[str, Any]) -> tuple[int, list[tuple[
 
 #: The compiled ``changes`` (``slts.journal._replay``), or None: ``changes_python`` walks.
 NATIVE = twin("slts.journal._replay")
+#: What checks each commit the log ships: the compiled ``plain_change`` where built.
+check_plain_change: Callable[[bytes, dict[str, Any]], tuple[int, int] | None] = (
+    NATIVE.plain_change if NATIVE is not None else plain_change_python
+)
 
 
 class MetadataLog:
@@ -200,6 +219,8 @@ class MetadataLog:
         log = segments.layout(METADATA_LOG)
         snapshots = segments.layout(METADATA_SNAPSHOTS)
         self.durable_sequence = max(log.attrs.get(LOG_LAST, 0), snapshots.attrs.get(SNAPSHOT_SEQUENCE, 0))
+        #: The store's tables, in the shape ``check_plain_change`` takes (names; rows unused).
+        self._tables: dict[str, dict[bytes, Row]] = {name: {} for name in store.tables}
 
     def pending(self) -> bool:
         """True if the store has commits the log does not hold yet."""
@@ -213,27 +234,42 @@ class MetadataLog:
         durable = self.durable_sequence
         self.store.make_durable()  # ship only what survives a power loss here (shared syncs)
         newest = self.store.last_sequence  # read before the changes: no false gap from a later commit
-        changes = self.store.changes(after=durable, limit=PAGE_ENTRIES)
-        if newest > durable and (not changes or changes[0].sequence != durable + 1):
+        changes = self.store.encoded_changes(after=durable, limit=PAGE_ENTRIES)
+        if newest > durable and (not changes or changes[0][0] != durable + 1):
             raise LogGap(
                 f"metadata log holds up to {durable}, next captured change is "
-                f"{changes[0].sequence if changes else 'none'} (store at {newest})"
+                f"{changes[0][0] if changes else 'none'} (store at {newest})"
             )
         pieces: list[bytes] = []
         size, last = 0, durable
-        for change in changes:
-            if change.sequence != last + 1 or (pieces and size >= self.batch_bytes):
+        for sequence, operations in changes:
+            if sequence != last + 1 or (pieces and size >= self.batch_bytes):
                 break
-            piece = encode_change(change.sequence, change.ops, self.seal)
+            piece = framing.frame(self._checked_payload(sequence, operations), self.seal)
             pieces.append(piece)
             size += len(piece)
-            last = change.sequence
+            last = sequence
         if not pieces:
             return 0
         self.segments.append(METADATA_LOG, b"".join(pieces), {LOG_LAST: last})
         self.durable_sequence = last
         self._discard_changes(last)
         return len(pieces)
+
+    def _checked_payload(self, sequence: int, operations: bytes) -> bytes:
+        """The log record payload of captured change ``sequence``, checked to be a plain
+        commit of this store's tables before it is shipped (restore must be able to take
+        every record of the log): ``MetadataCorrupted`` if the store's change-log entry is
+        not a msgpack array of ``[table, key, value or nil]`` operations."""
+        payload = plain_change_payload(sequence, operations)
+        checked = check_plain_change(payload, self._tables)
+        if checked is None:
+            raise MetadataCorrupted(
+                f"captured change {sequence} is not a list of [table, key, value or nil] operations "
+                f"of the tables {sorted(self._tables)}"
+            )
+        assert checked[0] == sequence, (checked, sequence)
+        return payload
 
     def write_snapshot(self, piece_bytes: int) -> SnapshotInfo:
         """Write, read back and adopt a snapshot of the whole store, then truncate the log.

@@ -373,6 +373,11 @@ class CachedMetadataStore(MetadataStore):
         self._check_open()
         return self._inner.changes(after, limit)
 
+    def encoded_changes(self, after: int, limit: int = SCAN_LIMIT_DEFAULT) -> list[tuple[int, bytes]]:
+        """The inner store's ``encoded_changes``."""
+        self._check_open()
+        return self._inner.encoded_changes(after, limit)
+
     def discard_changes(self, through: int, expect: Sequence[Expect] = ()) -> int:
         """The inner store's ``discard_changes``."""
         self._check_open()

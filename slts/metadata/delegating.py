@@ -65,6 +65,9 @@ class DelegatingStore(MetadataStore):
     def changes(self, after: int, limit: int = 1000) -> list[Change]:
         return self.inner.changes(after, limit)
 
+    def encoded_changes(self, after: int, limit: int = 1000) -> list[tuple[int, bytes]]:
+        return self.inner.encoded_changes(after, limit)
+
     def discard_changes(self, through: int, expect: Sequence[Expect] = ()) -> int:
         return self.inner.discard_changes(through, expect)
 

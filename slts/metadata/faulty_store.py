@@ -240,6 +240,10 @@ class FaultyMetadataStore(DelegatingStore):
         self._enter("changes")
         return self.inner.changes(after, limit)
 
+    def encoded_changes(self, after: int, limit: int = 1000) -> list[tuple[int, bytes]]:
+        self._enter("changes")  # the same fault point as ``changes``: one read of the change log
+        return self.inner.encoded_changes(after, limit)
+
     def discard_changes(self, through: int, expect: Sequence[Expect] = ()) -> int:
         self._enter("discard_changes")
         return self.inner.discard_changes(through, expect)

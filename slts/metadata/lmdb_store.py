@@ -1212,6 +1212,22 @@ class LmdbMetadataStore(MetadataStore):
 
     def changes(self, after: int, limit: int = SCAN_LIMIT_DEFAULT) -> list[Change]:
         """Captured changes with ``sequence > after``, ascending, from one read transaction."""
+        changes = [_decode_change(key, raw) for key, raw in self._change_entries(after, limit)]
+        assert all(a.sequence < b.sequence for a, b in itertools.pairwise(changes))
+        assert not changes or changes[0].sequence > after
+        return changes
+
+    def encoded_changes(self, after: int, limit: int = SCAN_LIMIT_DEFAULT) -> list[tuple[int, bytes]]:
+        """``changes`` with each change's operations as its change-log entry holds them
+        (the contract's ``encoded_changes``): only the entry's key is checked here."""
+        entries = self._change_entries(after, limit)
+        if any(len(key) != _VERSION.size for key, _ in entries):
+            raise MetadataCorrupted("change-log key is not 8 bytes")
+        return [(_VERSION.unpack(key)[0], raw) for key, raw in entries]
+
+    def _change_entries(self, after: int, limit: int) -> list[tuple[bytes, bytes]]:
+        """The change log's (key, entry) pairs with sequence > ``after``, at most
+        ``limit``, from one read transaction; arguments checked (``changes``)."""
         _checks.check_sequence_bound("after", after)
         _checks.check_limit(limit, "changes")
         self._check_usable()
@@ -1224,10 +1240,7 @@ class LmdbMetadataStore(MetadataStore):
             while positioned and len(found) < limit:
                 found.append(cursor.item())
                 positioned = cursor.next()
-        changes = [_decode_change(key, raw) for key, raw in found]
-        assert all(a.sequence < b.sequence for a, b in itertools.pairwise(changes))
-        assert not changes or changes[0].sequence > after
-        return changes
+        return found
 
     def discard_changes(self, through: int, expect: Sequence[Expect] = ()) -> int:
         """Delete change-log entries ``<= through`` from the start of the log, at most

@@ -45,6 +45,8 @@ import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+import msgpack
+
 #: Default bound on how many entries one ``scan`` returns; callers page with ``start``.
 SCAN_LIMIT_DEFAULT = 1000
 
@@ -132,6 +134,16 @@ class Change:
 
     sequence: int
     ops: tuple[Operation, ...]
+
+
+def encode_operations(ops: Sequence[Operation]) -> bytes:
+    """The msgpack array ``[[table, key, value or nil], ...]`` of a captured change's
+    per-key operations (``Put`` and ``Delete``; ``Change`` holds no others), as a
+    store's change log keeps them and the metadata log ships them."""
+    assert all(isinstance(op, (Put, Delete)) for op in ops), ops
+    return msgpack.packb(
+        [[op.table, op.key, op.value if isinstance(op, Put) else None] for op in ops], use_bin_type=True
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +307,15 @@ class MetadataStore(abc.ABC):
         ``discard_changes`` removed. ``InvalidArgument`` unless ``after`` is an int >= 0 and
         ``limit`` an int >= 1."""
         raise NotImplementedError(f"{type(self).__name__} does not support change capture")
+
+    def encoded_changes(self, after: int, limit: int = SCAN_LIMIT_DEFAULT) -> list[tuple[int, bytes]]:
+        """The captured changes of ``changes(after, limit)`` as ``(sequence, operations)``,
+        ``operations`` the msgpack array ``[[table, key, value or nil], ...]`` of the
+        change's operations in order (``encode_operations``): what the metadata log ships
+        inside its records, with no Python object per operation where the store keeps
+        them encoded (LMDB hands back its change log's bytes as stored, unchecked: the
+        caller checks them before it trusts them). Errors as ``changes``."""
+        return [(change.sequence, encode_operations(change.ops)) for change in self.changes(after, limit)]
 
     def discard_changes(self, through: int, expect: Sequence[Expect] = ()) -> int:
         """Remove the captured changes with ``sequence <= through``; return how many.

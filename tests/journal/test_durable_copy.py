@@ -15,10 +15,13 @@ import random
 import shutil
 from collections.abc import Callable, Iterator
 
+import msgpack
 import pytest
 from slts.bindings.faulty import FaultyChunkStorage
+from slts.journal.metadata_copy import encode_change
 from slts.journal.restore import restore, verify_copy
-from slts.journal.system_names import METADATA_SNAPSHOTS
+from slts.journal.system_names import METADATA_LOG, METADATA_SNAPSHOTS
+from slts.journal.system_segments import iter_range
 
 from slts.admin.orphans import reconcile
 from slts.admin.verify import verify_container
@@ -267,9 +270,9 @@ def test_the_copy_ships_only_what_is_durable_here(env: Env) -> None:
             events.append("make_durable")
             super().make_durable()
 
-        def changes(self, after: int, limit: int = 1000) -> list:
+        def encoded_changes(self, after: int, limit: int = 1000) -> list:
             events.append("changes")
-            return super().changes(after, limit)
+            return super().encoded_changes(after, limit)
 
         def snapshot(self):  # type: ignore[no-untyped-def]
             events.append("snapshot")
@@ -299,8 +302,8 @@ def test_a_background_step_ships_what_was_committed_before_it(env: Env) -> None:
     class Busy(DelegatingStore):
         during: Callable[[], None] | None = None
 
-        def changes(self, after: int, limit: int = 1000) -> list:
-            result = super().changes(after, limit)
+        def encoded_changes(self, after: int, limit: int = 1000) -> list:
+            result = super().encoded_changes(after, limit)
             if self.during is not None:
                 during, self.during = self.during, None
                 during()  # a writer commits while the step ships
@@ -323,3 +326,83 @@ def test_a_background_step_ships_what_was_committed_before_it(env: Env) -> None:
         assert copy.statistics().flushes == flushes + 1
         copy.maintain()
         assert copy.durable_sequence == busy.last_sequence
+
+
+def test_the_log_ships_each_commit_as_encode_change_encodes_it(env: Env) -> None:
+    """The log ships a captured change's operations as the store's change log holds them,
+    without decoding them into operations and encoding them again: each shipped record is
+    byte for byte what ``encode_change`` makes of the same commit."""
+    settings = StorageConfig(gc_interval_s=0.0, **MANUAL)  # type: ignore[arg-type]
+    with ChunkedSegmentStorage(0, None, env.binding, env.store, settings, clock=env.clock) as storage:
+        copy = storage.durable
+        assert copy is not None
+        copy.flush()
+        log = copy.log
+        start = log.segments.layout(METADATA_LOG).length
+        churn(storage, random.Random(7), 80)
+        pending = env.store.changes(log.durable_sequence, limit=100_000)
+        assert len(pending) > 80 and pending[0].sequence == log.durable_sequence + 1
+        copy.flush()
+        assert log.durable_sequence == pending[-1].sequence
+        layout = log.segments.layout(METADATA_LOG)
+        shipped = b"".join(iter_range(log.segments.binding, layout, start, layout.length))
+    assert shipped == b"".join(encode_change(change.sequence, change.ops) for change in pending)
+
+
+BAD_CAPTURED = {
+    "not msgpack": b"\xc1",
+    "not a list": msgpack.packb({"a": 1}),
+    "an operation of two": msgpack.packb([["segments", b"k"]]),
+    "an unknown table": msgpack.packb([["nope", b"k", None]], use_bin_type=True),
+    "a key as text": msgpack.packb([["segments", "k", None]], use_bin_type=True),
+    "bytes after the list": msgpack.packb([], use_bin_type=True) + b"\xc0",
+    "nothing": b"",
+}
+
+
+@pytest.mark.parametrize("check", ["built", "python"])
+@pytest.mark.parametrize("bad", sorted(BAD_CAPTURED))
+def test_a_malformed_captured_change_is_not_shipped(
+    env: Env, bad: str, check: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The log checks every change before it ships it (restore must be able to take every
+    record): a change-log entry that is not a list of [table, key, value or nil] of the
+    store's tables raises ``MetadataCorrupted`` naming the change, and nothing is shipped
+    or discarded."""
+    from slts.journal import metadata_copy
+
+    from slts.metadata.delegating import DelegatingStore
+
+    if check == "python":
+        monkeypatch.setattr(metadata_copy, "check_plain_change", metadata_copy.plain_change_python)
+    elif metadata_copy.NATIVE is None:
+        pytest.skip("slts.journal._replay is not built (no C compiler at install)")
+    damaged: set[int] = set()
+
+    class Damaged(DelegatingStore):
+        def encoded_changes(self, after: int, limit: int = 1000) -> list[tuple[int, bytes]]:
+            found = super().encoded_changes(after, limit)
+            return [(s, BAD_CAPTURED[bad] if s in damaged else raw) for s, raw in found]
+
+    store = Damaged(env.store)
+    settings = StorageConfig(gc_interval_s=0.0, **MANUAL)  # type: ignore[arg-type]
+    with ChunkedSegmentStorage(0, None, env.binding, store, settings, clock=env.clock) as storage:
+        copy = storage.durable
+        assert copy is not None
+        storage.create("s")
+        copy.flush()
+        log_length = copy.log.segments.layout(METADATA_LOG).length
+        durable = copy.durable_sequence
+        handle = storage.open_write("s")
+        storage.write(handle, 0, b"a")
+        storage.write(handle, 1, b"b")
+        damaged.add(store.last_sequence)
+        with pytest.raises(MetadataCorrupted, match=f"captured change {store.last_sequence} "):
+            copy.log.flush_batch()
+        assert copy.durable_sequence == durable
+        assert copy.log.segments.layout(METADATA_LOG).length == log_length
+        kept = list(range(durable + 1, store.last_sequence + 1))
+        assert len(kept) >= 2 and [change.sequence for change in env.store.changes(durable)] == kept
+        damaged.clear()  # the entry mended: the copy goes on where it stopped
+        copy.flush()
+        assert copy.durable_sequence == store.last_sequence

@@ -28,7 +28,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from slts.journal import framing, metadata_copy, restore, system_segments
-from slts.journal.metadata_copy import changes_python, decode_change, iter_snapshot
+from slts.journal.metadata_copy import changes_python, decode_change, iter_snapshot, plain_change_python
 from slts.journal.replay import replay
 from slts.journal.system_names import METADATA_LOG, METADATA_SNAPSHOTS
 from slts.journal.system_segments import iter_range
@@ -291,3 +291,34 @@ def test_bad_arguments_to_the_compiled_log_walk() -> None:
     frame, _ = _variant_frame("plain", 0, random.Random(3))
     assert built.changes(frame, 0, -1, {}, 10) == (0, -1, 0, 0, False)  # nothing taken
     assert built.changes(frame, 0, 1 << 70, {}, 10) == (0, 1 << 70, 0, 0, False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(VARIANTS), min_size=1, max_size=10), st.integers(0, 2**32))
+def test_the_compiled_commit_check_gives_the_answers_of_its_twin(variants: list[str], seed: int) -> None:
+    """``plain_change`` (what the metadata log checks each shipped commit with) against
+    ``plain_change_python``, on payloads whole, damaged or strange."""
+    built = _require_built()
+    rng = random.Random(seed)
+    tables: dict[str, dict[bytes, Any]] = {table: {} for table in WINDOW_TABLES}
+    for variant in variants:
+        frame, _ = _variant_frame(variant, rng.choice([0, 10, 1000]), rng)
+        body = frame[framing.HEADER_BYTES :]
+        answer = built.plain_change(body, tables)
+        assert answer == plain_change_python(body, tables), variant
+        plain = variant in ("plain", "covered", "wide", "reversed", "big", "delete", "gap", "checksum")
+        assert (answer is not None) == plain, variant  # the frame's CRC is not the payload's business
+        if answer is not None:
+            assert answer == (msgpack.unpackb(body)["s"], len(msgpack.unpackb(body)["o"]))
+
+
+def test_bad_arguments_to_the_compiled_commit_check() -> None:
+    built = _require_built()
+    for tables in ({"t": []}, [], {1: {}}):
+        with pytest.raises(TypeError):
+            built.plain_change(b"\x80", tables)
+    with pytest.raises(TypeError):
+        built.plain_change(b"\x80")
+    with pytest.raises(TypeError):
+        built.plain_change("text", {})
+    assert built.plain_change(b"", {}) is None

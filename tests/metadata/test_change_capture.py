@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -19,6 +20,8 @@ from slts.errors import InvalidArgument, StorageClosed, VersionConflict
 from slts.metadata import (
     Change,
     Delete,
+    DeleteKeys,
+    DeleteRange,
     Expect,
     LmdbMetadataStore,
     MemoryMetadataStore,
@@ -28,6 +31,7 @@ from slts.metadata import (
     Versioned,
     lmdb_store,
 )
+from slts.metadata.store import encode_operations
 
 from .conftest import TABLES, StoreFactory
 
@@ -87,6 +91,26 @@ def test_each_commit_is_captured_once_with_its_sequence_and_ops(store: MetadataS
     assert store.changes(3) == expected[2:]
     assert store.changes(6) == [] and store.changes(10**30) == []
     assert store.last_sequence == 6  # the conflict took no sequence
+    # The same changes encoded: each one's operations as one msgpack array, in order.
+    encoded = [(c.sequence, encode_operations(c.ops)) for c in expected]
+    assert store.encoded_changes(0) == encoded
+    assert store.encoded_changes(3, limit=2) == encoded[2:4]
+    assert store.encoded_changes(6) == [] and store.encoded_changes(10**30) == []
+    assert msgpack.unpackb(store.encoded_changes(1, limit=1)[0][1]) == [[T, b"a", b"1"], [U, b"b", b""]]
+
+
+def test_encoded_changes_carry_what_delete_range_and_delete_keys_removed(store: MetadataStore) -> None:
+    store.enable_change_capture()
+    store.commit([Put(T, b"a", b"1"), Put(T, b"b", b"2"), Put(T, b"c", b"3")])
+    sequence = store.commit([DeleteRange(T, b"a", b"c"), DeleteKeys(T, (b"c", b"never-there"))])
+    (change,) = store.changes(sequence - 1)
+    assert store.encoded_changes(sequence - 1) == [(sequence, encode_operations(change.ops))]
+    assert msgpack.unpackb(store.encoded_changes(sequence - 1)[0][1]) == [
+        [T, b"a", None],
+        [T, b"b", None],
+        [T, b"c", None],
+        [T, b"never-there", None],
+    ]
 
 
 def test_change_arguments_are_checked(store: MetadataStore) -> None:
@@ -94,6 +118,8 @@ def test_change_arguments_are_checked(store: MetadataStore) -> None:
     for after, limit in [(-1, 10), ("0", 10), (True, 10), (1.0, 10), (0, 0), (0, -3), (0, "5")]:
         with pytest.raises(InvalidArgument):
             store.changes(after, limit)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgument):
+            store.encoded_changes(after, limit)  # type: ignore[arg-type]
     for through in [-1, "3", None, False, 2.5]:
         with pytest.raises(InvalidArgument):
             store.discard_changes(through)  # type: ignore[arg-type]
@@ -490,6 +516,7 @@ def test_writes_inside_a_snapshot_and_after_close(store: MetadataStore) -> None:
         lambda: store.replicate(1, [Put(T, b"k", b"v")]),
         lambda: store.replicate_rows(1, {T: [(b"k", 1, b"v")]}),
         lambda: store.changes(0),
+        lambda: store.encoded_changes(0),
         lambda: store.discard_changes(1),
         lambda: store.enable_change_capture(),
         lambda: store.change_capture_enabled,
