@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 import msgpack
 import pytest
 from slts.bindings.faulty import FaultyChunkStorage
+from slts.journal.durable_copy import DurableCopy
 from slts.journal.metadata_copy import encode_change
 from slts.journal.restore import restore, verify_copy
 from slts.journal.system_names import METADATA_LOG, METADATA_SNAPSHOTS
@@ -35,6 +36,15 @@ from slts.storage.chunked import ChunkedSegmentStorage
 from tests.support.engine import Env
 
 MANUAL = {"metadata_log_flush_interval_s": 0.0, "journal_snapshot_records": 20}
+
+
+@contextlib.contextmanager
+def copying(env: Env, store: MetadataStore) -> Iterator[tuple[ChunkedSegmentStorage, DurableCopy]]:
+    """An instance on ``store`` whose metadata copy ships only when told (``MANUAL``)."""
+    settings = StorageConfig(gc_interval_s=0.0, **MANUAL)  # type: ignore[arg-type]
+    with ChunkedSegmentStorage(0, None, env.binding, store, settings, clock=env.clock) as storage:
+        assert storage.durable is not None
+        yield storage, storage.durable
 
 
 def contents(storage: ChunkedSegmentStorage) -> dict[str, bytes]:
@@ -310,10 +320,7 @@ def test_a_background_step_ships_what_was_committed_before_it(env: Env) -> None:
             return result
 
     busy = Busy(env.store)
-    settings = StorageConfig(gc_interval_s=0.0, **MANUAL)  # type: ignore[arg-type]
-    with ChunkedSegmentStorage(0, None, env.binding, busy, settings, clock=env.clock) as storage:
-        copy = storage.durable
-        assert copy is not None
+    with copying(env, busy) as (storage, copy):
         storage.create("s")
         handle = storage.open_write("s")
         storage.write(handle, 0, b"a")
@@ -332,10 +339,7 @@ def test_the_log_ships_each_commit_as_encode_change_encodes_it(env: Env) -> None
     """The log ships a captured change's operations as the store's change log holds them,
     without decoding them into operations and encoding them again: each shipped record is
     byte for byte what ``encode_change`` makes of the same commit."""
-    settings = StorageConfig(gc_interval_s=0.0, **MANUAL)  # type: ignore[arg-type]
-    with ChunkedSegmentStorage(0, None, env.binding, env.store, settings, clock=env.clock) as storage:
-        copy = storage.durable
-        assert copy is not None
+    with copying(env, env.store) as (storage, copy):
         copy.flush()
         log = copy.log
         start = log.segments.layout(METADATA_LOG).length
@@ -385,10 +389,7 @@ def test_a_malformed_captured_change_is_not_shipped(
             return [(s, BAD_CAPTURED[bad] if s in damaged else raw) for s, raw in found]
 
     store = Damaged(env.store)
-    settings = StorageConfig(gc_interval_s=0.0, **MANUAL)  # type: ignore[arg-type]
-    with ChunkedSegmentStorage(0, None, env.binding, store, settings, clock=env.clock) as storage:
-        copy = storage.durable
-        assert copy is not None
+    with copying(env, store) as (storage, copy):
         storage.create("s")
         copy.flush()
         log_length = copy.log.segments.layout(METADATA_LOG).length
