@@ -37,7 +37,7 @@ from slts.journal.system_segments import SystemSegments, iter_range
 
 from slts.compiled import twin
 from slts.errors import MetadataCorrupted
-from slts.metadata.store import Delete, MetadataStore, Operation, Put, Row
+from slts.metadata.store import Delete, MetadataStore, Operation, Put, Row, encode_operations
 from slts.transforms.sealed import RecordSeal
 
 SNAPSHOT_KIND = "metadata-snapshot"
@@ -69,9 +69,10 @@ class SnapshotInfo:
 
 
 def encode_change(sequence: int, ops: Sequence[Operation], seal: RecordSeal | None = None) -> bytes:
-    """The framed log record of one commit (sealed by ``seal``, if it seals)."""
-    encoded = [[op.table, op.key, op.value if isinstance(op, Put) else None] for op in ops]
-    return framing.encode_record({"s": sequence, "o": encoded}, seal)
+    """The framed log record of one commit (sealed by ``seal``, if it seals): its
+    operations encoded as a store's change log keeps them (``encode_operations``), in the
+    record ``flush_batch`` ships."""
+    return framing.frame(plain_change_payload(sequence, encode_operations(ops)), seal)
 
 
 def plain_change_payload(sequence: int, operations: bytes) -> bytes:
