@@ -1013,9 +1013,77 @@ static PyTypeObject OfferGateType = {
     .tp_new = gate_new,
 };
 
+PyDoc_STRVAR(frame_entries_doc,
+             "frame_entries(pieces, first_entry_id, payloads, start, room, enough) -> (frames, bytes):\n"
+             "framing.frame_entries_python's twin: frame payloads[start:] into pieces while each\n"
+             "fits in room, stopping after the frame that brings the bytes framed to enough.");
+
+/* The offloader's per-entry loop (framing.frame_entries_python, the reference): for each
+ * payload from `start`, a 12-byte header and the payload itself appended to `pieces`, while
+ * the frame fits in what is left of `room`; stop after the frame that brings the bytes
+ * framed to `enough`. A payload's length is its len(), as in Python. */
+static PyObject *frame_entries(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *pieces, *payloads;
+    long long first, room, enough;
+    Py_ssize_t start;
+    if (!PyArg_ParseTuple(args, "O!LOnLL:frame_entries", &PyList_Type, &pieces, &first, &payloads, &start, &room,
+                          &enough)) {
+        return NULL;
+    }
+    if (first < 0 || start < 0 || room < 0 || room > INT32_MAX || enough < 1) {
+        return PyErr_Format(PyExc_ValueError,
+                            "frame_entries: first entry id %lld, start %zd, room %lld (at most 2**31-1),"
+                            " enough %lld (at least 1)",
+                            first, start, room, enough);
+    }
+    PyObject *sequence = PySequence_Fast(payloads, "frame_entries: the payloads must be a sequence");
+    if (sequence == NULL) {
+        return NULL;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
+    PyObject **items = PySequence_Fast_ITEMS(sequence);
+    long long taken = 0, framed = 0;
+    for (Py_ssize_t i = start; i < count; i++) {
+        PyObject *payload = items[i];
+        Py_ssize_t length = PyBytes_CheckExact(payload) ? PyBytes_GET_SIZE(payload) : PyObject_Size(payload);
+        if (length < 0) {
+            goto fail;
+        }
+        long long size = HEADER_BYTES + (long long)length;
+        if (size > room - framed) {
+            break; /* room <= 2**31-1: a payload that fits has a length an i32 holds */
+        }
+        PyObject *header = PyBytes_FromStringAndSize(NULL, HEADER_BYTES);
+        if (header == NULL) {
+            goto fail;
+        }
+        unsigned char *at = (unsigned char *)PyBytes_AS_STRING(header);
+        store_be(at, (uint64_t)(uint32_t)length, 4);
+        store_be(at + 4, (uint64_t)(first + taken), 8);
+        int failed = PyList_Append(pieces, header);
+        Py_DECREF(header);
+        if (failed < 0 || PyList_Append(pieces, payload) < 0) {
+            goto fail;
+        }
+        taken += 1;
+        framed += size;
+        if (framed >= enough) {
+            break;
+        }
+    }
+    Py_DECREF(sequence);
+    return Py_BuildValue("(LL)", taken, framed);
+fail:
+    Py_DECREF(sequence);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS, walk_doc},
     {"views", views, METH_VARARGS, views_doc},
+    {"frame_entries", frame_entries, METH_VARARGS, frame_entries_doc},
     {NULL, NULL, 0, NULL},
 };
 

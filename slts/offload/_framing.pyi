@@ -1,7 +1,7 @@
 """Types of the compiled twin of ``slts.offload.framing``'s hot loops (``_framing.c``)."""
 
 from _thread import LockType
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final, SupportsIndex, final, overload
 
 WALK_DONE: Final[int]
@@ -37,6 +37,15 @@ def views(
     out: list[bytes | memoryview | Payload],
     /,
 ) -> None: ...
+def frame_entries(
+    pieces: list[bytes | memoryview | Payload],
+    first_entry_id: int,
+    payloads: Sequence[bytes | memoryview | Payload],
+    start: int,
+    room: int,
+    enough: int,
+    /,
+) -> tuple[int, int]: ...
 
 @final
 class Block:

@@ -21,6 +21,10 @@ up); the first that differs ends the run and is parsed one by one. Frames of var
 sizes fall back to one ``struct`` call per frame, and runs are then probed only now and
 then, so a block of mixed sizes costs no more than the plain walk.
 
+The writing side is one loop: ``frame_entries`` frames a run of the PIP-17 offloader's
+entries as header and payload pieces for its next write (``frame_entries_python`` is the
+reference; the compiled twin takes no Python step per entry).
+
 The walk and the payloads have a compiled twin, ``slts.offload._framing`` (a small C
 extension, built at install where a C compiler is at hand): a step per frame in C, and
 every payload handed out as a ``Payload``, a read-only view that costs a small object (no
@@ -376,3 +380,41 @@ def _ramp(count: int) -> bytes:
     """The big-endian words 0, 1, ..., count - 1: ``(ones - count) / (2**32 - 1)``."""
     ones = int.from_bytes(_WORD_ONE * count, "big")
     return ((ones - count) // 0xFFFFFFFF).to_bytes(4 * count, "big")
+
+
+def frame_entries_python(
+    pieces: list[Entry], first_entry_id: int, payloads: Sequence[Entry], start: int, room: int, enough: int
+) -> tuple[int, int]:
+    """Frame ``payloads[start:]`` into ``pieces``, ids from ``first_entry_id``: each frame as
+    two pieces, its 12-byte header and the payload itself (the write joins them once), while
+    the next frame fits in what is left of ``room`` bytes; stop after the frame that brings
+    the bytes framed by this call to ``enough``. Returns (frames, bytes framed). A
+    payload's length is its ``len()``.
+
+    The PIP-17 offloader's per-entry loop (``slts.offload.offloader``); ``frame_entries`` is
+    the compiled twin where it is built. ``ValueError`` for a negative id or start, a
+    ``room`` outside 0..2**31-1 (so a payload that fits has a length an i32 holds) or an
+    ``enough`` below 1; nothing is framed then."""
+    if first_entry_id < 0 or start < 0 or not 0 <= room <= formats.INT32_MAX or enough < 1:
+        raise ValueError(
+            f"frame_entries: first entry id {first_entry_id}, start {start}, room {room} (at most 2**31-1),"
+            f" enough {enough} (at least 1)"
+        )
+    pack = _HEADER.pack
+    taken = framed = 0
+    for index in range(start, len(payloads)):
+        payload = payloads[index]
+        length = len(payload)
+        if HEADER_BYTES + length > room - framed:
+            break
+        pieces.append(pack(length, first_entry_id + taken))
+        pieces.append(payload)
+        taken += 1
+        framed += HEADER_BYTES + length
+        if framed >= enough:
+            break
+    return taken, framed
+
+
+#: The offloader's framing loop: the compiled twin where it is built, else the Python one.
+frame_entries = NATIVE.frame_entries if NATIVE is not None else frame_entries_python

@@ -25,12 +25,11 @@ offloader's own, or the ones every offloader of the process shares.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import threading
 import uuid
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from slts.errors import (
     EntryTooLarge,
@@ -42,7 +41,7 @@ from slts.errors import (
 from slts.limiter import TrafficClass, traffic_class
 from slts.metadata.schema import OFFLOAD_LEDGERS
 from slts.metadata.store import Delete, Expect, Put, prefix_stop, scan_all
-from slts.offload import formats
+from slts.offload import formats, framing
 from slts.offload.ledger_metadata import decode_ledger_metadata, encode_ledger_metadata
 from slts.offload.ledgers import ENTRY_TYPES, Entry, LedgerReadHandle, check_ledger_id
 from slts.offload.names import data_name, index_name
@@ -185,13 +184,11 @@ class LedgerOffloader:
             out.append(formats.BlockHeader(size, first).encode())
             used = formats.HEADER_SIZE
             while entries.next_id <= last:
-                at = entries.next_id
-                taken = entries.take_fitting(size - used)
+                taken, framed = entries.frame_fitting(out, size - used)
                 if not taken:
                     break
-                framed = out.append_entries(at, taken)
                 used += framed
-                payload_written += framed - formats.ENTRY_HEADER_SIZE * len(taken)
+                payload_written += framed - formats.ENTRY_HEADER_SIZE * taken
             if entries.next_id == first:
                 raise EntryTooLarge(
                     f"ledger {handle.ledger_id}: entry {first} of {len(entries.peek())} bytes does not fit"
@@ -336,34 +333,34 @@ class _EntrySource:
 
     def __init__(self, handle: LedgerReadHandle) -> None:
         self._handle = handle
-        self._pending: collections.deque[Entry] = collections.deque()
+        self._read: Sequence[Entry] = ()  # the last read of the source
+        self._at = 0  # the next entry's index in it
         self.next_id = 0
 
     def peek(self) -> Entry:
-        if not self._pending:
+        if self._at == len(self._read):
             last = min(self.next_id + ENTRIES_PER_READ - 1, self._handle.last_entry_id)
             read = self._handle.read(self.next_id, last)
-            wrong = [e for e in read if not isinstance(e, ENTRY_TYPES)]
+            # The distinct types, gathered in C: as strict as isinstance on each entry (the
+            # entry types are plain classes), without a Python step per entry.
+            wrong = [kind for kind in set(map(type, read)) if not issubclass(kind, ENTRY_TYPES)]
             if len(read) != last - self.next_id + 1 or wrong:
                 raise InvalidArgument(
                     f"ledger {self._handle.ledger_id}: read({self.next_id}, {last}) returned"
                     f" {len(read)} entries, not {last - self.next_id + 1} byte strings"
                 )
-            self._pending.extend(read)
-        return self._pending[0]
+            self._read, self._at = read, 0
+        return self._read[self._at]
 
-    def take_fitting(self, room: int) -> list[Entry]:
-        """Take the entries from the next one on that fit in ``room`` bytes framed, at
-        most those of one read of the source (none if the next one does not fit)."""
+    def frame_fitting(self, out: _Appender, room: int) -> tuple[int, int]:
+        """Frame into ``out`` the entries from the next one on that fit in ``room`` bytes
+        framed, at most those of one read of the source (none if the next one does not
+        fit); return (entries, bytes framed)."""
         self.peek()
-        pending = self._pending
-        taken = []
-        while pending and room >= formats.ENTRY_HEADER_SIZE + len(pending[0]):
-            payload = pending.popleft()
-            room -= formats.ENTRY_HEADER_SIZE + len(payload)
-            taken.append(payload)
-        self.next_id += len(taken)
-        return taken
+        taken, framed = out.append_entries(self.next_id, self._read, self._at, room)
+        self._at += taken
+        self.next_id += taken
+        return taken, framed
 
 
 class _Appender:
@@ -388,20 +385,31 @@ class _Appender:
         if self._pending_bytes >= self._write_bytes:
             self.flush()
 
-    def append_entries(self, first_entry_id: int, payloads: list[Entry]) -> int:
-        """Append ``payloads`` framed, ids from ``first_entry_id`` (the framing and each
-        payload as separate pieces: the write joins them once); return the bytes appended."""
-        pieces = self._pending  # the same list across flushes (flush clears it)
-        framed = 0
-        for entry_id, payload in enumerate(payloads, start=first_entry_id):
-            pieces.append(formats.entry_header(entry_id, len(payload)))
-            pieces.append(payload)
-            size = formats.ENTRY_HEADER_SIZE + len(payload)
+    def append_entries(
+        self, first_entry_id: int, payloads: Sequence[Entry], start: int, room: int
+    ) -> tuple[int, int]:
+        """Append ``payloads[start:]`` framed, ids from ``first_entry_id``, while each fits in
+        what is left of ``room`` (``framing.frame_entries``: the framing and each payload as
+        separate pieces, the write joins them once), writing whenever ``write_bytes`` are
+        pending; return (entries, bytes appended)."""
+        assert self._pending_bytes < self._write_bytes, "a write is made as soon as it is due"
+        taken = framed = 0
+        while start + taken < len(payloads):
+            count, size = framing.frame_entries(
+                self._pending,
+                first_entry_id + taken,
+                payloads,
+                start + taken,
+                room - framed,
+                self._write_bytes - self._pending_bytes,
+            )
+            taken += count
             framed += size
             self._pending_bytes += size
-            if self._pending_bytes >= self._write_bytes:
-                self.flush()
-        return framed
+            if self._pending_bytes < self._write_bytes:
+                break  # the next entry does not fit, or none is left
+            self.flush()
+        return taken, framed
 
     def flush(self) -> None:
         if self._pending_bytes:

@@ -158,7 +158,7 @@ class ThrottledReadHandle:
         except BaseException:
             self._permits.settle(estimate, 0, waited)  # nothing was read: the bytes go back
             raise
-        self._permits.settle(estimate, sum(len(entry) for entry in entries), waited)
+        self._permits.settle(estimate, sum(map(len, entries)), waited)
         return entries
 
 

@@ -25,6 +25,7 @@ import pytest
 from slts.offload import formats, framing
 from slts.offload.framing import Runs, parse_frames
 from slts.offload.ledgers import ENTRY_TYPES, Entry, MemoryLedger
+from slts.offload.names import data_name
 from slts.offload.offloader import LedgerOffloader
 from slts.offload.pending import (
     HANDED,
@@ -568,3 +569,113 @@ def test_a_gate_in_a_cycle_with_its_owner_is_collected(native: object) -> None:
     del owner
     gc.collect()
     assert gone() is None
+
+
+# -- frame_entries: the PIP-17 offloader's framing loop -------------------------------------------
+
+
+def framed_by(frame: object, payloads: list[Entry], first: int, start: int, room: int, enough: int) -> object:
+    """What ``frame`` (a twin) appends and returns, the pieces as bytes, or its error's type."""
+    pieces: list[Entry] = [b"before"]
+    try:
+        answer = frame(pieces, first, payloads, start, room, enough)  # type: ignore[operator]
+    except (ValueError, TypeError) as error:
+        return type(error), [bytes(piece) for piece in pieces]
+    return answer, [bytes(piece) for piece in pieces]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_compiled_entry_framing_answers_as_the_python_one(native: object, seed: int) -> None:
+    """For payloads of every kind an entry may be (bytes, memoryview, Payload) and sizes
+    from 0 up, any start, room and enough: the same pieces and the same answer, and the
+    pieces are the frames ``formats.entry_header`` makes, each payload itself (no copy)."""
+    rng = random.Random(seed)
+    for _ in range(200):
+        count = rng.randrange(0, 40)
+        payloads: list[Entry] = []
+        for _ in range(count):
+            data = rng.randbytes(rng.choice([0, 1, 12, rng.randrange(2000)]))
+            kind = rng.randrange(3)
+            payloads.append(
+                data if kind == 0 else memoryview(data) if kind == 1 else _payload_of(native, data)
+            )
+        first = rng.choice([0, 5, 2**62])
+        start = rng.randrange(0, count + 2)
+        room = rng.choice([0, 11, 12, 500, rng.randrange(0, 40_000), formats.INT32_MAX])
+        enough = rng.choice([1, 12, 1000, rng.randrange(1, 50_000), 2**40])
+        compiled = framed_by(native.frame_entries, payloads, first, start, room, enough)  # type: ignore[attr-defined]
+        python = framed_by(framing.frame_entries_python, payloads, first, start, room, enough)
+        assert compiled == python, (seed, count, first, start, room, enough)
+        (taken, framed), pieces = python  # type: ignore[misc]
+        expected: list[bytes] = [b"before"]
+        used = 0
+        for index in range(start, start + taken):
+            expected += [
+                formats.entry_header(first + index - start, len(payloads[index])),
+                bytes(payloads[index]),
+            ]
+            used += formats.ENTRY_HEADER_SIZE + len(payloads[index])
+        assert pieces == expected and framed == used <= room
+        stopped_early = start + taken < count and used < enough
+        if stopped_early:  # only because the next frame did not fit
+            assert used + formats.ENTRY_HEADER_SIZE + len(payloads[start + taken]) > room
+
+
+def _payload_of(native: object, data: bytes) -> Entry:
+    """``data`` as a compiled ``Payload`` (the kind an offloaded entry is read back as)."""
+    out: list[Entry] = []
+    native.views(data, 0, len(data), len(data), 1, out)  # type: ignore[attr-defined]
+    return out[0]
+
+
+def test_the_compiled_entry_framing_appends_the_payload_objects_themselves(native: object) -> None:
+    """A payload goes into the pieces as the same object (the write joins them once)."""
+    payload = os.urandom(100)
+    pieces: list[Entry] = []
+    assert native.frame_entries(pieces, 7, [payload], 0, 1000, 1) == (1, 112)  # type: ignore[attr-defined]
+    assert pieces[1] is payload and pieces[0] == struct.pack(">iq", 100, 7)
+
+
+@pytest.mark.parametrize(
+    ("first", "start", "room", "enough"),
+    [(-1, 0, 100, 1), (0, -1, 100, 1), (0, 0, -1, 1), (0, 0, formats.INT32_MAX + 1, 1), (0, 0, 100, 0)],
+)
+def test_entry_framing_refuses_bad_bounds_alike_and_frames_nothing(
+    native: object, first: int, start: int, room: int, enough: int
+) -> None:
+    payloads: list[Entry] = [b"x" * 10]
+    for frame in (native.frame_entries, framing.frame_entries_python):  # type: ignore[attr-defined]
+        pieces: list[Entry] = []
+        with pytest.raises(ValueError, match="frame_entries"):
+            frame(pieces, first, payloads, start, room, enough)
+        assert pieces == []
+
+
+def test_the_compiled_entry_framing_refuses_what_is_not_a_list_or_a_sequence(native: object) -> None:
+    with pytest.raises(TypeError):
+        native.frame_entries((), 0, [b"x"], 0, 100, 1)  # type: ignore[attr-defined]
+    pieces: list[Entry] = []
+    with pytest.raises(TypeError, match="sequence"):
+        native.frame_entries(pieces, 0, 5, 0, 100, 1)  # type: ignore[attr-defined]
+    with pytest.raises(TypeError):
+        native.frame_entries(pieces, 0, [b"x", 5], 0, 100, 1000)  # type: ignore[attr-defined]
+    assert pieces[:2] == [struct.pack(">iq", 1, 0), b"x"] and len(pieces) == 2, "framed up to the bad one"
+
+
+def test_an_offload_writes_the_same_bytes_with_either_framing(env: Env, native: object, monkeypatch) -> None:
+    """The data object of a ledger of mixed sizes, blocks and writes cut mid-run, is the
+    same whichever twin frames it, and reads back entry for entry."""
+    storage = env.open()
+    rng = random.Random(11)
+    payloads = [rng.randbytes(rng.choice([0, 1, rng.randrange(3000)])) for _ in range(3000)]
+    objects = []
+    for frame in (native.frame_entries, framing.frame_entries_python):  # type: ignore[attr-defined]
+        monkeypatch.setattr(framing, "frame_entries", frame)
+        offloader = LedgerOffloader(storage, max_block_bytes=40_000, write_bytes=7_000)
+        uid = uuid.uuid4()
+        record = offloader.offload(MemoryLedger(1, payloads), uid)
+        objects.append(storage.read(storage.open_read(data_name(1, uid)), 0, record.data_length))
+        handle = offloader.read_offloaded(1, uid)
+        assert [bytes(entry) for entry in handle.read(0, len(payloads) - 1)] == payloads
+        handle.close()
+    assert objects[0] == objects[1]
