@@ -17,7 +17,7 @@ from typing import Any
 # ``slts.tools.cli`` imports this module inside ``build_parser``, after it has loaded.
 from slts.tools.command_line import EXIT_OK, emit, non_negative, open_storage, positive
 
-from slts.remote.kafka_formats import iter_batches
+from slts.remote.kafka_formats import iter_batch_headers
 from slts.remote.local_log import LocalLog, local_log
 from slts.remote.manager import RemoteLogManager
 from slts.remote.records import RemoteLogSegmentMetadata, SegmentState, TopicPartition
@@ -94,7 +94,7 @@ def cmd_remote_fetch(args: argparse.Namespace) -> int:
                 "records": h.records_count,
                 "bytes": h.size,
             }
-            for h, _ in iter_batches(_reader(result.records), segment=str(tp))
+            for h in iter_batch_headers(_reader(result.records), segment=str(tp))
         ]
         fields = {"partition": str(tp), "offset": result.offset, "next_offset": result.next_offset}
         emit(args, {**fields, "bytes": len(result.records), "batches": batches}, "")

@@ -100,7 +100,7 @@ def _scan(log: _Prefix, offset_index: bytes, label: str) -> kf.LogSummary:
     with the offset index."""
     summary = kf.SummaryBuilder(segment=label)
     check: kf.OffsetIndexCheck | None = None
-    for header, _ in kf.iter_batches(log.read, segment=label, block_bytes=kf.SCAN_BLOCK_BYTES):
+    for header in kf.iter_batch_headers(log.read, segment=label, block_bytes=kf.SCAN_BLOCK_BYTES):
         if check is None:  # the entries are relative to the first batch's base offset
             entries = kf.iter_offset_index(offset_index, header.base_offset, segment=label)
             check = kf.OffsetIndexCheck(entries, segment=label)

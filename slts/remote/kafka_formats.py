@@ -214,17 +214,21 @@ def _check_header(header: BatchHeader, segment: str) -> None:
 
 def _refill(read: Callable[[int], bytes], buffer: memoryview, need: int, block_bytes: int) -> memoryview:
     """``buffer`` extended by further input to at least ``need`` bytes (fewer only at the
-    end of input), reading at least ``block_bytes`` per call (``read`` may return short
-    counts)."""
-    parts = [buffer]
+    end of input; ``read`` may return short counts). From an empty ``buffer`` it reads at
+    least ``block_bytes`` per call; with bytes left in it (a header or batch that runs on
+    past the block) it reads just what that item lacks, so the join copies one item, not
+    the next block: the block after it is read whole, on its own."""
+    parts = [buffer] if buffer else []
     got = len(buffer)
     while got < need:
-        more = read(max(need - got, block_bytes))
+        more = read(need - got if parts else max(need - got, block_bytes))
         if not more:
             break
         parts.append(memoryview(more))
         got += len(more)
-    return memoryview(b"".join(parts)) if len(parts) > 1 else buffer
+    if len(parts) <= 1:
+        return parts[0] if parts else buffer
+    return memoryview(b"".join(parts))
 
 
 def batch_crc(batch: bytes | memoryview) -> int:
@@ -253,6 +257,29 @@ def iter_batches(
     ``parse_batch_header``), a CRC mismatch (unless ``verify_crc`` is false), or a batch
     whose base offset is not above the previous batch's last offset.
     """
+    for header, batch in _walk_batches(read, segment, verify_crc, start_position, block_bytes):
+        yield header, bytes(batch)
+
+
+def iter_batch_headers(
+    read: Callable[[int], bytes],
+    *,
+    segment: str = "",
+    verify_crc: bool = True,
+    start_position: int = 0,
+    block_bytes: int = 0,
+) -> Iterator[BatchHeader]:
+    """``iter_batches``' headers alone, each batch checked the same way (CRC and all), its
+    bytes never copied out of the block they were read in: for a pass that learns what a
+    log holds (``inspection``, ``summarize``, ``local_log``)."""
+    for header, _ in _walk_batches(read, segment, verify_crc, start_position, block_bytes):
+        yield header
+
+
+def _walk_batches(
+    read: Callable[[int], bytes], segment: str, verify_crc: bool, start_position: int, block_bytes: int
+) -> Iterator[tuple[BatchHeader, memoryview]]:
+    """``iter_batches``' walk: each header with a view of its batch in the bytes read."""
     position = start_position
     previous_last: int | None = None
     pending = memoryview(b"")
@@ -271,7 +298,7 @@ def iter_batches(
                     position=position,
                     offset=header.base_offset,
                 )
-        batch = bytes(pending[: header.size])
+        batch = pending[: header.size]
         pending = pending[header.size :]
         _check_batch(header, batch, previous_last, segment, verify_crc)
         yield header, batch
@@ -409,7 +436,7 @@ def scan_log(path_or_file: str | os.PathLike[str] | BinaryIO, *, segment: str = 
 def _scan(read: Callable[[int], bytes], segment: str) -> LogSummary:
     """``scan_log`` on a reader."""
     return summarize(
-        (header for header, _ in iter_batches(read, segment=segment, block_bytes=SCAN_BLOCK_BYTES)),
+        iter_batch_headers(read, segment=segment, block_bytes=SCAN_BLOCK_BYTES),
         segment=segment,
     )
 

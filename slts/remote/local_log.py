@@ -168,7 +168,7 @@ def _end_offset(active: LocalSegment) -> int:
     end = active.base_offset
     try:
         with open(active.data.log, "rb") as file:
-            for header, _ in kf.iter_batches(
+            for header in kf.iter_batch_headers(
                 file.read,
                 segment=os.fspath(active.data.log),
                 verify_crc=False,

@@ -159,6 +159,63 @@ def test_short_reads_and_start_position(big_log: KafkaLog) -> None:
     assert [h.position for h in tail] == [b.position for b in big_log.batches[100:]]
 
 
+@pytest.mark.parametrize("block_bytes", [0, 1000, 20_000, 1 << 20])
+@pytest.mark.parametrize("piece", [7, 4096, None])
+def test_the_headers_walk_finds_what_iter_batches_finds(
+    big_log: KafkaLog, block_bytes: int, piece: int | None
+) -> None:
+    """``iter_batch_headers`` (no batch copied out) yields ``iter_batches``' headers for any
+    block size and any read size, and the batches are the log's bytes."""
+
+    def reader() -> Callable[[int], bytes]:
+        stream = io.BytesIO(big_log.data)
+        return lambda n: stream.read(n if piece is None else min(n, piece))
+
+    walked = list(kf.iter_batches(reader(), block_bytes=block_bytes))
+    assert list(kf.iter_batch_headers(reader(), block_bytes=block_bytes)) == [header for header, _ in walked]
+    assert [batch for _, batch in walked] == [
+        big_log.data[b.position : b.position + b.size] for b in big_log.batches
+    ]
+    assert all(type(batch) is bytes for _, batch in walked)
+
+
+def test_a_batch_across_two_blocks_is_completed_by_reading_only_what_it_lacks(big_log: KafkaLog) -> None:
+    """Every read asks for a whole block, or for the rest of a header or batch that runs
+    past one (so only that item is joined, not the next block), and no byte is read twice."""
+    stream = io.BytesIO(big_log.data)
+    asked: list[int] = []
+    got: list[int] = []
+
+    def read(n: int) -> bytes:
+        asked.append(n)
+        data = stream.read(n)
+        got.append(len(data))
+        return data
+
+    block = 100_000
+    assert len(list(kf.iter_batch_headers(read, block_bytes=block))) == len(big_log.batches)
+    largest = max(b.size for b in big_log.batches)
+    assert all(n >= block or n < largest for n in asked)
+    assert sum(1 for n in asked if n < largest) >= len(big_log.data) // block - 1, "blocks end inside batches"
+    assert sum(got) == len(big_log.data)
+
+
+@pytest.mark.parametrize("damage", ["crc", "truncated"])
+def test_the_headers_walk_refuses_damage_as_iter_batches_does(big_log: KafkaLog, damage: str) -> None:
+    data = bytearray(big_log.data)
+    if damage == "crc":
+        batch = big_log.batches[1234]
+        data[batch.position + batch.size - 10] ^= 0x01
+    else:
+        del data[-5:]
+    errors = [
+        raises_invalid(lambda walk=walk: list(walk(io.BytesIO(bytes(data)).read, block_bytes=50_000)))
+        for walk in (kf.iter_batches, kf.iter_batch_headers)
+    ]
+    assert str(errors[0]) == str(errors[1])
+    assert (errors[0].position, errors[0].offset) == (errors[1].position, errors[1].offset)
+
+
 def test_compressed_batches_gaps_and_attribute_bits() -> None:
     # gzip batches (the records are compressed after the header), offsets with gaps as
     # compaction leaves them.
