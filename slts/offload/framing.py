@@ -400,14 +400,13 @@ def frame_entries_python(
             f"frame_entries: first entry id {first_entry_id}, start {start}, room {room} (at most 2**31-1),"
             f" enough {enough} (at least 1)"
         )
-    pack = _HEADER.pack
     taken = framed = 0
     for index in range(start, len(payloads)):
         payload = payloads[index]
         length = len(payload)
         if HEADER_BYTES + length > room - framed:
             break
-        pieces.append(pack(length, first_entry_id + taken))
+        pieces.append(formats.entry_header(first_entry_id + taken, length))
         pieces.append(payload)
         taken += 1
         framed += HEADER_BYTES + length

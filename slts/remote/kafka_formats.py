@@ -226,9 +226,9 @@ def _refill(read: Callable[[int], bytes], buffer: memoryview, need: int, block_b
             break
         parts.append(memoryview(more))
         got += len(more)
-    if len(parts) <= 1:
-        return parts[0] if parts else buffer
-    return memoryview(b"".join(parts))
+    if not parts:
+        return buffer
+    return parts[0] if len(parts) == 1 else memoryview(b"".join(parts))
 
 
 def batch_crc(batch: bytes | memoryview) -> int:
